@@ -1,0 +1,13 @@
+#pragma once
+// Everything a dtensor user needs: meshes, placements, the DTensor API and the launcher.
+
+#include "dtensor/api.h"
+#include "dtensor/device_mesh.h"
+#include "dtensor/dtensor_impl.h"
+#include "dtensor/errors.h"
+#include "dtensor/launch.h"
+#include "dtensor/layout.h"
+#include "dtensor/placement.h"
+#include "dtensor/redistribute_plan.h"
+#include "dtensor/spec.h"
+#include "dtensor/world.h"

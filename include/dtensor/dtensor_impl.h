@@ -1,0 +1,55 @@
+#pragma once
+// DTensorImpl: the TensorImpl behind a DTensor. An at::Tensor whose sizes/strides/dtype are the
+// global tensor's, whose device is the local shard's, which has no storage of its own (touching it
+// throws), and which carries dispatch keys {PrivateUse2, AutogradPrivateUse2}: aten ops on it reach
+// dtensor's kernels, and autograd's formulas run on top of it.
+//
+// PrivateUse2 rather than PrivateUse1: out-of-tree device backends use PrivateUse1, and a DTensor
+// wraps tensors of any device.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/TensorImpl.h>
+
+#include "dtensor/spec.h"
+
+namespace dtensor {
+
+constexpr c10::DispatchKey kDTensorKey = c10::DispatchKey::PrivateUse2;
+
+class DTensorImpl final : public c10::TensorImpl {
+ public:
+  // `local` must carry no autograd history (autograd lives on the DTensor itself).
+  DTensorImpl(at::Tensor local, DTensorSpec spec);
+
+  const at::Tensor& local() const { return local_; }
+  const DTensorSpec& spec() const { return spec_; }
+
+  // Autograd saves and detaches tensors through these; without them the copy would be a plain
+  // TensorImpl still carrying the DTensor key, and the next op on it would recurse forever.
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(const c10::VariableVersion& version_counter,
+                                                              bool allow_tensor_metadata_change) const override;
+  c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(c10::VariableVersion&& version_counter,
+                                                              bool allow_tensor_metadata_change) const override;
+  void shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) override;
+
+ private:
+  const char* tensorimpl_type_name() const override { return "DTensorImpl"; }
+  template <typename Version>
+  c10::intrusive_ptr<c10::TensorImpl> copy_with_version(Version&& version, bool allow_tensor_metadata_change) const;
+
+  at::Tensor local_;
+  DTensorSpec spec_;
+};
+
+// Wraps a local shard as a DTensor without communication or checks (the caller vouches for `spec`).
+// The local tensor is aliased, never copied; its autograd history is not carried over.
+at::Tensor make_dtensor(const at::Tensor& local, DTensorSpec spec);
+
+bool is_dtensor(const at::Tensor& tensor);
+// The impl of a DTensor; throws DTensorError naming `what` when `tensor` is not one.
+const DTensorImpl& dtensor_impl(const at::Tensor& tensor, const char* what = "this operation");
+
+// A new TensorImpl sharing `tensor`'s storage and version counter but none of its autograd history.
+at::Tensor alias_without_history(const at::Tensor& tensor);
+
+}  // namespace dtensor

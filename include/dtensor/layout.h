@@ -1,0 +1,54 @@
+#pragma once
+// Pure layout math: which part of a global tensor each rank holds for given placements.
+// Follows torch.chunk for uneven sizes: chunk size ceil(n/k), trailing chunks smaller or empty
+// (5 over 4 ranks gives 2,2,1,0). A tensor dim sharded over several mesh dims is chunked in
+// mesh-dim order (the outer mesh dim first, then each chunk again by the inner one).
+
+#include <cstdint>
+#include <vector>
+
+#include "dtensor/placement.h"
+
+namespace dtensor {
+
+using Shape = std::vector<int64_t>;
+
+struct ChunkExtent {
+  int64_t size;    // elements this chunk holds along the dim
+  int64_t offset;  // where it starts in the chunked dim
+};
+
+// Chunk `index` of `length` elements split into `num_chunks` torch.chunk pieces.
+ChunkExtent chunk_extent(int64_t length, int64_t num_chunks, int64_t index);
+// The padded size every chunk is brought to for equal-size collectives: ceil(length / num_chunks).
+int64_t padded_chunk_size(int64_t length, int64_t num_chunks);
+
+struct LocalLayout {
+  Shape shape;   // the local shard's shape
+  Shape offset;  // its first element's index in the global tensor
+};
+
+// Shape and global offset of the shard held by the rank at `coordinate` of a mesh of `mesh_shape`.
+// Placements must already be validated (see validate_placements).
+LocalLayout local_layout(const Shape& global_shape, const Shape& mesh_shape, const Shape& coordinate,
+                         const Placements& placements);
+
+// Throws DTensorError when placements do not fit: count differs from mesh ndim, Shard dim out of
+// range for the tensor, or Partial reduce ops mixed in a way whose result depends on reduction order.
+// Returns the placements with negative Shard dims normalised.
+Placements validate_placements(const Placements& placements, int64_t mesh_ndim, int64_t tensor_ndim,
+                               const char* what);
+
+// Global shape implied by a local shape when every shard is the full chunk size (the even case):
+// each sharded dim multiplied by the mesh sizes sharding it.
+Shape global_shape_assuming_even(const Shape& local_shape, const Shape& mesh_shape, const Placements& placements);
+
+// Global strides with the same dimension order (by decreasing local stride) as the local tensor.
+Shape global_stride_like(const Shape& global_shape, const Shape& local_shape, const Shape& local_stride);
+
+// Contiguous strides of a shape.
+Shape contiguous_strides(const Shape& shape);
+
+int64_t numel(const Shape& shape);
+
+}  // namespace dtensor

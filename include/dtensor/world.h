@@ -1,0 +1,71 @@
+#pragma once
+// World: the processes of one job (this one's rank, how many, and a store through which they meet)
+// and the factory for process groups over subsets of them. Launch-agnostic: built from whatever
+// environment started the process (dtensor's own launcher, torchrun --no-python, or mpirun).
+
+#include <c10/core/DeviceType.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class Store;
+class Backend;
+}  // namespace c10d
+
+namespace dtensor {
+
+struct WorldOptions {
+  // How long a collective (and the rendezvous) may wait before failing with an error. Default: the
+  // environment variable DTENSOR_TIMEOUT_S, else 300 s.
+  std::chrono::milliseconds timeout{0};
+};
+
+class World {
+ public:
+  // Joins the job this process belongs to, read from the environment:
+  //  - RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (dtensor's launcher and torchrun; with
+  //    TORCHELASTIC_USE_AGENT_STORE=True the store server already runs, every rank is a client);
+  //  - OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (mpirun; the store is MASTER_ADDR:MASTER_PORT when
+  //    set, else a file store in /tmp keyed by the MPI job id).
+  // Throws DTensorError naming the variables when none of these is present.
+  static std::shared_ptr<World> from_environment(WorldOptions options = {});
+
+  World(c10::intrusive_ptr<c10d::Store> store, int rank, int size, WorldOptions options = {});
+  ~World();
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  c10::intrusive_ptr<c10d::Store> store() const;
+  // Which environment started this process: "dtensor", "torchrun", "mpirun" or "manual".
+  const std::string& launcher() const { return launcher_; }
+
+  // A process group over `ranks` (sorted global ranks, this rank among them): Gloo for CPU tensors,
+  // NCCL for CUDA ones when dtensor was built with it. Every member must create groups over the same
+  // rank set in the same order; distinct rank sets never wait on each other.
+  c10::intrusive_ptr<c10d::Backend> new_group(const std::vector<int64_t>& ranks, c10::DeviceType device,
+                                               std::chrono::milliseconds timeout);
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+  std::string launcher_ = "manual";
+  std::mutex mutex_;
+  std::map<std::vector<int64_t>, int> groups_created_;  // per rank set, so each group gets a fresh store prefix
+};
+
+// The timeout DTENSOR_TIMEOUT_S asks for, else `fallback`.
+std::chrono::milliseconds timeout_from_environment(std::chrono::milliseconds fallback);
+
+}  // namespace dtensor

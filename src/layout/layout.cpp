@@ -1,0 +1,104 @@
+#include "dtensor/layout.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "dtensor/errors.h"
+
+namespace dtensor {
+
+int64_t padded_chunk_size(int64_t length, int64_t num_chunks) { return (length + num_chunks - 1) / num_chunks; }
+
+ChunkExtent chunk_extent(int64_t length, int64_t num_chunks, int64_t index) {
+  const int64_t chunk = padded_chunk_size(length, num_chunks);
+  const int64_t offset = std::min(length, chunk * index);
+  return {std::min(length, offset + chunk) - offset, offset};
+}
+
+LocalLayout local_layout(const Shape& global_shape, const Shape& mesh_shape, const Shape& coordinate,
+                         const Placements& placements) {
+  LocalLayout out{global_shape, Shape(global_shape.size(), 0)};
+  for (size_t m = 0; m < placements.size(); ++m) {
+    if (!placements[m].is_shard()) continue;
+    const auto d = static_cast<size_t>(placements[m].dim());
+    const ChunkExtent c = chunk_extent(out.shape[d], mesh_shape[m], coordinate[m]);
+    out.shape[d] = c.size;
+    out.offset[d] += c.offset;
+  }
+  return out;
+}
+
+namespace {
+// Reductions over several mesh dims run innermost first; they commute only when they are all linear
+// (sum/avg) or all the same max/min.
+bool partials_commute(const Placements& placements) {
+  bool linear = false, max = false, min = false;
+  for (const auto& p : placements) {
+    if (!p.is_partial()) continue;
+    linear |= p.reduce_op() == ReduceOp::Sum || p.reduce_op() == ReduceOp::Avg;
+    max |= p.reduce_op() == ReduceOp::Max;
+    min |= p.reduce_op() == ReduceOp::Min;
+  }
+  return int(linear) + int(max) + int(min) <= 1;
+}
+}  // namespace
+
+Placements validate_placements(const Placements& placements, int64_t mesh_ndim, int64_t tensor_ndim,
+                               const char* what) {
+  if (static_cast<int64_t>(placements.size()) != mesh_ndim) {
+    throw DTensorError(std::string(what) + ": got " + std::to_string(placements.size()) + " placement(s) (" +
+                       to_string(placements) + ") for a mesh with " + std::to_string(mesh_ndim) +
+                       " dimension(s); give exactly one placement per mesh dimension");
+  }
+  Placements out;
+  out.reserve(placements.size());
+  for (const auto& p : placements) {
+    try {
+      out.push_back(p.normalized(tensor_ndim));
+    } catch (const DTensorError& e) {
+      throw DTensorError(std::string(what) + ": placements (" + to_string(placements) + "): " +
+                         std::string(e.what()).substr(9));
+    }
+  }
+  if (!partials_commute(out)) {
+    throw DTensorError(std::string(what) + ": placements (" + to_string(placements) +
+                       ") mix Partial reduce ops whose result depends on reduction order; reduce one of them "
+                       "first (redistribute that mesh dim to Replicate)");
+  }
+  return out;
+}
+
+Shape global_shape_assuming_even(const Shape& local_shape, const Shape& mesh_shape, const Placements& placements) {
+  Shape out = local_shape;
+  for (size_t m = 0; m < placements.size(); ++m) {
+    if (placements[m].is_shard()) out[static_cast<size_t>(placements[m].dim())] *= mesh_shape[m];
+  }
+  return out;
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * std::max<int64_t>(shape[i], 1);
+  return strides;
+}
+
+Shape global_stride_like(const Shape& global_shape, const Shape& local_shape, const Shape& local_stride) {
+  // Order dims from outermost (largest stride) to innermost, ties keep the natural order, then lay the
+  // global shape out densely in that order.
+  std::vector<size_t> order(local_shape.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return local_stride[a] > local_stride[b]; });
+  Shape strides(global_shape.size(), 1);
+  int64_t running = 1;
+  for (size_t i = order.size(); i-- > 0;) {
+    strides[order[i]] = running;
+    running *= std::max<int64_t>(global_shape[order[i]], 1);
+  }
+  return strides;
+}
+
+int64_t numel(const Shape& shape) {
+  return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+}
+
+}  // namespace dtensor

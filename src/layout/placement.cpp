@@ -1,0 +1,61 @@
+#include "dtensor/placement.h"
+
+#include <sstream>
+
+#include "dtensor/errors.h"
+
+namespace dtensor {
+
+std::string to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+Placement Placement::normalized(int64_t ndim) const {
+  if (!is_shard()) return *this;
+  const int64_t d = dim_ < 0 ? dim_ + ndim : dim_;
+  if (d < 0 || d >= ndim) {
+    throw DTensorError("Shard(" + std::to_string(dim_) + ") is out of range for a tensor with " +
+                       std::to_string(ndim) + " dimension(s); pick a dim in [" + std::to_string(-ndim) + ", " +
+                       std::to_string(ndim) + ")");
+  }
+  return shard(d);
+}
+
+size_t Placement::hash() const {
+  size_t h = static_cast<size_t>(kind_);
+  if (is_shard()) h = h * 31 + static_cast<size_t>(dim_);
+  if (is_partial()) h = h * 31 + static_cast<size_t>(op_);
+  return h;
+}
+
+std::string Placement::str() const {
+  switch (kind_) {
+    case Kind::Shard: return "S(" + std::to_string(dim_) + ")";
+    case Kind::Replicate: return "R";
+    case Kind::Partial: return "P(" + to_string(op_) + ")";
+  }
+  return "?";
+}
+
+std::string to_string(const Placements& placements) {
+  std::string out;
+  for (size_t i = 0; i < placements.size(); ++i) out += (i ? "," : "") + placements[i].str();
+  return out;
+}
+
+size_t hash_placements(const Placements& placements) {
+  size_t h = placements.size();
+  for (const auto& p : placements) h = h * 1000003 ^ p.hash();
+  return h;
+}
+
+std::ostream& operator<<(std::ostream& os, const Placement& p) { return os << p.str(); }
+std::ostream& operator<<(std::ostream& os, const Placements& p) { return os << to_string(p); }
+
+}  // namespace dtensor

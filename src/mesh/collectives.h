@@ -1,0 +1,33 @@
+#pragma once
+// The collectives dtensor runs, on the process group of one mesh dim. Every call goes through one
+// choke point that waits for completion and turns any failure (a timeout, a dead peer) into a
+// DTensorError naming this rank, the operation and the mesh dim.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "dtensor/device_mesh.h"
+#include "dtensor/placement.h"
+
+namespace dtensor::detail {
+
+// Concatenation along dim 0 of every member's `input` (equal shapes, contiguous), in coordinate order.
+at::Tensor all_gather(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input);
+// In place; Avg is a sum divided by the group size (truncating for integers, as NCCL does).
+void all_reduce_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, ReduceOp op);
+// `input` holds n equal blocks along dim 0 (contiguous); member i gets the reduction of everyone's block i.
+at::Tensor reduce_scatter(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input, ReduceOp op);
+// Flat contiguous `input`; send_counts[i] elements go to member i, recv_counts[i] come from it.
+at::Tensor all_to_all(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input, std::vector<int64_t> send_counts,
+                      std::vector<int64_t> recv_counts);
+// In place, from the member at coordinate 0 along `dim`; `tensor` must be contiguous.
+void broadcast_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor);
+// The member at coordinate 0 sends chunks[i] to member i; everyone receives into `output` (shaped like
+// every chunk). `chunks` is ignored on other members.
+void scatter_(const DeviceMesh& mesh, int64_t dim, const std::vector<at::Tensor>& chunks, at::Tensor& output);
+// Every member's `values` (equal lengths), concatenated in coordinate order.
+std::vector<int64_t> all_gather_values(const DeviceMesh& mesh, int64_t dim, const std::vector<int64_t>& values);
+
+}  // namespace dtensor::detail

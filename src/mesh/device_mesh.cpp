@@ -1,0 +1,186 @@
+#include "dtensor/device_mesh.h"
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <algorithm>
+#include <set>
+
+#include "dtensor/errors.h"
+#include "dtensor/world.h"
+
+namespace dtensor {
+namespace {
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s;
+}
+
+// Row-major nested list: [[0, 1], [2, 3]].
+std::string nested(const Shape& shape, const std::vector<int64_t>& ranks, size_t dim, size_t& pos) {
+  if (dim == shape.size()) return std::to_string(ranks[pos++]);
+  std::string s = "[";
+  for (int64_t i = 0; i < shape[dim]; ++i) s += (i ? ", " : "") + nested(shape, ranks, dim + 1, pos);
+  return s + "]";
+}
+
+}  // namespace
+
+MeshPtr DeviceMesh::create(const std::shared_ptr<World>& world, const Shape& shape, MeshOptions options) {
+  if (!world) throw DTensorError("DeviceMesh::create: world is null; build one with World::from_environment()");
+  if (numel(shape) != world->size()) {
+    throw DTensorError("DeviceMesh::create: a mesh of shape [" + join(shape) + "] holds " + std::to_string(numel(shape)) +
+                       " ranks but the world has " + std::to_string(world->size()) +
+                       "; pick a shape whose product is the world size, or pass the ranks explicitly");
+  }
+  std::vector<int64_t> ranks(static_cast<size_t>(numel(shape)));
+  for (size_t i = 0; i < ranks.size(); ++i) ranks[i] = static_cast<int64_t>(i);
+  return create(world, shape, ranks, std::move(options));
+}
+
+MeshPtr DeviceMesh::create(const std::shared_ptr<World>& world, const Shape& shape, const std::vector<int64_t>& ranks,
+                           MeshOptions options) {
+  if (!world) throw DTensorError("DeviceMesh::create: world is null; build one with World::from_environment()");
+  const std::string what = "DeviceMesh::create(shape [" + join(shape) + "], ranks [" + join(ranks) + "])";
+  if (shape.empty()) throw DTensorError(what + ": a mesh needs at least one dimension");
+  for (auto s : shape)
+    if (s <= 0) throw DTensorError(what + ": every mesh dim must have a positive size");
+  if (static_cast<int64_t>(ranks.size()) != numel(shape))
+    throw DTensorError(what + ": " + std::to_string(ranks.size()) + " ranks do not fill a mesh of " +
+                       std::to_string(numel(shape)) + " positions");
+  if (std::set<int64_t>(ranks.begin(), ranks.end()).size() != ranks.size())
+    throw DTensorError(what + ": a rank appears more than once; each rank may hold one position");
+  for (auto r : ranks)
+    if (r < 0 || r >= world->size())
+      throw DTensorError(what + ": rank " + std::to_string(r) + " is not in the world of " +
+                         std::to_string(world->size()) + " ranks");
+  if (!options.dim_names.empty()) {
+    if (options.dim_names.size() != shape.size())
+      throw DTensorError(what + ": " + std::to_string(options.dim_names.size()) + " dim names for " +
+                         std::to_string(shape.size()) + " mesh dims; give one name per dim or none");
+    if (std::set<std::string>(options.dim_names.begin(), options.dim_names.end()).size() != options.dim_names.size())
+      throw DTensorError(what + ": dim names must be unique");
+  }
+  std::shared_ptr<DeviceMesh> mesh(new DeviceMesh(world, shape, ranks, std::move(options)));
+  mesh->create_groups();
+  return mesh;
+}
+
+DeviceMesh::DeviceMesh(std::shared_ptr<World> world, Shape shape, std::vector<int64_t> ranks, MeshOptions options)
+    : world_(std::move(world)),
+      shape_(std::move(shape)),
+      ranks_(std::move(ranks)),
+      dim_names_(std::move(options.dim_names)),
+      device_type_(options.device_type),
+      timeout_(options.timeout.value_or(world_->timeout())) {
+  const auto me = std::find(ranks_.begin(), ranks_.end(), world_->rank());
+  if (me == ranks_.end()) return;
+  Shape coord(shape_.size());
+  int64_t flat = me - ranks_.begin();
+  for (size_t d = shape_.size(); d-- > 0;) {
+    coord[d] = flat % shape_[d];
+    flat /= shape_[d];
+  }
+  coordinate_ = std::move(coord);
+}
+
+DeviceMesh::~DeviceMesh() = default;
+
+void DeviceMesh::create_groups() {
+  if (!coordinate_) return;
+  // Dims in order, on every member: a group along dim d only waits for peers that finished dim d-1.
+  for (int64_t d = 0; d < ndim(); ++d) {
+    std::vector<int64_t> members;
+    Shape c = *coordinate_;
+    for (int64_t i = 0; i < shape_[d]; ++i) {
+      c[d] = i;
+      members.push_back(global_rank_at(c));
+    }
+    groups_.push_back(world_->new_group(members, device_type_, timeout_));
+  }
+}
+
+int64_t DeviceMesh::size(int64_t dim) const {
+  if (dim < 0 || dim >= ndim())
+    throw DTensorError("mesh dim " + std::to_string(dim) + " is out of range for " + str());
+  return shape_[dim];
+}
+
+int64_t DeviceMesh::global_rank_at(const Shape& coordinate) const {
+  int64_t flat = 0;
+  for (size_t d = 0; d < shape_.size(); ++d) flat = flat * shape_[d] + coordinate[d];
+  return ranks_[static_cast<size_t>(flat)];
+}
+
+int64_t DeviceMesh::dim_index(const std::string& name) const {
+  const auto it = std::find(dim_names_.begin(), dim_names_.end(), name);
+  if (it == dim_names_.end()) {
+    std::string known;
+    for (const auto& n : dim_names_) known += (known.empty() ? "" : ", ") + n;
+    throw DTensorError("mesh dim '" + name + "' does not exist in " + str() +
+                       (dim_names_.empty() ? "; the mesh has no dim names (set MeshOptions::dim_names)"
+                                           : "; its dims are: " + known));
+  }
+  return it - dim_names_.begin();
+}
+
+c10::intrusive_ptr<c10d::Backend> DeviceMesh::group(int64_t dim) const {
+  if (!coordinate_)
+    throw DTensorError("rank " + std::to_string(world_->rank()) + " is not part of " + str() + ", so it has no process groups");
+  return groups_.at(static_cast<size_t>(dim));
+}
+
+std::string DeviceMesh::dim_label(int64_t dim) const {
+  std::string s = "mesh dim " + std::to_string(dim);
+  if (!dim_names_.empty()) s += " (" + dim_names_[static_cast<size_t>(dim)] + ")";
+  return s;
+}
+
+MeshPtr DeviceMesh::slice(const std::vector<std::string>& names) const {
+  if (names.empty()) throw DTensorError("DeviceMesh::slice: give at least one dim name");
+  std::vector<int64_t> dims;
+  for (const auto& n : names) dims.push_back(dim_index(n));
+  if (std::set<int64_t>(dims.begin(), dims.end()).size() != dims.size())
+    throw DTensorError("DeviceMesh::slice: a dim name is repeated");
+  if (!coordinate_)
+    throw DTensorError("rank " + std::to_string(world_->rank()) + " is not part of " + str() + " and cannot slice it");
+  Shape sub_shape;
+  for (auto d : dims) sub_shape.push_back(shape_[d]);
+  // Enumerate the sub-grid through this rank: vary the kept dims, fix the others at our coordinate.
+  std::vector<int64_t> sub_ranks;
+  Shape sub_index(dims.size(), 0);
+  for (int64_t n = 0; n < numel(sub_shape); ++n) {
+    Shape c = *coordinate_;
+    for (size_t k = 0; k < dims.size(); ++k) c[dims[k]] = sub_index[k];
+    sub_ranks.push_back(global_rank_at(c));
+    for (size_t k = dims.size(); k-- > 0;) {
+      if (++sub_index[k] < sub_shape[k]) break;
+      sub_index[k] = 0;
+    }
+  }
+  MeshOptions options{names, device_type_, timeout_};
+  std::shared_ptr<DeviceMesh> sub(new DeviceMesh(world_, std::move(sub_shape), std::move(sub_ranks), std::move(options)));
+  for (auto d : dims) sub->groups_.push_back(groups_[static_cast<size_t>(d)]);
+  return sub;
+}
+
+bool DeviceMesh::operator==(const DeviceMesh& other) const {
+  return this == &other || (shape_ == other.shape_ && ranks_ == other.ranks_ && dim_names_ == other.dim_names_ &&
+                            device_type_ == other.device_type_);
+}
+
+std::string DeviceMesh::str() const {
+  size_t pos = 0;
+  std::string s = "DeviceMesh(" + nested(shape_, ranks_, 0, pos);
+  if (!dim_names_.empty()) {
+    s += ", names=(";
+    for (size_t i = 0; i < dim_names_.size(); ++i) s += (i ? ", " : "") + dim_names_[i];
+    s += ")";
+  }
+  return s + ")";
+}
+
+bool same_mesh(const MeshPtr& a, const MeshPtr& b) { return a == b || (a && b && *a == *b); }
+
+}  // namespace dtensor

@@ -1,0 +1,124 @@
+#include "dtensor/world.h"
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "dtensor/errors.h"
+#include "process_group_factory.h"
+
+namespace dtensor {
+namespace {
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+int env_int(const char* name) {
+  const auto v = env(name);
+  try {
+    return std::stoi(*v);
+  } catch (const std::exception&) {
+    throw DTensorError(std::string("environment variable ") + name + "='" + *v + "' is not an integer");
+  }
+}
+
+c10::intrusive_ptr<c10d::Store> tcp_store(int rank, int size, bool server_runs_elsewhere,
+                                          std::chrono::milliseconds timeout) {
+  const auto addr = env("MASTER_ADDR");
+  if (!addr || !env("MASTER_PORT"))
+    throw DTensorError("RANK/WORLD_SIZE are set but MASTER_ADDR or MASTER_PORT is not; set both (torchrun does)");
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(env_int("MASTER_PORT"));
+  options.isServer = rank == 0 && !server_runs_elsewhere;
+  options.numWorkers = size;
+  options.waitWorkers = false;
+  options.timeout = timeout;
+  return c10::make_intrusive<c10d::TCPStore>(*addr, options);
+}
+
+}  // namespace
+
+std::chrono::milliseconds timeout_from_environment(std::chrono::milliseconds fallback) {
+  if (const auto v = env("DTENSOR_TIMEOUT_S")) {
+    try {
+      return std::chrono::milliseconds(static_cast<int64_t>(std::stod(*v) * 1000));
+    } catch (const std::exception&) {
+      throw DTensorError("DTENSOR_TIMEOUT_S='" + *v + "' is not a number of seconds");
+    }
+  }
+  return fallback;
+}
+
+World::World(c10::intrusive_ptr<c10d::Store> store, int rank, int size, WorldOptions options)
+    : store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      timeout_(options.timeout.count() > 0 ? options.timeout : timeout_from_environment(std::chrono::seconds(300))) {
+  if (size <= 0 || rank < 0 || rank >= size)
+    throw DTensorError("World: rank " + std::to_string(rank) + " is not in [0, " + std::to_string(size) + ")");
+}
+
+World::~World() = default;
+
+c10::intrusive_ptr<c10d::Store> World::store() const { return store_; }
+
+std::shared_ptr<World> World::from_environment(WorldOptions options) {
+  const auto timeout = options.timeout.count() > 0 ? options.timeout : timeout_from_environment(std::chrono::seconds(300));
+  options.timeout = timeout;
+  std::shared_ptr<World> world;
+  std::string launcher;
+  if (env("RANK") && env("WORLD_SIZE")) {
+    const int rank = env_int("RANK"), size = env_int("WORLD_SIZE");
+    const bool agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+    world = std::make_shared<World>(tcp_store(rank, size, agent_store, timeout), rank, size, options);
+    launcher = env("DTENSOR_LAUNCHED") ? "dtensor" : "torchrun";
+  } else if (env("OMPI_COMM_WORLD_RANK") && env("OMPI_COMM_WORLD_SIZE")) {
+    const int rank = env_int("OMPI_COMM_WORLD_RANK"), size = env_int("OMPI_COMM_WORLD_SIZE");
+    c10::intrusive_ptr<c10d::Store> store;
+    if (env("MASTER_ADDR") && env("MASTER_PORT")) {
+      store = tcp_store(rank, size, false, timeout);
+    } else {
+      // One mpirun job = one id; all its ranks share this machine's /tmp when run locally.
+      const auto job = env("OMPI_MCA_ess_base_jobid").value_or(env("PMIX_NAMESPACE").value_or(""));
+      if (job.empty())
+        throw DTensorError("mpirun environment without a job id (OMPI_MCA_ess_base_jobid / PMIX_NAMESPACE); "
+                           "set MASTER_ADDR and MASTER_PORT so the ranks can meet over TCP");
+      std::string path = "/tmp/dtensor-store-" + job;
+      std::replace(path.begin() + 5, path.end(), '/', '_');
+      store = c10::make_intrusive<c10d::FileStore>(path, size);
+    }
+    world = std::make_shared<World>(store, rank, size, options);
+    launcher = "mpirun";
+  } else {
+    throw DTensorError("this process was not started as a rank: set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
+                       "(torchrun does), run under mpirun, or start the program through dtensor::run_local_ranks");
+  }
+  world->launcher_ = launcher;
+  return world;
+}
+
+c10::intrusive_ptr<c10d::Backend> World::new_group(const std::vector<int64_t>& ranks, c10::DeviceType device,
+                                                   std::chrono::milliseconds timeout) {
+  const auto me = std::find(ranks.begin(), ranks.end(), rank_);
+  if (me == ranks.end()) throw DTensorError("World::new_group: rank " + std::to_string(rank_) + " is not a member");
+  int serial = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    serial = groups_created_[ranks]++;
+  }
+  std::string prefix = "dtensor/group";
+  for (auto r : ranks) prefix += "-" + std::to_string(r);
+  prefix += "/" + std::to_string(serial);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
+  return detail::make_process_group(store, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()),
+                                    device, timeout);
+}
+
+}  // namespace dtensor

@@ -1,0 +1,163 @@
+#include "executor.h"
+
+#include <ATen/ATen.h>
+
+#include <unordered_map>
+
+#include "../mesh/collectives.h"
+#include "dtensor/errors.h"
+
+namespace dtensor::detail {
+
+at::Tensor padded_rows(const at::Tensor& x, int64_t rows) {
+  if (x.size(0) == rows && x.is_contiguous()) return x;
+  auto sizes = x.sizes().vec();
+  sizes[0] = rows;
+  at::Tensor buffer = at::empty(sizes, x.options());
+  buffer.narrow(0, 0, x.size(0)).copy_(x);
+  return buffer;
+}
+
+at::Tensor partition_replicated(const at::Tensor& local, const DeviceMesh& mesh, int64_t mesh_dim, ReduceOp op,
+                                Direction direction) {
+  const int64_t n = mesh.size(mesh_dim);
+  if (direction == Direction::Backward) {
+    // d(reduce_r x_r)/dx_r: 1 for sum, 1/n for avg; max/min would need the forward values.
+    if (op == ReduceOp::Sum) return local;
+    if (op == ReduceOp::Avg) return local / n;
+    throw DTensorError("cannot backpropagate into a Partial(" + to_string(op) + ") DTensor: the gradient of a " +
+                       to_string(op) + " reduction depends on which rank held the extreme value; reduce it "
+                       "(redistribute to Replicate) before the differentiable computation");
+  }
+  // For sum the first rank keeps the value and the others contribute zero; avg, max and min of equal
+  // copies are the copy.
+  if (op == ReduceOp::Sum && (*mesh.coordinate())[mesh_dim] != 0) return at::zeros_like(local);
+  return local;
+}
+
+namespace {
+
+at::Tensor all_gather_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
+  const int64_t d = step.from.dim(), n = mesh.size(step.mesh_dim);
+  const int64_t length = step.logical_shape[d];
+  at::Tensor rows = padded_rows(local.movedim(d, 0), padded_chunk_size(length, n));
+  at::Tensor gathered = all_gather(mesh, step.mesh_dim, rows).narrow(0, 0, length);
+  // Chunks are full-size before partial and empty ones, so the first `length` rows are the data.
+  return d == 0 ? gathered : gathered.movedim(0, d).contiguous();
+}
+
+at::Tensor reduce_scatter_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
+  const int64_t d = step.to.dim(), n = mesh.size(step.mesh_dim);
+  const int64_t length = local.size(d);
+  at::Tensor rows = padded_rows(local.movedim(d, 0), padded_chunk_size(length, n) * n);
+  at::Tensor mine = reduce_scatter(mesh, step.mesh_dim, rows, step.from.reduce_op());
+  const int64_t keep = chunk_extent(length, n, (*mesh.coordinate())[step.mesh_dim]).size;
+  mine = mine.narrow(0, 0, keep);
+  return d == 0 ? mine : mine.movedim(0, d).contiguous();
+}
+
+at::Tensor all_to_all_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
+  const int64_t from = step.from.dim(), to = step.to.dim(), n = mesh.size(step.mesh_dim);
+  const int64_t me = (*mesh.coordinate())[step.mesh_dim];
+  const int64_t from_length = step.logical_shape[from], to_length = local.size(to);
+  // Send: our block cut along `to`, member q getting chunk q; contiguous when `to` leads.
+  at::Tensor send = local.movedim(to, 0).contiguous();
+  const int64_t row = to_length == 0 ? 0 : send.numel() / to_length;
+  std::vector<int64_t> send_counts, recv_counts;
+  // Receive from q: its chunk along `from`, our chunk along `to`.
+  Shape piece = local.sizes().vec();
+  piece[to] = chunk_extent(to_length, n, me).size;
+  std::vector<Shape> recv_shapes;
+  for (int64_t q = 0; q < n; ++q) {
+    send_counts.push_back(chunk_extent(to_length, n, q).size * row);
+    piece[from] = chunk_extent(from_length, n, q).size;
+    recv_shapes.push_back(piece);
+    recv_counts.push_back(numel(piece));
+  }
+  at::Tensor received = all_to_all(mesh, step.mesh_dim, send.reshape({-1}), send_counts, recv_counts);
+  std::vector<at::Tensor> pieces;
+  int64_t offset = 0;
+  for (int64_t q = 0; q < n; ++q) {
+    Shape moved = recv_shapes[q];  // as sent: `to` leading
+    moved.erase(moved.begin() + to);
+    moved.insert(moved.begin(), recv_shapes[q][to]);
+    pieces.push_back(received.narrow(0, offset, recv_counts[q]).view(moved).movedim(0, to));
+    offset += recv_counts[q];
+  }
+  return at::cat(pieces, from);
+}
+
+at::Tensor local_chunk_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
+  const int64_t d = step.to.dim();
+  const ChunkExtent c = chunk_extent(local.size(d), mesh.size(step.mesh_dim), (*mesh.coordinate())[step.mesh_dim]);
+  return local.narrow(d, c.offset, c.size).contiguous();
+}
+
+at::Tensor run_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh, Direction direction) {
+  switch (step.kind) {
+    case StepKind::AllGather: return all_gather_step(local, step, mesh);
+    case StepKind::ReduceScatter: return reduce_scatter_step(local, step, mesh);
+    case StepKind::AllToAll: return all_to_all_step(local, step, mesh);
+    case StepKind::LocalChunk: return local_chunk_step(local, step, mesh);
+    case StepKind::LocalPartition:
+      return partition_replicated(local, mesh, step.mesh_dim, step.to.reduce_op(), direction);
+    case StepKind::AllReduce: {
+      at::Tensor out = local.clone(at::MemoryFormat::Contiguous);
+      all_reduce_(mesh, step.mesh_dim, out, step.from.reduce_op());
+      return out;
+    }
+  }
+  return local;
+}
+
+struct PlanKey {
+  Shape shape;
+  int64_t element_size;
+  // A plan depends on the mesh only through its shape and this rank's coordinate.
+  Shape mesh_shape, coordinate;
+  Placements from, to;
+  bool operator==(const PlanKey& o) const {
+    return element_size == o.element_size && shape == o.shape && mesh_shape == o.mesh_shape &&
+           coordinate == o.coordinate && from == o.from && to == o.to;
+  }
+};
+
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& k) const {
+    size_t h = static_cast<size_t>(k.element_size);
+    for (const Shape* v : {&k.shape, &k.mesh_shape, &k.coordinate})
+      for (auto s : *v) h = h * 1000003 ^ static_cast<size_t>(s);
+    return h * 31 + hash_placements(k.from) * 7 + hash_placements(k.to);
+  }
+};
+
+}  // namespace
+
+const RedistributePlan& cached_plan(const DTensorSpec& from, const Placements& to) {
+  thread_local std::unordered_map<PlanKey, RedistributePlan, PlanKeyHash> cache;
+  const DeviceMesh& mesh = *from.mesh;
+  PlanKey key{from.meta.shape, static_cast<int64_t>(c10::elementSize(from.meta.dtype)), mesh.shape(),
+              *mesh.coordinate(), from.placements, to};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    if (cache.size() > 4096) cache.clear();  // bound memory; entries are cheap to recompute
+    auto plan = plan_redistribute(key.shape, key.element_size, key.mesh_shape, key.coordinate, key.from, key.to);
+    it = cache.emplace(std::move(key), std::move(plan)).first;
+  }
+  return it->second;
+}
+
+at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& local, const DeviceMesh& mesh,
+                        Direction direction) {
+  at::Tensor current = local;
+  for (const auto& step : plan.steps) current = run_step(current, step, mesh, direction);
+  return current;
+}
+
+at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from, const Placements& to,
+                              Direction direction) {
+  if (!from.mesh->coordinate()) return local;  // ranks outside the mesh hold an empty shard
+  return execute_plan(cached_plan(from, to), local, *from.mesh, direction);
+}
+
+}  // namespace dtensor::detail

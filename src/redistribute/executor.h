@@ -1,0 +1,35 @@
+#pragma once
+// Runs redistribution plans on local shards with the mesh's collectives.
+
+#include <ATen/core/Tensor.h>
+
+#include "dtensor/redistribute_plan.h"
+#include "dtensor/spec.h"
+
+namespace dtensor::detail {
+
+enum class Direction { Forward, Backward };
+
+// The plan for this rank, from a per-thread cache (planning is pure, so a cache entry never goes stale).
+const RedistributePlan& cached_plan(const DTensorSpec& from, const Placements& to);
+
+// This rank's local shard after moving a tensor with spec `from` to placements `to` on the same mesh.
+// Backward changes only Replicate -> Partial: a gradient flowing into a Partial input is the full
+// replicated gradient for sum, the gradient divided by the group size for avg, and undefined for max/min.
+at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from, const Placements& to,
+                              Direction direction = Direction::Forward);
+
+// A replicated value split into contributions whose `op` reduction over `mesh_dim` gives it back
+// exactly (forward), or the gradient of such a split (backward).
+at::Tensor partition_replicated(const at::Tensor& local, const DeviceMesh& mesh, int64_t mesh_dim, ReduceOp op,
+                                Direction direction);
+
+// `x` (the chunked dim leading) in a contiguous buffer of `rows` rows; rows past x's end are padding
+// whose content is never read back. No copy when x already is that buffer.
+at::Tensor padded_rows(const at::Tensor& x, int64_t rows);
+
+// Runs one plan on this rank's local shard.
+at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& local, const DeviceMesh& mesh,
+                        Direction direction);
+
+}  // namespace dtensor::detail

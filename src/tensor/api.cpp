@@ -1,0 +1,256 @@
+#include "dtensor/api.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "../mesh/collectives.h"
+#include "../redistribute/executor.h"
+#include "autograd_nodes.h"
+#include "dtensor/errors.h"
+#include "dtensor/world.h"
+
+namespace dtensor {
+namespace {
+
+void require_mesh(const MeshPtr& mesh, const char* what) {
+  if (!mesh) throw DTensorError(std::string(what) + ": the mesh is null; build one with DeviceMesh::create");
+}
+
+// This rank's chunk along tensor dim `d` of `whole`, scattered from the member at coordinate 0 of
+// mesh dim `m` (padded to equal chunks on the wire, as uneven torch.chunk pieces cannot be scattered).
+at::Tensor scatter_chunk(const at::Tensor& whole, const DeviceMesh& mesh, int64_t m, int64_t d) {
+  const int64_t n = mesh.size(m), length = whole.size(d), me = (*mesh.coordinate())[m];
+  const int64_t rows = padded_chunk_size(length, n);
+  at::Tensor moved = whole.movedim(d, 0);
+  std::vector<at::Tensor> chunks;
+  if (me == 0) {
+    for (int64_t q = 0; q < n; ++q) {
+      const ChunkExtent c = chunk_extent(length, n, q);
+      chunks.push_back(detail::padded_rows(moved.narrow(0, c.offset, c.size), rows));
+    }
+  }
+  auto sizes = moved.sizes().vec();
+  sizes[0] = rows;
+  at::Tensor received = at::empty(sizes, whole.options());
+  detail::scatter_(mesh, m, chunks, received);
+  return received.narrow(0, 0, chunk_extent(length, n, me).size).movedim(0, d).contiguous();
+}
+
+at::Tensor broadcast_copy(const at::Tensor& local, const DeviceMesh& mesh, int64_t m) {
+  at::Tensor copy = local.clone(at::MemoryFormat::Contiguous);  // never overwrite the caller's tensor
+  detail::broadcast_(mesh, m, copy);
+  return copy;
+}
+
+std::string rank_list(const DeviceMesh& mesh, int64_t m, const std::vector<Shape>& shapes) {
+  std::string s;
+  Shape coord = *mesh.coordinate();
+  for (size_t q = 0; q < shapes.size(); ++q) {
+    coord[m] = static_cast<int64_t>(q);
+    s += (q ? ", " : "") + std::string("rank ") + std::to_string(mesh.global_rank_at(coord)) + " has " +
+         shape_str(shapes[q]);
+  }
+  return s;
+}
+
+// Exchanges local shapes along every mesh dim (innermost first, so nested shards add up in the
+// order they were cut) and returns the exact global shape. Every member of the mesh learns of a
+// mismatch found anywhere (a second round spreads a failure flag over all dims), so all of them throw
+// instead of some waiting in a later collective.
+Shape checked_global_shape(const at::Tensor& local, const DeviceMesh& mesh, const Placements& placements) {
+  Shape current = local.sizes().vec();
+  std::string error;
+  int64_t failed_rank = -1;
+  const int64_t me = mesh.world()->rank();
+  for (int64_t m = mesh.ndim() - 1; m >= 0; --m) {
+    Shape values = current;
+    values.push_back(static_cast<int64_t>(local.scalar_type()));
+    values.push_back(error.empty() ? failed_rank : me);
+    const auto all = detail::all_gather_values(mesh, m, values);
+    const size_t k = values.size(), n = static_cast<size_t>(mesh.size(m));
+    std::vector<Shape> shapes;
+    for (size_t q = 0; q < n; ++q) {
+      shapes.emplace_back(all.begin() + q * k, all.begin() + q * k + current.size());
+      if (all[q * k + k - 2] != values[k - 2] && error.empty())
+        error = "ranks along " + mesh.dim_label(m) + " hold local tensors of different dtypes";
+      if (all[q * k + k - 1] >= 0) failed_rank = all[q * k + k - 1];
+    }
+    if (!error.empty()) continue;
+    const Placement& p = placements[m];
+    Shape merged = current;
+    if (p.is_shard()) {
+      const auto d = static_cast<size_t>(p.dim());
+      int64_t total = 0;
+      for (auto& s : shapes) total += s[d];
+      merged[d] = total;
+      for (size_t q = 0; q < n && error.empty(); ++q) {
+        Shape expected = merged;
+        expected[d] = chunk_extent(total, static_cast<int64_t>(n), static_cast<int64_t>(q)).size;
+        if (shapes[q] != expected)
+          error = "local shapes along " + mesh.dim_label(m) + " (" + p.str() + ") are not torch.chunk pieces of one " +
+                  "tensor of " + shape_str(merged) + ": " + rank_list(mesh, m, shapes);
+      }
+    } else {
+      for (size_t q = 0; q < n && error.empty(); ++q)
+        if (shapes[q] != current)
+          error = "local shapes along " + mesh.dim_label(m) + " (" + p.str() + ") must be equal: " +
+                  rank_list(mesh, m, shapes);
+    }
+    current = merged;
+  }
+  for (int64_t m = 0; m < mesh.ndim(); ++m) {
+    const auto all = detail::all_gather_values(mesh, m, {error.empty() ? failed_rank : me});
+    for (auto r : all)
+      if (r >= 0) failed_rank = r;
+  }
+  if (!error.empty()) throw DTensorError("from_local(run_check): " + error + "; fix the shards or the placements");
+  if (failed_rank >= 0)
+    throw DTensorError("from_local(run_check): rank " + std::to_string(failed_rank) +
+                       " found local shapes or dtypes that do not fit the placements (see its error)");
+  return current;
+}
+
+}  // namespace
+
+at::Tensor distribute_tensor(const at::Tensor& tensor, const MeshPtr& mesh, std::optional<Placements> placements) {
+  require_mesh(mesh, "distribute_tensor");
+  if (!tensor.defined()) throw DTensorError("distribute_tensor: the tensor is undefined");
+  Placements wanted = validate_placements(placements.value_or(Placements(mesh->ndim(), Replicate())), mesh->ndim(),
+                                          tensor.dim(), "distribute_tensor");
+  if (is_dtensor(tensor)) {
+    const DTensorSpec& spec = dtensor_impl(tensor).spec();
+    if (!same_mesh(spec.mesh, mesh))
+      throw DTensorError("distribute_tensor: the tensor is already a DTensor on " + spec.mesh->str() +
+                         ", not on " + mesh->str() + "; moving between meshes is not supported");
+    if (spec.placements != wanted)
+      throw DTensorError("distribute_tensor: the tensor is already a DTensor with placements (" +
+                         to_string(spec.placements) + "); call redistribute(tensor, {" + to_string(wanted) +
+                         "}) to change them");
+    return tensor;
+  }
+  if (!tensor.is_leaf())
+    throw DTensorError("distribute_tensor expects a leaf tensor (such as a parameter) but got the output of " +
+                       tensor.grad_fn()->name() + "; inside an autograd graph use from_local on each rank's shard");
+  TensorMeta meta{tensor.sizes().vec(), tensor.strides().vec(), tensor.scalar_type()};
+  at::Tensor local = tensor.detach();
+  if (!mesh->coordinate()) {
+    local = at::empty({0}, tensor.options());
+  } else {
+    for (int64_t m = 0; m < mesh->ndim(); ++m) {
+      const Placement& p = wanted[m];
+      if (p.is_shard()) {
+        local = scatter_chunk(local, *mesh, m, p.dim());
+      } else {
+        local = broadcast_copy(local, *mesh, m);
+        if (p.is_partial())
+          local = detail::partition_replicated(local, *mesh, m, p.reduce_op(), detail::Direction::Forward);
+      }
+    }
+  }
+  at::Tensor out = make_dtensor(local, DTensorSpec{mesh, std::move(wanted), std::move(meta)});
+  if (tensor.requires_grad()) out.set_requires_grad(true);
+  return out;
+}
+
+at::Tensor from_local(const at::Tensor& local, const MeshPtr& mesh, const Placements& placements,
+                      const FromLocalOptions& options) {
+  require_mesh(mesh, "from_local");
+  if (!local.defined()) throw DTensorError("from_local: the local tensor is undefined");
+  if (is_dtensor(local))
+    throw DTensorError("from_local expects this rank's plain local tensor but got a DTensor (" +
+                       dtensor_impl(local).spec().str() + "); use redistribute to change its placements");
+  if (options.shape.has_value() != options.stride.has_value())
+    throw DTensorError(std::string("from_local: got a ") + (options.shape ? "shape" : "stride") + " without a " +
+                       (options.shape ? "stride" : "shape") + "; pass both (the global shape and stride) or neither");
+  const Placements p = validate_placements(placements, mesh->ndim(), local.dim(), "from_local");
+  if (options.shape && options.shape->size() != options.stride->size())
+    throw DTensorError("from_local: shape " + shape_str(*options.shape) + " and stride " + shape_str(*options.stride) +
+                       " have different lengths");
+
+  TensorMeta meta;
+  meta.dtype = local.scalar_type();
+  at::Tensor data = alias_without_history(local);
+  if (!mesh->coordinate()) {
+    meta.shape = options.shape.value_or(local.sizes().vec());
+    data = at::empty({0}, local.options());
+  } else {
+    if (options.run_check) {
+      meta.shape = checked_global_shape(data, *mesh, p);
+      if (options.shape && *options.shape != meta.shape)
+        throw DTensorError("from_local: the given shape " + shape_str(*options.shape) +
+                           " differs from the global shape the ranks' shards form, " + shape_str(meta.shape));
+      for (int64_t m = 0; m < mesh->ndim(); ++m) {
+        if (!p[m].is_replicate()) continue;
+        if (!data.is_contiguous()) data = data.contiguous();
+        detail::broadcast_(*mesh, m, data);  // in place: the DTensor keeps sharing the caller's memory
+      }
+    } else {
+      meta.shape = options.shape.value_or(global_shape_assuming_even(local.sizes().vec(), mesh->shape(), p));
+    }
+    const Shape expected = local_layout(meta.shape, mesh->shape(), *mesh->coordinate(), p).shape;
+    if (expected != local.sizes().vec())
+      throw DTensorError("from_local: the local tensor's shape " + shape_str(local.sizes().vec()) +
+                         " is not this rank's shard " + shape_str(expected) + " of a global " + shape_str(meta.shape) +
+                         " tensor with placements (" + to_string(p) + "); pass the right shape or use run_check");
+  }
+  meta.stride = options.stride.value_or(global_stride_like(meta.shape, local.sizes().vec(), local.strides().vec()));
+  DTensorSpec spec{mesh, p, std::move(meta)};
+  at::Tensor out = make_dtensor(data, spec);
+  detail::record(c10::make_intrusive<detail::FromLocalBackward>(std::move(spec)), local, out);
+  return out;
+}
+
+at::Tensor to_local(const at::Tensor& dtensor, std::optional<Placements> grad_placements) {
+  const auto& impl = dtensor_impl(dtensor, "to_local");
+  at::Tensor out = alias_without_history(impl.local());
+  if (torch::autograd::GradMode::is_enabled() && dtensor.requires_grad()) {
+    const DTensorSpec& spec = impl.spec();
+    Placements grad = grad_placements
+                          ? validate_placements(*grad_placements, spec.mesh->ndim(), spec.ndim(), "to_local(grad_placements)")
+                          : spec.placements;
+    detail::record(c10::make_intrusive<detail::ToLocalBackward>(spec.with_placements(std::move(grad))), dtensor, out);
+  }
+  return out;
+}
+
+RedistributePlan redistribute_plan(const at::Tensor& dtensor, const Placements& placements) {
+  const DTensorSpec& spec = dtensor_impl(dtensor, "redistribute_plan").spec();
+  if (!spec.mesh->coordinate()) return RedistributePlan{spec.placements, placements, {}};
+  return detail::cached_plan(spec, validate_placements(placements, spec.mesh->ndim(), spec.ndim(), "redistribute_plan"));
+}
+
+at::Tensor redistribute(const at::Tensor& dtensor, const MeshPtr& mesh, const Placements& placements) {
+  const auto& impl = dtensor_impl(dtensor, "redistribute");
+  const DTensorSpec& spec = impl.spec();
+  if (mesh && !same_mesh(mesh, spec.mesh))
+    throw DTensorError("redistribute: the DTensor lives on " + spec.mesh->str() + "; moving it to " + mesh->str() +
+                       " is not supported yet (full_tensor, then distribute_tensor on the other mesh)");
+  Placements target = validate_placements(placements, spec.mesh->ndim(), spec.ndim(), "redistribute");
+  for (size_t m = 0; m < target.size(); ++m) {
+    if (target[m].is_partial() && target[m] != spec.placements[m])
+      throw DTensorError("redistribute: cannot move " + spec.mesh->dim_label(static_cast<int64_t>(m)) + " from " +
+                         spec.placements[m].str() + " to " + target[m].str() +
+                         ": Partial is a state ops produce, not a target; choose Shard or Replicate");
+  }
+  if (target == spec.placements) return dtensor;
+  at::Tensor out = make_dtensor(detail::redistribute_local(impl.local(), spec, target), spec.with_placements(target));
+  detail::record(c10::make_intrusive<detail::RedistributeBackward>(spec), dtensor, out);
+  return out;
+}
+
+at::Tensor full_tensor(const at::Tensor& dtensor, std::optional<Placements> grad_placements) {
+  const DTensorSpec& spec = dtensor_impl(dtensor, "full_tensor").spec();
+  return to_local(redistribute(dtensor, nullptr, Placements(spec.mesh->ndim(), Replicate())), std::move(grad_placements));
+}
+
+const DTensorSpec& spec_of(const at::Tensor& dtensor) { return dtensor_impl(dtensor, "spec_of").spec(); }
+const MeshPtr& mesh_of(const at::Tensor& dtensor) { return spec_of(dtensor).mesh; }
+const Placements& placements_of(const at::Tensor& dtensor) { return spec_of(dtensor).placements; }
+const at::Tensor& local_tensor_of(const at::Tensor& dtensor) { return dtensor_impl(dtensor, "local_tensor_of").local(); }
+
+std::string describe(const at::Tensor& dtensor) {
+  const auto& impl = dtensor_impl(dtensor, "describe");
+  return "DTensor(" + impl.spec().str() + ", local=" + shape_str(impl.local().sizes().vec()) + ")";
+}
+
+}  // namespace dtensor

@@ -1,0 +1,65 @@
+#include "autograd_nodes.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "../redistribute/executor.h"
+#include "dtensor/dtensor_impl.h"
+#include "dtensor/errors.h"
+
+namespace dtensor::detail {
+namespace {
+
+// A gradient is never Partial where its tensor was: it is the same logical value, so the reduced
+// (Replicate) form is the one to hand back.
+Placements partial_as_replicate(const Placements& placements) {
+  Placements out = placements;
+  for (auto& p : out)
+    if (p.is_partial()) p = Placement::replicate();
+  return out;
+}
+
+}  // namespace
+
+torch::autograd::variable_list FromLocalBackward::apply(torch::autograd::variable_list&& grads) {
+  if (!grads[0].defined()) return {at::Tensor()};
+  const auto& grad = dtensor_impl(grads[0], "the gradient flowing back into from_local");
+  // Reduce any Partial gradient first: each rank's contribution to a Partial input enters the value
+  // with coefficient 1 (sum) or 1/n (avg), so it needs the whole gradient, not a contribution of it.
+  const Placements reduced = partial_as_replicate(spec.placements);
+  at::Tensor local = redistribute_local(grad.local(), grad.spec(), reduced);
+  return {redistribute_local(local, grad.spec().with_placements(reduced), spec.placements, Direction::Backward)};
+}
+
+torch::autograd::variable_list ToLocalBackward::apply(torch::autograd::variable_list&& grads) {
+  const at::Tensor& grad = grads[0];
+  if (!grad.defined()) return {at::Tensor()};
+  if (is_dtensor(grad))
+    throw DTensorError("the gradient of to_local's output is itself a DTensor; the local tensor's gradient must be "
+                       "a plain tensor");
+  const Shape expected = grad_spec.local_shape();
+  if (grad_spec.mesh->coordinate() && grad.sizes().vec() != expected)
+    throw DTensorError("the gradient of to_local's output has shape " + shape_str(grad.sizes().vec()) +
+                       " but the local shard for grad_placements (" + to_string(grad_spec.placements) + ") has shape " +
+                       shape_str(expected));
+  DTensorSpec spec = grad_spec;
+  spec.meta.dtype = grad.scalar_type();
+  return {make_dtensor(grad, std::move(spec))};
+}
+
+torch::autograd::variable_list RedistributeBackward::apply(torch::autograd::variable_list&& grads) {
+  if (!grads[0].defined()) return {at::Tensor()};
+  const auto& grad = dtensor_impl(grads[0], "the gradient flowing back into redistribute");
+  const Placements target = partial_as_replicate(input_spec.placements);
+  DTensorSpec spec{input_spec.mesh, target, input_spec.meta};
+  spec.meta.dtype = grad.spec().meta.dtype;
+  return {make_dtensor(redistribute_local(grad.local(), grad.spec(), target), std::move(spec))};
+}
+
+void record(const c10::intrusive_ptr<torch::autograd::Node>& node, const at::Tensor& input, at::Tensor& output) {
+  if (!torch::autograd::GradMode::is_enabled() || !input.requires_grad()) return;
+  node->set_next_edges(torch::autograd::collect_next_edges(input));
+  torch::autograd::create_gradient_edge(output, node);
+}
+
+}  // namespace dtensor::detail

@@ -1,0 +1,90 @@
+#include "dtensor/dtensor_impl.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include "dtensor/errors.h"
+
+namespace dtensor {
+
+DTensorImpl::DTensorImpl(at::Tensor local, DTensorSpec spec)
+    : c10::TensorImpl(c10::DispatchKeySet(kDTensorKey), local.dtype(), local.device()),
+      local_(std::move(local)),
+      spec_(std::move(spec)) {
+  set_storage_access_should_throw();
+  set_sizes_and_strides(spec_.meta.shape, spec_.meta.stride);
+}
+
+template <typename Version>
+c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::copy_with_version(Version&& version,
+                                                                   bool allow_tensor_metadata_change) const {
+  auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_);
+  copy_tensor_metadata(this, impl.get(), std::forward<Version>(version), allow_tensor_metadata_change);
+  return impl;
+}
+
+c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(const c10::VariableVersion& version_counter,
+                                                                         bool allow_tensor_metadata_change) const {
+  return copy_with_version(version_counter, allow_tensor_metadata_change);
+}
+
+c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::shallow_copy_and_detach(c10::VariableVersion&& version_counter,
+                                                                         bool allow_tensor_metadata_change) const {
+  return copy_with_version(std::move(version_counter), allow_tensor_metadata_change);
+}
+
+void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& impl) {
+  const auto* other = dynamic_cast<const DTensorImpl*>(impl.get());
+  if (other == nullptr) throw DTensorError("set_data: a DTensor's data can only be replaced by another DTensor");
+  copy_tensor_metadata(other, this, version_counter(), allow_tensor_metadata_change());
+  local_ = other->local_;
+  spec_ = other->spec_;
+}
+
+at::Tensor make_dtensor(const at::Tensor& local, DTensorSpec spec) {
+  return at::Tensor(c10::make_intrusive<DTensorImpl>(alias_without_history(local), std::move(spec)));
+}
+
+bool is_dtensor(const at::Tensor& tensor) {
+  return tensor.defined() && dynamic_cast<const DTensorImpl*>(tensor.unsafeGetTensorImpl()) != nullptr;
+}
+
+const DTensorImpl& dtensor_impl(const at::Tensor& tensor, const char* what) {
+  const auto* impl = tensor.defined() ? dynamic_cast<const DTensorImpl*>(tensor.unsafeGetTensorImpl()) : nullptr;
+  if (impl == nullptr) {
+    throw DTensorError(std::string(what) + " expects a DTensor but got " +
+                       (tensor.defined() ? "a plain tensor" : "an undefined tensor") +
+                       "; make one with distribute_tensor or from_local");
+  }
+  return *impl;
+}
+
+at::Tensor alias_without_history(const at::Tensor& tensor) {
+  if (!tensor.defined()) return tensor;
+  auto* impl = tensor.unsafeGetTensorImpl();
+  return at::Tensor(impl->shallow_copy_and_detach(impl->version_counter(), /*allow_tensor_metadata_change=*/true));
+}
+
+namespace {
+
+// Any aten op without a dtensor kernel lands here: say which op, with which DTensor inputs, and the
+// ways out, instead of touching the (absent) storage.
+void no_kernel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const auto args = torch::jit::last(*stack, schema.arguments().size());
+  std::string inputs;
+  for (const auto& arg : args) {
+    if (!arg.isTensor() || !is_dtensor(arg.toTensor())) continue;
+    inputs += (inputs.empty() ? "" : "; ") + dtensor_impl(arg.toTensor()).spec().str();
+  }
+  throw DTensorError("no sharding strategy for op " + schema.operator_name().name +
+                     (schema.overload_name().empty() ? "" : "." + schema.overload_name()) + " on DTensor inputs (" +
+                     inputs + "). Ways out: run it on local shards (to_local / full_tensor, then from_local), or "
+                     "register a sharding strategy for the op");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse2, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&no_kernel_fallback>()); }
+
+}  // namespace dtensor
