@@ -1,0 +1,45 @@
+#pragma once
+// Multi-rank test harness. The test binary starts itself as N local ranks (real processes, real Gloo
+// process groups); every rank runs the same GoogleTest sequence. At the end of each test the ranks
+// exchange their outcomes through the job's store, so a failure on any rank fails the test on all of
+// them with that rank's message, and a rank that does not finish in time fails it by timeout.
+// Only rank 0 prints.
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <vector>
+
+#include "dtensor/dtensor.h"
+
+namespace dtensor::testing {
+
+std::shared_ptr<World> world();
+
+// A mesh over the given world ranks (default: the first numel(shape) ranks), created once and cached
+// (every rank asks for the same meshes in the same order, as the tests run in the same order).
+MeshPtr mesh(const Shape& shape, std::vector<int64_t> ranks = {}, std::vector<std::string> names = {});
+
+class DistTest : public ::testing::Test {
+ protected:
+  void TearDown() override;
+};
+
+// A deterministic integer-valued tensor, the same on every rank for the same seed, so sums and
+// averages in any order are exact in every dtype tested (bfloat16 included).
+at::Tensor test_tensor(const Shape& shape, at::ScalarType dtype, uint64_t seed);
+
+// A DTensor on `mesh` with `placements` whose value is exactly `full`: shards cut with torch.chunk,
+// Partial values split into integer contributions that reduce back to `full` exactly.
+at::Tensor make_dtensor_holding(const at::Tensor& full, const MeshPtr& mesh, const Placements& placements);
+
+// This rank's expected shard of `full` for non-Partial placements.
+at::Tensor expected_shard(const at::Tensor& full, const MeshPtr& mesh, const Placements& placements);
+
+::testing::AssertionResult tensors_equal(const at::Tensor& actual, const at::Tensor& expected);
+::testing::AssertionResult tensors_close(const at::Tensor& actual, const at::Tensor& expected, double rtol = 1e-5,
+                                         double atol = 1e-6);
+
+}  // namespace dtensor::testing
