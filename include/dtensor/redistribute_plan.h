@@ -30,7 +30,8 @@ struct RedistributeStep {
   Placement to;
   StepKind kind;
   // The part of the global tensor that this mesh dim's process group holds together when the step
-  // runs (the global shape narrowed by shards on outer mesh dims): what uneven padding is based on.
+  // runs (the global shape cut by the other mesh dims' shards): what uneven padding and bytes are
+  // based on.
   Shape logical_shape;
   int64_t bytes_per_rank;  // bytes this rank receives (a ring's traffic); 0 for local steps
 

@@ -82,12 +82,12 @@ class Planner {
   std::vector<RedistributeStep> take_steps() { return std::move(steps_); }
 
  private:
+  // What this mesh dim's group holds together now: the global shape cut by every other mesh dim's
+  // current shard, with this dim's own shard undone.
   Shape logical_shape(int64_t m) const {
-    const size_t outer = static_cast<size_t>(m);
-    return local_layout(global_, Shape(mesh_.begin(), mesh_.begin() + outer),
-                        Shape(coord_.begin(), coord_.begin() + outer),
-                        Placements(state_.begin(), state_.begin() + outer))
-        .shape;
+    Placements others = state_;
+    others[m] = Placement::replicate();
+    return local_layout(global_, mesh_, coord_, others).shape;
   }
 
   int64_t bytes(int64_t m, StepKind kind, const Shape& logical, const Placement& to) const {

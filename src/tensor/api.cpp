@@ -75,7 +75,7 @@ Shape checked_global_shape(const at::Tensor& local, const DeviceMesh& mesh, cons
         error = "ranks along " + mesh.dim_label(m) + " hold local tensors of different dtypes";
       if (all[q * k + k - 1] >= 0) failed_rank = all[q * k + k - 1];
     }
-    if (!error.empty()) continue;
+    if (!error.empty() || failed_rank >= 0) continue;  // one report per failure: the rank that saw it
     const Placement& p = placements[m];
     Shape merged = current;
     if (p.is_shard()) {

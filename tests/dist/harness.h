@@ -5,6 +5,7 @@
 // them with that rank's message, and a rank that does not finish in time fails it by timeout.
 // Only rank 0 prints.
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
