@@ -2,6 +2,8 @@
 // and 0-d tensors in four dtypes, against the full tensor on one device.
 
 #include "../../src/redistribute/executor.h"
+#include <random>
+
 #include "harness.h"
 
 namespace dtensor::testing {
@@ -112,6 +114,55 @@ TEST_F(DistTest, TransitionsTwoByTwo) {
                                      {{4, 6}, {at::kFloat, at::kLong}},
                                      {{3, 0}, {at::kFloat, at::kLong}},
                                      {{}, {at::kFloat, at::kLong}}});
+}
+
+}  // namespace
+}  // namespace dtensor::testing
+
+namespace dtensor::testing {
+namespace {
+
+// Random shapes (uneven, zero-size, 0-d), meshes from 1-d to 3-d (some over a subset of ranks) and
+// random placement pairs, including a tensor dim sharded over several mesh dims. Every rank draws the
+// same sequence from the same seed.
+TEST_F(DistTest, RandomRedistributionsMatchTheFullTensor) {
+  std::mt19937 rng(20261122);
+  auto pick = [&](int64_t n) { return static_cast<int64_t>(rng() % static_cast<uint64_t>(n)); };
+  const std::vector<MeshPtr> meshes = {mesh({4}),       mesh({2, 2}),    mesh({1, 4}),         mesh({4, 1}),
+                                       mesh({2, 1, 2}), mesh({1, 2, 2}), mesh({3}, {0, 1, 2}), mesh({2}, {1, 3})};
+  const std::vector<at::ScalarType> dtypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kLong};
+  const ReduceOp ops[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
+  auto random_placements = [&](int64_t mesh_ndim, int64_t tensor_ndim, bool allow_partial) {
+    for (;;) {
+      Placements ps;
+      for (int64_t m = 0; m < mesh_ndim; ++m) {
+        const int64_t kind = pick(allow_partial ? 3 : 2);
+        if (kind == 0 && tensor_ndim > 0) ps.push_back(Shard(pick(tensor_ndim)));
+        else if (kind == 2) ps.push_back(Partial(ops[pick(4)]));
+        else ps.push_back(Replicate());
+      }
+      try {
+        return validate_placements(ps, mesh_ndim, tensor_ndim, "test");
+      } catch (const DTensorError&) {  // a non-commuting Partial mix: draw again
+      }
+    }
+  };
+  int failures = 0;
+  for (int i = 0; i < 400; ++i) {
+    const MeshPtr& m = meshes[pick(static_cast<int64_t>(meshes.size()))];
+    Shape shape(pick(4));
+    for (auto& s : shape) s = pick(8);
+    const at::ScalarType dtype = dtypes[pick(4)];
+    const Placements src = random_placements(m->ndim(), static_cast<int64_t>(shape.size()), true);
+    const Placements dst = random_placements(m->ndim(), static_cast<int64_t>(shape.size()), pick(4) == 0);
+    const at::Tensor full = test_tensor(shape, dtype, static_cast<uint64_t>(i));
+    if (!m->contains_this_rank()) continue;
+    auto result = check_transition(full, m, src, dst);
+    if (!result && failures++ < 5)
+      ADD_FAILURE() << "case " << i << ": " << m->str() << " shape " << shape_str(shape) << " " << dtype << ": "
+                    << to_string(src) << " -> " << to_string(dst) << ": " << result.message();
+  }
+  EXPECT_EQ(failures, 0);
 }
 
 }  // namespace
