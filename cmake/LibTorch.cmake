@@ -30,3 +30,4 @@ target_link_libraries(dtensor_torch INTERFACE
   "${DTENSOR_TORCH_DIR}/lib/libtorch_cpu.so" "${DTENSOR_TORCH_DIR}/lib/libc10.so")
 # Executables find the wheel's libraries (and their own $ORIGIN-relative deps) through an RPATH.
 target_link_options(dtensor_torch INTERFACE "LINKER:-rpath,${DTENSOR_TORCH_DIR}/lib")
+set(DTENSOR_PYTHON "" CACHE FILEPATH "python of the venv holding that torch (for the torchrun launch test)")
