@@ -18,11 +18,13 @@ constexpr c10::DispatchKey kDTensorKey = c10::DispatchKey::PrivateUse2;
 
 class DTensorImpl final : public c10::TensorImpl {
  public:
-  // `local` must carry no autograd history (autograd lives on the DTensor itself).
-  DTensorImpl(at::Tensor local, DTensorSpec spec);
+  // `local` must carry no autograd history (autograd lives on the DTensor itself). Specs are shared
+  // (immutable) so that wrapping an op's output costs no copy of the spec.
+  DTensorImpl(at::Tensor local, std::shared_ptr<const DTensorSpec> spec);
 
   const at::Tensor& local() const { return local_; }
-  const DTensorSpec& spec() const { return spec_; }
+  const DTensorSpec& spec() const { return *spec_; }
+  const std::shared_ptr<const DTensorSpec>& shared_spec() const { return spec_; }
 
   // Autograd saves and detaches tensors through these; without them the copy would be a plain
   // TensorImpl still carrying the DTensor key, and the next op on it would recurse forever.
@@ -38,11 +40,12 @@ class DTensorImpl final : public c10::TensorImpl {
   c10::intrusive_ptr<c10::TensorImpl> copy_with_version(Version&& version, bool allow_tensor_metadata_change) const;
 
   at::Tensor local_;
-  DTensorSpec spec_;
+  std::shared_ptr<const DTensorSpec> spec_;
 };
 
 // Wraps a local shard as a DTensor without communication or checks (the caller vouches for `spec`).
 // The local tensor is aliased, never copied; its autograd history is not carried over.
+at::Tensor make_dtensor(const at::Tensor& local, std::shared_ptr<const DTensorSpec> spec);
 at::Tensor make_dtensor(const at::Tensor& local, DTensorSpec spec);
 
 bool is_dtensor(const at::Tensor& tensor);

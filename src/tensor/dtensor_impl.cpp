@@ -7,12 +7,12 @@
 
 namespace dtensor {
 
-DTensorImpl::DTensorImpl(at::Tensor local, DTensorSpec spec)
+DTensorImpl::DTensorImpl(at::Tensor local, std::shared_ptr<const DTensorSpec> spec)
     : c10::TensorImpl(c10::DispatchKeySet(kDTensorKey), local.dtype(), local.device()),
       local_(std::move(local)),
       spec_(std::move(spec)) {
   set_storage_access_should_throw();
-  set_sizes_and_strides(spec_.meta.shape, spec_.meta.stride);
+  set_sizes_and_strides(spec_->meta.shape, spec_->meta.stride);
 }
 
 template <typename Version>
@@ -41,8 +41,12 @@ void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& i
   spec_ = other->spec_;
 }
 
-at::Tensor make_dtensor(const at::Tensor& local, DTensorSpec spec) {
+at::Tensor make_dtensor(const at::Tensor& local, std::shared_ptr<const DTensorSpec> spec) {
   return at::Tensor(c10::make_intrusive<DTensorImpl>(alias_without_history(local), std::move(spec)));
+}
+
+at::Tensor make_dtensor(const at::Tensor& local, DTensorSpec spec) {
+  return make_dtensor(local, std::make_shared<const DTensorSpec>(std::move(spec)));
 }
 
 bool is_dtensor(const at::Tensor& tensor) {

@@ -1,0 +1,75 @@
+#pragma once
+// The sharding-propagation data model (after PyTorch's _op_schema.py): an op call described by its
+// input specs and non-tensor arguments (OpSchema), the ways the op can run (PlacementStrategy: the
+// placements of every output and the placements every input must have, with the cost of getting
+// there), and the decision propagation hands to dispatch (OutputSharding).
+
+#include <ATen/core/function_schema.h>
+#include <ATen/core/ivalue.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtensor/spec.h"
+
+namespace dtensor {
+
+using SpecPtr = std::shared_ptr<const DTensorSpec>;
+
+// One tensor input of a call: its position in the argument list and its spec.
+struct TensorInput {
+  size_t arg;          // index into the schema's arguments
+  int64_t list_index;  // position inside a Tensor[] argument; -1 for a Tensor argument
+  SpecPtr spec;
+};
+
+// An op call as propagation sees it. `args` are the call's arguments, readable while strategies are
+// computed (never kept). `outputs` are the global metas of the op's tensor outputs, computed by the
+// op's own meta kernel on the global shapes.
+struct OpSchema {
+  const c10::FunctionSchema& schema;
+  c10::ArrayRef<c10::IValue> args;
+  std::vector<TensorInput> inputs;
+  std::vector<TensorMeta> outputs;
+  MeshPtr mesh;
+
+  const DTensorSpec& input(size_t i) const { return *inputs[i].spec; }
+  int64_t input_ndim(size_t i) const { return inputs[i].spec->ndim(); }
+  int64_t output_ndim(size_t i = 0) const { return static_cast<int64_t>(outputs[i].shape.size()); }
+  // The tensor input at argument `arg` (for Tensor arguments), or nullopt when it is None.
+  std::optional<size_t> input_at_arg(size_t arg) const;
+  // "aten::mm" or "aten::add.Tensor"
+  std::string op_name() const;
+};
+
+// One way to run the op on the whole mesh.
+struct PlacementStrategy {
+  std::vector<Placements> outputs;  // one per tensor output
+  std::vector<Placements> inputs;   // one per OpSchema::inputs entry
+  std::vector<double> redistribute_cost;  // per input; filled in by propagation
+
+  std::string str() const;  // "(S(0),R), (R,R) -> (S(0),R)"
+};
+using OpStrategy = std::vector<PlacementStrategy>;
+
+// One way to run the op along a single mesh dim. Propagation expands these to the whole mesh by
+// choosing one per mesh dim (every combination), so a rule only describes the op's math.
+struct DimStrategy {
+  Placements outputs;  // one placement per tensor output
+  Placements inputs;   // one placement per tensor input
+};
+
+// The decision for a call: where each output lives and where each input must be moved first.
+struct OutputSharding {
+  std::vector<SpecPtr> outputs;                       // one per tensor output
+  std::vector<std::optional<Placements>> input_moves;  // per input; nullopt when it stays as is
+  PlacementStrategy chosen;
+};
+
+using DimRule = std::function<std::vector<DimStrategy>(const OpSchema&)>;
+using MeshRule = std::function<OpStrategy(const OpSchema&)>;
+
+}  // namespace dtensor

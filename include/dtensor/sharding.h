@@ -1,0 +1,45 @@
+#pragma once
+// Extending and observing sharding propagation: register a strategy for an op (a custom op or one
+// dtensor does not cover yet), query what is covered, and scope the implicit replication of plain
+// tensors.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtensor/op_schema.h"
+
+namespace dtensor {
+
+// Registers how `op` ("aten::mm", "aten::add.Tensor", "myns::myop") shards, and routes the op's
+// DTensor calls through dtensor's dispatch. Registering an op again replaces its rule. Throws when
+// the op does not exist in the dispatcher.
+void register_dim_rule(const std::string& op, DimRule rule);
+void register_mesh_rule(const std::string& op, MeshRule rule);
+
+bool has_sharding_rule(const std::string& op);
+std::vector<std::string> ops_with_sharding_rules();
+
+// While alive on this thread, plain (non-DTensor) tensors mixed into DTensor ops act as Replicate
+// instead of raising an error. 0-d plain tensors always act as Replicate.
+class ImplicitReplicationGuard {
+ public:
+  ImplicitReplicationGuard();
+  ~ImplicitReplicationGuard();
+  ImplicitReplicationGuard(const ImplicitReplicationGuard&) = delete;
+  ImplicitReplicationGuard& operator=(const ImplicitReplicationGuard&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
+struct PropagationCacheStats {
+  int64_t hits = 0;
+  int64_t misses = 0;
+};
+// This thread's propagation cache counters (since the thread started or the last clear).
+PropagationCacheStats propagation_cache_stats();
+void clear_propagation_cache();
+
+}  // namespace dtensor

@@ -1,0 +1,159 @@
+#include "dispatch.h"
+
+#include <ATen/ATen.h>
+
+#include "../redistribute/executor.h"
+#include "dtensor/dtensor_impl.h"
+#include "dtensor/errors.h"
+#include "dtensor/sharding.h"
+#include "propagation.h"
+#include "registry.h"
+
+namespace dtensor {
+namespace {
+thread_local bool implicit_replication = false;
+}
+
+ImplicitReplicationGuard::ImplicitReplicationGuard() : previous_(implicit_replication) { implicit_replication = true; }
+ImplicitReplicationGuard::~ImplicitReplicationGuard() { implicit_replication = previous_; }
+bool ImplicitReplicationGuard::active() { return implicit_replication; }
+
+}  // namespace dtensor
+
+namespace dtensor::detail {
+namespace {
+
+const DTensorImpl* as_dtensor(const at::Tensor& t) {
+  return t.defined() ? dynamic_cast<const DTensorImpl*>(t.unsafeGetTensorImpl()) : nullptr;
+}
+
+// Calls `visit(tensor, arg, list_index)` for every defined tensor among the arguments.
+template <typename Visit>
+void for_each_tensor(c10::ArrayRef<c10::IValue> args, Visit&& visit) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = args[i];
+    if (v.isTensor()) {
+      if (v.toTensor().defined()) visit(v.toTensor(), i, int64_t{-1});
+    } else if (v.isTensorList()) {
+      const auto list = v.toTensorList();
+      for (size_t j = 0; j < list.size(); ++j) visit(list.get(j), i, static_cast<int64_t>(j));
+    } else if (v.isList()) {
+      const auto& list = v.toListRef();
+      for (size_t j = 0; j < list.size(); ++j)
+        if (list[j].isTensor()) visit(list[j].toTensor(), i, static_cast<int64_t>(j));
+    }
+  }
+}
+
+MeshPtr find_mesh(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  MeshPtr mesh;
+  for_each_tensor(args, [&](const at::Tensor& t, size_t, int64_t) {
+    const DTensorImpl* d = as_dtensor(t);
+    if (d == nullptr) return;
+    if (!mesh) mesh = d->spec().mesh;
+    else if (!same_mesh(mesh, d->spec().mesh))
+      throw DTensorError("op " + qualified_name(op.operator_name()) + " got DTensors on different meshes, " +
+                         mesh->str() + " and " + d->spec().mesh->str() + "; bring them onto one mesh first");
+  });
+  return mesh;
+}
+
+SpecPtr replicated_spec(const at::Tensor& t, const MeshPtr& mesh) {
+  return std::make_shared<const DTensorSpec>(DTensorSpec{
+      mesh, Placements(mesh->ndim(), Replicate()), TensorMeta{t.sizes().vec(), t.strides().vec(), t.scalar_type()}});
+}
+
+void collect_inputs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const MeshPtr& mesh,
+                    std::vector<TensorInput>& inputs) {
+  for_each_tensor(args, [&](const at::Tensor& t, size_t arg, int64_t index) {
+    if (const DTensorImpl* d = as_dtensor(t)) {
+      inputs.push_back(TensorInput{arg, index, d->shared_spec()});
+    } else if (t.dim() == 0 || ImplicitReplicationGuard::active()) {
+      inputs.push_back(TensorInput{arg, index, replicated_spec(t, mesh)});
+    } else {
+      throw DTensorError("op " + qualified_name(op.operator_name()) + " got a plain tensor of shape " +
+                         shape_str(t.sizes().vec()) + " (argument '" + op.schema().arguments()[arg].name() +
+                         "') mixed with DTensors; distribute it (distribute_tensor / from_local), or treat it as "
+                         "Replicate inside a dtensor::ImplicitReplicationGuard");
+    }
+  });
+}
+
+// The local tensor to run the op with: the shard, moved to the chosen placements when needed.
+at::Tensor local_input(const at::Tensor& t, const TensorInput& in, const std::optional<Placements>& move) {
+  const DTensorImpl* d = as_dtensor(t);
+  at::Tensor local = d ? d->local() : t;
+  return move ? redistribute_local(local, *in.spec, *move) : local;
+}
+
+void replace_inputs(c10::IValue* args, const std::vector<TensorInput>& inputs, const OutputSharding& decision) {
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const TensorInput& in = inputs[k];
+    c10::IValue& slot = args[in.arg];
+    if (in.list_index < 0) {
+      slot = local_input(slot.toTensor(), in, decision.input_moves[k]);
+    } else if (slot.isTensorList()) {
+      auto list = slot.toTensorList().copy();  // never mutate the caller's list
+      list.set(in.list_index, local_input(list.get(in.list_index), in, decision.input_moves[k]));
+      slot = list;
+    } else {
+      auto list = c10::List<std::optional<at::Tensor>>(slot.toOptionalTensorList()).copy();
+      list.set(in.list_index, local_input(*list.get(in.list_index), in, decision.input_moves[k]));
+      slot = list;
+    }
+  }
+}
+
+// Empty local shards for ranks outside the mesh, which do not run the op.
+void push_empty_outputs(const OutputSharding& decision, torch::jit::Stack* stack) {
+  for (const auto& spec : decision.outputs)
+    stack->push_back(at::empty({0}, at::TensorOptions().dtype(spec->meta.dtype)));
+}
+
+}  // namespace
+
+void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size();
+  c10::IValue* args = stack->data() + (stack->size() - n);
+  const c10::ArrayRef<c10::IValue> arg_view(args, n);
+
+  const MeshPtr mesh = find_mesh(op, arg_view);
+  std::vector<TensorInput> inputs;
+  inputs.reserve(4);
+  collect_inputs(op, arg_view, mesh, inputs);
+  const OutputSharding& decision = propagate(op, arg_view, inputs, mesh);
+
+  // Written (in-place / out=) arguments are returned as the caller's own DTensors.
+  const std::vector<c10::IValue> originals(args, args + n);
+  if (mesh->coordinate()) {
+    replace_inputs(args, inputs, decision);
+    op.callBoxed(*stack);
+  } else {
+    torch::jit::drop(*stack, n);
+    push_empty_outputs(decision, stack);
+  }
+
+  const size_t r = schema.returns().size();
+  c10::IValue* returns = stack->data() + (stack->size() - r);
+  size_t next_output = 0;
+  for (size_t j = 0; j < r; ++j) {
+    const auto* alias = schema.returns()[j].alias_info();
+    if (alias && alias->isWrite()) {
+      for (size_t i = 0; i < n; ++i) {
+        const auto* a = schema.arguments()[i].alias_info();
+        if (a && a->beforeSets() == alias->beforeSets()) returns[j] = originals[i];
+      }
+      ++next_output;
+    } else if (returns[j].isTensor()) {
+      if (returns[j].toTensor().defined()) returns[j] = make_dtensor(returns[j].toTensor(), decision.outputs[next_output]);
+      ++next_output;
+    } else if (returns[j].isTensorList()) {
+      c10::List<at::Tensor> wrapped;
+      for (const at::Tensor& t : returns[j].toTensorList()) wrapped.push_back(make_dtensor(t, decision.outputs[next_output++]));
+      returns[j] = wrapped;
+    }
+  }
+}
+
+}  // namespace dtensor::detail

@@ -1,0 +1,330 @@
+#include "propagation.h"
+
+#include <ATen/ATen.h>
+
+#include <unordered_map>
+
+#include "../redistribute/executor.h"
+#include "dtensor/dtensor_impl.h"
+#include "dtensor/errors.h"
+#include "dtensor/sharding.h"
+#include "registry.h"
+
+namespace dtensor::detail {
+namespace {
+
+// ---- the cache key ----------------------------------------------------------------------------
+
+// Non-tensor arguments as a flat signature: numbers (Scalar) by kind only, everything else by value.
+void append_signature(const c10::IValue& v, const c10::Argument& arg, std::vector<int64_t>& out) {
+  if (v.isTensor() || v.isTensorList()) return;
+  if (arg.type()->kind() == c10::TypeKind::NumberType ||
+      (arg.type()->kind() == c10::TypeKind::OptionalType &&
+       arg.type()->containedType(0)->kind() == c10::TypeKind::NumberType)) {
+    out.push_back(v.isNone() ? 0 : v.isDouble() ? 1 : v.isInt() ? 2 : v.isBool() ? 3 : 4);
+    return;
+  }
+  if (v.isNone()) out.push_back(-1);
+  else if (v.isInt()) out.push_back(v.toInt());
+  else if (v.isBool()) out.push_back(v.toBool() ? 1 : 0);
+  else if (v.isDouble()) {
+    const double d = v.toDouble();
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    out.push_back(bits);
+  } else if (v.isIntList()) {
+    const auto list = v.toIntList();
+    out.push_back(static_cast<int64_t>(list.size()));
+    for (int64_t x : list) out.push_back(x);
+  } else if (v.isString()) {
+    out.push_back(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
+  } else if (v.isDevice()) {
+    out.push_back(static_cast<int64_t>(v.toDevice().type()));
+  } else if (v.isList()) {
+    const auto list = v.toListRef();
+    out.push_back(static_cast<int64_t>(list.size()));
+    for (const auto& x : list) {
+      if (x.isTensor() || x.isNone()) out.push_back(x.isNone() ? -1 : -2);
+      else out.push_back(static_cast<int64_t>(c10::IValue::hash(x)));
+    }
+  } else {
+    out.push_back(static_cast<int64_t>(c10::IValue::hash(v)));
+  }
+}
+
+bool same_spec(const SpecPtr& a, const SpecPtr& b) { return a == b || *a == *b; }
+
+size_t hash_spec(const DTensorSpec& s) {
+  size_t h = std::hash<const void*>()(s.mesh.get()) ^ (hash_placements(s.placements) << 1) ^ static_cast<size_t>(s.meta.dtype);
+  for (auto x : s.meta.shape) h = h * 1000003 ^ static_cast<size_t>(x);
+  for (auto x : s.meta.stride) h = h * 31 ^ static_cast<size_t>(x);
+  return h;
+}
+
+struct CacheEntry {
+  const c10::FunctionSchema* op;
+  std::vector<SpecPtr> specs;
+  std::vector<int64_t> signature;
+  OutputSharding decision;
+};
+
+struct Cache {
+  std::unordered_multimap<size_t, CacheEntry> entries;
+  PropagationCacheStats stats;
+};
+
+Cache& cache() {
+  thread_local Cache c;
+  return c;
+}
+
+// ---- output metas: the op's own shape logic on the global shapes ------------------------------
+
+// Stand-ins for the global tensors: Meta tensors (no data) where the op has a Meta kernel, else CPU
+// tensors whose storage is one zero element expanded to the global shape (the op computes on them,
+// which costs time and an output's memory, but only on a propagation-cache miss).
+enum class Proxy { Meta, ExpandedZero };
+
+at::Tensor proxy_of(const at::Tensor& t, Proxy kind) {
+  TensorMeta m{t.sizes().vec(), t.strides().vec(), t.scalar_type()};
+  if (const auto* impl = dynamic_cast<const DTensorImpl*>(t.unsafeGetTensorImpl())) m = impl->spec().meta;
+  if (kind == Proxy::Meta)
+    return at::empty_strided(m.shape, m.stride, at::TensorOptions().dtype(m.dtype).device(at::kMeta));
+  return at::zeros({}, at::TensorOptions().dtype(m.dtype)).expand(m.shape);
+}
+
+c10::IValue proxy_of(const c10::IValue& v, Proxy kind) {
+  if (v.isTensor()) return v.toTensor().defined() ? c10::IValue(proxy_of(v.toTensor(), kind)) : v;
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(proxy_of(t, kind));
+    return out;
+  }
+  if (v.isList() && v.type<c10::Type>()->containedType(0)->kind() == c10::TypeKind::OptionalType) {
+    c10::List<std::optional<at::Tensor>> out;
+    for (const auto& x : v.toListRef())
+      out.push_back(x.isNone() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(proxy_of(x.toTensor(), kind)));
+    return out;
+  }
+  return v;
+}
+
+std::vector<TensorMeta> metas_of(const torch::jit::Stack& stack) {
+  std::vector<TensorMeta> out;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined()) out.push_back(TensorMeta{t.sizes().vec(), t.strides().vec(), t.scalar_type()});
+  };
+  for (const auto& v : stack) {
+    if (v.isTensor()) add(v.toTensor());
+    else if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList()) add(t);
+  }
+  return out;
+}
+
+std::vector<TensorMeta> run_on_proxies(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, Proxy kind) {
+  torch::jit::Stack stack;
+  for (const auto& v : args) stack.push_back(proxy_of(v, kind));
+  op.callBoxed(stack);
+  return metas_of(stack);
+}
+
+// The returned tensors when every one of them is an argument the op writes to (in-place, out=).
+std::optional<std::vector<TensorMeta>> written_returns(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  torch::jit::Stack returned;
+  for (const auto& r : schema.returns()) {
+    const auto* alias = r.alias_info();
+    if (!alias || !alias->isWrite()) return std::nullopt;
+    for (size_t i = 0; i < args.size(); ++i) {
+      const auto* a = schema.arguments()[i].alias_info();
+      if (a && a->beforeSets() == alias->beforeSets()) returned.push_back(proxy_of(args[i], Proxy::Meta));
+    }
+  }
+  return metas_of(returned);
+}
+
+std::vector<TensorMeta> output_metas(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  if (auto written = written_returns(op.schema(), args)) return *written;
+  try {
+    return run_on_proxies(op, args, Proxy::Meta);
+  } catch (const c10::NotImplementedError&) {
+    // No Meta kernel: compute on expanded zeros below.
+  } catch (const std::exception& e) {
+    throw DTensorError("op " + qualified_name(op.operator_name()) + " rejects the global shapes: " + e.what());
+  }
+  try {
+    return run_on_proxies(op, args, Proxy::ExpandedZero);
+  } catch (const std::exception& e) {
+    throw DTensorError("op " + qualified_name(op.operator_name()) + " failed on the global shapes: " + e.what());
+  }
+}
+
+// ---- strategies -----------------------------------------------------------------------------------
+
+OpStrategy expand_over_mesh(const std::vector<DimStrategy>& per_dim, int64_t mesh_ndim, size_t n_out, size_t n_in) {
+  OpStrategy out = {PlacementStrategy{std::vector<Placements>(n_out), std::vector<Placements>(n_in), {}}};
+  for (int64_t m = 0; m < mesh_ndim; ++m) {
+    OpStrategy next;
+    next.reserve(out.size() * per_dim.size());
+    for (const auto& partial : out)
+      for (const auto& d : per_dim) {
+        PlacementStrategy s = partial;
+        for (size_t k = 0; k < n_out; ++k) s.outputs[k].push_back(d.outputs[k]);
+        for (size_t k = 0; k < n_in; ++k) s.inputs[k].push_back(d.inputs[k]);
+        next.push_back(std::move(s));
+      }
+    out = std::move(next);
+  }
+  return out;
+}
+
+bool fits(const Placements& placements, int64_t mesh_ndim, int64_t tensor_ndim) {
+  try {
+    return validate_placements(placements, mesh_ndim, tensor_ndim, "strategy") == placements;
+  } catch (const DTensorError&) {
+    return false;
+  }
+}
+
+struct WrittenInput {
+  size_t input;
+  std::optional<size_t> output;  // the output that returns it, if any
+};
+
+// Inputs an op writes to (in-place and out= ops) must keep their placements, and so must the
+// outputs that alias them.
+std::vector<WrittenInput> written_inputs(const c10::FunctionSchema& schema, const std::vector<TensorInput>& inputs) {
+  std::vector<WrittenInput> out;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto* alias = schema.arguments()[inputs[i].arg].alias_info();
+    if (!alias || !alias->isWrite()) continue;
+    WrittenInput w{i, std::nullopt};
+    for (size_t r = 0; r < schema.returns().size(); ++r) {
+      const auto* ra = schema.returns()[r].alias_info();
+      if (ra && ra->beforeSets() == alias->beforeSets()) w.output = r;
+    }
+    out.push_back(w);
+  }
+  return out;
+}
+
+std::string describe_inputs(const OpSchema& s) {
+  std::string out;
+  for (size_t i = 0; i < s.inputs.size(); ++i)
+    out += (i ? "; " : "") + std::string("input ") + std::to_string(i) + " " + shape_str(s.input(i).meta.shape) +
+           " (" + to_string(s.input(i).placements) + ")";
+  return out;
+}
+
+OutputSharding decide(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                      const std::vector<TensorInput>& inputs, const MeshPtr& mesh) {
+  const OpRule* rule = find_rule(op);
+  OpSchema schema{op.schema(), args, inputs, output_metas(op, args), mesh};
+  const std::string name = qualified_name(op.operator_name());
+  if (rule == nullptr)
+    throw DTensorError("no sharding strategy for op " + name + " (" + describe_inputs(schema) +
+                       "). Ways out: redistribute the inputs to Replicate and run the op on to_local() results, or "
+                       "register a strategy with dtensor::register_dim_rule");
+  OpStrategy candidates = rule->mesh ? rule->mesh(schema)
+                                     : expand_over_mesh(rule->dim(schema), mesh->ndim(), schema.outputs.size(), inputs.size());
+  const auto written = written_inputs(op.schema(), inputs);
+  const PlacementStrategy* best = nullptr;
+  double best_cost = 0;
+  for (auto& c : candidates) {
+    bool ok = c.outputs.size() == schema.outputs.size() && c.inputs.size() == inputs.size();
+    for (size_t k = 0; ok && k < c.outputs.size(); ++k) ok = fits(c.outputs[k], mesh->ndim(), schema.output_ndim(k));
+    for (size_t k = 0; ok && k < c.inputs.size(); ++k) ok = fits(c.inputs[k], mesh->ndim(), schema.input_ndim(k));
+    for (const auto& w : written) {
+      ok = ok && c.inputs[w.input] == schema.input(w.input).placements;
+      ok = ok && (!w.output || c.outputs[*w.output] == schema.input(w.input).placements);
+    }
+    if (!ok) continue;
+    c.redistribute_cost.clear();
+    double total = 0;
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      c.redistribute_cost.push_back(redistribute_cost(schema.input(k), c.inputs[k]));
+      total += c.redistribute_cost.back();
+    }
+    if (best == nullptr || total < best_cost) {
+      best = &c;
+      best_cost = total;
+    }
+  }
+  if (best == nullptr) {
+    throw DTensorError("op " + name + " has no sharding strategy for " + describe_inputs(schema) +
+                       (written.empty() ? "" : " that keeps the placements of the tensor it writes to (in-place and "
+                                               "out= ops cannot change them; use the out-of-place op)") +
+                       ". Ways out: redistribute the inputs (e.g. to Replicate) first");
+  }
+  OutputSharding decision;
+  decision.chosen = *best;
+  for (size_t k = 0; k < schema.outputs.size(); ++k)
+    decision.outputs.push_back(std::make_shared<const DTensorSpec>(DTensorSpec{mesh, best->outputs[k], schema.outputs[k]}));
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (best->inputs[k] == schema.input(k).placements) decision.input_moves.emplace_back();
+    else decision.input_moves.emplace_back(best->inputs[k]);
+  }
+  return decision;
+}
+
+}  // namespace
+
+double redistribute_cost(const DTensorSpec& spec, const Placements& placements) {
+  if (spec.placements == placements) return 0;
+  const Shape coordinate = spec.mesh->coordinate().value_or(Shape(spec.mesh->ndim(), 0));
+  const auto plan = plan_redistribute(spec.meta.shape, static_cast<int64_t>(c10::elementSize(spec.meta.dtype)),
+                                      spec.mesh->shape(), coordinate, spec.placements, placements);
+  return static_cast<double>(plan.total_bytes_per_rank() + static_cast<int64_t>(plan.steps.size()));
+}
+
+const OutputSharding& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                                const std::vector<TensorInput>& inputs, const MeshPtr& mesh) {
+  thread_local std::vector<int64_t> signature;
+  signature.clear();
+  const auto& schema = op.schema();
+  for (size_t i = 0; i < args.size(); ++i) append_signature(args[i], schema.arguments()[i], signature);
+  size_t h = std::hash<const void*>()(&schema);
+  for (const auto& in : inputs) h = h * 1000003 ^ hash_spec(*in.spec);
+  for (auto x : signature) h = h * 31 ^ static_cast<size_t>(x);
+
+  Cache& c = cache();
+  auto range = c.entries.equal_range(h);
+  for (auto it = range.first; it != range.second; ++it) {
+    const CacheEntry& e = it->second;
+    if (e.op != &schema || e.specs.size() != inputs.size() || e.signature != signature) continue;
+    bool same = true;
+    for (size_t k = 0; same && k < inputs.size(); ++k) same = same_spec(e.specs[k], inputs[k].spec);
+    if (!same) continue;
+    ++c.stats.hits;
+    return e.decision;
+  }
+  ++c.stats.misses;
+  CacheEntry entry{&schema, {}, signature, decide(op, args, inputs, mesh)};
+  for (const auto& in : inputs) entry.specs.push_back(in.spec);
+  return c.entries.emplace(h, std::move(entry))->second.decision;
+}
+
+}  // namespace dtensor::detail
+
+namespace dtensor {
+
+PropagationCacheStats propagation_cache_stats() { return detail::cache().stats; }
+void clear_propagation_cache() { detail::cache() = detail::Cache{}; }
+
+std::optional<size_t> OpSchema::input_at_arg(size_t arg) const {
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].arg == arg && inputs[i].list_index < 0) return i;
+  return std::nullopt;
+}
+
+std::string OpSchema::op_name() const { return detail::qualified_name(schema.operator_name()); }
+
+std::string PlacementStrategy::str() const {
+  std::string s;
+  for (size_t i = 0; i < inputs.size(); ++i) s += (i ? ", " : "") + std::string("(") + to_string(inputs[i]) + ")";
+  s += " -> ";
+  for (size_t i = 0; i < outputs.size(); ++i) s += (i ? ", " : "") + std::string("(") + to_string(outputs[i]) + ")";
+  return s;
+}
+
+}  // namespace dtensor

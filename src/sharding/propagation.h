@@ -1,0 +1,20 @@
+#pragma once
+// Sharding propagation: from a call's input specs to the chosen strategy, cached per thread.
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "dtensor/op_schema.h"
+
+namespace dtensor::detail {
+
+// How the call runs. Strategies needing no redistribution win; otherwise the one whose input moves
+// cost least (bytes moved, by the redistribution planner's model). Cached by OpSchema: the op, the
+// input specs and the non-tensor arguments that can change the outcome.
+const OutputSharding& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                                const std::vector<TensorInput>& inputs, const MeshPtr& mesh);
+
+// Cost of moving a tensor with `spec` to `placements`: the bytes its plan moves per rank, plus one per
+// local step so that a strategy needing no change at all beats one needing a free local chunk.
+double redistribute_cost(const DTensorSpec& spec, const Placements& placements);
+
+}  // namespace dtensor::detail

@@ -1,0 +1,110 @@
+#include "registry.h"
+
+#include <torch/library.h>
+
+#include <map>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include "dispatch.h"
+#include "dtensor/errors.h"
+#include "dtensor/sharding.h"
+
+namespace dtensor::detail {
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::unordered_map<std::string, OpRule> rules;
+  std::set<std::string> kernels;                               // ops whose PrivateUse2 kernel is ours
+  std::map<std::string, std::unique_ptr<torch::Library>> libraries;  // one per namespace
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+void route_to_dtensor(Registry& r, const c10::OperatorName& name, const std::string& qualified) {
+  if (!r.kernels.insert(qualified).second) return;
+  const auto sep = name.name.find("::");
+  const std::string ns = name.name.substr(0, sep);
+  auto& library = r.libraries[ns];
+  if (!library)
+    library = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse2, __FILE__, __LINE__);
+  const std::string local = name.name.substr(sep + 2) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+  library->impl(local.c_str(), torch::CppFunction::makeFromBoxedFunction<&dispatch_kernel>());
+}
+
+void add_rule(const c10::OperatorHandle& op, const OpRule& rule) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const std::string qualified = qualified_name(op.operator_name());
+  r.rules[qualified] = rule;
+  route_to_dtensor(r, op.operator_name(), qualified);
+}
+
+bool decomposes(const c10::OperatorHandle& op) {
+  return op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+         !op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
+}
+
+void register_one(const std::string& qualified, const OpRule& rule) {
+  const auto dot = qualified.find('.', qualified.find("::"));
+  const std::string name = qualified.substr(0, dot);
+  const std::string overload = dot == std::string::npos ? "" : qualified.substr(dot + 1);
+  auto op = c10::Dispatcher::singleton().findSchema({name, overload});
+  if (!op) throw DTensorError("cannot register a sharding rule for " + qualified + ": no such op in the dispatcher");
+  add_rule(*op, rule);
+}
+
+}  // namespace
+
+std::string qualified_name(const c10::OperatorName& name) {
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+const OpRule* find_rule(const c10::OperatorHandle& op) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.rules.find(qualified_name(op.operator_name()));
+  return it == r.rules.end() ? nullptr : &it->second;
+}
+
+void register_family(const std::vector<std::string>& names, const OpRule& rule) {
+  std::set<std::string> wanted;
+  for (const auto& n : names) {
+    wanted.insert(n);
+    wanted.insert(n + "_");
+  }
+  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (!wanted.count(name.name)) continue;
+    auto op = c10::Dispatcher::singleton().findOp(name);
+    if (op && !decomposes(*op)) add_rule(*op, rule);
+  }
+}
+
+}  // namespace dtensor::detail
+
+namespace dtensor {
+
+void register_dim_rule(const std::string& op, DimRule rule) { detail::register_one(op, detail::OpRule{std::move(rule), {}}); }
+void register_mesh_rule(const std::string& op, MeshRule rule) { detail::register_one(op, detail::OpRule{{}, std::move(rule)}); }
+
+bool has_sharding_rule(const std::string& op) {
+  auto& r = detail::registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.rules.count(op) > 0;
+}
+
+std::vector<std::string> ops_with_sharding_rules() {
+  auto& r = detail::registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  std::vector<std::string> out;
+  for (const auto& [name, rule] : r.rules) out.push_back(name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace dtensor

@@ -1,0 +1,28 @@
+#pragma once
+// The table of sharding rules, keyed by qualified op name ("aten::add.Tensor"). Registering a rule
+// also routes the op's DTensor calls to dtensor's dispatch kernel.
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <vector>
+
+#include "dtensor/op_schema.h"
+
+namespace dtensor::detail {
+
+struct OpRule {
+  DimRule dim;    // either a single-mesh-dim rule, expanded over the mesh,
+  MeshRule mesh;  // or a rule over the whole mesh
+};
+
+// The rule for `op`, or nullptr.
+const OpRule* find_rule(const c10::OperatorHandle& op);
+
+// Registers `rule` for every overload of every op named in `names` (base names such as "aten::add",
+// which also cover their in-place "aten::add_" forms and out= overloads). Ops that decompose before
+// reaching a backend (CompositeImplicitAutograd) are skipped: their parts are what dtensor sees.
+void register_family(const std::vector<std::string>& names, const OpRule& rule);
+
+std::string qualified_name(const c10::OperatorName& name);
+
+}  // namespace dtensor::detail

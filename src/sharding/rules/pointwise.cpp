@@ -1,0 +1,94 @@
+// Elementwise ops. Output dim d can be sharded when every input either shards its matching dim
+// (aligned from the right, as broadcasting aligns them) or is broadcast along it (then Replicate).
+// Linear ops also keep Partial: a sum of Partial(sum) tensors, or one scaled by a Replicate factor,
+// is the Partial of the sums / scaled contributions.
+
+#include "../registry.h"
+#include "rule_helpers.h"
+
+namespace dtensor::rules {
+namespace {
+
+enum class Linearity {
+  None,         // Partial inputs must be reduced first
+  Additive,     // every tensor input may be Partial: f(sum x_r, sum y_r) = sum f(x_r, y_r)
+  Scaling,      // any one tensor input may be Partial while the others are Replicate: x * y
+  FirstLinear,  // only the first input may be Partial: x / y, and backward ops linear in the gradient
+};
+
+// x + 2 is affine, not linear: over Partial(sum) the 2 would be added once per rank. Averages are
+// unaffected (the mean of x_r + 2 is X + 2).
+bool adds_a_number(const OpSchema& s) {
+  for (size_t i = 0; i < s.schema.arguments().size(); ++i)
+    if (s.schema.arguments()[i].name() == "other" && (s.args[i].isDouble() || s.args[i].isInt()))
+      return true;
+  return false;
+}
+
+std::vector<DimStrategy> pointwise(const OpSchema& s, Linearity linearity) {
+  const Shape& out = s.outputs.at(0).shape;
+  const auto out_ndim = static_cast<int64_t>(out.size());
+  std::vector<DimStrategy> strategies = {all_replicate(s)};
+  for (int64_t d = 0; d < out_ndim; ++d) {
+    DimStrategy st{Placements(s.outputs.size(), Shard(d)), {}};
+    for (size_t i = 0; i < s.inputs.size(); ++i) {
+      const Shape& in = s.input(i).meta.shape;
+      const int64_t id = d - (out_ndim - static_cast<int64_t>(in.size()));
+      st.inputs.push_back(id >= 0 && in[id] == out[d] ? Shard(id) : Replicate());
+    }
+    strategies.push_back(std::move(st));
+  }
+  if (linearity == Linearity::None) return strategies;
+  for (auto op : {ReduceOp::Sum, ReduceOp::Avg}) {
+    const Placement p = Partial(op);
+    if (linearity == Linearity::Additive) {
+      if (op == ReduceOp::Sum && adds_a_number(s)) continue;
+      strategies.push_back(DimStrategy{Placements(s.outputs.size(), p), Placements(s.inputs.size(), p)});
+      continue;
+    }
+    const size_t candidates = linearity == Linearity::Scaling ? s.inputs.size() : std::min<size_t>(1, s.inputs.size());
+    for (size_t partial_input = 0; partial_input < candidates; ++partial_input) {
+      DimStrategy st{Placements(s.outputs.size(), p), Placements(s.inputs.size(), Replicate())};
+      st.inputs[partial_input] = p;
+      strategies.push_back(std::move(st));
+    }
+  }
+  return strategies;
+}
+
+DimRule rule(Linearity linearity) {
+  return [linearity](const OpSchema& s) { return pointwise(s, linearity); };
+}
+
+const bool registered = [] {
+  using detail::register_family;
+  register_family({"aten::add", "aten::sub", "aten::neg", "aten::clone", "aten::positive"},
+                  {rule(Linearity::Additive), {}});
+  register_family({"aten::mul"}, {rule(Linearity::Scaling), {}});
+  register_family({"aten::div", "aten::threshold_backward", "aten::sigmoid_backward", "aten::tanh_backward",
+                   "aten::gelu_backward", "aten::silu_backward", "aten::hardtanh_backward",
+                   "aten::leaky_relu_backward", "aten::elu_backward", "aten::softplus_backward"},
+                  {rule(Linearity::FirstLinear), {}});
+  register_family(
+      {"aten::abs",        "aten::acos",       "aten::acosh",         "aten::asin",         "aten::asinh",
+       "aten::atan",       "aten::atanh",      "aten::atan2",         "aten::ceil",         "aten::clamp",
+       "aten::clamp_min",  "aten::clamp_max",  "aten::cos",           "aten::cosh",         "aten::erf",
+       "aten::erfc",       "aten::erfinv",     "aten::exp",           "aten::exp2",         "aten::expm1",
+       "aten::floor",      "aten::frac",       "aten::gelu",          "aten::hardtanh",     "aten::leaky_relu",
+       "aten::lerp",       "aten::log",        "aten::log10",         "aten::log1p",        "aten::log2",
+       "aten::logical_and", "aten::logical_not", "aten::logical_or",  "aten::logical_xor",  "aten::maximum",
+       "aten::minimum",    "aten::pow",        "aten::reciprocal",    "aten::relu",         "aten::round",
+       "aten::rsqrt",      "aten::sigmoid",    "aten::sign",          "aten::silu",         "aten::sin",
+       "aten::sinh",       "aten::sqrt",       "aten::square",        "aten::tan",          "aten::tanh",
+       "aten::trunc",      "aten::where",      "aten::eq",            "aten::ne",           "aten::lt",
+       "aten::le",         "aten::gt",         "aten::ge",            "aten::masked_fill",  "aten::isnan",
+       "aten::isinf",      "aten::nan_to_num", "aten::bitwise_and",   "aten::bitwise_or",   "aten::bitwise_xor",
+       "aten::bitwise_not", "aten::fmod",      "aten::remainder",     "aten::addcmul",      "aten::addcdiv",
+       "aten::elu",        "aten::softplus",   "aten::threshold",     "aten::_to_copy",   "aten::fill",       "aten::zero",          "aten::copy",         "aten::logit",
+       "aten::mish",       "aten::hardswish",  "aten::hardsigmoid",   "aten::xlogy",        "aten::sgn"},
+      {rule(Linearity::None), {}});
+  return true;
+}();
+
+}  // namespace
+}  // namespace dtensor::rules
