@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/redistribute_plan.h"
@@ -44,6 +45,19 @@ at::Tensor to_local(const at::Tensor& dtensor, std::optional<Placements> grad_pl
 at::Tensor redistribute(const at::Tensor& dtensor, const MeshPtr& mesh, const Placements& placements);
 inline at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements) {
   return redistribute(dtensor, nullptr, placements);
+}
+
+// Moving a DTensor in (std::move(dt), or a temporary) donates its memory: the handle is consumed (left
+// undefined once the placements are validated), and where nothing else can see the local shard, the
+// result may reuse its buffer instead of a copy (a Partial -> Replicate all-reduce then runs in place).
+// Nothing else means no other handle to the DTensor, to its local tensor or to that tensor's storage
+// (views, from_local's caller and DTensor copies all hold one) and no autograd (it does not require
+// grad); otherwise the shard is copied as by the overload above, so values and gradients are the same
+// either way. Memory the storage does not own (at::from_blob) counts as owned: do not donate a DTensor
+// over a buffer that is still in use.
+at::Tensor redistribute(at::Tensor&& dtensor, const MeshPtr& mesh, const Placements& placements);
+inline at::Tensor redistribute(at::Tensor&& dtensor, const Placements& placements) {
+  return redistribute(std::move(dtensor), nullptr, placements);
 }
 
 // The whole tensor on every rank (all-Replicate, then to_local). Differentiable.

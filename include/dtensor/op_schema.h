@@ -62,14 +62,23 @@ struct DimStrategy {
   Placements inputs;   // one placement per tensor input
 };
 
+// Non-tensor arguments replaced for the local call: (argument index, value). Ops whose arguments
+// are global sizes (view, expand, new_zeros, ...) get this rank's local sizes.
+using LocalArgs = std::vector<std::pair<size_t, c10::IValue>>;
+
 // The decision for a call: where each output lives and where each input must be moved first.
 struct OutputSharding {
   std::vector<SpecPtr> outputs;                       // one per tensor output
   std::vector<std::optional<Placements>> input_moves;  // per input; nullopt when it stays as is
+  LocalArgs local_args;
   PlacementStrategy chosen;
 };
 
 using DimRule = std::function<std::vector<DimStrategy>(const OpSchema&)>;
 using MeshRule = std::function<OpStrategy(const OpSchema&)>;
+using LocalArgsRule = std::function<LocalArgs(const OpSchema&, const PlacementStrategy&)>;
+
+// This rank's local shape of output `k` under `strategy` (what a global-size argument becomes).
+Shape local_output_shape(const OpSchema& schema, const PlacementStrategy& strategy, size_t k = 0);
 
 }  // namespace dtensor

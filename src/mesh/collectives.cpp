@@ -5,6 +5,7 @@
 
 #include <chrono>
 
+#include "dtensor/comm_debug.h"
 #include "dtensor/errors.h"
 #include "dtensor/world.h"
 
@@ -27,7 +28,8 @@ void divide_for_average(at::Tensor& t, int64_t n) {
 }
 
 template <typename Launch>
-void run(const DeviceMesh& mesh, int64_t dim, const char* operation, Launch&& launch) {
+void run(const DeviceMesh& mesh, int64_t dim, const char* operation, int64_t bytes, Launch&& launch) {
+  if (auto* debug = CommDebugMode::active()) debug->record_collective(operation, dim, bytes);
   auto group = mesh.group(dim);
   try {
     launch(*group)->wait();
@@ -48,7 +50,7 @@ at::Tensor all_gather(const DeviceMesh& mesh, int64_t dim, const at::Tensor& inp
   sizes[0] *= mesh.size(dim);
   at::Tensor output = at::empty(sizes, input.options());
   at::Tensor in = input;
-  run(mesh, dim, "all-gather", [&](c10d::Backend& g) { return g.all_gather_single(output, in); });
+  run(mesh, dim, "all-gather", in.nbytes(), [&](c10d::Backend& g) { return g.all_gather_single(output, in); });
   return output;
 }
 
@@ -56,7 +58,7 @@ void all_reduce_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, Reduce
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = to_c10d(op);
-  run(mesh, dim, "all-reduce", [&](c10d::Backend& g) { return g.allreduce(tensors, options); });
+  run(mesh, dim, "all-reduce", tensor.nbytes(), [&](c10d::Backend& g) { return g.allreduce(tensors, options); });
   if (op == ReduceOp::Avg) divide_for_average(tensor, mesh.size(dim));
 }
 
@@ -67,7 +69,7 @@ at::Tensor reduce_scatter(const DeviceMesh& mesh, int64_t dim, const at::Tensor&
   at::Tensor in = input;
   c10d::ReduceScatterOptions options;
   options.reduceOp = to_c10d(op);
-  run(mesh, dim, "reduce-scatter", [&](c10d::Backend& g) { return g.reduce_scatter_single(output, in, options); });
+  run(mesh, dim, "reduce-scatter", in.nbytes(), [&](c10d::Backend& g) { return g.reduce_scatter_single(output, in, options); });
   if (op == ReduceOp::Avg) divide_for_average(output, mesh.size(dim));
   return output;
 }
@@ -78,7 +80,7 @@ at::Tensor all_to_all(const DeviceMesh& mesh, int64_t dim, const at::Tensor& inp
   for (auto c : recv_counts) total += c;
   at::Tensor output = at::empty({total}, input.options());
   at::Tensor in = input;
-  run(mesh, dim, "all-to-all",
+  run(mesh, dim, "all-to-all", in.nbytes(),
       [&](c10d::Backend& g) { return g.all_to_all_single(output, in, recv_counts, send_counts); });
   return output;
 }
@@ -87,7 +89,7 @@ void broadcast_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = 0;
-  run(mesh, dim, "broadcast", [&](c10d::Backend& g) { return g.broadcast(tensors, options); });
+  run(mesh, dim, "broadcast", tensor.nbytes(), [&](c10d::Backend& g) { return g.broadcast(tensors, options); });
 }
 
 void scatter_(const DeviceMesh& mesh, int64_t dim, const std::vector<at::Tensor>& chunks, at::Tensor& output) {
@@ -96,7 +98,7 @@ void scatter_(const DeviceMesh& mesh, int64_t dim, const std::vector<at::Tensor>
   if ((*mesh.coordinate())[dim] == 0) inputs.push_back(chunks);
   c10d::ScatterOptions options;
   options.rootRank = 0;
-  run(mesh, dim, "scatter", [&](c10d::Backend& g) { return g.scatter(outputs, inputs, options); });
+  run(mesh, dim, "scatter", output.nbytes(), [&](c10d::Backend& g) { return g.scatter(outputs, inputs, options); });
 }
 
 std::vector<int64_t> all_gather_values(const DeviceMesh& mesh, int64_t dim, const std::vector<int64_t>& values) {

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "../mesh/collectives.h"
@@ -56,35 +57,63 @@ at::Tensor reduce_scatter_step(const at::Tensor& local, const RedistributeStep& 
   return d == 0 ? mine : mine.movedim(0, d).contiguous();
 }
 
+// True when every dim before `d` has size 1: pieces cut along `d` from a contiguous tensor of this
+// shape are then consecutive runs of its memory, in piece order.
+bool leads(c10::IntArrayRef sizes, int64_t d) {
+  return std::all_of(sizes.begin(), sizes.begin() + d, [](int64_t s) { return s == 1; });
+}
+
+// `x` cut into n torch.chunk pieces along `d`, flattened, each piece a contiguous block and the blocks
+// back to back in piece order: the send buffer of an all-to-all (member q gets block q), which Gloo
+// needs contiguous. Copying whole pieces moves contiguous runs (the piece's extent along `d` times the
+// dims after it) rather than the single elements a transpose of `d` to the front would.
+at::Tensor chunk_major(const at::Tensor& x, int64_t d, int64_t n) {
+  if (x.is_contiguous() && leads(x.sizes(), d)) return x.view({-1});
+  at::Tensor flat = at::empty({x.numel()}, x.options());
+  int64_t offset = 0;
+  for (int64_t q = 0; q < n; ++q) {
+    const ChunkExtent c = chunk_extent(x.size(d), n, q);
+    const at::Tensor piece = x.narrow(d, c.offset, c.size);
+    flat.narrow(0, offset, piece.numel()).view(piece.sizes()).copy_(piece);
+    offset += piece.numel();
+  }
+  return flat;
+}
+
+// The contiguous blocks of `flat` (shapes[q] each, back to back) joined along `d`.
+at::Tensor join_blocks(const at::Tensor& flat, const std::vector<Shape>& shapes, int64_t d) {
+  Shape joined = shapes.front();
+  joined[d] = 0;
+  for (const Shape& s : shapes) joined[d] += s[d];
+  if (leads(joined, d)) return flat.view(joined);  // the blocks in order already are the joined tensor
+  std::vector<at::Tensor> blocks;
+  int64_t offset = 0;
+  for (const Shape& s : shapes) {
+    blocks.push_back(flat.narrow(0, offset, numel(s)).view(s));
+    offset += numel(s);
+  }
+  return at::cat(blocks, d);
+}
+
 at::Tensor all_to_all_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
   const int64_t from = step.from.dim(), to = step.to.dim(), n = mesh.size(step.mesh_dim);
   const int64_t me = (*mesh.coordinate())[step.mesh_dim];
   const int64_t from_length = step.logical_shape[from], to_length = local.size(to);
-  // Send: our block cut along `to`, member q getting chunk q; contiguous when `to` leads.
-  at::Tensor send = local.movedim(to, 0).contiguous();
-  const int64_t row = to_length == 0 ? 0 : send.numel() / to_length;
+  // Member q gets our chunk q along `to`; from q we get its chunk along `from` of our chunk along `to`,
+  // each block laid out in the tensor's own dim order.
+  const int64_t row = to_length == 0 ? 0 : local.numel() / to_length;
+  Shape block = local.sizes().vec();
+  block[to] = chunk_extent(to_length, n, me).size;
   std::vector<int64_t> send_counts, recv_counts;
-  // Receive from q: its chunk along `from`, our chunk along `to`.
-  Shape piece = local.sizes().vec();
-  piece[to] = chunk_extent(to_length, n, me).size;
   std::vector<Shape> recv_shapes;
   for (int64_t q = 0; q < n; ++q) {
     send_counts.push_back(chunk_extent(to_length, n, q).size * row);
-    piece[from] = chunk_extent(from_length, n, q).size;
-    recv_shapes.push_back(piece);
-    recv_counts.push_back(numel(piece));
+    block[from] = chunk_extent(from_length, n, q).size;
+    recv_shapes.push_back(block);
+    recv_counts.push_back(numel(block));
   }
-  at::Tensor received = all_to_all(mesh, step.mesh_dim, send.reshape({-1}), send_counts, recv_counts);
-  std::vector<at::Tensor> pieces;
-  int64_t offset = 0;
-  for (int64_t q = 0; q < n; ++q) {
-    Shape moved = recv_shapes[q];  // as sent: `to` leading
-    moved.erase(moved.begin() + to);
-    moved.insert(moved.begin(), recv_shapes[q][to]);
-    pieces.push_back(received.narrow(0, offset, recv_counts[q]).view(moved).movedim(0, to));
-    offset += recv_counts[q];
-  }
-  return at::cat(pieces, from);
+  at::Tensor received = all_to_all(mesh, step.mesh_dim, chunk_major(local, to, n), send_counts, recv_counts);
+  return join_blocks(received, recv_shapes, from);
 }
 
 at::Tensor local_chunk_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
@@ -93,7 +122,15 @@ at::Tensor local_chunk_step(const at::Tensor& local, const RedistributeStep& ste
   return local.narrow(d, c.offset, c.size).contiguous();
 }
 
-at::Tensor run_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh, Direction direction) {
+// The buffer an in-place all-reduce may overwrite: `local` itself when the plan owns it and it is laid
+// out as the collective needs, otherwise a contiguous copy (the caller's tensor must stay intact).
+at::Tensor writable(const at::Tensor& local, Ownership ownership) {
+  if (ownership == Ownership::Donated && local.is_contiguous()) return local;
+  return local.clone(at::MemoryFormat::Contiguous);
+}
+
+at::Tensor run_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh, Direction direction,
+                    Ownership ownership) {
   switch (step.kind) {
     case StepKind::AllGather: return all_gather_step(local, step, mesh);
     case StepKind::ReduceScatter: return reduce_scatter_step(local, step, mesh);
@@ -102,7 +139,7 @@ at::Tensor run_step(const at::Tensor& local, const RedistributeStep& step, const
     case StepKind::LocalPartition:
       return partition_replicated(local, mesh, step.mesh_dim, step.to.reduce_op(), direction);
     case StepKind::AllReduce: {
-      at::Tensor out = local.clone(at::MemoryFormat::Contiguous);
+      at::Tensor out = writable(local, ownership);
       all_reduce_(mesh, step.mesh_dim, out, step.from.reduce_op());
       return out;
     }
@@ -148,16 +185,20 @@ const RedistributePlan& cached_plan(const DTensorSpec& from, const Placements& t
 }
 
 at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& local, const DeviceMesh& mesh,
-                        Direction direction) {
+                        Direction direction, Ownership ownership) {
   at::Tensor current = local;
-  for (const auto& step : plan.steps) current = run_step(current, step, mesh, direction);
+  for (const auto& step : plan.steps) {
+    // A step's output in memory of its own (not the caller's) is this plan's to overwrite.
+    if (!current.is_alias_of(local)) ownership = Ownership::Donated;
+    current = run_step(current, step, mesh, direction, ownership);
+  }
   return current;
 }
 
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from, const Placements& to,
-                              Direction direction) {
+                              Direction direction, Ownership ownership) {
   if (!from.mesh->coordinate()) return local;  // ranks outside the mesh hold an empty shard
-  return execute_plan(cached_plan(from, to), local, *from.mesh, direction);
+  return execute_plan(cached_plan(from, to), local, *from.mesh, direction, ownership);
 }
 
 }  // namespace dtensor::detail

@@ -10,6 +10,11 @@ namespace dtensor::detail {
 
 enum class Direction { Forward, Backward };
 
+// Whether a plan may overwrite the local shard it is given. Borrowed: the caller keeps using it, so a
+// step that works in place (the all-reduce) copies it first. Donated: nothing else can observe it
+// (redistribute checks that before donating), so the step runs on it directly.
+enum class Ownership { Borrowed, Donated };
+
 // The plan for this rank, from a per-thread cache (planning is pure, so a cache entry never goes stale).
 const RedistributePlan& cached_plan(const DTensorSpec& from, const Placements& to);
 
@@ -17,7 +22,7 @@ const RedistributePlan& cached_plan(const DTensorSpec& from, const Placements& t
 // Backward changes only Replicate -> Partial: a gradient flowing into a Partial input is the full
 // replicated gradient for sum, the gradient divided by the group size for avg, and undefined for max/min.
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from, const Placements& to,
-                              Direction direction = Direction::Forward);
+                              Direction direction = Direction::Forward, Ownership ownership = Ownership::Borrowed);
 
 // A replicated value split into contributions whose `op` reduction over `mesh_dim` gives it back
 // exactly (forward), or the gradient of such a split (backward).
@@ -30,6 +35,6 @@ at::Tensor padded_rows(const at::Tensor& x, int64_t rows);
 
 // Runs one plan on this rank's local shard.
 at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& local, const DeviceMesh& mesh,
-                        Direction direction);
+                        Direction direction, Ownership ownership);
 
 }  // namespace dtensor::detail

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "../redistribute/executor.h"
+#include "dtensor/comm_debug.h"
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/errors.h"
 #include "dtensor/sharding.h"
@@ -118,6 +119,8 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
   c10::IValue* args = stack->data() + (stack->size() - n);
   const c10::ArrayRef<c10::IValue> arg_view(args, n);
 
+  if (auto* debug = CommDebugMode::active()) debug->record_op(qualified_name(op.operator_name()));
+  const CommContext context(schema.name().c_str());
   const MeshPtr mesh = find_mesh(op, arg_view);
   std::vector<TensorInput> inputs;
   inputs.reserve(4);
@@ -128,6 +131,7 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
   const std::vector<c10::IValue> originals(args, args + n);
   if (mesh->coordinate()) {
     replace_inputs(args, inputs, decision);
+    for (const auto& [index, value] : decision.local_args) args[index] = value;
     op.callBoxed(*stack);
   } else {
     torch::jit::drop(*stack, n);

@@ -264,6 +264,7 @@ OutputSharding decide(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> 
     if (best->inputs[k] == schema.input(k).placements) decision.input_moves.emplace_back();
     else decision.input_moves.emplace_back(best->inputs[k]);
   }
+  if (rule->local_args) decision.local_args = rule->local_args(schema, *best);
   return decision;
 }
 
@@ -271,7 +272,9 @@ OutputSharding decide(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> 
 
 double redistribute_cost(const DTensorSpec& spec, const Placements& placements) {
   if (spec.placements == placements) return 0;
-  const Shape coordinate = spec.mesh->coordinate().value_or(Shape(spec.mesh->ndim(), 0));
+  // Every rank must choose the same strategy, so the cost is the one seen from the first coordinate
+  // (whose uneven shards are the largest), never this rank's own.
+  const Shape coordinate(spec.mesh->ndim(), 0);
   const auto plan = plan_redistribute(spec.meta.shape, static_cast<int64_t>(c10::elementSize(spec.meta.dtype)),
                                       spec.mesh->shape(), coordinate, spec.placements, placements);
   return static_cast<double>(plan.total_bytes_per_rank() + static_cast<int64_t>(plan.steps.size()));
@@ -315,6 +318,11 @@ std::optional<size_t> OpSchema::input_at_arg(size_t arg) const {
   for (size_t i = 0; i < inputs.size(); ++i)
     if (inputs[i].arg == arg && inputs[i].list_index < 0) return i;
   return std::nullopt;
+}
+
+Shape local_output_shape(const OpSchema& schema, const PlacementStrategy& strategy, size_t k) {
+  const Shape coordinate = schema.mesh->coordinate().value_or(Shape(schema.mesh->ndim(), 0));
+  return local_layout(schema.outputs[k].shape, schema.mesh->shape(), coordinate, strategy.outputs[k]).shape;
 }
 
 std::string OpSchema::op_name() const { return detail::qualified_name(schema.operator_name()); }

@@ -80,6 +80,8 @@ void register_family(const std::vector<std::string>& names, const OpRule& rule) 
   }
   for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
     if (!wanted.count(name.name)) continue;
+    // out= overloads are left to explicit registration: each needs its own op-db sample.
+    if (name.overload_name == "out" || name.overload_name.find("_out") != std::string::npos) continue;
     auto op = c10::Dispatcher::singleton().findOp(name);
     if (op && !decomposes(*op)) add_rule(*op, rule);
   }
@@ -96,6 +98,13 @@ bool has_sharding_rule(const std::string& op) {
   auto& r = detail::registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   return r.rules.count(op) > 0;
+}
+
+std::string sharding_rule_family(const std::string& op) {
+  auto& r = detail::registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.rules.find(op);
+  return it == r.rules.end() ? "" : it->second.family;
 }
 
 std::vector<std::string> ops_with_sharding_rules() {

@@ -219,9 +219,10 @@ RedistributePlan redistribute_plan(const at::Tensor& dtensor, const Placements& 
   return detail::cached_plan(spec, validate_placements(placements, spec.mesh->ndim(), spec.ndim(), "redistribute_plan"));
 }
 
-at::Tensor redistribute(const at::Tensor& dtensor, const MeshPtr& mesh, const Placements& placements) {
-  const auto& impl = dtensor_impl(dtensor, "redistribute");
-  const DTensorSpec& spec = impl.spec();
+namespace {
+
+// `placements` checked as a redistribute target for `spec`.
+Placements redistribute_target(const DTensorSpec& spec, const MeshPtr& mesh, const Placements& placements) {
   if (mesh && !same_mesh(mesh, spec.mesh))
     throw DTensorError("redistribute: the DTensor lives on " + spec.mesh->str() + "; moving it to " + mesh->str() +
                        " is not supported yet (full_tensor, then distribute_tensor on the other mesh)");
@@ -232,10 +233,43 @@ at::Tensor redistribute(const at::Tensor& dtensor, const MeshPtr& mesh, const Pl
                          spec.placements[m].str() + " to " + target[m].str() +
                          ": Partial is a state ops produce, not a target; choose Shard or Replicate");
   }
-  if (target == spec.placements) return dtensor;
-  at::Tensor out = make_dtensor(detail::redistribute_local(impl.local(), spec, target), spec.with_placements(target));
+  return target;
+}
+
+// True when overwriting the DTensor's local buffer cannot be observed: this handle is the only one to
+// the DTensor, to its local tensor (DTensor copies made for autograd share that) and to the storage
+// (views and from_local's caller share that), and autograd is not involved, so that donating never
+// changes what a gradient sees.
+bool donatable(const at::Tensor& dtensor) {
+  const at::Tensor& local = dtensor_impl(dtensor).local();
+  return dtensor.use_count() == 1 && !dtensor.requires_grad() && local.use_count() == 1 && local.has_storage() &&
+         local.storage().use_count() == 1;
+}
+
+at::Tensor redistribute_to(const at::Tensor& dtensor, const Placements& target, detail::Ownership ownership) {
+  const auto& impl = dtensor_impl(dtensor);
+  const DTensorSpec& spec = impl.spec();
+  at::Tensor local = detail::redistribute_local(impl.local(), spec, target, detail::Direction::Forward, ownership);
+  at::Tensor out = make_dtensor(local, spec.with_placements(target));
   detail::record(c10::make_intrusive<detail::RedistributeBackward>(spec), dtensor, out);
   return out;
+}
+
+}  // namespace
+
+at::Tensor redistribute(const at::Tensor& dtensor, const MeshPtr& mesh, const Placements& placements) {
+  const DTensorSpec& spec = dtensor_impl(dtensor, "redistribute").spec();
+  const Placements target = redistribute_target(spec, mesh, placements);
+  if (target == spec.placements) return dtensor;
+  return redistribute_to(dtensor, target, detail::Ownership::Borrowed);
+}
+
+at::Tensor redistribute(at::Tensor&& dtensor, const MeshPtr& mesh, const Placements& placements) {
+  const DTensorSpec& spec = dtensor_impl(dtensor, "redistribute").spec();
+  const Placements target = redistribute_target(spec, mesh, placements);
+  if (target == spec.placements) return std::move(dtensor);
+  const at::Tensor owned = std::move(dtensor);  // consumed whether or not it can be donated
+  return redistribute_to(owned, target, donatable(owned) ? detail::Ownership::Donated : detail::Ownership::Borrowed);
 }
 
 at::Tensor full_tensor(const at::Tensor& dtensor, std::optional<Placements> grad_placements) {

@@ -1,4 +1,5 @@
 #include "harness.h"
+#include "op_db.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -146,9 +147,12 @@ int main(int argc, char** argv) {
   dtensor::LaunchOptions options;
   if (const char* n = std::getenv("DTENSOR_TEST_RANKS")) options.nprocs = std::atoi(n);
   options.grace = std::chrono::seconds(20);
+  // A failed test can leave peers in a collective: let it time out quickly (unless asked otherwise).
+  setenv("DTENSOR_TIMEOUT_S", "30", /*overwrite=*/0);
   return dtensor::run_local_ranks(argc, argv, options, [&](const std::shared_ptr<dtensor::World>& world) {
     dtensor::testing::g_world = world;
     ::testing::InitGoogleTest(&argc, argv);
+    dtensor::testing::register_op_db_tests();
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     if (world->rank() != 0) delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new dtensor::testing::FailureCollector);

@@ -65,12 +65,12 @@ std::vector<DimStrategy> mv(const OpSchema&) {
 
 const bool registered = [] {
   using detail::register_family;
-  register_family({"aten::mm"}, {mm, {}});
-  register_family({"aten::bmm"}, {bmm, {}});
-  register_family({"aten::addmm"}, {[](const OpSchema& s) { return add_product(s, 0); }, {}});
-  register_family({"aten::baddbmm"}, {[](const OpSchema& s) { return add_product(s, 1); }, {}});
-  register_family({"aten::dot"}, {dot, {}});
-  register_family({"aten::mv"}, {mv, {}});
+  register_family({"aten::mm"}, {mm, {}, {}, "matrix"});
+  register_family({"aten::bmm"}, {bmm, {}, {}, "matrix"});
+  register_family({"aten::addmm"}, {[](const OpSchema& s) { return add_product(s, 0); }, {}, {}, "matrix"});
+  register_family({"aten::baddbmm"}, {[](const OpSchema& s) { return add_product(s, 1); }, {}, {}, "matrix"});
+  register_family({"aten::dot"}, {dot, {}, {}, "matrix"});
+  register_family({"aten::mv"}, {mv, {}, {}, "matrix"});
   return true;
 }();
 

@@ -33,9 +33,28 @@ std::vector<DimStrategy> reorder(const OpSchema& s) {
   return out;
 }
 
+// expand: input dims align with the output's trailing dims; a dim that is not broadcast keeps its
+// shard, a broadcast one (size 1) cannot be sharded.
+std::vector<DimStrategy> expand(const OpSchema& s) {
+  const Shape& in = s.input(0).meta.shape;
+  const Shape& out = s.outputs[0].shape;
+  const int64_t offset = static_cast<int64_t>(out.size() - in.size());
+  std::vector<DimStrategy> strategies = {all_replicate(s)};
+  for (int64_t d = 0; d < static_cast<int64_t>(in.size()); ++d)
+    if (in[d] == out[d + offset]) strategies.push_back({{Shard(d + offset)}, {Shard(d)}});
+  for (auto op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) strategies.push_back({{Partial(op)}, {Partial(op)}});
+  return strategies;
+}
+
+// The `size` argument (index 1) is global; the local call needs this rank's output shape.
+LocalArgs local_size_arg(const OpSchema& s, const PlacementStrategy& chosen) {
+  return {{1, c10::IValue(local_output_shape(s, chosen))}};
+}
+
 const bool registered = [] {
+  detail::register_family({"aten::expand"}, {expand, {}, local_size_arg, "view"});
   detail::register_family({"aten::t", "aten::transpose", "aten::permute", "aten::detach", "aten::alias"},
-                          {reorder, {}});
+                          {reorder, {}, {}, "view"});
   return true;
 }();
 

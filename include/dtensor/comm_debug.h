@@ -1,0 +1,60 @@
+#pragma once
+// CommDebugMode: while alive, records on this thread every DTensor op that is dispatched and every
+// collective dtensor runs (kind, mesh dim, bytes), attributed to the op that caused it (or to the
+// API call, e.g. "redistribute"). For tests ("a row-sharded mm then Replicate is one all-reduce") and
+// for finding out where communication comes from.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dtensor {
+
+class CommDebugMode {
+ public:
+  struct Collective {
+    std::string op;          // "aten::mm", or the API function ("redistribute", "distribute_tensor", ...)
+    std::string kind;        // "all-gather", "all-reduce", "reduce-scatter", "all-to-all", "broadcast", "scatter"
+    int64_t mesh_dim;
+    int64_t bytes;           // bytes of the buffer this rank handed to the collective
+  };
+
+  CommDebugMode();
+  ~CommDebugMode();
+  CommDebugMode(const CommDebugMode&) = delete;
+  CommDebugMode& operator=(const CommDebugMode&) = delete;
+
+  const std::vector<Collective>& collectives() const { return collectives_; }
+  // Every DTensor op dispatched (qualified names, in order).
+  const std::vector<std::string>& ops() const { return ops_; }
+  int64_t count(const std::string& kind) const;
+  int64_t total_count() const { return static_cast<int64_t>(collectives_.size()); }
+  // {op -> {kind -> count}}
+  std::map<std::string, std::map<std::string, int64_t>> counts_by_op() const;
+  // A table: op, collective, mesh dim, count, bytes.
+  std::string summary() const;
+
+  // Hooks for dtensor's own code.
+  static CommDebugMode* active();
+  void record_op(std::string op) { ops_.push_back(std::move(op)); }
+  void record_collective(const std::string& kind, int64_t mesh_dim, int64_t bytes);
+
+ private:
+  CommDebugMode* previous_;
+  std::vector<Collective> collectives_;
+  std::vector<std::string> ops_;
+};
+
+// Names the op that collectives on this thread are attributed to while alive (nestable).
+class CommContext {
+ public:
+  explicit CommContext(const char* op);
+  ~CommContext();
+  static const char* current();
+
+ private:
+  const char* previous_;
+};
+
+}  // namespace dtensor

@@ -1,0 +1,30 @@
+// Ops that create tensors from another tensor's shape. *_like ops keep the input's layout (a
+// Partial input gives a Replicate output: ones_like of a Partial(sum) would otherwise add up to n);
+// new_* ops take a global size, so they give a Replicate tensor of that size. Neither reads the
+// input's values, so the input never moves.
+
+#include "../registry.h"
+#include "rule_helpers.h"
+
+namespace dtensor::rules {
+namespace {
+
+OpStrategy like(const OpSchema& s) {
+  Placements out = s.input(0).placements;
+  for (auto& p : out)
+    if (p.is_partial()) p = Replicate();
+  return {PlacementStrategy{{out}, {s.input(0).placements}, {}}};
+}
+
+OpStrategy fresh(const OpSchema& s) {
+  return {PlacementStrategy{{Placements(s.mesh->ndim(), Replicate())}, {s.input(0).placements}, {}}};
+}
+
+const bool registered = [] {
+  detail::register_family({"aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like"}, {{}, like, {}, "factory"});
+  detail::register_family({"aten::new_empty", "aten::new_zeros", "aten::new_ones", "aten::new_full"}, {{}, fresh, {}, "factory"});
+  return true;
+}();
+
+}  // namespace
+}  // namespace dtensor::rules

@@ -1,0 +1,22 @@
+// Samples for ops that make tensors from another's shape (empty_like is filled so it can be compared).
+
+#include "../op_db.h"
+
+namespace dtensor::testing {
+namespace {
+
+using In = const std::vector<at::Tensor>&;
+
+const bool registered = add_op_samples({
+    {"zeros_like", {{5, 3}}, [](In x) { return outputs(at::zeros_like(x[0]) + x[0]); }},
+    {"ones_like", {{5, 3}}, [](In x) { return outputs(at::ones_like(x[0]) * x[0]); }},
+    {"full_like", {{5, 3}}, [](In x) { return outputs(at::full_like(x[0], 3.0) * x[0]); }},
+    {"empty_like", {{5, 3}}, [](In x) { return outputs(at::empty_like(x[0]).fill_(2.0) * x[0]); }},
+    {"new_zeros", {{5, 3}}, [](In x) { return outputs(x[0].new_zeros({4, 2})); }, nullptr, {}, false},
+    {"new_ones", {{5, 3}}, [](In x) { return outputs(x[0].new_ones({4, 2})); }, nullptr, {}, false},
+    {"new_full", {{5, 3}}, [](In x) { return outputs(x[0].new_full({4, 2}, 1.5)); }, nullptr, {}, false},
+    {"new_empty", {{5, 3}}, [](In x) { return outputs(x[0].new_empty({4, 2}).fill_(1)); }, nullptr, {}, false},
+});
+
+}  // namespace
+}  // namespace dtensor::testing

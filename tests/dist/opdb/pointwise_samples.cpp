@@ -1,0 +1,98 @@
+// Samples for every op in the pointwise family, built from each op's schema: tensor arguments get
+// [5, 3] inputs (uneven over 4 ranks) or a broadcast [3] one, "mask"/"condition" arguments boolean
+// tensors, other arguments their schema default or a plain value. In-place forms run on a clone.
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "../op_db.h"
+#include "dtensor/sharding.h"
+
+namespace dtensor::testing {
+namespace {
+
+bool is_bool_arg(const c10::Argument& a) { return a.name() == "mask" || a.name() == "condition"; }
+
+// A stand-in value for a non-tensor argument.
+c10::IValue value_for(const c10::Argument& a) {
+  if (a.default_value()) return *a.default_value();
+  switch (a.type()->kind()) {
+    case c10::TypeKind::NumberType: return c10::IValue(0.5);
+    case c10::TypeKind::BoolType: return c10::IValue(false);
+    case c10::TypeKind::IntType: return c10::IValue(int64_t{1});
+    case c10::TypeKind::FloatType: return c10::IValue(0.5);
+    default: return c10::IValue();
+  }
+}
+
+struct Call {
+  c10::OperatorHandle op;
+  bool in_place;
+};
+
+std::vector<at::Tensor> call(const Call& c, const std::vector<at::Tensor>& inputs) {
+  const auto& args = c.op.schema().arguments();
+  torch::jit::Stack stack;
+  size_t next = 0;
+  at::Tensor self;
+  for (const auto& a : args) {
+    if (a.type()->kind() == c10::TypeKind::TensorType ||
+        (a.type()->kind() == c10::TypeKind::OptionalType && a.type()->containedType(0)->kind() == c10::TypeKind::TensorType)) {
+      at::Tensor t = inputs[next++];
+      if (c.in_place && next == 1) t = self = t.clone();
+      stack.push_back(t);
+    } else {
+      stack.push_back(value_for(a));
+    }
+  }
+  c.op.callBoxed(stack);
+  if (c.in_place) return {self};
+  std::vector<at::Tensor> out;
+  for (const auto& v : stack)
+    if (v.isTensor()) out.push_back(v.toTensor());
+  return out;
+}
+
+// Builds the sample, choosing input dtypes the single-device op accepts (double, then int64).
+std::optional<OpSample> sample_for(const c10::OperatorName& name) {
+  auto op = c10::Dispatcher::singleton().findOp(name);
+  if (!op) return std::nullopt;
+  const Call c{*op, name.name.back() == '_'};
+  std::vector<bool> boolean;
+  for (const auto& a : op->schema().arguments())
+    if (a.type()->kind() == c10::TypeKind::TensorType ||
+        (a.type()->kind() == c10::TypeKind::OptionalType && a.type()->containedType(0)->kind() == c10::TypeKind::TensorType))
+      boolean.push_back(is_bool_arg(a));
+  for (auto dtype : {at::kDouble, at::kLong}) {
+    OpSample s;
+    s.name = name.name.substr(6) + (name.overload_name.empty() ? "" : "_" + name.overload_name);
+    for (size_t i = 0; i < boolean.size(); ++i) s.shapes.push_back(i == 1 && !c.in_place ? Shape{3} : Shape{5, 3});
+    s.make_input = [boolean, dtype](size_t i, const Shape& shape) {
+      at::Tensor t = test_tensor(shape, at::kDouble, 200 + i);
+      return boolean[i] ? t > 0 : t.to(dtype);
+    };
+    s.run = [c](const std::vector<at::Tensor>& in) { return call(c, in); };
+    s.backward = !c.in_place && dtype == at::kDouble;
+    std::vector<at::Tensor> probe;
+    for (size_t i = 0; i < s.shapes.size(); ++i) probe.push_back(s.make_input(i, s.shapes[i]));
+    try {
+      call(c, probe);
+      return s;
+    } catch (const std::exception&) {
+      // this dtype is not accepted; try the next
+    }
+  }
+  return std::nullopt;
+}
+
+const bool registered = [] {
+  std::vector<OpSample> samples;
+  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    const std::string qualified = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+    if (sharding_rule_family(qualified) != "pointwise") continue;
+    if (auto s = sample_for(name)) samples.push_back(std::move(*s));
+  }
+  return add_op_samples(std::move(samples));
+}();
+
+}  // namespace
+}  // namespace dtensor::testing
