@@ -18,6 +18,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtensor/api.h"
@@ -82,7 +83,14 @@ struct Case {
   // Runs the baseline on this rank's input. It allocates its output as the DTensor path must (that
   // returns a new tensor); the all-reduce works in place, as a hand-written one would.
   std::function<void(c10d::Backend&, at::Tensor&)> raw;
+  // Moves the DTensor into redistribute (donating its buffer) instead of passing a reference.
+  bool donate = false;
 };
+
+void allreduce_in_place(c10d::Backend& g, at::Tensor& in) {
+  std::vector<at::Tensor> tensors{in};
+  g.allreduce(tensors)->wait();
+}
 
 std::vector<Case> make_cases() {
   using dtensor::Partial;
@@ -94,21 +102,29 @@ std::vector<Case> make_cases() {
          at::Tensor out = at::empty({in.size(0) * g.getSize(), in.size(1)}, in.options());
          g.all_gather_single(out, in)->wait();
        }},
-      {"P->R", Partial(), Replicate(), "allreduce (in place)",
-       [](c10d::Backend& g, at::Tensor& in) {
-         std::vector<at::Tensor> tensors{in};
-         g.allreduce(tensors)->wait();
-       }},
+      {"P->R", Partial(), Replicate(), "allreduce (in place)", allreduce_in_place},
+      {"P->R (donated)", Partial(), Replicate(), "allreduce (in place)", allreduce_in_place, /*donate=*/true},
       {"P->S(0)", Partial(), Shard(0), "reduce_scatter_single",
        [](c10d::Backend& g, at::Tensor& in) {
          at::Tensor out = at::empty({in.size(0) / g.getSize(), in.size(1)}, in.options());
          g.reduce_scatter_single(out, in)->wait();
        }},
+      // The same bytes, but row blocks rather than the column blocks S(1) needs: a lower bound.
       {"S(0)->S(1)", Shard(0), Shard(1), "all_to_all_single",
        [](c10d::Backend& g, at::Tensor& in) {
          at::Tensor out = at::empty_like(in);
          std::vector<int64_t> equal_splits;  // empty: every member gets the same count
          g.all_to_all_single(out, in, equal_splits, equal_splits)->wait();
+       }},
+      // What a hand-written program must run: Gloo takes one contiguous send buffer, so the column
+      // block for each member is packed into it first.
+      {"S(0)->S(1)", Shard(0), Shard(1), "pack + all_to_all_single",
+       [](c10d::Backend& g, at::Tensor& in) {
+         const int64_t n = g.getSize();
+         at::Tensor send = in.view({in.size(0), n, in.size(1) / n}).transpose(0, 1).contiguous();
+         at::Tensor out = at::empty({in.size(0) * n, in.size(1) / n}, in.options());
+         std::vector<int64_t> equal_splits;
+         g.all_to_all_single(out, send, equal_splits, equal_splits)->wait();
        }},
   };
 }
@@ -153,11 +169,29 @@ struct Timing {
   int iters;
 };
 
+at::Tensor make_dtensor(const at::Tensor& local, const dtensor::MeshPtr& mesh, const Placement& src) {
+  const Shape global = dtensor::global_shape_assuming_even(local.sizes().vec(), mesh->shape(), {src});
+  return dtensor::from_local(local, mesh, {src},
+                             {.run_check = false, .shape = global, .stride = dtensor::contiguous_strides(global)});
+}
+
+// One DTensor redistribute of `dt`. A donating case moves `dt` in, then wraps the result's buffer with
+// the source placements as the next call's input, as a loop that keeps donating one buffer would (the
+// wrapping, a few microseconds, is timed with the call).
+void run_redistribute(const Case& c, at::Tensor& dt) {
+  const dtensor::Placements dst{c.dst};
+  if (!c.donate) {
+    at::Tensor out = dtensor::redistribute(dt, dst);
+    return;
+  }
+  at::Tensor out = dtensor::redistribute(std::move(dt), dst);
+  dt = make_dtensor(dtensor::to_local(out), dtensor::mesh_of(out), c.src);
+}
+
 // Interleaves DTensor and raw calls (alternating which goes first) so both see the same machine
 // load; the other processes on a shared machine shift both medians alike.
-Timing measure(c10d::Backend& g, const Case& c, const at::Tensor& dt, at::Tensor& local, double budget) {
-  const dtensor::Placements dst{c.dst};
-  auto run_dtensor = [&] { at::Tensor out = dtensor::redistribute(dt, dst); };
+Timing measure(c10d::Backend& g, const Case& c, at::Tensor& dt, at::Tensor& local, double budget) {
+  auto run_dtensor = [&] { run_redistribute(c, dt); };
   auto run_raw = [&] { c.raw(g, local); };
   double round = 0;
   for (int i = 0; i < 2; ++i)  // the first round pays for first-touch page faults
@@ -175,12 +209,6 @@ Timing measure(c10d::Backend& g, const Case& c, const at::Tensor& dt, at::Tensor
 // This rank's input: zeros, so repeated in-place all-reduces cannot overflow (the values do not
 // change Gloo's speed).
 at::Tensor make_input(int64_t mib) { return at::zeros({mib * kRowsPerMiB, kColumns}); }
-
-at::Tensor make_dtensor(const at::Tensor& local, const dtensor::MeshPtr& mesh, const Placement& src) {
-  const Shape global = dtensor::global_shape_assuming_even(local.sizes().vec(), mesh->shape(), {src});
-  return dtensor::from_local(local, mesh, {src},
-                             {.run_check = false, .shape = global, .stride = dtensor::contiguous_strides(global)});
-}
 
 void print_throughput_header(int ranks) {
   std::printf("### Throughput (%d ranks)\n\n", ranks);
@@ -206,7 +234,9 @@ void run_throughput(c10d::Backend& g, const dtensor::MeshPtr& mesh, const Option
   for (const Case& c : make_cases()) {
     for (int64_t mib : options.sizes_mib) {
       at::Tensor local = make_input(mib);
-      const Timing t = measure(g, c, make_dtensor(local, mesh, c.src), local, options.seconds);
+      // A donated buffer must have no other holder, so that DTensor gets an input of its own.
+      at::Tensor dt = make_dtensor(c.donate ? make_input(mib) : local, mesh, c.src);
+      const Timing t = measure(g, c, dt, local, options.seconds);
       if (print) print_throughput_row(c, mib, t);
     }
   }
@@ -232,7 +262,10 @@ void print_planning(const dtensor::MeshPtr& mesh, int ranks) {
   std::printf("\n### Host-side planning per redistribute call (%d ranks)\n\n", ranks);
   std::printf("| transition | plan | plan_redistribute µs | redistribute_plan (cached) µs |\n");
   std::printf("|---|---|--:|--:|\n");
+  std::vector<std::pair<Placement, Placement>> planned;  // one row per transition, however many baselines
   for (const Case& c : make_cases()) {
+    if (std::find(planned.begin(), planned.end(), std::pair{c.src, c.dst}) != planned.end()) continue;
+    planned.emplace_back(c.src, c.dst);
     at::Tensor dt = make_dtensor(make_input(1), mesh, c.src);
     const Shape global = dt.sizes().vec();
     const dtensor::Placements src{c.src}, dst{c.dst};

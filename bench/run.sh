@@ -26,8 +26,14 @@ Method: all ranks are local processes on this machine, talking through Gloo over
 tensor (even shards, no padding). Each DTensor \`redistribute\` call is timed next to the c10d call a
 hand-written program would make for the same bytes, interleaved in the same process (alternating
 which goes first), each after a barrier; the figures are rank 0's medians. The baselines allocate
-their output like \`redistribute\` must; the all-reduce runs in place. Throughput is input bytes per
-rank / median time. *ratio* = raw median / DTensor median (goal >= 0.95; bold when below);
+their output like \`redistribute\` must; the all-reduce runs in place. *P->R (donated)* moves the
+DTensor in (\`redistribute(std::move(dt), ...)\`), which donates its buffer so the all-reduce runs in
+place too; each call then wraps the result's buffer as the next call's input (timed with the call).
+S(0)->S(1) has two baselines: \`all_to_all_single\` on the input as is moves the same bytes, but row
+blocks rather than the column blocks S(1) needs (a bound no correct program reaches, as Gloo takes one
+contiguous send buffer); *pack + all_to_all_single* first packs the column blocks into that buffer, as
+a hand-written program must. Throughput is input bytes per rank / median time.
+*ratio* = raw median / DTensor median (goal >= 0.95; bold when below);
 *ratio of best* = fastest raw call / fastest DTensor call (other load only adds time).
 Planning: \`plan_redistribute\` is the pure planner; \`redistribute_plan\` is the path
 \`redistribute\` takes (placement validation and the per-thread plan cache), mean per call.

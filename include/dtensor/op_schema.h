@@ -5,6 +5,7 @@
 // there), and the decision propagation hands to dispatch (OutputSharding).
 
 #include <ATen/core/function_schema.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
 #include <functional>
@@ -66,17 +67,26 @@ struct DimStrategy {
 // are global sizes (view, expand, new_zeros, ...) get this rank's local sizes.
 using LocalArgs = std::vector<std::pair<size_t, c10::IValue>>;
 
+// Replaces the op itself for the local computation when running it on shards is not enough (a mean
+// over an unevenly sharded dim divides by the global count; a vocabulary-sharded embedding masks
+// indices). Called with the stack holding the local arguments; must leave the op's returns (local
+// results) on it, like a boxed kernel. May run collectives on the mesh (identically on every rank).
+using LocalKernel = std::function<void(const c10::OperatorHandle&, torch::jit::Stack&)>;
+
 // The decision for a call: where each output lives and where each input must be moved first.
 struct OutputSharding {
   std::vector<SpecPtr> outputs;                       // one per tensor output
   std::vector<std::optional<Placements>> input_moves;  // per input; nullopt when it stays as is
   LocalArgs local_args;
+  LocalKernel local_kernel;  // empty: run the op itself
   PlacementStrategy chosen;
 };
 
 using DimRule = std::function<std::vector<DimStrategy>(const OpSchema&)>;
 using MeshRule = std::function<OpStrategy(const OpSchema&)>;
 using LocalArgsRule = std::function<LocalArgs(const OpSchema&, const PlacementStrategy&)>;
+// Returns the LocalKernel for the chosen strategy, or an empty one to run the op itself.
+using LocalKernelRule = std::function<LocalKernel(const OpSchema&, const PlacementStrategy&)>;
 
 // This rank's local shape of output `k` under `strategy` (what a global-size argument becomes).
 Shape local_output_shape(const OpSchema& schema, const PlacementStrategy& strategy, size_t k = 0);

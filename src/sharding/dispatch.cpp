@@ -132,7 +132,8 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
   if (mesh->coordinate()) {
     replace_inputs(args, inputs, decision);
     for (const auto& [index, value] : decision.local_args) args[index] = value;
-    op.callBoxed(*stack);
+    if (decision.local_kernel) decision.local_kernel(op, *stack);
+    else op.callBoxed(*stack);
   } else {
     torch::jit::drop(*stack, n);
     push_empty_outputs(decision, stack);

@@ -265,6 +265,7 @@ OutputSharding decide(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> 
     else decision.input_moves.emplace_back(best->inputs[k]);
   }
   if (rule->local_args) decision.local_args = rule->local_args(schema, *best);
+  if (rule->local_kernel) decision.local_kernel = rule->local_kernel(schema, *best);
   return decision;
 }
 

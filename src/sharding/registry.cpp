@@ -2,6 +2,7 @@
 
 #include <torch/library.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <set>
@@ -81,7 +82,9 @@ void register_family(const std::vector<std::string>& names, const OpRule& rule) 
   for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
     if (!wanted.count(name.name)) continue;
     // out= overloads are left to explicit registration: each needs its own op-db sample.
-    if (name.overload_name == "out" || name.overload_name.find("_out") != std::string::npos) continue;
+    std::string overload = name.overload_name;
+    std::transform(overload.begin(), overload.end(), overload.begin(), ::tolower);
+    if (overload.rfind("out", 0) == 0 || overload.find("_out") != std::string::npos) continue;
     auto op = c10::Dispatcher::singleton().findOp(name);
     if (op && !decomposes(*op)) add_rule(*op, rule);
   }

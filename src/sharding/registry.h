@@ -13,8 +13,9 @@ namespace dtensor::detail {
 struct OpRule {
   DimRule dim;    // either a single-mesh-dim rule, expanded over the mesh,
   MeshRule mesh;  // or a rule over the whole mesh
-  LocalArgsRule local_args = {};  // optional: arguments to rewrite for the local call
-  std::string family = "custom";  // which rules file: "pointwise", "matrix", ...
+  LocalArgsRule local_args = {};      // optional: arguments to rewrite for the local call
+  LocalKernelRule local_kernel = {};  // optional: a replacement for the op on local shards
+  std::string family = "custom";      // which rules file: "pointwise", "matrix", ...
 };
 
 // The rule for `op`, or nullptr.
