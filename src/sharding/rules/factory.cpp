@@ -21,8 +21,8 @@ OpStrategy fresh(const OpSchema& s) {
 }
 
 const bool registered = [] {
-  detail::register_family({"aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like"}, {{}, like, {}, "factory"});
-  detail::register_family({"aten::new_empty", "aten::new_zeros", "aten::new_ones", "aten::new_full"}, {{}, fresh, {}, "factory"});
+  detail::register_family({"aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like"}, {.mesh = like, .family = "factory"});
+  detail::register_family({"aten::new_empty", "aten::new_zeros", "aten::new_ones", "aten::new_full"}, {.mesh = fresh, .family = "factory"});
   return true;
 }();
 

@@ -65,12 +65,12 @@ std::vector<DimStrategy> mv(const OpSchema&) {
 
 const bool registered = [] {
   using detail::register_family;
-  register_family({"aten::mm"}, {mm, {}, {}, "matrix"});
-  register_family({"aten::bmm"}, {bmm, {}, {}, "matrix"});
-  register_family({"aten::addmm"}, {[](const OpSchema& s) { return add_product(s, 0); }, {}, {}, "matrix"});
-  register_family({"aten::baddbmm"}, {[](const OpSchema& s) { return add_product(s, 1); }, {}, {}, "matrix"});
-  register_family({"aten::dot"}, {dot, {}, {}, "matrix"});
-  register_family({"aten::mv"}, {mv, {}, {}, "matrix"});
+  register_family({"aten::mm"}, {.dim = mm, .family = "matrix"});
+  register_family({"aten::bmm"}, {.dim = bmm, .family = "matrix"});
+  register_family({"aten::addmm"}, {.dim = [](const OpSchema& s) { return add_product(s, 0); }, .family = "matrix"});
+  register_family({"aten::baddbmm"}, {.dim = [](const OpSchema& s) { return add_product(s, 1); }, .family = "matrix"});
+  register_family({"aten::dot"}, {.dim = dot, .family = "matrix"});
+  register_family({"aten::mv"}, {.dim = mv, .family = "matrix"});
   return true;
 }();
 

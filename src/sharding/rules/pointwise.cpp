@@ -63,12 +63,12 @@ DimRule rule(Linearity linearity) {
 const bool registered = [] {
   using detail::register_family;
   register_family({"aten::add", "aten::sub", "aten::neg", "aten::clone", "aten::positive"},
-                  {rule(Linearity::Additive), {}, {}, "pointwise"});
-  register_family({"aten::mul"}, {rule(Linearity::Scaling), {}, {}, "pointwise"});
+                  {.dim = rule(Linearity::Additive), .family = "pointwise"});
+  register_family({"aten::mul"}, {.dim = rule(Linearity::Scaling), .family = "pointwise"});
   register_family({"aten::div", "aten::threshold_backward", "aten::sigmoid_backward", "aten::tanh_backward",
                    "aten::gelu_backward", "aten::silu_backward", "aten::hardtanh_backward",
                    "aten::leaky_relu_backward", "aten::elu_backward", "aten::softplus_backward"},
-                  {rule(Linearity::FirstLinear), {}, {}, "pointwise"});
+                  {.dim = rule(Linearity::FirstLinear), .family = "pointwise"});
   register_family(
       {"aten::abs",        "aten::acos",       "aten::acosh",         "aten::asin",         "aten::asinh",
        "aten::atan",       "aten::atanh",      "aten::atan2",         "aten::ceil",         "aten::clamp",
@@ -86,7 +86,7 @@ const bool registered = [] {
        "aten::bitwise_not", "aten::fmod",      "aten::remainder",     "aten::addcmul",      "aten::addcdiv",
        "aten::elu",        "aten::softplus",   "aten::threshold",     "aten::_to_copy",   "aten::fill",       "aten::zero",          "aten::copy",         "aten::logit",
        "aten::mish",       "aten::hardswish",  "aten::hardsigmoid",   "aten::xlogy",        "aten::sgn"},
-      {rule(Linearity::None), {}, {}, "pointwise"});
+      {.dim = rule(Linearity::None), .family = "pointwise"});
   return true;
 }();
 

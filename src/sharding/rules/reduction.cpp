@@ -52,7 +52,7 @@ std::vector<DimStrategy> sum(const OpSchema& s) {
 }
 
 const bool registered = [] {
-  detail::register_family({"aten::sum"}, {sum, {}, {}, "reduction"});
+  detail::register_family({"aten::sum"}, {.dim = sum, .family = "reduction"});
   return true;
 }();
 

@@ -52,9 +52,9 @@ LocalArgs local_size_arg(const OpSchema& s, const PlacementStrategy& chosen) {
 }
 
 const bool registered = [] {
-  detail::register_family({"aten::expand"}, {expand, {}, local_size_arg, "view"});
+  detail::register_family({"aten::expand"}, {.dim = expand, .local_args = local_size_arg, .family = "view"});
   detail::register_family({"aten::t", "aten::transpose", "aten::permute", "aten::detach", "aten::alias"},
-                          {reorder, {}, {}, "view"});
+                          {.dim = reorder, .family = "view"});
   return true;
 }();
 
