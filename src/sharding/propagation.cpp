@@ -219,12 +219,13 @@ std::string describe_inputs(const OpSchema& s) {
 OutputSharding decide(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                       const std::vector<TensorInput>& inputs, const MeshPtr& mesh) {
   const OpRule* rule = find_rule(op);
-  OpSchema schema{op.schema(), args, inputs, output_metas(op, args), mesh};
   const std::string name = qualified_name(op.operator_name());
+  OpSchema schema{op.schema(), args, inputs, {}, mesh};
   if (rule == nullptr)
     throw DTensorError("no sharding strategy for op " + name + " (" + describe_inputs(schema) +
                        "). Ways out: redistribute the inputs to Replicate and run the op on to_local() results, or "
                        "register a strategy with dtensor::register_dim_rule");
+  schema.outputs = output_metas(op, args);
   OpStrategy candidates = rule->mesh ? rule->mesh(schema)
                                      : expand_over_mesh(rule->dim(schema), mesh->ndim(), schema.outputs.size(), inputs.size());
   const auto written = written_inputs(op.schema(), inputs);

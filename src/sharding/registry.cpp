@@ -62,6 +62,10 @@ void register_one(const std::string& qualified, const OpRule& rule) {
 
 }  // namespace
 
+void register_overloads(const std::vector<std::string>& qualified_names, const OpRule& rule) {
+  for (const auto& q : qualified_names) register_one(q, rule);
+}
+
 std::string qualified_name(const c10::OperatorName& name) {
   return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
 }
@@ -88,6 +92,19 @@ void register_family(const std::vector<std::string>& names, const OpRule& rule) 
     auto op = c10::Dispatcher::singleton().findOp(name);
     if (op && !decomposes(*op)) add_rule(*op, rule);
   }
+}
+
+void route_storage_touching_ops() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+      auto op = c10::Dispatcher::singleton().findOp(name);
+      if (op && op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
+        route_to_dtensor(r, name, qualified_name(name));
+    }
+  });
 }
 
 }  // namespace dtensor::detail

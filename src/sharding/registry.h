@@ -26,6 +26,14 @@ const OpRule* find_rule(const c10::OperatorHandle& op);
 // reaching a backend (CompositeImplicitAutograd) are skipped: their parts are what dtensor sees.
 void register_family(const std::vector<std::string>& names, const OpRule& rule);
 
+// Registers `rule` for exactly the named overloads ("aten::add.out"), e.g. out= forms.
+void register_overloads(const std::vector<std::string>& qualified_names, const OpRule& rule);
+
 std::string qualified_name(const c10::OperatorName& name);
+
+// Routes every op whose kernel would otherwise compute on a DTensor's (absent) storage — structured
+// kernels registered for all backends (CompositeExplicitAutogradNonFunctional) — to dtensor's
+// dispatch, so that an op without a rule fails with a clear error instead. Idempotent.
+void route_storage_touching_ops();
 
 }  // namespace dtensor::detail

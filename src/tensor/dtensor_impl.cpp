@@ -3,6 +3,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include "../sharding/registry.h"
 #include "dtensor/errors.h"
 
 namespace dtensor {
@@ -42,6 +43,8 @@ void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& i
 }
 
 at::Tensor make_dtensor(const at::Tensor& local, std::shared_ptr<const DTensorSpec> spec) {
+  static const bool routed = (detail::route_storage_touching_ops(), true);
+  (void)routed;
   return at::Tensor(c10::make_intrusive<DTensorImpl>(alias_without_history(local), std::move(spec)));
 }
 

@@ -65,9 +65,15 @@ const bool registered = [] {
   register_family({"aten::add", "aten::sub", "aten::neg", "aten::clone", "aten::positive"},
                   {.dim = rule(Linearity::Additive), .family = "pointwise"});
   register_family({"aten::mul"}, {.dim = rule(Linearity::Scaling), .family = "pointwise"});
+  // out= forms of the arithmetic ops (written outputs keep their placements).
+  detail::register_overloads({"aten::add.out", "aten::sub.out"}, {.dim = rule(Linearity::Additive), .family = "pointwise"});
+  detail::register_overloads({"aten::mul.out"}, {.dim = rule(Linearity::Scaling), .family = "pointwise"});
+  detail::register_overloads({"aten::div.out"}, {.dim = rule(Linearity::FirstLinear), .family = "pointwise"});
   register_family({"aten::div", "aten::threshold_backward", "aten::sigmoid_backward", "aten::tanh_backward",
                    "aten::gelu_backward", "aten::silu_backward", "aten::hardtanh_backward",
-                   "aten::leaky_relu_backward", "aten::elu_backward", "aten::softplus_backward"},
+                   "aten::leaky_relu_backward", "aten::elu_backward", "aten::softplus_backward",
+                   "aten::hardsigmoid_backward", "aten::hardswish_backward", "aten::logit_backward",
+                   "aten::mish_backward"},
                   {.dim = rule(Linearity::FirstLinear), .family = "pointwise"});
   register_family(
       {"aten::abs",        "aten::acos",       "aten::acosh",         "aten::asin",         "aten::asinh",

@@ -26,37 +26,54 @@ c10::IValue value_for(const c10::Argument& a) {
 
 struct Call {
   c10::OperatorHandle op;
-  bool in_place;
+  bool writes;  // in-place or out=: the written arguments are clones, and there is no backward
 };
+
+bool is_written(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
 
 std::vector<at::Tensor> call(const Call& c, const std::vector<at::Tensor>& inputs) {
   const auto& args = c.op.schema().arguments();
   torch::jit::Stack stack;
   size_t next = 0;
-  at::Tensor self;
+  std::vector<at::Tensor> written;
   for (const auto& a : args) {
     if (a.type()->kind() == c10::TypeKind::TensorType ||
         (a.type()->kind() == c10::TypeKind::OptionalType && a.type()->containedType(0)->kind() == c10::TypeKind::TensorType)) {
       at::Tensor t = inputs[next++];
-      if (c.in_place && next == 1) t = self = t.clone();
+      if (is_written(a)) written.push_back(t = t.clone());
       stack.push_back(t);
     } else {
       stack.push_back(value_for(a));
     }
   }
   c.op.callBoxed(stack);
-  if (c.in_place) return {self};
+  if (c.writes) return written;
   std::vector<at::Tensor> out;
   for (const auto& v : stack)
     if (v.isTensor()) out.push_back(v.toTensor());
   return out;
 }
 
+// Whether autograd can differentiate the call on one device (some ops, e.g. copy, cannot).
+bool has_derivative(const Call& c, std::vector<at::Tensor> inputs) {
+  for (auto& t : inputs)
+    if (at::isFloatingType(t.scalar_type())) t = t.clone().requires_grad_();
+  try {
+    for (auto& out : call(c, inputs))
+      if (out.requires_grad()) out.sum().backward();
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 // Builds the sample, choosing input dtypes the single-device op accepts (double, then int64).
 std::optional<OpSample> sample_for(const c10::OperatorName& name) {
   auto op = c10::Dispatcher::singleton().findOp(name);
   if (!op) return std::nullopt;
-  const Call c{*op, name.name.back() == '_'};
+  bool writes = false;
+  for (const auto& a : op->schema().arguments()) writes |= is_written(a);
+  const Call c{*op, writes};
   std::vector<bool> boolean;
   for (const auto& a : op->schema().arguments())
     if (a.type()->kind() == c10::TypeKind::TensorType ||
@@ -65,21 +82,22 @@ std::optional<OpSample> sample_for(const c10::OperatorName& name) {
   for (auto dtype : {at::kDouble, at::kLong}) {
     OpSample s;
     s.name = name.name.substr(6) + (name.overload_name.empty() ? "" : "_" + name.overload_name);
-    for (size_t i = 0; i < boolean.size(); ++i) s.shapes.push_back(i == 1 && !c.in_place ? Shape{3} : Shape{5, 3});
+    for (size_t i = 0; i < boolean.size(); ++i) s.shapes.push_back(i == 1 && !c.writes ? Shape{3} : Shape{5, 3});
     s.make_input = [boolean, dtype](size_t i, const Shape& shape) {
       at::Tensor t = test_tensor(shape, at::kDouble, 200 + i);
       return boolean[i] ? t > 0 : t.to(dtype);
     };
     s.run = [c](const std::vector<at::Tensor>& in) { return call(c, in); };
-    s.backward = !c.in_place && dtype == at::kDouble;
+    s.backward = !c.writes && dtype == at::kDouble;
     std::vector<at::Tensor> probe;
     for (size_t i = 0; i < s.shapes.size(); ++i) probe.push_back(s.make_input(i, s.shapes[i]));
     try {
       call(c, probe);
-      return s;
     } catch (const std::exception&) {
-      // this dtype is not accepted; try the next
+      continue;  // this dtype is not accepted; try the next
     }
+    s.backward = s.backward && has_derivative(c, probe);
+    return s;
   }
   return std::nullopt;
 }
