@@ -87,6 +87,9 @@ using MeshRule = std::function<OpStrategy(const OpSchema&)>;
 using LocalArgsRule = std::function<LocalArgs(const OpSchema&, const PlacementStrategy&)>;
 // Returns the LocalKernel for the chosen strategy, or an empty one to run the op itself.
 using LocalKernelRule = std::function<LocalKernel(const OpSchema&, const PlacementStrategy&)>;
+// Global metas of an op's outputs computed by a rule family, for ops without a Meta kernel (the
+// fallback otherwise runs the op on expanded-zero stand-ins of the global shapes).
+using OutputMetaRule = std::function<std::vector<TensorMeta>(const c10::OperatorHandle&, c10::ArrayRef<c10::IValue>)>;
 
 // This rank's local shape of output `k` under `strategy` (what a global-size argument becomes).
 Shape local_output_shape(const OpSchema& schema, const PlacementStrategy& strategy, size_t k = 0);

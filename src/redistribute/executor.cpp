@@ -7,6 +7,7 @@
 
 #include "../mesh/collectives.h"
 #include "dtensor/errors.h"
+#include "redistribute_log.h"
 
 namespace dtensor::detail {
 
@@ -131,6 +132,9 @@ at::Tensor writable(const at::Tensor& local, Ownership ownership) {
 
 at::Tensor run_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh, Direction direction,
                     Ownership ownership) {
+  // Along a mesh dim of one rank every collective is the identity (the one shard is the whole, the
+  // one contribution the value): skip the round trip through the process group.
+  if (is_collective(step.kind) && mesh.size(step.mesh_dim) == 1) return local;
   switch (step.kind) {
     case StepKind::AllGather: return all_gather_step(local, step, mesh);
     case StepKind::ReduceScatter: return reduce_scatter_step(local, step, mesh);
@@ -198,6 +202,7 @@ at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& local, c
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from, const Placements& to,
                               Direction direction, Ownership ownership) {
   if (!from.mesh->coordinate()) return local;  // ranks outside the mesh hold an empty shard
+  log_redistribute(from, to);
   return execute_plan(cached_plan(from, to), local, *from.mesh, direction, ownership);
 }
 

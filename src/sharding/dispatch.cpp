@@ -151,8 +151,8 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
       }
       ++next_output;
     } else if (returns[j].isTensor()) {
-      if (returns[j].toTensor().defined()) returns[j] = make_dtensor(returns[j].toTensor(), decision.outputs[next_output]);
-      ++next_output;
+      // Undefined returns (e.g. gradients not asked for) have no output spec.
+      if (returns[j].toTensor().defined()) returns[j] = make_dtensor(returns[j].toTensor(), decision.outputs[next_output++]);
     } else if (returns[j].isTensorList()) {
       c10::List<at::Tensor> wrapped;
       for (const at::Tensor& t : returns[j].toTensorList()) wrapped.push_back(make_dtensor(t, decision.outputs[next_output++]));

@@ -40,6 +40,8 @@ void append_signature(const c10::IValue& v, const c10::Argument& arg, std::vecto
     out.push_back(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
   } else if (v.isDevice()) {
     out.push_back(static_cast<int64_t>(v.toDevice().type()));
+  } else if (v.isGenerator()) {
+    out.push_back(-3);  // which generator draws never changes how the op shards
   } else if (v.isList()) {
     const auto list = v.toListRef();
     out.push_back(static_cast<int64_t>(list.size()));
@@ -143,16 +145,18 @@ std::optional<std::vector<TensorMeta>> written_returns(const c10::FunctionSchema
   return metas_of(returned);
 }
 
-std::vector<TensorMeta> output_metas(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+std::vector<TensorMeta> output_metas(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                                     const OpRule& rule) {
   if (auto written = written_returns(op.schema(), args)) return *written;
   try {
     return run_on_proxies(op, args, Proxy::Meta);
   } catch (const c10::NotImplementedError&) {
-    // No Meta kernel: compute on expanded zeros below.
+    // No Meta kernel: the rule's own shape logic, else compute on expanded zeros below.
   } catch (const std::exception& e) {
     throw DTensorError("op " + qualified_name(op.operator_name()) + " rejects the global shapes: " + e.what());
   }
   try {
+    if (rule.output_metas) return rule.output_metas(op, args);
     return run_on_proxies(op, args, Proxy::ExpandedZero);
   } catch (const std::exception& e) {
     throw DTensorError("op " + qualified_name(op.operator_name()) + " failed on the global shapes: " + e.what());
@@ -225,7 +229,7 @@ OutputSharding decide(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> 
     throw DTensorError("no sharding strategy for op " + name + " (" + describe_inputs(schema) +
                        "). Ways out: redistribute the inputs to Replicate and run the op on to_local() results, or "
                        "register a strategy with dtensor::register_dim_rule");
-  schema.outputs = output_metas(op, args);
+  schema.outputs = output_metas(op, args, *rule);
   OpStrategy candidates = rule->mesh ? rule->mesh(schema)
                                      : expand_over_mesh(rule->dim(schema), mesh->ndim(), schema.outputs.size(), inputs.size());
   const auto written = written_inputs(op.schema(), inputs);
@@ -279,7 +283,15 @@ double redistribute_cost(const DTensorSpec& spec, const Placements& placements) 
   const Shape coordinate(spec.mesh->ndim(), 0);
   const auto plan = plan_redistribute(spec.meta.shape, static_cast<int64_t>(c10::elementSize(spec.meta.dtype)),
                                       spec.mesh->shape(), coordinate, spec.placements, placements);
-  return static_cast<double>(plan.total_bytes_per_rank() + static_cast<int64_t>(plan.steps.size()));
+  // An alpha-beta model in bytes: each collective also pays a fixed latency (worth ~16 kB on loopback
+  // Gloo), so a few small tensors are not all-gathered to save a byte; local steps cost one byte.
+  constexpr double kCollectiveLatencyBytes = 16 * 1024;
+  double cost = 0;
+  for (const auto& step : plan.steps) {
+    const bool communicates = is_collective(step.kind) && spec.mesh->size(step.mesh_dim) > 1;
+    cost += communicates ? static_cast<double>(step.bytes_per_rank) + kCollectiveLatencyBytes : 1.0;
+  }
+  return cost;
 }
 
 const OutputSharding& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,

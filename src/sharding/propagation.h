@@ -14,8 +14,8 @@ const OutputSharding& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10
                                 const std::vector<TensorInput>& inputs, const MeshPtr& mesh);
 
 // Cost of moving a tensor with `spec` to `placements`: the bytes its plan moves per rank (as seen by
-// the mesh's first coordinate, so that every rank agrees), plus one per local step so that a strategy
-// needing no change at all beats one needing a free local chunk.
+// the mesh's first coordinate, so that every rank agrees) plus a fixed latency per collective, and
+// one per local step so that a strategy needing no change at all beats one needing a free local chunk.
 double redistribute_cost(const DTensorSpec& spec, const Placements& placements);
 
 }  // namespace dtensor::detail

@@ -51,6 +51,15 @@ bool decomposes(const c10::OperatorHandle& op) {
          !op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
 }
 
+// out= forms (out, grad_input, values, ...) write an argument after self; they are left to explicit
+// registration, as each needs its own op-db sample.
+bool writes_an_output_argument(const c10::OperatorHandle& op) {
+  const auto& args = op.schema().arguments();
+  for (size_t i = 1; i < args.size(); ++i)
+    if (args[i].alias_info() && args[i].alias_info()->isWrite()) return true;
+  return false;
+}
+
 void register_one(const std::string& qualified, const OpRule& rule) {
   const auto dot = qualified.find('.', qualified.find("::"));
   const std::string name = qualified.substr(0, dot);
@@ -85,12 +94,8 @@ void register_family(const std::vector<std::string>& names, const OpRule& rule) 
   }
   for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
     if (!wanted.count(name.name)) continue;
-    // out= overloads are left to explicit registration: each needs its own op-db sample.
-    std::string overload = name.overload_name;
-    std::transform(overload.begin(), overload.end(), overload.begin(), ::tolower);
-    if (overload.rfind("out", 0) == 0 || overload.find("_out") != std::string::npos) continue;
     auto op = c10::Dispatcher::singleton().findOp(name);
-    if (op && !decomposes(*op)) add_rule(*op, rule);
+    if (op && !decomposes(*op) && !writes_an_output_argument(*op)) add_rule(*op, rule);
   }
 }
 

@@ -1,6 +1,7 @@
 #include "dtensor/dtensor_impl.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
 #include "../sharding/registry.h"
@@ -93,5 +94,10 @@ void no_kernel_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack)
 }  // namespace
 
 TORCH_LIBRARY_IMPL(_, PrivateUse2, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&no_kernel_fallback>()); }
+
+// LibTorch gives the autograd keys of in-tree backends a fallback for ops without autograd formulas
+// (custom ops); PrivateUse2's needs one too, the same one: it runs the op and errors only when a
+// gradient is actually needed.
+TORCH_LIBRARY_IMPL(_, AutogradPrivateUse2, m) { m.fallback(torch::autograd::basicAutogradNotImplementedFallback()); }
 
 }  // namespace dtensor

@@ -2,6 +2,7 @@
 // and out= ops, views, the propagation cache and errors — against single-device LibTorch.
 
 #include <ATen/core/grad_mode.h>
+#include <torch/library.h>
 
 #include "dtensor/comm_debug.h"
 #include "dtensor/sharding.h"
@@ -80,6 +81,17 @@ TEST_F(DistTest, ZeroDimPlainTensorActsAsReplicate) {
   EXPECT_TRUE(tensors_equal(full_tensor(y), x65() * 3));
 }
 
+TEST_F(DistTest, AddingANumberToAPartialSumStaysPartial) {
+  auto m = mesh({4});
+  at::Tensor p = make_dtensor_holding(x65(), m, {Partial()});
+  CommDebugMode debug;
+  at::Tensor y = p + 2;
+  y.add_(1.5);
+  EXPECT_EQ(debug.total_count(), 0) << debug.summary();
+  EXPECT_EQ(placements_of(y), (Placements{Partial()}));
+  EXPECT_TRUE(tensors_equal(full_tensor(y), x65() + 3.5));
+}
+
 TEST_F(DistTest, PlainTensorNeedsImplicitReplication) {
   at::Tensor dt = distribute_tensor(x65(), mesh({4}), Placements{Shard(0)});
   const at::Tensor plain = test_tensor({6, 5}, at::kDouble, 9);
@@ -144,8 +156,8 @@ TEST_F(DistTest, PropagationIsCachedPerCall) {
 
 TEST_F(DistTest, OpWithoutStrategyNamesOpAndWaysOut) {
   at::Tensor dt = distribute_tensor(x65(), mesh({4}), Placements{Shard(0)});
-  const std::string error = error_of([&] { (void)at::flip(dt, {0}); });
-  EXPECT_THAT(error, HasSubstr("no sharding strategy for op aten::flip"));
+  const std::string error = error_of([&] { (void)at::cumprod(dt, 0); });
+  EXPECT_THAT(error, HasSubstr("no sharding strategy for op aten::cumprod"));
   EXPECT_THAT(error, HasSubstr("S(0)"));
   EXPECT_THAT(error, HasSubstr("register"));
 }
@@ -177,6 +189,30 @@ TEST_F(DistTest, LinearForwardOnTwoByTwoMesh) {
                               distribute_tensor(b, m, Placements{Replicate(), Shard(0)}));
   EXPECT_EQ(placements_of(out), (Placements{Shard(0), Shard(1)}));
   EXPECT_TRUE(tensors_close(full_tensor(out), at::linear(x, w, b)));
+}
+
+// A custom op (not aten) that dtensor learns to shard through the public registration API.
+TORCH_LIBRARY(dtensor_test, m) { m.def("double_it(Tensor x) -> Tensor"); }
+TORCH_LIBRARY_IMPL(dtensor_test, CPU, m) {
+  m.impl("double_it", [](const at::Tensor& x) { return x * 2; });
+}
+
+TEST_F(DistTest, RegisteringAStrategyForACustomOp) {
+  auto double_it = c10::Dispatcher::singleton().findSchemaOrThrow("dtensor_test::double_it", "").typed<at::Tensor(const at::Tensor&)>();
+  at::Tensor dt = distribute_tensor(x65(), mesh({4}), Placements{Shard(1)});
+  EXPECT_THAT(error_of([&] { double_it.call(dt); }), HasSubstr("no sharding strategy for op dtensor_test::double_it"));
+  // Elementwise: any shard stays where it is.
+  register_dim_rule("dtensor_test::double_it", [](const OpSchema& s) {
+    std::vector<DimStrategy> out = {{{Replicate()}, {Replicate()}}};
+    for (int64_t d = 0; d < s.input_ndim(0); ++d) out.push_back({{Shard(d)}, {Shard(d)}});
+    return out;
+  });
+  EXPECT_TRUE(has_sharding_rule("dtensor_test::double_it"));
+  CommDebugMode debug;
+  at::Tensor y = double_it.call(dt);
+  EXPECT_EQ(debug.total_count(), 0);
+  EXPECT_EQ(placements_of(y), (Placements{Shard(1)}));
+  EXPECT_TRUE(tensors_equal(full_tensor(y), x65() * 2));
 }
 
 }  // namespace

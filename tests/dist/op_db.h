@@ -26,6 +26,9 @@ struct OpSample {
   bool two_d = false;    // also run on the 2x2 mesh (every pair of per-dim placements)
   double rtol = 1e-7;
   double atol = 1e-9;
+  // Non-empty: the op is refused on DTensors by design; the call must throw a DTensorError saying this.
+  std::string expect_error = "";
+  std::vector<bool> differentiable = {};  // per input; default: every floating input gets a gradient
 };
 
 // Adds samples (called from static initialisers of the sample files).

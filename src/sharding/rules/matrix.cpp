@@ -64,13 +64,16 @@ std::vector<DimStrategy> mv(const OpSchema&) {
 }
 
 const bool registered = [] {
-  using detail::register_family;
-  register_family({"aten::mm"}, {.dim = mm, .family = "matrix"});
-  register_family({"aten::bmm"}, {.dim = bmm, .family = "matrix"});
-  register_family({"aten::addmm"}, {.dim = [](const OpSchema& s) { return add_product(s, 0); }, .family = "matrix"});
-  register_family({"aten::baddbmm"}, {.dim = [](const OpSchema& s) { return add_product(s, 1); }, .family = "matrix"});
-  register_family({"aten::dot"}, {.dim = dot, .family = "matrix"});
-  register_family({"aten::mv"}, {.dim = mv, .family = "matrix"});
+  // Exact overloads: the families' .dtype forms (out_dtype matmuls) have no CPU kernels.
+  using detail::register_overloads;
+  register_overloads({"aten::mm"}, {.dim = mm, .family = "matrix"});
+  register_overloads({"aten::bmm"}, {.dim = bmm, .family = "matrix"});
+  register_overloads({"aten::addmm", "aten::addmm_"},
+                     {.dim = [](const OpSchema& s) { return add_product(s, 0); }, .family = "matrix"});
+  register_overloads({"aten::baddbmm", "aten::baddbmm_"},
+                     {.dim = [](const OpSchema& s) { return add_product(s, 1); }, .family = "matrix"});
+  register_overloads({"aten::dot"}, {.dim = dot, .family = "matrix"});
+  register_overloads({"aten::mv"}, {.dim = mv, .family = "matrix"});
   return true;
 }();
 

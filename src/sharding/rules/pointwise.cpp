@@ -3,6 +3,9 @@
 // Linear ops also keep Partial: a sum of Partial(sum) tensors, or one scaled by a Replicate factor,
 // is the Partial of the sums / scaled contributions.
 
+#include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+
 #include "../registry.h"
 #include "rule_helpers.h"
 
@@ -16,13 +19,26 @@ enum class Linearity {
   FirstLinear,  // only the first input may be Partial: x / y, and backward ops linear in the gradient
 };
 
-// x + 2 is affine, not linear: over Partial(sum) the 2 would be added once per rank. Averages are
-// unaffected (the mean of x_r + 2 is X + 2).
-bool adds_a_number(const OpSchema& s) {
+// x + 2 is affine, not linear: over Partial(sum) every rank but one must add 0 instead of 2 (see
+// number_on_one_rank). Averages need nothing: the mean of x_r + 2 is X + 2.
+std::optional<size_t> added_number(const OpSchema& s) {
   for (size_t i = 0; i < s.schema.arguments().size(); ++i)
-    if (s.schema.arguments()[i].name() == "other" && (s.args[i].isDouble() || s.args[i].isInt()))
-      return true;
-  return false;
+    if (s.schema.arguments()[i].name() == "other" && (s.args[i].isDouble() || s.args[i].isInt())) return i;
+  return std::nullopt;
+}
+
+// For x + number with a Partial(sum) output: only the rank at coordinate 0 of every Partial(sum)
+// mesh dim adds the number, so the contributions still sum to X + number.
+LocalArgs number_on_one_rank(const OpSchema& s, const PlacementStrategy& chosen) {
+  const auto arg = added_number(s);
+  if (!arg || !s.mesh->coordinate()) return {};
+  const Shape& coordinate = *s.mesh->coordinate();
+  for (size_t m = 0; m < coordinate.size(); ++m) {
+    const Placement& p = chosen.outputs[0][m];
+    if (p.is_partial() && p.reduce_op() == ReduceOp::Sum && coordinate[m] != 0)
+      return {{*arg, s.args[*arg].isInt() ? c10::IValue(int64_t{0}) : c10::IValue(0.0)}};
+  }
+  return {};
 }
 
 std::vector<DimStrategy> pointwise(const OpSchema& s, Linearity linearity) {
@@ -42,7 +58,6 @@ std::vector<DimStrategy> pointwise(const OpSchema& s, Linearity linearity) {
   for (auto op : {ReduceOp::Sum, ReduceOp::Avg}) {
     const Placement p = Partial(op);
     if (linearity == Linearity::Additive) {
-      if (op == ReduceOp::Sum && adds_a_number(s)) continue;
       strategies.push_back(DimStrategy{Placements(s.outputs.size(), p), Placements(s.inputs.size(), p)});
       continue;
     }
@@ -56,25 +71,50 @@ std::vector<DimStrategy> pointwise(const OpSchema& s, Linearity linearity) {
   return strategies;
 }
 
-DimRule rule(Linearity linearity) {
-  return [linearity](const OpSchema& s) { return pointwise(s, linearity); };
+// Output metas without running the op at full size (many elementwise ops have no Meta kernel): the
+// shape is the inputs' broadcast shape; the dtype comes from the op on stand-ins whose dims are all 1
+// (same ranks, so type promotion sees them as it sees the real inputs).
+std::vector<TensorMeta> pointwise_metas(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  torch::jit::Stack stack;
+  std::vector<int64_t> shape;
+  for (const auto& v : args) {
+    if (!v.isTensor() || !v.toTensor().defined()) {
+      stack.push_back(v);
+      continue;
+    }
+    const at::Tensor& t = v.toTensor();
+    shape = at::infer_size(shape, t.sizes());
+    stack.push_back(at::zeros(std::vector<int64_t>(t.dim(), 1), at::TensorOptions().dtype(t.scalar_type())));
+  }
+  op.callBoxed(stack);
+  std::vector<TensorMeta> out;
+  for (const auto& v : stack)
+    if (v.isTensor()) out.push_back(TensorMeta{shape, contiguous_strides(shape), v.toTensor().scalar_type()});
+  return out;
+}
+
+detail::OpRule rule(Linearity linearity) {
+  return {.dim = [linearity](const OpSchema& s) { return pointwise(s, linearity); },
+          .local_args = linearity == Linearity::Additive ? LocalArgsRule(number_on_one_rank) : LocalArgsRule(),
+          .output_metas = pointwise_metas,
+          .family = "pointwise"};
 }
 
 const bool registered = [] {
   using detail::register_family;
   register_family({"aten::add", "aten::sub", "aten::neg", "aten::clone", "aten::positive"},
-                  {.dim = rule(Linearity::Additive), .family = "pointwise"});
-  register_family({"aten::mul"}, {.dim = rule(Linearity::Scaling), .family = "pointwise"});
+                  rule(Linearity::Additive));
+  register_family({"aten::mul"}, rule(Linearity::Scaling));
   // out= forms of the arithmetic ops (written outputs keep their placements).
-  detail::register_overloads({"aten::add.out", "aten::sub.out"}, {.dim = rule(Linearity::Additive), .family = "pointwise"});
-  detail::register_overloads({"aten::mul.out"}, {.dim = rule(Linearity::Scaling), .family = "pointwise"});
-  detail::register_overloads({"aten::div.out"}, {.dim = rule(Linearity::FirstLinear), .family = "pointwise"});
+  detail::register_overloads({"aten::add.out", "aten::sub.out"}, rule(Linearity::Additive));
+  detail::register_overloads({"aten::mul.out"}, rule(Linearity::Scaling));
+  detail::register_overloads({"aten::div.out"}, rule(Linearity::FirstLinear));
   register_family({"aten::div", "aten::threshold_backward", "aten::sigmoid_backward", "aten::tanh_backward",
                    "aten::gelu_backward", "aten::silu_backward", "aten::hardtanh_backward",
                    "aten::leaky_relu_backward", "aten::elu_backward", "aten::softplus_backward",
                    "aten::hardsigmoid_backward", "aten::hardswish_backward", "aten::logit_backward",
                    "aten::mish_backward"},
-                  {.dim = rule(Linearity::FirstLinear), .family = "pointwise"});
+                  rule(Linearity::FirstLinear));
   register_family(
       {"aten::abs",        "aten::acos",       "aten::acosh",         "aten::asin",         "aten::asinh",
        "aten::atan",       "aten::atanh",      "aten::atan2",         "aten::ceil",         "aten::clamp",
@@ -92,7 +132,7 @@ const bool registered = [] {
        "aten::bitwise_not", "aten::fmod",      "aten::remainder",     "aten::addcmul",      "aten::addcdiv",
        "aten::elu",        "aten::softplus",   "aten::threshold",     "aten::_to_copy",   "aten::fill",       "aten::zero",          "aten::copy",         "aten::logit",
        "aten::mish",       "aten::hardswish",  "aten::hardsigmoid",   "aten::xlogy",        "aten::sgn"},
-      {.dim = rule(Linearity::None), .family = "pointwise"});
+      rule(Linearity::None));
   return true;
 }();
 

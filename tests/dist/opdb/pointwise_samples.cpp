@@ -14,9 +14,12 @@ bool is_bool_arg(const c10::Argument& a) { return a.name() == "mask" || a.name()
 
 // A stand-in value for a non-tensor argument.
 c10::IValue value_for(const c10::Argument& a) {
+  // clamp needs a bound; integer numbers suit integer ops (bitwise_and.Scalar) and floating ones alike.
+  if (a.name() == "min") return c10::IValue(int64_t{-2});
+  if (a.name() == "max") return c10::IValue(int64_t{3});
   if (a.default_value()) return *a.default_value();
   switch (a.type()->kind()) {
-    case c10::TypeKind::NumberType: return c10::IValue(0.5);
+    case c10::TypeKind::NumberType: return c10::IValue(int64_t{2});
     case c10::TypeKind::BoolType: return c10::IValue(false);
     case c10::TypeKind::IntType: return c10::IValue(int64_t{1});
     case c10::TypeKind::FloatType: return c10::IValue(0.5);
@@ -74,20 +77,26 @@ std::optional<OpSample> sample_for(const c10::OperatorName& name) {
   bool writes = false;
   for (const auto& a : op->schema().arguments()) writes |= is_written(a);
   const Call c{*op, writes};
-  std::vector<bool> boolean;
+  std::vector<bool> boolean, zero_dim;  // per tensor argument
   for (const auto& a : op->schema().arguments())
     if (a.type()->kind() == c10::TypeKind::TensorType ||
-        (a.type()->kind() == c10::TypeKind::OptionalType && a.type()->containedType(0)->kind() == c10::TypeKind::TensorType))
+        (a.type()->kind() == c10::TypeKind::OptionalType && a.type()->containedType(0)->kind() == c10::TypeKind::TensorType)) {
       boolean.push_back(is_bool_arg(a));
+      zero_dim.push_back(a.name() == "value");  // fill.Tensor, masked_fill.Tensor take a 0-d value
+    }
   for (auto dtype : {at::kDouble, at::kLong}) {
     OpSample s;
     s.name = name.name.substr(6) + (name.overload_name.empty() ? "" : "_" + name.overload_name);
-    for (size_t i = 0; i < boolean.size(); ++i) s.shapes.push_back(i == 1 && !c.writes ? Shape{3} : Shape{5, 3});
+    for (size_t i = 0; i < boolean.size(); ++i)
+      s.shapes.push_back(zero_dim[i] ? Shape{} : i == 1 && !c.writes ? Shape{3} : Shape{5, 3});
     s.make_input = [boolean, dtype](size_t i, const Shape& shape) {
       at::Tensor t = test_tensor(shape, at::kDouble, 200 + i);
       return boolean[i] ? t > 0 : t.to(dtype);
     };
     s.run = [c](const std::vector<at::Tensor>& in) { return call(c, in); };
+    // The gradient of a 0-d fill value sums the filled elements through masked_select, whose output
+    // size depends on the data (no sharding rule can give it): gradients for the other inputs only.
+    for (bool z : zero_dim) s.differentiable.push_back(!z);
     s.backward = !c.writes && dtype == at::kDouble;
     std::vector<at::Tensor> probe;
     for (size_t i = 0; i < s.shapes.size(); ++i) probe.push_back(s.make_input(i, s.shapes[i]));
