@@ -1,11 +1,61 @@
-// View and shape ops. A view keeps every placement, with Shard dims following the dims they came from;
-// views are linear, so Partial stays Partial.
+// View and shape ops: views, squeezes, slices and selections, splits and concatenations, index
+// gathers and scatters, repeat. A dim an op leaves whole keeps its shard (renumbered when dims come
+// or go); a dim the op cuts, joins along or indexes into must be Replicate. Ops that only move or copy
+// values keep every Partial; views run on the local shard, so their results alias it.
+
+#include <ATen/ATen.h>
+#include <ATen/TensorUtils.h>
+
+#include <algorithm>
+#include <functional>
 
 #include "../registry.h"
+#include "dtensor/errors.h"
+#include "dtensor/layout.h"
 #include "rule_helpers.h"
 
 namespace dtensor::rules {
 namespace {
+
+// Partial reductions that commute with an op that only moves, copies or zero-fills values.
+const std::vector<ReduceOp> kMovesValues = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
+// Those that commute with an op that adds values up.
+const std::vector<ReduceOp> kLinear = {ReduceOp::Sum, ReduceOp::Avg};
+
+bool in_place(const OpSchema& s) { return s.schema.name().back() == '_'; }
+
+// The op's `dim` argument, normalised against `ndim`.
+int64_t dim_arg(const OpSchema& s, int64_t ndim) {
+  const auto& args = s.schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i].name() == "dim") return wrap_dim(s.args[i].toInt(), ndim);
+  throw DTensorError(s.op_name() + " has no dim argument");
+}
+
+// Strategies of an op that only moves, copies or zero-fills values, whose outputs have input dim d as
+// dim out_dim(d) (-1: the op cuts or removes it, so it cannot stay sharded). Every tensor input is
+// sharded alike (cat, stack).
+std::vector<DimStrategy> follow_dims(const OpSchema& s, const std::function<int64_t(int64_t)>& out_dim) {
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  for (int64_t d = 0; d < s.input_ndim(0); ++d) {
+    const int64_t o = out_dim(d);
+    if (o >= 0) out.push_back({Placements(s.outputs.size(), Shard(o)), Placements(s.inputs.size(), Shard(d))});
+  }
+  for (auto op : kMovesValues)
+    out.push_back({Placements(s.outputs.size(), Partial(op)), Placements(s.inputs.size(), Partial(op))});
+  return out;
+}
+
+// Dispatch hands an in-place op back its own DTensor unchanged, so an in-place view that reshapes it
+// (t_, transpose_, squeeze_, unsqueeze_) would leave its global shape stale: refuse those.
+void refuse_in_place_reshape(const OpSchema& s, bool reshapes) {
+  if (!reshapes || !in_place(s)) return;
+  const std::string name = s.schema.name();
+  throw DTensorError(s.op_name() + " would change a DTensor's shape in place, which dtensor does not support; use " +
+                     name.substr(0, name.size() - 1) + " and keep its result instead");
+}
+
+// ---- dims reordered or broadcast ------------------------------------------------------------------
 
 // Output dim of each input dim for ops that only reorder dims.
 std::vector<int64_t> dim_order(const OpSchema& s) {
@@ -13,10 +63,11 @@ std::vector<int64_t> dim_order(const OpSchema& s) {
   std::vector<int64_t> out_of(ndim);
   for (int64_t d = 0; d < ndim; ++d) out_of[d] = d;
   const std::string name = s.schema.name();
-  if (name == "aten::t" || name == "aten::transpose") {
+  if (name == "aten::t" || name == "aten::t_" || name == "aten::transpose" || name == "aten::transpose_") {
     if (ndim < 2) return out_of;
-    const int64_t a = name == "aten::t" ? 0 : wrap_dim(s.args[1].toInt(), ndim);
-    const int64_t b = name == "aten::t" ? 1 : wrap_dim(s.args[2].toInt(), ndim);
+    const bool t = name == "aten::t" || name == "aten::t_";
+    const int64_t a = t ? 0 : wrap_dim(s.args[1].toInt(), ndim);
+    const int64_t b = t ? 1 : wrap_dim(s.args[2].toInt(), ndim);
     std::swap(out_of[a], out_of[b]);
   } else if (name == "aten::permute") {
     const auto dims = s.args[1].toIntVector();
@@ -27,10 +78,8 @@ std::vector<int64_t> dim_order(const OpSchema& s) {
 
 std::vector<DimStrategy> reorder(const OpSchema& s) {
   const auto out_of = dim_order(s);
-  std::vector<DimStrategy> out = {all_replicate(s)};
-  for (int64_t d = 0; d < static_cast<int64_t>(out_of.size()); ++d) out.push_back({{Shard(out_of[d])}, {Shard(d)}});
-  for (auto op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) out.push_back({{Partial(op)}, {Partial(op)}});
-  return out;
+  refuse_in_place_reshape(s, !std::is_sorted(out_of.begin(), out_of.end()));
+  return follow_dims(s, [&](int64_t d) { return out_of[d]; });
 }
 
 // expand: input dims align with the output's trailing dims; a dim that is not broadcast keeps its
@@ -39,11 +88,96 @@ std::vector<DimStrategy> expand(const OpSchema& s) {
   const Shape& in = s.input(0).meta.shape;
   const Shape& out = s.outputs[0].shape;
   const int64_t offset = static_cast<int64_t>(out.size() - in.size());
-  std::vector<DimStrategy> strategies = {all_replicate(s)};
-  for (int64_t d = 0; d < static_cast<int64_t>(in.size()); ++d)
-    if (in[d] == out[d + offset]) strategies.push_back({{Shard(d + offset)}, {Shard(d)}});
-  for (auto op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) strategies.push_back({{Partial(op)}, {Partial(op)}});
-  return strategies;
+  return follow_dims(s, [&](int64_t d) { return in[d] == out[d + offset] ? d + offset : -1; });
+}
+
+// repeat: like expand, but a repeated dim is tiled, so only dims repeated once keep their shards.
+std::vector<DimStrategy> repeat(const OpSchema& s) {
+  const auto repeats = s.args[1].toIntVector();
+  const int64_t offset = static_cast<int64_t>(repeats.size()) - s.input_ndim(0);
+  return follow_dims(s, [&](int64_t d) { return repeats[d + offset] == 1 ? d + offset : -1; });
+}
+
+// ---- view, _unsafe_view, _reshape_alias -----------------------------------------------------------
+
+// Whether a shard of a dim of `a` elements, each a block of `inner_in` elements, is the same run of
+// elements as the shard of a dim of `b` elements with blocks of `inner_out`, for every mesh
+// coordinate (`on_dim`: the placements chunking this dim, as Shard(0)).
+bool same_runs(int64_t a, int64_t inner_in, int64_t b, int64_t inner_out, const Shape& mesh_shape,
+               const Placements& on_dim) {
+  Shape coordinate(mesh_shape.size(), 0);
+  for (int64_t k = 0; k < numel(mesh_shape); ++k) {
+    for (int64_t m = static_cast<int64_t>(mesh_shape.size()) - 1, rest = k; m >= 0; rest /= mesh_shape[m--])
+      coordinate[m] = rest % mesh_shape[m];
+    const LocalLayout x = local_layout({a}, mesh_shape, coordinate, on_dim);
+    const LocalLayout y = local_layout({b}, mesh_shape, coordinate, on_dim);
+    if (x.shape[0] * inner_in != y.shape[0] * inner_out || x.offset[0] * inner_in != y.offset[0] * inner_out)
+      return false;
+  }
+  return true;
+}
+
+// The output dim that input dim d stays sharded as through a view from `in` to `out`, or -1. The
+// view splits, merges or regroups dims within runs of equal element counts; d's shard is a run of
+// whole rows of the output dim o that starts at d's place (the same count of elements before it)
+// when, for every rank, d's chunk times the elements within each index of d is o's chunk times the
+// elements within each index of o. E.g. [B, S, H*D] -> [B, S, H, D] keeps a shard of H*D as a shard
+// of H when every chunk of H*D is whole rows of D at chunk boundaries of H. The check uses global
+// shapes and mesh sizes only, so every rank decides alike.
+int64_t view_target(const Shape& in, const Shape& out, int64_t d, const Shape& mesh_shape, const Placements& on_dim) {
+  if (in[d] == 1) return -1;
+  const int64_t before = numel(Shape(in.begin(), in.begin() + d));
+  const int64_t inner_in = numel(Shape(in.begin() + d + 1, in.end()));
+  int64_t before_out = 1;
+  for (size_t o = 0; o < out.size() && before_out <= before; before_out *= out[o++]) {
+    if (before_out != before || out[o] == 1) continue;
+    const int64_t inner_out = numel(Shape(out.begin() + o + 1, out.end()));
+    return same_runs(in[d], inner_in, out[o], inner_out, mesh_shape, on_dim) ? static_cast<int64_t>(o) : -1;
+  }
+  return -1;
+}
+
+// The input's own placements where the op keeps them: Shard(d) becomes Shard(target(d)), or
+// Replicate (the input replicated there first) when target(d) < 0; Partial stays when `keep_partial`.
+OpStrategy keep_where_possible(const OpSchema& s, const std::function<int64_t(int64_t)>& target, bool keep_partial) {
+  Placements in = s.input(0).placements, out = in;
+  for (size_t m = 0; m < in.size(); ++m) {
+    const int64_t o = in[m].is_shard() ? target(in[m].dim()) : 0;
+    if (o < 0 || (in[m].is_partial() && !keep_partial)) in[m] = out[m] = Replicate();
+    else if (in[m].is_shard()) out[m] = Shard(o);
+  }
+  return {PlacementStrategy{{out}, {in}, {}}};
+}
+
+// The mesh dims that shard tensor dim d, as Shard(0) of that dim alone.
+Placements chunking_of(const Placements& placements, int64_t d) {
+  Placements out;
+  for (const auto& p : placements) out.push_back(p.is_shard(d) ? Shard(0) : Replicate());
+  return out;
+}
+
+bool is_dtype_view(const OpSchema& s) { return s.schema.overload_name() == "dtype"; }
+
+// view.dtype reinterprets the bytes: only the last dim changes size (when the element size does),
+// and the values are not those of a sum, so Partial must be reduced first.
+OpStrategy dtype_view(const OpSchema& s) {
+  const Shape& in = s.input(0).meta.shape;
+  const bool resized = !in.empty() && s.outputs[0].shape.back() != in.back();
+  const int64_t last = static_cast<int64_t>(in.size()) - 1;
+  return keep_where_possible(s, [&](int64_t d) { return resized && d == last ? -1 : d; }, false);
+}
+
+// A view computes on global shapes only when the shards align with it (see view_target); a dim
+// that cannot stay sharded is replicated first, and the view then runs on the replicated data.
+OpStrategy view(const OpSchema& s) {
+  if (is_dtype_view(s)) return dtype_view(s);
+  const Shape& in = s.input(0).meta.shape;
+  const Shape& out = s.outputs[0].shape;
+  const Placements& placements = s.input(0).placements;
+  // Without elements there are no runs to line up (and element counts say nothing): replicate.
+  if (numel(in) == 0) return keep_where_possible(s, [](int64_t) { return -1; }, true);
+  return keep_where_possible(
+      s, [&](int64_t d) { return view_target(in, out, d, s.mesh->shape(), chunking_of(placements, d)); }, true);
 }
 
 // The `size` argument (index 1) is global; the local call needs this rank's output shape.
@@ -51,10 +185,202 @@ LocalArgs local_size_arg(const OpSchema& s, const PlacementStrategy& chosen) {
   return {{1, c10::IValue(local_output_shape(s, chosen))}};
 }
 
+LocalArgs view_local_args(const OpSchema& s, const PlacementStrategy& chosen) {
+  return is_dtype_view(s) ? LocalArgs{} : local_size_arg(s, chosen);
+}
+
+// _reshape_alias also takes the view's strides: the local ones follow from the local shard's.
+LocalKernel reshape_alias_kernel(const OpSchema& s, const PlacementStrategy&) {
+  return [name = s.op_name()](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+    c10::IValue* args = stack.data() + stack.size() - 3;
+    const at::Tensor& self = args[0].toTensor();
+    const auto size = args[1].toIntVector();
+    const auto stride = at::detail::computeStride(self.sizes(), self.strides(), size);
+    if (!stride)
+      throw DTensorError(name + ": the local shard of shape " + shape_str(self.sizes().vec()) +
+                         " cannot be viewed as " + shape_str(size) + " with its strides; make it contiguous first");
+    args[2] = c10::IValue(*stride);
+    op.callBoxed(stack);
+  };
+}
+
+// new_empty_strided: AccumulateGrad copies a gradient into grad.new_empty_strided(param sizes,
+// param strides). With the input's global shape the new tensor takes the input's layout, as *_like
+// ops do (Partial would make it n times empty: Replicate); any other shape makes a Replicate tensor.
+// The input's values are not read, so it never moves.
+OpStrategy new_empty_strided(const OpSchema& s) {
+  const Placements& in = s.input(0).placements;
+  Placements out(in.size(), Replicate());
+  if (s.outputs[0].shape == s.input(0).meta.shape)
+    for (size_t m = 0; m < in.size(); ++m) out[m] = in[m].is_shard() ? in[m] : Replicate();
+  return {PlacementStrategy{{out}, {in}, {}}};
+}
+
+// This rank's size, and dense strides for it in the dim order of the requested global strides
+// (global_stride_like, used the other way round: it lays out its first shape in the second's order).
+LocalArgs new_empty_strided_args(const OpSchema& s, const PlacementStrategy& chosen) {
+  const Shape local = local_output_shape(s, chosen);
+  const Shape stride = global_stride_like(local, s.outputs[0].shape, s.outputs[0].stride);
+  return {{1, c10::IValue(local)}, {2, c10::IValue(stride)}};
+}
+
+// ---- squeeze, unsqueeze ----------------------------------------------------------------------------
+
+// The dims a squeeze removes: those asked for (all when none are) that are 1 in the global shape.
+// A sharded dim can be 1 in a local shard only, so the local call must be told these dims.
+std::vector<int64_t> squeezed_dims(const OpSchema& s) {
+  const Shape& in = s.input(0).meta.shape;
+  const auto ndim = static_cast<int64_t>(in.size());
+  std::vector<int64_t> asked;
+  if (s.args.size() == 1) {
+    for (int64_t d = 0; d < ndim; ++d) asked.push_back(d);
+  } else if (s.args[1].isInt()) {
+    asked.push_back(wrap_dim(s.args[1].toInt(), ndim));
+  } else {
+    for (int64_t d : s.args[1].toIntVector()) asked.push_back(wrap_dim(d, ndim));
+  }
+  std::vector<int64_t> out;
+  for (int64_t d : asked)
+    if (d < ndim && in[d] == 1 && std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<DimStrategy> squeeze(const OpSchema& s) {
+  const auto removed = squeezed_dims(s);
+  refuse_in_place_reshape(s, !removed.empty());
+  return follow_dims(s, [&](int64_t d) {
+    const auto before = std::lower_bound(removed.begin(), removed.end(), d);
+    return before != removed.end() && *before == d ? -1 : d - (before - removed.begin());
+  });
+}
+
+// Every squeeze overload runs locally as squeeze.dims with the globally squeezed dims.
+LocalKernel squeeze_kernel(const OpSchema& s, const PlacementStrategy&) {
+  return [dims = squeezed_dims(s), inplace = in_place(s)](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+    at::Tensor self = stack[stack.size() - op.schema().arguments().size()].toTensor();
+    torch::jit::drop(stack, op.schema().arguments().size());
+    stack.push_back(inplace ? self.squeeze_(dims) : at::squeeze(self, dims));
+  };
+}
+
+// unsqueeze (and stack, which unsqueezes every input then joins them): dims from `dim` on move up.
+std::vector<DimStrategy> unsqueeze(const OpSchema& s) {
+  refuse_in_place_reshape(s, true);
+  const int64_t dim = dim_arg(s, s.output_ndim());
+  return follow_dims(s, [dim](int64_t d) { return d >= dim ? d + 1 : d; });
+}
+
+// ---- slices, selections, splits, concatenation ----------------------------------------------------
+
+// slice, and slice_backward (the slice's gradient placed into zeros of the input's shape, the same
+// zeros on every rank), keep a shard of the sliced dim only when the slice is the whole dim.
+std::vector<DimStrategy> slice(const OpSchema& s) {
+  const int64_t dim = dim_arg(s, s.output_ndim());
+  const bool whole = s.outputs[0].shape[dim] == s.input(0).meta.shape[dim];
+  return follow_dims(s, [&](int64_t d) { return d == dim && !whole ? -1 : d; });
+}
+
+// select and unbind remove `dim`; select_backward puts it back.
+std::vector<DimStrategy> select(const OpSchema& s) {
+  const int64_t dim = dim_arg(s, s.input_ndim(0));
+  return follow_dims(s, [dim](int64_t d) { return d == dim ? -1 : d > dim ? d - 1 : d; });
+}
+
+std::vector<DimStrategy> select_backward(const OpSchema& s) {
+  const int64_t dim = dim_arg(s, s.output_ndim());
+  return follow_dims(s, [dim](int64_t d) { return d >= dim ? d + 1 : d; });
+}
+
+// split and cat cut or join along `dim`; other dims keep their shards (on every input alike).
+std::vector<DimStrategy> along_dim(const OpSchema& s) {
+  const int64_t dim = dim_arg(s, s.output_ndim());
+  return follow_dims(s, [dim](int64_t d) { return d == dim ? -1 : d; });
+}
+
+// ---- indexing ---------------------------------------------------------------------------------------
+
+// index_select(self, dim, index): self may be sharded off `dim`; or the index is sharded, each rank
+// selecting its share of the output along `dim`.
+std::vector<DimStrategy> index_select(const OpSchema& s) {
+  const int64_t dim = dim_arg(s, s.input_ndim(0));
+  std::vector<DimStrategy> out = {all_replicate(s), {{Shard(dim)}, {Replicate(), Shard(0)}}};
+  for (int64_t d = 0; d < s.input_ndim(0); ++d)
+    if (d != dim) out.push_back({{Shard(d)}, {Shard(d), Replicate()}});
+  for (auto op : kMovesValues) out.push_back({{Partial(op)}, {Partial(op), Replicate()}});
+  return out;
+}
+
+// index_add(self, dim, index, source): self and source (same dims) sharded alike off `dim`; the sum of
+// Partial self and source is Partial.
+std::vector<DimStrategy> index_add(const OpSchema& s) {
+  const int64_t dim = dim_arg(s, s.input_ndim(0));
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  for (int64_t d = 0; d < s.input_ndim(0); ++d)
+    if (d != dim) out.push_back({{Shard(d)}, {Shard(d), Replicate(), Shard(d)}});
+  for (auto op : kLinear) out.push_back({{Partial(op)}, {Partial(op), Replicate(), Partial(op)}});
+  return out;
+}
+
+// Dims other than `dim` along which self, index and src (all of the same rank) have one size: only
+// there do their chunks line up.
+std::vector<int64_t> aligned_dims(const OpSchema& s, int64_t dim) {
+  std::vector<int64_t> out;
+  for (int64_t d = 0; d < s.input_ndim(0); ++d) {
+    bool same = d != dim;
+    for (size_t i = 1; same && i < s.inputs.size(); ++i)
+      same = s.input_ndim(i) == s.input_ndim(0) && s.input(i).meta.shape[d] == s.input(0).meta.shape[d];
+    if (same) out.push_back(d);
+  }
+  return out;
+}
+
+// gather(self, dim, index): out[..i..] = self[..index[..i..]..] along `dim`, self[..i..] elsewhere.
+// Sharded alike where aligned; or the index sharded along `dim` over a whole self, each rank
+// gathering its share of the output.
+std::vector<DimStrategy> gather(const OpSchema& s) {
+  const int64_t dim = dim_arg(s, s.input_ndim(0));
+  std::vector<DimStrategy> out = {all_replicate(s), {{Shard(dim)}, {Replicate(), Shard(dim)}}};
+  for (int64_t d : aligned_dims(s, dim)) out.push_back({{Shard(d)}, {Shard(d), Shard(d)}});
+  for (auto op : kMovesValues) out.push_back({{Partial(op)}, {Partial(op), Replicate()}});
+  return out;
+}
+
+// scatter / scatter_add(self, dim, index[, src]): sharded alike where aligned. Writing or adding a
+// Partial src into a Partial self gives the Partial result; a written constant (scatter.value) would
+// count once per rank, and the reduce overloads may multiply, so those need Replicate.
+std::vector<DimStrategy> scatter(const OpSchema& s) {
+  const int64_t dim = dim_arg(s, s.input_ndim(0));
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  for (int64_t d : aligned_dims(s, dim)) out.push_back({{Shard(d)}, Placements(s.inputs.size(), Shard(d))});
+  if (s.inputs.size() == 3 && s.schema.overload_name() != "reduce")
+    for (auto op : kLinear) out.push_back({{Partial(op)}, {Partial(op), Replicate(), Partial(op)}});
+  return out;
+}
+
 const bool registered = [] {
-  detail::register_family({"aten::expand"}, {.dim = expand, .local_args = local_size_arg, .family = "view"});
-  detail::register_family({"aten::t", "aten::transpose", "aten::permute", "aten::detach", "aten::alias"},
-                          {.dim = reorder, .family = "view"});
+  using detail::register_family;
+  register_family({"aten::expand"}, {.dim = expand, .local_args = local_size_arg, .family = "view"});
+  register_family({"aten::t", "aten::transpose", "aten::permute", "aten::detach", "aten::alias"},
+                  {.dim = reorder, .family = "view"});
+  register_family({"aten::repeat"}, {.dim = repeat, .family = "view"});
+  register_family({"aten::view", "aten::_unsafe_view"},
+                  {.mesh = view, .local_args = view_local_args, .family = "view"});
+  register_family({"aten::_reshape_alias"},
+                  {.mesh = view, .local_args = local_size_arg, .local_kernel = reshape_alias_kernel, .family = "view"});
+  register_family({"aten::new_empty_strided"},
+                  {.mesh = new_empty_strided, .local_args = new_empty_strided_args, .family = "view"});
+  register_family({"aten::squeeze"}, {.dim = squeeze, .local_kernel = squeeze_kernel, .family = "view"});
+  register_family({"aten::unsqueeze", "aten::stack"}, {.dim = unsqueeze, .family = "view"});
+  register_family({"aten::slice"}, {.dim = slice, .family = "view"});
+  register_family({"aten::slice_backward"}, {.dim = slice, .local_args = local_size_arg, .family = "view"});
+  register_family({"aten::select", "aten::unbind"}, {.dim = select, .family = "view"});
+  register_family({"aten::select_backward"}, {.dim = select_backward, .local_args = local_size_arg, .family = "view"});
+  register_family({"aten::split", "aten::split_with_sizes", "aten::cat"}, {.dim = along_dim, .family = "view"});
+  register_family({"aten::index_select"}, {.dim = index_select, .family = "view"});
+  register_family({"aten::index_add"}, {.dim = index_add, .family = "view"});
+  register_family({"aten::gather"}, {.dim = gather, .family = "view"});
+  register_family({"aten::scatter", "aten::scatter_add"}, {.dim = scatter, .family = "view"});
   return true;
 }();
 

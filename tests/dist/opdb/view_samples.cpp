@@ -1,4 +1,7 @@
-// Samples for the view family.
+// Samples for the view family: uneven shapes over 4 ranks (5, 7, 14 ...), 3-d tensors, and views
+// whose shards do and do not line up with the reshaped dims.
+
+#include <ATen/core/LegacyTypeDispatch.h>
 
 #include "../op_db.h"
 
@@ -7,14 +10,142 @@ namespace {
 
 using In = const std::vector<at::Tensor>&;
 
+// In-place indexing writes into self, whose placements cannot change, and it cannot be sharded along
+// the indexed dim (1 here): self is tried Replicate and Shard(0) only.
+const std::vector<Placement> kAny2d = {Replicate(), Shard(0), Shard(1)};
+const std::vector<std::vector<Placement>> kInPlaceIndexing = {{Replicate(), Shard(0)}, kAny2d, kAny2d};
+const std::vector<std::vector<Placement>> kInPlaceIndexAdd = {
+    {Replicate(), Shard(0)}, {Replicate(), Shard(0)}, kAny2d};
+
+// Input `index_at` is an index tensor with entries in [0, bound) (3k mod bound: no repeats within a
+// row of up to `bound` entries, repeats across rows); the others are the default doubles.
+std::function<at::Tensor(size_t, const Shape&)> index_input(size_t index_at, int64_t bound) {
+  return [index_at, bound](size_t i, const Shape& shape) {
+    if (i != index_at) return test_tensor(shape, at::kDouble, 100 + i);
+    return at::arange(numel(shape), at::kLong).mul(3).remainder(bound).view(shape);
+  };
+}
+
 const bool registered = add_op_samples({
-    {"t", {{5, 3}}, [](In x) { return outputs(x[0].t() * 1); }, nullptr, {}, true, true},
-    {"transpose", {{2, 5, 3}}, [](In x) { return outputs(x[0].transpose(0, 2) * 1); }},
-    {"permute", {{2, 5, 3}}, [](In x) { return outputs(x[0].permute({2, 0, 1}) * 1); }},
-    {"detach", {{5, 3}}, [](In x) { return outputs(x[0].detach() * 1); }, nullptr, {}, false},
-    {"alias", {{5, 3}}, [](In x) { return outputs(at::alias(x[0]) * 1); }},
-    {"expand", {{5, 1}}, [](In x) { return outputs(x[0].expand({5, 4}) * 1); }},
-    {"expand_new_dims", {{3}}, [](In x) { return outputs(x[0].expand({2, 5, 3}) * 1); }},
+    // dims reordered or broadcast
+    {.name = "t", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].t() * 1); }, .two_d = true},
+    {.name = "transpose", .shapes = {{2, 5, 3}}, .run = [](In x) { return outputs(x[0].transpose(0, 2) * 1); }},
+    {.name = "permute", .shapes = {{2, 5, 3}}, .run = [](In x) { return outputs(x[0].permute({2, 0, 1}) * 1); }},
+    {.name = "detach", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].detach() * 1); }, .backward = false},
+    // Autograd's own detach_ does not call down; below autograd it reaches dtensor.
+    {.name = "detach_", .shapes = {{5, 3}}, .run = [](In x) {
+       at::Tensor y = x[0] * 1;
+       at::AutoDispatchBelowADInplaceOrView below_autograd;
+       return outputs(y.detach_());
+     }},
+    {.name = "alias", .shapes = {{5, 3}}, .run = [](In x) { return outputs(at::alias(x[0]) * 1); }},
+    {.name = "expand", .shapes = {{5, 1}}, .run = [](In x) { return outputs(x[0].expand({5, 4}) * 1); }},
+    {.name = "expand_new_dims", .shapes = {{3}}, .run = [](In x) { return outputs(x[0].expand({2, 5, 3}) * 1); }},
+    {.name = "repeat", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].repeat({2, 1, 2})); }, .two_d = true},
+    // In-place reorders and squeezes that keep the shape (the others are refused, see view_ops_test).
+    {.name = "t_1d", .shapes = {{5}}, .run = [](In x) { return outputs(x[0].clone().t_()); }},
+    {.name = "transpose_same_dim", .shapes = {{5, 3}},
+     .run = [](In x) { return outputs(x[0].clone().transpose_(1, 1)); }},
+    {.name = "squeeze_", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].clone().squeeze_()); }},
+    {.name = "squeeze_dim_", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].clone().squeeze_(0)); }},
+    {.name = "squeeze_dims_", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].clone().squeeze_({0, 1})); }},
+
+    // view, reshape: [B, S, H*D] -> [B, S, H, D]. H*D = 14 over 4 ranks is chunked 4,4,4,2: whole
+    // rows of D = 2, so H stays sharded (2,2,2,1); 10 = 5 * 2 is chunked 3,3,3,1: replicated first.
+    {.name = "view_split_dim", .shapes = {{2, 3, 14}},
+     .run = [](In x) { return outputs(x[0].view({2, 3, 7, 2}) * 1); }, .two_d = true},
+    {.name = "view_split_dim_misaligned", .shapes = {{2, 3, 10}},
+     .run = [](In x) { return outputs(x[0].view({2, 3, 5, 2}) * 1); }},
+    // [7, 3, 2] -> [21, 2]: 7 rows chunked 2,2,2,1 are 6,6,6,3 of 21 (aligned); on 2x2 they are not.
+    {.name = "view_merge_dims", .shapes = {{7, 3, 2}},
+     .run = [](In x) { return outputs(x[0].view({21, 2}) * 1); }, .two_d = true},
+    {.name = "view_regroup", .shapes = {{6, 4}}, .run = [](In x) { return outputs(x[0].view({4, -1}) * 1); }},
+    {.name = "view_size_one_dims", .shapes = {{5, 1, 3}},
+     .run = [](In x) { return outputs(x[0].view({1, 5, 3, 1}) * 1); }},
+    {.name = "view_dtype", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].view(at::kLong)); }},
+    {.name = "view_dtype_resized", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].view(at::kInt)); }},
+    {.name = "reshape", .shapes = {{2, 3, 14}},
+     .run = [](In x) { return outputs(x[0].reshape({6, 7, 2}) * 1); }, .two_d = true},
+    {.name = "reshape_copy", .shapes = {{5, 4}}, .run = [](In x) { return outputs(x[0].t().reshape({10, 2})); }},
+    {.name = "flatten", .shapes = {{2, 5, 3}}, .run = [](In x) { return outputs(x[0].flatten(1) * 1); }},
+    {.name = "unflatten", .shapes = {{5, 6}}, .run = [](In x) { return outputs(x[0].unflatten(1, {3, 2}) * 1); }},
+    {.name = "contiguous", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].t().contiguous()); }},
+    {.name = "sum_to_size", .shapes = {{2, 5, 3}}, .run = [](In x) { return outputs(x[0].sum_to_size({5, 1})); }},
+    {.name = "new_empty_strided", .shapes = {{5, 3}},
+     .run = [](In x) { return outputs(x[0].new_empty_strided({5, 3}, {1, 5}).fill_(2) * x[0]); }},
+    {.name = "new_empty_strided_other_shape", .shapes = {{5, 3}},
+     .run = [](In x) { return outputs(x[0].new_empty_strided({2, 4}, {4, 1}).fill_(2)); }},
+
+    // squeeze, unsqueeze: shards of 5 over 4 ranks include a local size-1 dim that must stay.
+    {.name = "squeeze", .shapes = {{5, 1, 3}}, .run = [](In x) { return outputs(x[0].squeeze() * 1); }, .two_d = true},
+    {.name = "squeeze_dim", .shapes = {{5, 1, 3}}, .run = [](In x) { return outputs(x[0].squeeze(1) * 1); }},
+    {.name = "squeeze_dim_not_one", .shapes = {{5, 1, 3}}, .run = [](In x) { return outputs(x[0].squeeze(0) * 1); }},
+    {.name = "squeeze_dims", .shapes = {{5, 1, 3}}, .run = [](In x) { return outputs(x[0].squeeze({0, 1}) * 1); }},
+    {.name = "unsqueeze", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].unsqueeze(1) * 1); }},
+    // Reshaping a DTensor in place would leave its global shape stale: refused with a clear error.
+    {.name = "unsqueeze_", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].detach().clone().unsqueeze_(1)); },
+     .backward = false, .expect_error = "would change a DTensor's shape in place"},
+
+    // slices and selections
+    {.name = "slice", .shapes = {{5, 7}},
+     .run = [](In x) { return outputs(x[0].slice(1, 1, 6, 2) * 1); }, .two_d = true},
+    {.name = "slice_whole", .shapes = {{5, 7}}, .run = [](In x) { return outputs(x[0].slice(0, 0, 5) * 1); }},
+    {.name = "narrow", .shapes = {{2, 5, 3}}, .run = [](In x) { return outputs(x[0].narrow(1, 1, 3) * 1); }},
+    {.name = "select", .shapes = {{2, 5, 3}},
+     .run = [](In x) { return outputs(x[0].select(1, 2) * 1); }, .two_d = true},
+    {.name = "select_last", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].select(0, -1) * 1); }},
+
+    // splits and concatenation
+    {.name = "split", .shapes = {{5, 7}}, .run = [](In x) { return x[0].split(3, 1); }, .two_d = true},
+    {.name = "split_with_sizes", .shapes = {{5, 3}}, .run = [](In x) { return x[0].split_with_sizes({2, 3}, 0); }},
+    {.name = "chunk", .shapes = {{2, 5, 3}}, .run = [](In x) { return x[0].chunk(2, 1); }},
+    {.name = "unbind", .shapes = {{3, 5}}, .run = [](In x) { return x[0].unbind(0); }},
+    {.name = "cat", .shapes = {{5, 3}, {5, 4}},
+     .run = [](In x) { return outputs(at::cat({x[0], x[1]}, 1)); }, .two_d = true},
+    {.name = "cat_rows", .shapes = {{2, 3}, {5, 3}, {1, 3}},
+     .run = [](In x) { return outputs(at::cat({x[0], x[1], x[2]}, 0)); }},
+    {.name = "stack", .shapes = {{5, 3}, {5, 3}}, .run = [](In x) { return outputs(at::stack({x[0], x[1]}, 1)); }},
+
+    // indexing
+    {.name = "index_select", .shapes = {{5, 4}, {6}}, .run = [](In x) { return outputs(x[0].index_select(0, x[1])); },
+     .make_input = index_input(1, 5), .two_d = true},
+    {.name = "index_add", .shapes = {{5, 4}, {3}, {5, 3}},
+     .run = [](In x) { return outputs(x[0].index_add(1, x[1], x[2], 2)); }, .make_input = index_input(1, 4)},
+    {.name = "index_add_", .shapes = {{5, 4}, {3}, {5, 3}},
+     .run = [](In x) { return outputs(x[0].clone().index_add_(1, x[1], x[2])); },
+     .make_input = index_input(1, 4), .placements = kInPlaceIndexAdd},
+    {.name = "gather", .shapes = {{5, 4}, {5, 3}}, .run = [](In x) { return outputs(x[0].gather(1, x[1])); },
+     .make_input = index_input(1, 4), .two_d = true},
+    {.name = "gather_fewer_rows", .shapes = {{5, 4}, {3, 4}}, .run = [](In x) { return outputs(x[0].gather(0, x[1])); },
+     .make_input = index_input(1, 5)},
+    {.name = "scatter_src", .shapes = {{5, 4}, {5, 2}, {5, 2}},
+     .run = [](In x) { return outputs(x[0].scatter(1, x[1], x[2])); }, .make_input = index_input(1, 4)},
+    {.name = "scatter_value", .shapes = {{5, 4}, {5, 2}},
+     .run = [](In x) { return outputs(x[0].scatter(1, x[1], 2.5)); }, .make_input = index_input(1, 4)},
+    {.name = "scatter_reduce", .shapes = {{5, 4}, {5, 2}, {5, 2}},
+     .run = [](In x) { return outputs(x[0].scatter(1, x[1], x[2], "add")); }, .make_input = index_input(1, 4),
+     .backward = false},
+    {.name = "scatter_value_reduce", .shapes = {{5, 4}, {5, 2}},
+     .run = [](In x) { return outputs(x[0].scatter(1, x[1], 2.0, "multiply")); }, .make_input = index_input(1, 4),
+     .backward = false},
+    {.name = "scatter_add", .shapes = {{5, 4}, {5, 2}, {5, 2}},
+     .run = [](In x) { return outputs(x[0].scatter_add(1, x[1], x[2])); }, .make_input = index_input(1, 4)},
+    {.name = "scatter_src_", .shapes = {{5, 4}, {5, 2}, {5, 2}},
+     .run = [](In x) { return outputs(x[0].clone().scatter_(1, x[1], x[2])); },
+     .make_input = index_input(1, 4), .placements = kInPlaceIndexing},
+    {.name = "scatter_value_", .shapes = {{5, 4}, {5, 2}},
+     .run = [](In x) { return outputs(x[0].clone().scatter_(1, x[1], 2.5)); },
+     .make_input = index_input(1, 4), .placements = kInPlaceIndexing},
+    {.name = "scatter_reduce_", .shapes = {{5, 4}, {5, 2}, {5, 2}},
+     .run = [](In x) { return outputs(x[0].clone().scatter_(1, x[1], x[2], "multiply")); },
+     .make_input = index_input(1, 4), .placements = kInPlaceIndexing, .backward = false},
+    {.name = "scatter_value_reduce_", .shapes = {{5, 4}, {5, 2}},
+     .run = [](In x) { return outputs(x[0].clone().scatter_(1, x[1], 2.0, "add")); },
+     .make_input = index_input(1, 4), .placements = kInPlaceIndexing,
+     .backward = false},
+    {.name = "scatter_add_", .shapes = {{5, 4}, {5, 2}, {5, 2}},
+     .run = [](In x) { return outputs(x[0].clone().scatter_add_(1, x[1], x[2])); },
+     .make_input = index_input(1, 4), .placements = kInPlaceIndexing},
 });
 
 }  // namespace

@@ -1,0 +1,113 @@
+// Views on DTensors: a reshape that splits or merges a sharded dim runs on the local shard with no
+// communication when the shards line up, and its result aliases the input's shard; in-place views
+// that would reshape a DTensor are refused.
+
+#include <functional>
+
+#include "dtensor/comm_debug.h"
+#include "dtensor/errors.h"
+#include "harness.h"
+
+namespace dtensor::testing {
+namespace {
+
+// [B, S, H*D] -> [B, S, H, D] with H*D sharded: every chunk of H*D is whole rows of D, so H is
+// sharded; nothing is sent and the result is a view of the same local memory. H = 7 heads of D = 2
+// over 4 ranks gives uneven shards: H*D = 14 in chunks of 4, 4, 4, 2 = heads 2, 2, 2, 1.
+TEST_F(DistTest, ReshapeSplittingShardedHeadsRunsNoCollectiveAndAliases) {
+  auto m = mesh({4});
+  for (auto [heads, D] : {std::pair<int64_t, int64_t>{4, 8}, {7, 2}}) {
+    const int64_t B = 2, S = 3;
+    const at::Tensor x = test_tensor({B, S, heads * D}, at::kDouble, 1);
+    const at::Tensor dx = distribute_tensor(x, m, Placements{Shard(2)});
+    at::Tensor y, back;
+    {
+      CommDebugMode debug;
+      y = dx.reshape({B, S, heads, D});
+      back = y.view({B, S, heads * D});
+      EXPECT_EQ(debug.total_count(), 0) << debug.summary();
+    }
+    EXPECT_EQ(placements_of(y), (Placements{Shard(2)}));
+    EXPECT_EQ(placements_of(back), (Placements{Shard(2)}));
+    EXPECT_TRUE(to_local(y).is_alias_of(to_local(dx)));
+    EXPECT_TRUE(to_local(back).is_alias_of(to_local(dx)));
+    EXPECT_TRUE(tensors_equal(full_tensor(y), x.reshape({B, S, heads, D})));
+    EXPECT_TRUE(tensors_equal(full_tensor(back), x));
+  }
+}
+
+// Batch and heads sharded on a 2x2 mesh: both stay sharded, still without communication.
+TEST_F(DistTest, ReshapeKeepsBatchAndHeadShardsOn2dMesh) {
+  auto m = mesh({2, 2});
+  const at::Tensor x = test_tensor({4, 3, 6 * 2}, at::kDouble, 2);
+  const at::Tensor dx = distribute_tensor(x, m, Placements{Shard(0), Shard(2)});
+  CommDebugMode debug;
+  const at::Tensor y = dx.view({4, 3, 6, 2});
+  EXPECT_EQ(debug.total_count(), 0) << debug.summary();
+  EXPECT_EQ(placements_of(y), (Placements{Shard(0), Shard(2)}));
+  EXPECT_TRUE(to_local(y).is_alias_of(to_local(dx)));
+  EXPECT_TRUE(tensors_equal(full_tensor(y), x.view({4, 3, 6, 2})));
+}
+
+// H*D = 10 over 4 ranks is chunked 3, 3, 3, 1: not whole rows of D = 2, so the dim is gathered first.
+TEST_F(DistTest, ReshapeWithMisalignedShardsReplicatesThatDim) {
+  auto m = mesh({4});
+  const at::Tensor x = test_tensor({2, 3, 10}, at::kDouble, 3);
+  const at::Tensor dx = distribute_tensor(x, m, Placements{Shard(2)});
+  CommDebugMode debug;
+  const at::Tensor y = dx.view({2, 3, 5, 2});
+  EXPECT_EQ(debug.count("all-gather"), 1) << debug.summary();
+  EXPECT_EQ(placements_of(y), (Placements{Replicate()}));
+  EXPECT_TRUE(tensors_equal(full_tensor(y), x.view({2, 3, 5, 2})));
+}
+
+// Operands of the ops in ShapeOpsKeepPartial: two values, an index and a gather/scatter index.
+struct Operands {
+  at::Tensor x, y, index, gather_index;
+};
+
+// Ops that only move or copy values keep a Partial input Partial (no reduction); adding Partial into
+// Partial (scatter_add) too.
+TEST_F(DistTest, ShapeOpsKeepPartial) {
+  auto m = mesh({4});
+  const Operands full{test_tensor({5, 1, 6}, at::kDouble, 5), test_tensor({5, 1, 6}, at::kDouble, 6),
+                      at::tensor({2, 0, 2}, at::kLong), at::zeros({5, 1, 6}, at::kLong)};
+  const Operands dist{make_dtensor_holding(full.x, m, {Partial()}), make_dtensor_holding(full.y, m, {Partial()}),
+                      distribute_tensor(full.index, m), distribute_tensor(full.gather_index, m)};
+  const std::vector<std::pair<std::string, std::function<at::Tensor(const Operands&)>>> ops = {
+      {"view", [](const Operands& o) { return o.x.view({5, 3, 2}); }},
+      {"transpose", [](const Operands& o) { return o.x.transpose(0, 2); }},
+      {"squeeze", [](const Operands& o) { return o.x.squeeze(1); }},
+      {"slice", [](const Operands& o) { return o.x.slice(0, 1, 4); }},
+      {"select", [](const Operands& o) { return o.x.select(2, 3); }},
+      {"split", [](const Operands& o) { return o.x.split(2, 0)[1]; }},
+      {"cat", [](const Operands& o) { return at::cat({o.x, o.y}, 2); }},
+      {"repeat", [](const Operands& o) { return o.x.repeat({1, 2, 1}); }},
+      {"index_select", [](const Operands& o) { return o.x.index_select(2, o.index); }},
+      {"gather", [](const Operands& o) { return o.x.gather(0, o.gather_index); }},
+      {"scatter_add", [](const Operands& o) { return o.x.scatter_add(0, o.gather_index, o.y); }},
+  };
+  for (const auto& [name, op] : ops) {
+    CommDebugMode debug;
+    const at::Tensor out = op(dist);
+    EXPECT_EQ(debug.total_count(), 0) << name << "\n" << debug.summary();
+    EXPECT_EQ(placements_of(out), (Placements{Partial()})) << name;
+    EXPECT_TRUE(tensors_equal(full_tensor(out), op(full))) << name;
+  }
+}
+
+// Dispatch returns an in-place op's own DTensor, whose global shape it cannot change: refused.
+TEST_F(DistTest, InPlaceReshapingViewsAreRefused) {
+  auto m = mesh({4});
+  const at::Tensor x = test_tensor({5, 1}, at::kDouble, 4);
+  at::Tensor dx = distribute_tensor(x, m, Placements{Shard(0)});
+  EXPECT_THROW(dx.t_(), DTensorError);
+  EXPECT_THROW(dx.transpose_(0, 1), DTensorError);
+  EXPECT_THROW(dx.squeeze_(), DTensorError);
+  EXPECT_THROW(dx.unsqueeze_(0), DTensorError);
+  EXPECT_EQ(dx.sizes(), x.sizes());
+  EXPECT_TRUE(tensors_equal(full_tensor(dx), x));
+}
+
+}  // namespace
+}  // namespace dtensor::testing
