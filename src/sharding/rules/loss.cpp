@@ -1,1 +1,318 @@
-// placeholder
+// Losses: nll_loss (nll_loss_forward / nll_loss2d_forward and their backward ops), mse_loss, and the
+// log_softmax that cross_entropy (CompositeImplicit: _log_softmax + nll_loss_forward) decomposes into.
+//
+// Sample-sharded losses (batch, and the spatial dims of nll_loss2d) reduce to Partial(sum) pieces
+// that divide by the GLOBAL count or total weight, so a mean over uneven shards is exact.
+//
+// Loss parallelism: cross_entropy also runs on class-sharded logits without gathering them.
+// log_softmax over the sharded class dim all-reduces the row max and the row sum of exponentials
+// (small tensors, one value per row); nll_loss has each rank pick the target logits that fall in its
+// class range (the others give 0), so the losses add up (Partial(sum)); backward is softmax minus
+// one-hot on the local classes, with one more all-reduce of a row sum. No mode (PyTorch's
+// loss_parallel()) is needed: these strategies move nothing, so propagation picks them whenever the
+// logits arrive class-sharded, and they never communicate more than gathering the logits would.
+
+#include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/core/Reduction.h>
+#include <ATen/core/stack.h>
+
+#include <limits>
+
+#include "../../mesh/collectives.h"
+#include "../registry.h"
+#include "dtensor/errors.h"
+#include "rule_helpers.h"
+
+namespace dtensor::rules {
+namespace {
+
+void all_reduce_over(const MeshPtr& mesh, const std::vector<int64_t>& mesh_dims, at::Tensor& t, ReduceOp op) {
+  for (int64_t m : mesh_dims) detail::all_reduce_(*mesh, m, t, op);
+}
+
+bool any_shard(const std::vector<Placements>& inputs) {
+  for (const auto& placements : inputs)
+    for (const auto& p : placements)
+      if (p.is_shard()) return true;
+  return false;
+}
+
+// The input placements for output dim d of `shape` sharded, as elementwise ops broadcast (aligned
+// from the right): an input shards its matching dim, or it is broadcast along d and Replicate.
+Placements aligned_inputs(const OpSchema& s, const Shape& shape, int64_t d) {
+  Placements out;
+  for (size_t i = 0; i < s.inputs.size(); ++i) {
+    const Shape& in = s.input(i).meta.shape;
+    const int64_t id = d - (static_cast<int64_t>(shape.size()) - static_cast<int64_t>(in.size()));
+    out.push_back(id >= 0 && in[id] == shape[d] ? Shard(id) : Replicate());
+  }
+  return out;
+}
+
+// ---- log_softmax: _log_softmax(self, dim, half_to_float), _log_softmax_backward_data(grad_output,
+// output, dim, input_dtype). Any dim may be sharded; the softmax dim needs the local kernels below.
+
+std::vector<DimStrategy> log_softmax(const OpSchema& s) {
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  for (int64_t d = 0; d < s.input_ndim(0); ++d) out.push_back({{Shard(d)}, Placements(s.inputs.size(), Shard(d))});
+  return out;
+}
+
+std::vector<DimStrategy> log_softmax_backward(const OpSchema& s) {
+  std::vector<DimStrategy> out = log_softmax(s);
+  // grad_input = grad - exp(output) * sum(grad) is linear in grad.
+  for (auto op : {ReduceOp::Sum, ReduceOp::Avg}) out.push_back({{Partial(op)}, {Partial(op), Replicate()}});
+  return out;
+}
+
+// The max along `dim` (kept), -inf for an empty shard.
+at::Tensor row_max(const at::Tensor& x, int64_t dim) {
+  if (x.size(dim) > 0) return x.amax(dim, /*keepdim=*/true);
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape[dim] = 1;
+  return at::full(shape, -std::numeric_limits<double>::infinity(), x.options());
+}
+
+// log_softmax over a sharded dim: x - max - log(sum(exp(x - max))) with max and sum all-reduced,
+// computed in the output's dtype (half_to_float asks for a float result).
+LocalKernel sharded_log_softmax(const OpSchema& s, const PlacementStrategy& chosen) {
+  const int64_t dim = wrap_dim(s.args[1].toInt(), s.input_ndim(0));
+  const auto split = mesh_dims_sharding(chosen.inputs[0], dim);
+  if (split.empty()) return {};
+  return [mesh = s.mesh, split, dim, dtype = s.outputs[0].dtype](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+    const at::Tensor x = torch::jit::pop(stack, op.schema().arguments().size())[0].toTensor().to(dtype);
+    at::Tensor max = row_max(x, dim);
+    all_reduce_over(mesh, split, max, ReduceOp::Max);
+    const at::Tensor shifted = x - max;
+    at::Tensor sum_exp = shifted.exp().sum(dim, /*keepdim=*/true);
+    all_reduce_over(mesh, split, sum_exp, ReduceOp::Sum);
+    torch::jit::push(stack, shifted - sum_exp.log());
+  };
+}
+
+// Its gradient over a sharded dim: grad - exp(output) * sum(grad) with the sum all-reduced.
+LocalKernel sharded_log_softmax_backward(const OpSchema& s, const PlacementStrategy& chosen) {
+  const int64_t dim = wrap_dim(s.args[2].toInt(), s.input_ndim(0));
+  const auto split = mesh_dims_sharding(chosen.inputs[0], dim);
+  if (split.empty()) return {};
+  return [mesh = s.mesh, split, dim, dtype = s.outputs[0].dtype](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+    const auto args = torch::jit::pop(stack, op.schema().arguments().size());
+    const at::Tensor &grad = args[0].toTensor(), &output = args[1].toTensor();
+    at::Tensor sum = grad.sum(dim, /*keepdim=*/true);
+    all_reduce_over(mesh, split, sum, ReduceOp::Sum);
+    torch::jit::push(stack, (grad - output.exp() * sum).to(dtype));
+  };
+}
+
+// ---- nll_loss: nll_loss[2d]_forward(self, target, weight?, reduction, ignore_index) -> (output,
+// total_weight) and nll_loss[2d]_backward(grad_output, self, target, weight?, reduction, ignore_index,
+// total_weight). self is [C], [N, C] or [N, C, H, W]; target has self's dims without the class dim.
+// weight (one per class, small) is always Replicate.
+
+struct Nll {
+  int64_t ndim;       // of self
+  int64_t class_dim;  // 1, or 0 for a single unbatched sample
+  bool has_weight;
+  int64_t reduction;
+  int64_t ignore_index;
+
+  // The target dim of self's (sample) dim d.
+  int64_t target_dim(int64_t d) const { return d < class_dim ? d : d - 1; }
+  // reduction=none over samples gives one loss per target element; otherwise the loss is a scalar
+  // and total_weight is that of the counted targets (it is 0 for the former).
+  bool per_element() const { return reduction == at::Reduction::None && ndim >= 2; }
+};
+
+// `self_arg`: where self is among the arguments (0 for forward, 1 for backward).
+Nll nll_of(const OpSchema& s, size_t self_arg) {
+  const int64_t ndim = s.input_ndim(*s.input_at_arg(self_arg));
+  return Nll{ndim, ndim >= 2 ? 1 : 0, s.input_at_arg(self_arg + 2).has_value(), s.args[self_arg + 3].toInt(),
+             s.args[self_arg + 4].toInt()};
+}
+
+std::vector<DimStrategy> nll_forward(const OpSchema& s) {
+  const Nll n = nll_of(s, 0);
+  auto inputs = [&](Placement self, Placement target) {
+    Placements in{self, target};
+    if (n.has_weight) in.push_back(Replicate());
+    return in;
+  };
+  // total_weight is Replicate throughout: the local kernel all-reduces it over sample shards.
+  std::vector<DimStrategy> out = {all_replicate(s), {{Partial(), Replicate()}, inputs(Shard(n.class_dim), Replicate())}};
+  for (int64_t d = 0; d < n.ndim; ++d) {
+    if (d == n.class_dim) continue;
+    const int64_t t = n.target_dim(d);
+    out.push_back({{n.per_element() ? Shard(t) : Partial(), Replicate()}, inputs(Shard(d), Shard(t))});
+  }
+  // The loss is linear in self (total_weight depends on target and weight only).
+  for (auto op : {ReduceOp::Sum, ReduceOp::Avg})
+    out.push_back({{Partial(op), Replicate()}, inputs(Partial(op), Replicate())});
+  return out;
+}
+
+std::vector<DimStrategy> nll_backward(const OpSchema& s) {
+  const Nll n = nll_of(s, 1);
+  auto inputs = [&](Placement grad, Placement self, Placement target) {
+    Placements in{grad, self, target};
+    if (n.has_weight) in.push_back(Replicate());
+    in.push_back(Replicate());  // total_weight
+    return in;
+  };
+  std::vector<DimStrategy> out = {all_replicate(s),
+                                  {{Shard(n.class_dim)}, inputs(Replicate(), Shard(n.class_dim), Replicate())}};
+  for (int64_t d = 0; d < n.ndim; ++d) {
+    if (d == n.class_dim) continue;
+    const int64_t t = n.target_dim(d);
+    out.push_back({{Shard(d)}, inputs(n.per_element() ? Shard(t) : Replicate(), Shard(d), Shard(t))});
+  }
+  // The gradient is linear in grad_output.
+  for (auto op : {ReduceOp::Sum, ReduceOp::Avg})
+    out.push_back({{Partial(op)}, inputs(Partial(op), Replicate(), Replicate())});
+  return out;
+}
+
+// Classes [offset, offset + size) of `total`, the part of self's class dim this rank holds.
+struct ClassRange {
+  int64_t offset;
+  int64_t size;
+  int64_t total;
+};
+
+ClassRange class_range(const OpSchema& s, const Nll& n, size_t self_input, const Placements& placements) {
+  const Shape& shape = s.input(self_input).meta.shape;
+  const LocalLayout part = local_part(s, shape, placements);
+  return {part.offset[n.class_dim], part.shape[n.class_dim], shape[n.class_dim]};
+}
+
+// This rank's view of the call: targets as positions in its class range, with ignored targets and
+// those of other ranks' classes set to -1 (passed as the ignore index), and its slice of weight.
+constexpr int64_t kNotHere = -1;
+
+struct LocalTargets {
+  at::Tensor target;
+  c10::IValue weight;  // None when the call has none
+};
+
+LocalTargets local_targets(const at::Tensor& target, const at::Tensor& weight, int64_t ignore_index, ClassRange r) {
+  const at::Tensor here = (target != ignore_index) & (target >= r.offset) & (target < r.offset + r.size);
+  return {at::where(here, target - r.offset, kNotHere),
+          weight.defined() ? c10::IValue(weight.narrow(0, r.offset, r.size)) : c10::IValue()};
+}
+
+// The total weight of the counted (not ignored) targets and the number of targets outside
+// [0, classes), together so that one all-reduce sums both over sample shards.
+at::Tensor target_stats(const at::Tensor& target, const at::Tensor& weight, int64_t ignore_index, int64_t classes,
+                        at::ScalarType dtype) {
+  const at::Tensor counted = target != ignore_index;
+  const at::Tensor in_bounds = (target >= 0) & (target < classes);
+  const at::Tensor picked = counted & in_bounds;
+  const at::Tensor total = weight.defined() ? at::where(picked, weight.take(at::where(picked, target, 0)), 0).sum()
+                                            : picked.sum().to(dtype);
+  return at::stack({total, (counted & in_bounds.logical_not()).sum().to(dtype)});
+}
+
+// Runs the op itself on local arguments; returns its outputs.
+std::vector<c10::IValue> call_local(const c10::OperatorHandle& op, std::vector<c10::IValue> args) {
+  torch::jit::Stack stack(std::move(args));
+  op.callBoxed(stack);
+  return stack;
+}
+
+// Forward on sharded self: the local op (a sum where the loss is a mean) on this rank's classes and
+// samples, divided by the global total weight, which is also what total_weight returns.
+LocalKernel nll_forward_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
+  if (!any_shard(chosen.inputs)) return {};
+  const Nll n = nll_of(s, 0);
+  const ClassRange classes = class_range(s, n, 0, chosen.inputs[0]);
+  std::vector<int64_t> sample_split;  // mesh dims sharding a sample dim of self
+  for (int64_t m = 0; m < static_cast<int64_t>(chosen.inputs[0].size()); ++m)
+    if (chosen.inputs[0][m].is_shard() && chosen.inputs[0][m].dim() != n.class_dim) sample_split.push_back(m);
+  return [n, classes, sample_split, mesh = s.mesh](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+    auto args = torch::jit::pop(stack, op.schema().arguments().size());
+    const at::Tensor self = args[0].toTensor(), target = args[1].toTensor();
+    const at::Tensor weight = args[2].isNone() ? at::Tensor() : args[2].toTensor();
+    at::Tensor stats = target_stats(target, weight, n.ignore_index, classes.total, self.scalar_type());
+    all_reduce_over(mesh, sample_split, stats, ReduceOp::Sum);
+    if (const int64_t bad = stats[1].item<int64_t>())
+      throw DTensorError(op.schema().name() + ": " + std::to_string(bad) + " target(s) outside [0, " +
+                         std::to_string(classes.total) + ") that are not ignore_index " + std::to_string(n.ignore_index));
+    const LocalTargets local = local_targets(target, weight, n.ignore_index, classes);
+    const bool mean = n.reduction == at::Reduction::Mean;
+    const int64_t reduction = mean ? static_cast<int64_t>(at::Reduction::Sum) : n.reduction;
+    const auto outs = call_local(op, {self, local.target, local.weight, reduction, kNotHere});
+    const at::Tensor total_weight = stats[0];
+    at::Tensor output = outs[0].toTensor();
+    torch::jit::push(stack, mean ? output / total_weight : output,
+                     n.per_element() ? at::zeros_like(total_weight) : total_weight);
+  };
+}
+
+// Backward on class-sharded self: the local op on this rank's classes. Sample shards need nothing:
+// total_weight, the divisor of a mean, is already global.
+LocalKernel nll_backward_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
+  const size_t self_input = *s.input_at_arg(1);
+  const Nll n = nll_of(s, 1);
+  if (mesh_dims_sharding(chosen.inputs[self_input], n.class_dim).empty()) return {};
+  const ClassRange classes = class_range(s, n, self_input, chosen.inputs[self_input]);
+  return [n, classes](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+    auto args = torch::jit::pop(stack, op.schema().arguments().size());
+    const at::Tensor weight = args[3].isNone() ? at::Tensor() : args[3].toTensor();
+    const LocalTargets local = local_targets(args[2].toTensor(), weight, n.ignore_index, classes);
+    torch::jit::push(stack, call_local(op, {args[0], args[1], local.target, local.weight, args[4], kNotHere, args[6]})[0]);
+  };
+}
+
+// ---- mse_loss(self, target, reduction), mse_loss_backward(grad_output, self, target, reduction) ----
+
+std::vector<DimStrategy> mse(const OpSchema& s) {
+  const bool unreduced = s.args[2].toInt() == at::Reduction::None;
+  const Shape shape = at::infer_size(s.input(0).meta.shape, s.input(1).meta.shape);
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d)
+    out.push_back({{unreduced ? Shard(d) : Partial()}, aligned_inputs(s, shape, d)});
+  return out;
+}
+
+// The gradient has the broadcast shape of grad_output, self and target (autograd sums it down).
+std::vector<DimStrategy> mse_backward(const OpSchema& s) {
+  const Shape& shape = s.outputs[0].shape;
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) out.push_back({{Shard(d)}, aligned_inputs(s, shape, d)});
+  // The gradient is linear in grad_output.
+  for (auto op : {ReduceOp::Sum, ReduceOp::Avg}) out.push_back({{Partial(op)}, {Partial(op), Replicate(), Replicate()}});
+  return out;
+}
+
+// A mean over sharded elements: the local op as a sum, divided by the GLOBAL element count, which
+// the single-device kernels take from the broadcast self and target in forward, from self in backward.
+LocalKernelRule global_mean(size_t reduction_arg) {
+  return [reduction_arg](const OpSchema& s, const PlacementStrategy& chosen) -> LocalKernel {
+    if (s.args[reduction_arg].toInt() != at::Reduction::Mean || !any_shard(chosen.inputs)) return {};
+    const bool forward = reduction_arg == 2;
+    const Shape counted = forward ? at::infer_size(s.input(0).meta.shape, s.input(1).meta.shape) : s.input(1).meta.shape;
+    return [reduction_arg, count = numel(counted)](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+      auto args = torch::jit::pop(stack, op.schema().arguments().size());
+      args[reduction_arg] = static_cast<int64_t>(at::Reduction::Sum);
+      torch::jit::push(stack, call_local(op, std::move(args))[0].toTensor() / count);
+    };
+  };
+}
+
+const bool registered = [] {
+  using detail::register_family;
+  using detail::register_overloads;  // the backward ops' out= overloads are named grad_input
+  register_family({"aten::_log_softmax"}, {.dim = log_softmax, .local_kernel = sharded_log_softmax, .family = "loss"});
+  register_family({"aten::_log_softmax_backward_data"},
+                  {.dim = log_softmax_backward, .local_kernel = sharded_log_softmax_backward, .family = "loss"});
+  register_family({"aten::nll_loss_forward", "aten::nll_loss2d_forward"},
+                  {.dim = nll_forward, .local_kernel = nll_forward_kernel, .family = "loss"});
+  register_overloads({"aten::nll_loss_backward", "aten::nll_loss2d_backward"},
+                     {.dim = nll_backward, .local_kernel = nll_backward_kernel, .family = "loss"});
+  register_family({"aten::mse_loss"}, {.dim = mse, .local_kernel = global_mean(2), .family = "loss"});
+  register_overloads({"aten::mse_loss_backward"}, {.dim = mse_backward, .local_kernel = global_mean(3), .family = "loss"});
+  return true;
+}();
+
+}  // namespace
+}  // namespace dtensor::rules

@@ -1,0 +1,98 @@
+// Loss parallelism: cross-entropy over class-sharded logits runs without gathering the logits (only
+// all-reduces of one value per row), and forward and backward equal single-device LibTorch's.
+
+#include <ATen/core/grad_mode.h>
+
+#include "dtensor/comm_debug.h"
+#include "harness.h"
+
+namespace dtensor::testing {
+namespace {
+
+struct CrossEntropyCase {
+  int64_t reduction;
+  bool weighted;
+  int64_t ignore_index;
+};
+
+struct Result {
+  at::Tensor loss;
+  at::Tensor grad;  // of the logits
+};
+
+// 5 samples; targets include the first and the last class and one ignored entry.
+at::Tensor targets(int64_t classes, int64_t ignore_index) {
+  return at::tensor(std::vector<int64_t>{classes - 1, 0, ignore_index, classes / 2, classes - 1}, at::kLong);
+}
+
+Result cross_entropy(const at::Tensor& logits, const at::Tensor& target, const at::Tensor& weight, const CrossEntropyCase& c) {
+  at::Tensor loss = at::cross_entropy_loss(logits, target, weight, c.reduction, c.ignore_index);
+  (c.reduction == at::Reduction::None ? loss.sum() : loss).backward();
+  return {loss, logits.grad()};
+}
+
+class LossParallelTest : public DistTest, public ::testing::WithParamInterface<int64_t> {};
+
+// Every reduction, with and without class weights and a custom ignore_index, for 7 classes (2, 2, 2, 1
+// over 4 ranks) and 3 classes (1, 1, 1, 0: one rank holds none).
+TEST_P(LossParallelTest, ClassShardedCrossEntropyNeverGathersTheLogits) {
+  const int64_t classes = GetParam(), rows = 5;
+  auto m = mesh({4});
+  const at::Tensor x = test_tensor({rows, classes}, at::kDouble, 31) / 2;
+  const at::Tensor w = test_tensor({classes}, at::kDouble, 32).abs() + 1;
+  for (const CrossEntropyCase c : {CrossEntropyCase{at::Reduction::Mean, false, -100}, CrossEntropyCase{at::Reduction::Mean, true, 1},
+                                   CrossEntropyCase{at::Reduction::Sum, true, -100}, CrossEntropyCase{at::Reduction::None, false, 0}}) {
+    SCOPED_TRACE("reduction " + std::to_string(c.reduction) + (c.weighted ? ", weighted" : "") + ", ignore_index " +
+                 std::to_string(c.ignore_index));
+    const at::Tensor t = targets(classes, c.ignore_index);
+    const Result expected = cross_entropy(x.clone().requires_grad_(), t, c.weighted ? w : at::Tensor(), c);
+
+    at::Tensor logits = distribute_tensor(x.clone().requires_grad_(), m, Placements{Shard(1)});
+    const at::Tensor target = distribute_tensor(t, m), weight = c.weighted ? distribute_tensor(w, m) : at::Tensor();
+    Result actual;
+    {
+      CommDebugMode debug;
+      actual = cross_entropy(logits, target, weight, c);
+      // log_softmax: the row max and the row sum of exponentials; its backward: the row sum of the
+      // gradient. Nothing else, and nothing bigger than one value per row.
+      EXPECT_EQ(debug.count("all-reduce"), 3) << debug.summary();
+      EXPECT_EQ(debug.total_count(), 3) << debug.summary();
+      for (const auto& collective : debug.collectives())
+        EXPECT_LE(collective.bytes, rows * static_cast<int64_t>(sizeof(double))) << debug.summary();
+    }
+    EXPECT_EQ(placements_of(actual.grad), (Placements{Shard(1)}));
+    at::NoGradGuard no_grad;
+    EXPECT_TRUE(tensors_close(full_tensor(actual.loss), expected.loss, 1e-12, 1e-12));
+    EXPECT_TRUE(tensors_close(full_tensor(actual.grad), expected.grad, 1e-12, 1e-12));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Classes, LossParallelTest, ::testing::Values(7, 3));
+
+// Samples split over one mesh dim and classes over the other: still no gather, and the mean divides
+// by the global total weight (one more all-reduce, of that total).
+TEST_F(DistTest, LossParallelWithShardedBatchIsExact) {
+  auto m = mesh({2, 2});
+  const at::Tensor x = test_tensor({5, 7}, at::kDouble, 33) / 2;
+  const at::Tensor w = test_tensor({7}, at::kDouble, 34).abs() + 1;
+  const CrossEntropyCase c{at::Reduction::Mean, true, 3};
+  const at::Tensor t = targets(7, c.ignore_index);
+  const Result expected = cross_entropy(x.clone().requires_grad_(), t, w, c);
+
+  at::Tensor logits = distribute_tensor(x.clone().requires_grad_(), m, Placements{Shard(0), Shard(1)});
+  const at::Tensor target = distribute_tensor(t, m, Placements{Shard(0), Replicate()}), weight = distribute_tensor(w, m);
+  Result actual;
+  {
+    CommDebugMode debug;
+    actual = cross_entropy(logits, target, weight, c);
+    EXPECT_EQ(debug.count("all-gather"), 0) << debug.summary();
+    EXPECT_EQ(debug.count("all-reduce"), debug.total_count()) << debug.summary();
+  }
+  EXPECT_EQ(placements_of(actual.grad), (Placements{Shard(0), Shard(1)}));
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(tensors_close(full_tensor(actual.loss), expected.loss, 1e-12, 1e-12));
+  EXPECT_TRUE(tensors_close(full_tensor(actual.grad), expected.grad, 1e-12, 1e-12));
+}
+
+}  // namespace
+}  // namespace dtensor::testing
