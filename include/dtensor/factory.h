@@ -1,0 +1,38 @@
+#pragma once
+// DTensor factories: a DTensor of a given global shape made directly on the mesh, each rank creating
+// only its own shard (no communication). Default placements: all Replicate. A Partial placement holds
+// the value as contributions that reduce to it (ones with Partial(sum): ones on the first rank along
+// that mesh dim, zeros on the others). options.requires_grad() gives a leaf that requires grad.
+//
+// rand and randn give the values at::rand / at::randn give the whole tensor on one device with the
+// same generator state (seed every rank alike): each rank draws the whole tensor and keeps its part,
+// which costs O(global numel) draws per rank (see src/sharding/rules/random.cpp).
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Scalar.h>
+#include <c10/core/TensorOptions.h>
+
+#include <optional>
+
+#include "dtensor/device_mesh.h"
+#include "dtensor/placement.h"
+
+namespace dtensor {
+
+at::Tensor empty(const Shape& shape, const MeshPtr& mesh, std::optional<Placements> placements = std::nullopt,
+                 const at::TensorOptions& options = {});
+at::Tensor zeros(const Shape& shape, const MeshPtr& mesh, std::optional<Placements> placements = std::nullopt,
+                 const at::TensorOptions& options = {});
+at::Tensor ones(const Shape& shape, const MeshPtr& mesh, std::optional<Placements> placements = std::nullopt,
+                const at::TensorOptions& options = {});
+at::Tensor full(const Shape& shape, const at::Scalar& fill_value, const MeshPtr& mesh,
+                std::optional<Placements> placements = std::nullopt, const at::TensorOptions& options = {});
+// Uniform on [0, 1).
+at::Tensor rand(const Shape& shape, const MeshPtr& mesh, std::optional<Placements> placements = std::nullopt,
+                const at::TensorOptions& options = {}, std::optional<at::Generator> generator = std::nullopt);
+// Standard normal.
+at::Tensor randn(const Shape& shape, const MeshPtr& mesh, std::optional<Placements> placements = std::nullopt,
+                 const at::TensorOptions& options = {}, std::optional<at::Generator> generator = std::nullopt);
+
+}  // namespace dtensor

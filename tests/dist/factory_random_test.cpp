@@ -1,0 +1,183 @@
+// DTensor factories (zeros, ones, empty, full, rand, randn) and random ops on DTensors, against the
+// same calls on one device with the same generator seed.
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "dtensor/comm_debug.h"
+
+#include "harness.h"
+
+namespace dtensor::testing {
+namespace {
+
+// Layouts to try on the 1-d mesh of 4 and the 2x2 mesh, uneven shards and Partial included.
+std::vector<std::pair<MeshPtr, Placements>> layouts_2d() {
+  auto m1 = mesh({4}), m2 = mesh({2, 2});
+  return {{m1, {Replicate()}},          {m1, {Shard(0)}},           {m1, {Shard(1)}},
+          {m1, {Partial()}},            {m2, {Shard(0), Shard(1)}}, {m2, {Shard(1), Shard(0)}},
+          {m2, {Shard(0), Shard(0)}},   {m2, {Replicate(), Shard(1)}}, {m2, {Partial(), Shard(0)}},
+          {m2, {Partial(ReduceOp::Max), Replicate()}}};
+}
+
+std::string describe(const MeshPtr& m, const Placements& p) { return m->str() + " (" + to_string(p) + ")"; }
+
+bool has_partial(const Placements& p) {
+  return std::any_of(p.begin(), p.end(), [](const Placement& x) { return x.is_partial(); });
+}
+
+TEST_F(DistTest, FactoriesMakeTheWholeTensorFromLocalShards) {
+  const Shape shape = {5, 3};
+  for (const auto& [m, p] : layouts_2d()) {
+    SCOPED_TRACE(describe(m, p));
+    const auto options = at::TensorOptions().dtype(at::kDouble);
+    at::Tensor z = zeros(shape, m, p, options), o = ones(shape, m, p, options);
+    at::Tensor f = full(shape, 2.5, m, p, options), e = empty(shape, m, p, options);
+    for (const auto& t : {z, o, f, e}) {
+      EXPECT_EQ(placements_of(t), p);
+      EXPECT_EQ(t.sizes(), (c10::IntArrayRef{5, 3}));
+      EXPECT_EQ(t.scalar_type(), at::kDouble);
+    }
+    if (!has_partial(p)) EXPECT_EQ(local_tensor_of(o).sizes(), expected_shard(at::ones(shape), m, p).sizes());
+    EXPECT_TRUE(tensors_equal(full_tensor(z), at::zeros(shape, options)));
+    EXPECT_TRUE(tensors_equal(full_tensor(o), at::ones(shape, options)));
+    EXPECT_TRUE(tensors_equal(full_tensor(f), at::full(shape, 2.5, options)));
+  }
+}
+
+TEST_F(DistTest, FactoriesDefaultToReplicateAndMakeLeaves) {
+  auto m = mesh({2, 2});
+  at::Tensor t = ones({7}, m, std::nullopt, at::TensorOptions().requires_grad(true));
+  EXPECT_EQ(placements_of(t), (Placements{Replicate(), Replicate()}));
+  EXPECT_EQ(t.scalar_type(), at::get_default_dtype_as_scalartype());
+  EXPECT_TRUE(t.requires_grad());
+  EXPECT_TRUE(t.is_leaf());
+  (t * 3).sum().backward();
+  EXPECT_TRUE(tensors_equal(full_tensor(t.grad()), at::full({7}, 3.0)));
+  at::Tensor r = randn({7}, m, Placements{Shard(0), Replicate()}, at::TensorOptions().requires_grad(true));
+  EXPECT_TRUE(r.requires_grad());
+  EXPECT_TRUE(r.is_leaf());
+}
+
+TEST_F(DistTest, FactoriesRejectBadArguments) {
+  EXPECT_THROW(zeros({5, 3}, nullptr), DTensorError);
+  EXPECT_THROW(zeros({5, -1}, mesh({4})), DTensorError);
+  EXPECT_THROW(zeros({5, 3}, mesh({4}), Placements{Shard(2)}), DTensorError);
+  EXPECT_THROW(ones({5}, mesh({2, 2}), Placements{Shard(0)}), DTensorError);
+}
+
+TEST_F(DistTest, RandAndRandnDrawWhatOneDeviceDraws) {
+  for (const Shape& shape : {Shape{5, 3}, Shape{7, 4}}) {
+    for (const auto& [m, p] : layouts_2d()) {
+      SCOPED_TRACE(shape_str(shape) + " " + describe(m, p));
+      at::manual_seed(42);
+      const at::Tensor u = at::rand(shape), n = at::randn(shape), after = at::rand({3});
+      at::manual_seed(42);
+      at::Tensor du = rand(shape, m, p), dn = randn(shape, m, p);
+      // The generator advanced exactly as on one device.
+      const at::Tensor after_dist = at::rand({3});
+      EXPECT_TRUE(tensors_equal(full_tensor(du), u));
+      EXPECT_TRUE(tensors_equal(full_tensor(dn), n));
+      EXPECT_TRUE(tensors_equal(after_dist, after));
+    }
+  }
+}
+
+TEST_F(DistTest, RandWithAGeneratorAndADtype) {
+  auto m = mesh({4});
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const at::Tensor expected = at::randn({9, 2}, gen, at::kDouble);
+  gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  at::Tensor dt = randn({9, 2}, m, Placements{Shard(0)}, at::TensorOptions().dtype(at::kDouble), gen);
+  EXPECT_TRUE(tensors_equal(full_tensor(dt), expected));
+}
+
+// A random op applied to a DTensor of each layout, and to the whole tensor after the same seed.
+void expect_same_draws(const std::string& what, const std::function<at::Tensor(const at::Tensor&)>& op,
+                       const at::Tensor& input) {
+  for (const auto& [m, p] : layouts_2d()) {
+    SCOPED_TRACE(what + " " + describe(m, p));
+    at::manual_seed(3);
+    const at::Tensor expected = op(input.clone());
+    at::manual_seed(3);
+    at::Tensor actual = op(make_dtensor_holding(input.clone(), m, p));  // in-place ops must not change `input`
+    EXPECT_TRUE(is_dtensor(actual));
+    // Exact, but summing a Partial result's contributions may round differently.
+    if (has_partial(p)) EXPECT_TRUE(tensors_close(full_tensor(actual), expected));
+    else EXPECT_TRUE(tensors_equal(full_tensor(actual), expected));
+  }
+}
+
+TEST_F(DistTest, RandomOpsOnShardedDTensorsDrawWhatOneDeviceDraws) {
+  const at::Tensor x = test_tensor({7, 5}, at::kFloat, 5);  // 7 rows over 4 ranks: 2,2,2,1
+  const at::Tensor probs = at::linspace(0.05, 0.95, 35).reshape({7, 5});
+  expect_same_draws("uniform_", [](const at::Tensor& t) { return t.uniform_(-2, 2); }, x);
+  expect_same_draws("normal_", [](const at::Tensor& t) { return t.normal_(0, 3); }, x);  // >= 16: vectorised fill
+  expect_same_draws("bernoulli_", [](const at::Tensor& t) { return t.bernoulli_(0.3); }, x);
+  expect_same_draws("bernoulli", [](const at::Tensor& t) { return at::bernoulli(t); }, probs);
+  expect_same_draws("rand_like", [](const at::Tensor& t) { return at::rand_like(t); }, x);
+  expect_same_draws("randn_like", [](const at::Tensor& t) { return at::randn_like(t); }, x);
+  expect_same_draws("randint_like", [](const at::Tensor& t) { return at::randint_like(t, 100); }, x);
+  expect_same_draws("dropout", [](const at::Tensor& t) { return at::dropout(t, 0.4, true); }, x);
+  expect_same_draws("native_dropout", [](const at::Tensor& t) { return std::get<0>(at::native_dropout(t, 0.4, true)); }, x);
+  expect_same_draws("native_dropout mask", [](const at::Tensor& t) { return std::get<1>(at::native_dropout(t, 0.4, true)); }, x);
+}
+
+TEST_F(DistTest, DropoutGradientsMatchOneDevice) {
+  const at::Tensor x = test_tensor({5, 3}, at::kDouble, 9);
+  for (const auto& [m, p] : layouts_2d()) {
+    if (has_partial(p)) continue;  // Shard and Replicate leaves
+    SCOPED_TRACE(describe(m, p));
+    at::Tensor full_x = x.clone().requires_grad_(), dist_x = distribute_tensor(x.clone().requires_grad_(), m, p);
+    at::manual_seed(11);
+    (at::dropout(full_x, 0.5, true) * full_x).sum().backward();
+    at::manual_seed(11);
+    (std::get<0>(at::native_dropout(full_x, 0.5, true)) * 2).sum().backward();
+    at::manual_seed(11);
+    (at::dropout(dist_x, 0.5, true) * dist_x).sum().backward();
+    at::manual_seed(11);
+    (std::get<0>(at::native_dropout(dist_x, 0.5, true)) * 2).sum().backward();
+    EXPECT_TRUE(tensors_equal(full_tensor(dist_x.grad()), full_x.grad()));
+  }
+}
+
+TEST_F(DistTest, RandomFillOfAPartialTensorHoldsTheDrawnValue) {
+  // The filled tensor keeps Partial: contributions that reduce to the drawn values.
+  const at::Tensor x = test_tensor({5, 3}, at::kDouble, 2);
+  for (const auto& [m, p] : layouts_2d()) {
+    if (!has_partial(p)) continue;
+    at::Tensor dt = make_dtensor_holding(x.clone(), m, p);
+    SCOPED_TRACE(describe(m, p));
+    at::manual_seed(5);
+    const at::Tensor expected = x.clone().uniform_();
+    at::manual_seed(5);
+    dt.uniform_();
+    EXPECT_EQ(placements_of(dt), p);
+    EXPECT_TRUE(tensors_equal(full_tensor(dt), expected));
+  }
+}
+
+TEST_F(DistTest, RandomFillFollowsTheGlobalMemoryOrder) {
+  // Filling a transposed view visits the elements in memory order, on one device and on DTensors.
+  auto m = mesh({4});
+  at::manual_seed(8);
+  at::Tensor expected = at::empty({5, 6});
+  expected.t().uniform_();
+  at::manual_seed(8);
+  at::Tensor dt = empty({5, 6}, m, Placements{Shard(0)});
+  dt.t().uniform_();
+  EXPECT_TRUE(tensors_equal(full_tensor(dt), expected));
+}
+
+TEST_F(DistTest, RandomOpsNeedNoCommunicationForShardedInputs) {
+  auto m = mesh({4});
+  at::Tensor x = distribute_tensor(test_tensor({7, 5}, at::kFloat, 1), m, Placements{Shard(0)});
+  CommDebugMode debug;
+  at::Tensor y = at::dropout(x, 0.3, true);
+  at::Tensor z = at::rand_like(x).bernoulli_(0.5);
+  EXPECT_EQ(debug.total_count(), 0) << debug.summary();
+  EXPECT_EQ(placements_of(y), Placements{Shard(0)});
+  EXPECT_EQ(placements_of(z), Placements{Shard(0)});
+}
+
+}  // namespace
+}  // namespace dtensor::testing
