@@ -106,9 +106,23 @@ void replace_inputs(c10::IValue* args, const std::vector<TensorInput>& inputs, c
 }
 
 // Empty local shards for ranks outside the mesh, which do not run the op.
-void push_empty_outputs(const OutputSharding& decision, torch::jit::Stack* stack) {
-  for (const auto& spec : decision.outputs)
-    stack->push_back(at::empty({0}, at::TensorOptions().dtype(spec->meta.dtype)));
+// What ranks outside the mesh return: one value per schema return, shaped like the op's own returns
+// (a Tensor[] return holds every remaining output), with empty local shards.
+void push_empty_outputs(const c10::FunctionSchema& schema, const OutputSharding& decision, torch::jit::Stack* stack) {
+  auto empty = [](const SpecPtr& spec) { return at::empty({0}, at::TensorOptions().dtype(spec->meta.dtype)); };
+  size_t next = 0;
+  for (const auto& r : schema.returns()) {
+    const auto kind = r.type()->kind();
+    if (kind == c10::TypeKind::TensorType) {
+      stack->push_back(next < decision.outputs.size() ? c10::IValue(empty(decision.outputs[next++])) : c10::IValue(at::Tensor()));
+    } else if (kind == c10::TypeKind::ListType) {
+      c10::List<at::Tensor> list;
+      while (next < decision.outputs.size()) list.push_back(empty(decision.outputs[next++]));
+      stack->push_back(list);
+    } else {
+      stack->push_back(c10::IValue(int64_t{0}));  // a number the mesh's ranks computed; outside, none
+    }
+  }
 }
 
 }  // namespace
@@ -136,7 +150,7 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
     else op.callBoxed(*stack);
   } else {
     torch::jit::drop(*stack, n);
-    push_empty_outputs(decision, stack);
+    push_empty_outputs(schema, decision, stack);
   }
 
   const size_t r = schema.returns().size();

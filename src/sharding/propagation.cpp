@@ -316,6 +316,7 @@ const OutputSharding& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10
     return e.decision;
   }
   ++c.stats.misses;
+  if (c.entries.size() > 65536) c.entries.clear();  // bound memory under ever-changing shapes
   CacheEntry entry{&schema, {}, signature, decide(op, args, inputs, mesh)};
   for (const auto& in : inputs) entry.specs.push_back(in.spec);
   return c.entries.emplace(h, std::move(entry))->second.decision;

@@ -92,6 +92,29 @@ TEST_F(DistTest, AddingANumberToAPartialSumStaysPartial) {
   EXPECT_TRUE(tensors_equal(full_tensor(y), x65() + 3.5));
 }
 
+TEST_F(DistTest, AnyOfAPartialMaxIsReducedFirst) {
+  // amax over the sharded dim is Partial(max) with contributions 0, -1, -1, -1; any() of it is any(0).
+  const at::Tensor x = at::tensor({0.0, -1.0, -1.0, -1.0, -1.0}, at::kDouble);
+  at::Tensor dt = distribute_tensor(x, mesh({4}), Placements{Shard(0)});
+  EXPECT_TRUE(tensors_equal(full_tensor(dt.amax(0).any()), x.amax(0).any()));
+  EXPECT_TRUE(tensors_equal(full_tensor(dt.amin(0).all()), x.amin(0).all()));
+}
+
+TEST_F(DistTest, NegativeOrderNormWithAnEmptyShard) {
+  const at::Tensor x = test_tensor({5}, at::kDouble, 4) + 20;  // 5 over 4 ranks: the last shard is empty
+  at::Tensor dt = distribute_tensor(x, mesh({4}), Placements{Shard(0)});
+  EXPECT_TRUE(tensors_close(full_tensor(at::linalg_vector_norm(dt, -1)), at::linalg_vector_norm(x, -1)));
+}
+
+TEST_F(DistTest, RanksOutsideTheMeshReturnEmptyShardsOfEveryOutput) {
+  auto m = mesh({2}, {0, 1});
+  at::Tensor dt = distribute_tensor(test_tensor({4, 6}, at::kDouble, 5), m, Placements{Shard(0)});
+  auto pieces = at::split(dt, 2, 1);
+  ASSERT_EQ(pieces.size(), 3u);
+  for (const auto& p : pieces) EXPECT_TRUE(is_dtensor(p));
+  if (world()->rank() >= 2) EXPECT_EQ(local_tensor_of(pieces[0]).numel(), 0);
+}
+
 TEST_F(DistTest, PlainTensorNeedsImplicitReplication) {
   at::Tensor dt = distribute_tensor(x65(), mesh({4}), Placements{Shard(0)});
   const at::Tensor plain = test_tensor({6, 5}, at::kDouble, 9);

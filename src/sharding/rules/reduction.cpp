@@ -178,15 +178,18 @@ LocalKernel norm_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
     const ReduceOp combine = !inf ? ReduceOp::Sum : ord > 0 ? ReduceOp::Max : ReduceOp::Min;
     const at::Tensor self = torch::jit::peek(stack, 0, op.schema().arguments().size()).toTensor();
     at::Tensor norm;
-    if (inf && self.numel() == 0) {  // the infinity norms of nothing are errors
-      norm = at::full(shape, identity(combine, dtype), self.options().dtype(dtype));
+    if (self.numel() == 0) {
+      // Norms of nothing may be errors (negative and infinite orders); an empty shard contributes the
+      // combine's identity (0 for sums of powers), so every rank still joins the all-reduce.
+      norm = inf ? at::full(shape, identity(combine, dtype), self.options().dtype(dtype))
+                 : at::zeros(shape, self.options().dtype(dtype));
       torch::jit::drop(stack, op.schema().arguments().size());
     } else {
       op.callBoxed(stack);
       norm = torch::jit::pop(stack).toTensor();
     }
     const bool powers = !inf && ord != 0;
-    if (powers) norm = norm.pow(ord);
+    if (powers && self.numel() > 0) norm = norm.pow(ord);
     for (int64_t m : split) detail::all_reduce_(*mesh, m, norm, combine);
     torch::jit::push(stack, powers ? norm.pow(1.0 / ord) : norm);
   };
@@ -248,13 +251,25 @@ const bool registered = [] {
   const Combine maxima{ReduceOp::Max, {ReduceOp::Max}};
   const Combine minima{ReduceOp::Min, {ReduceOp::Min}};
   const Combine replicated{std::nullopt, {}};
-  register_overloads({"aten::sum", "aten::sum.dim_IntList", "aten::nansum"}, {.dim = reduce(sums), .family = "reduction"});
+  // nansum may not keep a Partial input: a NaN in one contribution makes the whole element NaN, which
+  // nansum drops, while per-rank nansums would keep the other contributions.
+  const Combine nan_sums{ReduceOp::Sum, {}};
+  register_overloads({"aten::sum", "aten::sum.dim_IntList"}, {.dim = reduce(sums), .family = "reduction"});
+  register_overloads({"aten::nansum"}, {.dim = reduce(nan_sums), .family = "reduction"});
   register_overloads({"aten::mean", "aten::mean.dim"},
                      {.dim = reduce(sums), .local_kernel = mean_kernel, .family = "reduction"});
-  register_overloads({"aten::max", "aten::amax", "aten::any", "aten::any.dim", "aten::any.dims"},
+  register_overloads({"aten::max", "aten::amax"},
                      {.dim = reduce(maxima), .local_kernel = identity_when_empty(ReduceOp::Max), .family = "reduction"});
-  register_overloads({"aten::min", "aten::amin", "aten::all", "aten::all.dim", "aten::all.dims"},
+  register_overloads({"aten::min", "aten::amin"},
                      {.dim = reduce(minima), .local_kernel = identity_when_empty(ReduceOp::Min), .family = "reduction"});
+  // any/all of a sharded dim combine as max/min of the per-shard results, but a Partial(max/min) input
+  // must be reduced first: any(max_r x_r) is not the OR of any(x_r) for non-boolean values.
+  const Combine any_of{ReduceOp::Max, {}};
+  const Combine all_of{ReduceOp::Min, {}};
+  register_overloads({"aten::any", "aten::any.dim", "aten::any.dims"},
+                     {.dim = reduce(any_of), .local_kernel = identity_when_empty(ReduceOp::Max), .family = "reduction"});
+  register_overloads({"aten::all", "aten::all.dim", "aten::all.dims"},
+                     {.dim = reduce(all_of), .local_kernel = identity_when_empty(ReduceOp::Min), .family = "reduction"});
   register_overloads({"aten::prod", "aten::prod.dim_int", "aten::max.dim", "aten::min.dim", "aten::max.dim_max",
                       "aten::min.dim_min", "aten::argmax", "aten::argmin", "aten::var.correction", "aten::std.correction",
                       "aten::var_mean.correction", "aten::std_mean.correction", "aten::logsumexp"},
