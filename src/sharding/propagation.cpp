@@ -17,7 +17,13 @@ namespace {
 
 // Non-tensor arguments as a flat signature: numbers (Scalar) by kind only, everything else by value.
 void append_signature(const c10::IValue& v, const c10::Argument& arg, std::vector<int64_t>& out) {
-  if (v.isTensor() || v.isTensorList()) return;
+  // Tensors enter the key through their specs; an undefined one still marks its position, so that
+  // (undefined, b) and (b, undefined) differ.
+  if (v.isTensor()) {
+    if (!v.toTensor().defined()) out.push_back(-4);
+    return;
+  }
+  if (v.isTensorList()) return;
   if (arg.type()->kind() == c10::TypeKind::NumberType ||
       (arg.type()->kind() == c10::TypeKind::OptionalType &&
        arg.type()->containedType(0)->kind() == c10::TypeKind::NumberType)) {
