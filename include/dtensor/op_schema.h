@@ -46,11 +46,16 @@ struct OpSchema {
   std::string op_name() const;
 };
 
+// Strategy costs are bytes moved per rank, and every collective also costs this much (its latency in
+// bytes: ~16 kB on loopback Gloo), so that a few small tensors are not moved to save a byte.
+constexpr double kCollectiveLatencyBytes = 16 * 1024;
+
 // One way to run the op on the whole mesh.
 struct PlacementStrategy {
   std::vector<Placements> outputs;  // one per tensor output
   std::vector<Placements> inputs;   // one per OpSchema::inputs entry
   std::vector<double> redistribute_cost;  // per input; filled in by propagation
+  double kernel_cost = 0;  // communication the strategy's local kernel does itself (cost units above)
 
   std::string str() const;  // "(S(0),R), (R,R) -> (S(0),R)"
 };
@@ -61,6 +66,7 @@ using OpStrategy = std::vector<PlacementStrategy>;
 struct DimStrategy {
   Placements outputs;  // one placement per tensor output
   Placements inputs;   // one placement per tensor input
+  double kernel_cost = 0;  // communication its local kernel does along this mesh dim
 };
 
 // Non-tensor arguments replaced for the local call: (argument index, value). Ops whose arguments

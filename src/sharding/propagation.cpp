@@ -181,6 +181,7 @@ OpStrategy expand_over_mesh(const std::vector<DimStrategy>& per_dim, int64_t mes
         PlacementStrategy s = partial;
         for (size_t k = 0; k < n_out; ++k) s.outputs[k].push_back(d.outputs[k]);
         for (size_t k = 0; k < n_in; ++k) s.inputs[k].push_back(d.inputs[k]);
+        s.kernel_cost += d.kernel_cost;
         next.push_back(std::move(s));
       }
     out = std::move(next);
@@ -240,7 +241,7 @@ OutputSharding decide(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> 
                                      : expand_over_mesh(rule->dim(schema), mesh->ndim(), schema.outputs.size(), inputs.size());
   const auto written = written_inputs(op.schema(), inputs);
   const PlacementStrategy* best = nullptr;
-  double best_cost = 0;
+  std::pair<bool, double> best_cost{true, 0};
   for (auto& c : candidates) {
     bool ok = c.outputs.size() == schema.outputs.size() && c.inputs.size() == inputs.size();
     for (size_t k = 0; ok && k < c.outputs.size(); ++k) ok = fits(c.outputs[k], mesh->ndim(), schema.output_ndim(k));
@@ -251,14 +252,17 @@ OutputSharding decide(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> 
     }
     if (!ok) continue;
     c.redistribute_cost.clear();
-    double total = 0;
+    double moves = 0;
     for (size_t k = 0; k < inputs.size(); ++k) {
       c.redistribute_cost.push_back(redistribute_cost(schema.input(k), c.inputs[k]));
-      total += c.redistribute_cost.back();
+      moves += c.redistribute_cost.back();
     }
-    if (best == nullptr || total < best_cost) {
+    // A strategy that moves no input wins first (the cheapest such kernel); otherwise the lowest total
+    // of moves and the kernel's own communication.
+    const std::pair<bool, double> cost{moves > 0, moves + c.kernel_cost};
+    if (best == nullptr || cost < best_cost) {
       best = &c;
-      best_cost = total;
+      best_cost = cost;
     }
   }
   if (best == nullptr) {
@@ -289,9 +293,7 @@ double redistribute_cost(const DTensorSpec& spec, const Placements& placements) 
   const Shape coordinate(spec.mesh->ndim(), 0);
   const auto plan = plan_redistribute(spec.meta.shape, static_cast<int64_t>(c10::elementSize(spec.meta.dtype)),
                                       spec.mesh->shape(), coordinate, spec.placements, placements);
-  // An alpha-beta model in bytes: each collective also pays a fixed latency (worth ~16 kB on loopback
-  // Gloo), so a few small tensors are not all-gathered to save a byte; local steps cost one byte.
-  constexpr double kCollectiveLatencyBytes = 16 * 1024;
+  // An alpha-beta model in bytes (kCollectiveLatencyBytes per collective); local steps cost one byte.
   double cost = 0;
   for (const auto& step : plan.steps) {
     const bool communicates = is_collective(step.kind) && spec.mesh->size(step.mesh_dim) > 1;

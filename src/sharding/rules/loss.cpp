@@ -53,14 +53,26 @@ Placements aligned_inputs(const OpSchema& s, const Shape& shape, int64_t d) {
 // ---- log_softmax: _log_softmax(self, dim, half_to_float), _log_softmax_backward_data(grad_output,
 // output, dim, input_dtype). Any dim may be sharded; the softmax dim needs the local kernels below.
 
-std::vector<DimStrategy> log_softmax(const OpSchema& s) {
+// Sharding the softmax dim (argument `dim_arg`) costs the kernel `all_reduces` all-reduces of one
+// value per row.
+std::vector<DimStrategy> log_softmax_with(const OpSchema& s, size_t dim_arg, int all_reduces) {
+  const int64_t dim = wrap_dim(s.args[dim_arg].toInt(), s.input_ndim(0));
+  const Shape& shape = s.input(0).meta.shape;
+  const int64_t rows = shape.empty() || shape[dim] == 0 ? 0 : numel(shape) / shape[dim];
+  const double row_stats = static_cast<double>(rows * static_cast<int64_t>(c10::elementSize(s.input(0).meta.dtype)));
   std::vector<DimStrategy> out = {all_replicate(s)};
-  for (int64_t d = 0; d < s.input_ndim(0); ++d) out.push_back({{Shard(d)}, Placements(s.inputs.size(), Shard(d))});
+  for (int64_t d = 0; d < s.input_ndim(0); ++d) {
+    const double cost = d == dim ? all_reduces * (kCollectiveLatencyBytes + row_stats) : 0;
+    out.push_back({{Shard(d)}, Placements(s.inputs.size(), Shard(d)), cost});
+  }
   return out;
 }
 
+// Forward: the row max and the row sum of exponentials.
+std::vector<DimStrategy> log_softmax(const OpSchema& s) { return log_softmax_with(s, 1, 2); }
+
 std::vector<DimStrategy> log_softmax_backward(const OpSchema& s) {
-  std::vector<DimStrategy> out = log_softmax(s);
+  std::vector<DimStrategy> out = log_softmax_with(s, 2, 1);  // the row sum of the gradient
   // grad_input = grad - exp(output) * sum(grad) is linear in grad.
   for (auto op : {ReduceOp::Sum, ReduceOp::Avg}) out.push_back({{Partial(op)}, {Partial(op), Replicate()}});
   return out;
