@@ -13,15 +13,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const DTensorError& e) {
-    return e.what();
-  }
-  return "no DTensorError";
-}
 
 const at::Tensor& x65() {
   static const at::Tensor t = test_tensor({6, 5}, at::kDouble, 1);

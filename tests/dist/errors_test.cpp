@@ -11,15 +11,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const DTensorError& e) {
-    return e.what();
-  }
-  return "no DTensorError";
-}
 
 TEST_F(DistTest, PlacementCountMustMatchMeshDims) {
   auto m = mesh({2, 2});

@@ -39,6 +39,17 @@ at::Tensor make_dtensor_holding(const at::Tensor& full, const MeshPtr& mesh, con
 // This rank's expected shard of `full` for non-Partial placements.
 at::Tensor expected_shard(const at::Tensor& full, const MeshPtr& mesh, const Placements& placements);
 
+// The message of the DTensorError `f` throws, or "no DTensorError".
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const DTensorError& e) {
+    return e.what();
+  }
+  return "no DTensorError";
+}
+
 ::testing::AssertionResult tensors_equal(const at::Tensor& actual, const at::Tensor& expected);
 ::testing::AssertionResult tensors_close(const at::Tensor& actual, const at::Tensor& expected, double rtol = 1e-5,
                                          double atol = 1e-6);

@@ -78,15 +78,6 @@ TEST_F(DistTest, ExplicitRankArray) {
   EXPECT_EQ(m->global_rank_at({0, 1}), 2);
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const DTensorError& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 TEST_F(DistTest, MeshConstructionErrors) {
   auto w = world();
