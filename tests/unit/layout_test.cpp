@@ -1,6 +1,7 @@
 // Layout math against torch's own at::chunk: which box of the global tensor each rank holds, how
 // placements are validated, and the shape/stride helpers DTensor metadata is built from.
 
+#include "unit_helpers.h"
 #include "dtensor/layout.h"
 
 #include <ATen/ATen.h>
@@ -15,6 +16,9 @@
 
 namespace dtensor {
 namespace {
+
+using dtensor::unit::all_coordinates;
+using dtensor::unit::error_message;
 
 // ---- Oracles built on torch ----------------------------------------------------------------------
 
@@ -47,21 +51,6 @@ LocalLayout torch_local_layout(const Shape& global, const Shape& mesh, const Sha
 Shape sizes_of(const at::Tensor& t) { return t.sizes().vec(); }
 Shape strides_of(const at::Tensor& t) { return t.strides().vec(); }
 
-// Every coordinate of a mesh, in row-major order.
-std::vector<Shape> all_coordinates(const Shape& mesh) {
-  std::vector<Shape> out = {{}};
-  for (int64_t size : mesh) {
-    std::vector<Shape> next;
-    for (const auto& prefix : out)
-      for (int64_t i = 0; i < size; ++i) {
-        Shape c = prefix;
-        c.push_back(i);
-        next.push_back(c);
-      }
-    out = next;
-  }
-  return out;
-}
 
 std::string describe(const Shape& global, const Shape& mesh, const Placements& placements) {
   std::ostringstream s;
@@ -70,16 +59,6 @@ std::string describe(const Shape& global, const Shape& mesh, const Placements& p
   return s.str();
 }
 
-template <typename Fn>
-std::string error_message(Fn&& fn) {
-  try {
-    fn();
-  } catch (const DTensorError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a DTensorError";
-  return "";
-}
 
 // ---- chunk_extent / padded_chunk_size ----------------------------------------------------------
 

@@ -1,6 +1,7 @@
 // Placement is a value type: equality, hashing, printing and dim normalisation are what every other
 // layer (layout, planner, plan cache) builds on, so they are pinned down here.
 
+#include "unit_helpers.h"
 #include "dtensor/placement.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,8 @@
 namespace dtensor {
 namespace {
 
+using dtensor::unit::error_message;
+
 const std::vector<ReduceOp> kOps = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
 
 // One of each kind of placement, all pairwise different.
@@ -25,17 +28,6 @@ std::vector<Placement> distinct_placements() {
   return out;
 }
 
-// The message of the DTensorError that `fn` throws, or a failure when it throws nothing.
-template <typename Fn>
-std::string error_message(Fn&& fn) {
-  try {
-    fn();
-  } catch (const DTensorError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a DTensorError";
-  return "";
-}
 
 TEST(Placement, KindPredicates) {
   EXPECT_TRUE(Shard(1).is_shard());

@@ -2,6 +2,7 @@
 // says they cost, how it prints them, and, over random meshes and placements, that its steps form a
 // valid walk from src to dst that every rank agrees on.
 
+#include "unit_helpers.h"
 #include "dtensor/redistribute_plan.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,8 @@
 
 namespace dtensor {
 namespace {
+
+using dtensor::unit::all_coordinates;
 
 constexpr int64_t kFloat = 4;  // bytes per element
 
@@ -287,21 +290,6 @@ std::vector<int64_t> touched_tensor_dims(const RedistributeStep& s) {
   return dims;
 }
 
-// Every coordinate of a mesh, in row-major order.
-std::vector<Shape> all_coordinates(const Shape& mesh) {
-  std::vector<Shape> out = {{}};
-  for (int64_t size : mesh) {
-    std::vector<Shape> next;
-    for (const auto& prefix : out)
-      for (int64_t i = 0; i < size; ++i) {
-        Shape c = prefix;
-        c.push_back(i);
-        next.push_back(c);
-      }
-    out = next;
-  }
-  return out;
-}
 
 // Checks one rank's plan step by step against the state it is applied to.
 void check_walk(const RedistributePlan& plan, const Placements& src, const Placements& dst) {

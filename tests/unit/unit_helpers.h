@@ -1,0 +1,42 @@
+#pragma once
+// Helpers shared by the single-process unit tests.
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "dtensor/errors.h"
+#include "dtensor/layout.h"
+
+namespace dtensor::unit {
+
+// Every coordinate of a mesh, in row-major order.
+inline std::vector<Shape> all_coordinates(const Shape& mesh) {
+  std::vector<Shape> out = {{}};
+  for (int64_t size : mesh) {
+    std::vector<Shape> next;
+    for (const auto& prefix : out)
+      for (int64_t i = 0; i < size; ++i) {
+        Shape c = prefix;
+        c.push_back(i);
+        next.push_back(c);
+      }
+    out = next;
+  }
+  return out;
+}
+
+// The message of the DTensorError that `fn` throws, or a failure when it throws nothing.
+template <typename Fn>
+std::string error_message(Fn&& fn) {
+  try {
+    fn();
+  } catch (const DTensorError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a DTensorError";
+  return "";
+}
+
+}  // namespace dtensor::unit
