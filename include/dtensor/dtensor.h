@@ -1,5 +1,6 @@
 #pragma once
-// Everything a dtensor user needs: meshes, placements, the DTensor API and the launcher.
+// Everything a dtensor user needs: meshes, placements, the DTensor API and the launcher. Modules and
+// tensor parallelism are in dtensor/parallel.h (kept apart: torch::nn's headers are heavy to compile).
 
 #include "dtensor/api.h"
 #include "dtensor/device_mesh.h"

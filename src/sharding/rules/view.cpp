@@ -189,6 +189,26 @@ LocalArgs view_local_args(const OpSchema& s, const PlacementStrategy& chosen) {
   return is_dtype_view(s) ? LocalArgs{} : local_size_arg(s, chosen);
 }
 
+// A DTensor's strides decide whether LibTorch views or copies (reshape, contiguous), but a shard can be
+// laid out unlike them: a gradient that arrives transposed is wrapped with the tensor's own strides.
+// Where the shard cannot be viewed as asked, it is copied, as reshape would (the same values; only
+// in-place writes through such a view would not reach the original).
+LocalKernel view_kernel(const OpSchema&, const PlacementStrategy&) {
+  return [](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+    c10::IValue* args = stack.data() + stack.size() - 2;
+    if (args[1].isIntList()) {
+      const at::Tensor self = args[0].toTensor();
+      const auto size = args[1].toIntVector();
+      if (!at::detail::computeStride(self.sizes(), self.strides(), size)) {
+        torch::jit::drop(stack, 2);
+        stack.emplace_back(self.reshape(size));
+        return;
+      }
+    }
+    op.callBoxed(stack);
+  };
+}
+
 // _reshape_alias also takes the view's strides: the local ones follow from the local shard's.
 LocalKernel reshape_alias_kernel(const OpSchema& s, const PlacementStrategy&) {
   return [name = s.op_name()](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
@@ -365,7 +385,7 @@ const bool registered = [] {
                   {.dim = reorder, .family = "view"});
   register_family({"aten::repeat"}, {.dim = repeat, .family = "view"});
   register_family({"aten::view", "aten::_unsafe_view"},
-                  {.mesh = view, .local_args = view_local_args, .family = "view"});
+                  {.mesh = view, .local_args = view_local_args, .local_kernel = view_kernel, .family = "view"});
   register_family({"aten::_reshape_alias"},
                   {.mesh = view, .local_args = local_size_arg, .local_kernel = reshape_alias_kernel, .family = "view"});
   register_family({"aten::new_empty_strided"},

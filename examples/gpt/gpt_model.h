@@ -1,0 +1,123 @@
+#pragma once
+// A GPT-style decoder written as ordinary LibTorch modules: token embedding, learned positions, N
+// blocks of (layer norm, causal multi-head attention, layer norm, MLP) with residuals, a final norm
+// and an LM head. forward(tokens, targets) returns the mean next-token cross-entropy.
+//
+// Submodules are called through dtensor::call, which is plain forward() for a module without hooks:
+// the same code runs on one device and under a tensor-parallel plan. The head count is never written
+// into a view (-1), so attention also runs on a rank's local heads when the projections hand back
+// local tensors.
+
+#include <torch/nn/functional/loss.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <cmath>
+
+#include "dtensor/module.h"
+
+namespace gpt {
+
+struct Config {
+  int64_t vocab = 64;
+  int64_t seq_len = 32;
+  int64_t dim = 64;
+  int64_t heads = 4;
+  int64_t layers = 2;
+  int64_t ffn = 256;
+};
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const Config& c)
+      : head_dim_(c.dim / c.heads),
+        wq(register_module("wq", torch::nn::Linear(c.dim, c.dim))),
+        wk(register_module("wk", torch::nn::Linear(c.dim, c.dim))),
+        wv(register_module("wv", torch::nn::Linear(c.dim, c.dim))),
+        wo(register_module("wo", torch::nn::Linear(c.dim, c.dim))) {}
+
+  // x: [batch, seq, dim]; causal_mask: [seq, seq], 0 where a position may attend, a large negative
+  // number where it may not.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& causal_mask) {
+    const int64_t b = x.size(0), t = x.size(1);
+    auto heads = [&](const at::Tensor& y) { return y.view({b, t, -1, head_dim_}).transpose(1, 2); };
+    const at::Tensor q = heads(dtensor::call(wq, x)), k = heads(dtensor::call(wk, x)), v = heads(dtensor::call(wv, x));
+    at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(head_dim_)));
+    const at::Tensor attention = at::softmax(scores + causal_mask, -1);
+    const at::Tensor y = at::matmul(attention, v).transpose(1, 2).reshape({b, t, -1});
+    return dtensor::call(wo, y);
+  }
+
+ private:
+  int64_t head_dim_;
+
+ public:
+  torch::nn::Linear wq, wk, wv, wo;
+};
+TORCH_MODULE(Attention);
+
+class MlpImpl : public torch::nn::Module {
+ public:
+  explicit MlpImpl(const Config& c)
+      : fc1(register_module("fc1", torch::nn::Linear(c.dim, c.ffn))),
+        fc2(register_module("fc2", torch::nn::Linear(c.ffn, c.dim))) {}
+  at::Tensor forward(const at::Tensor& x) { return dtensor::call(fc2, at::gelu(dtensor::call(fc1, x))); }
+
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Mlp);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const Config& c)
+      : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})))),
+        attn(register_module("attn", Attention(c))),
+        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})))),
+        mlp(register_module("mlp", Mlp(c))) {}
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& causal_mask) {
+    const at::Tensor h = x + dtensor::call(attn, dtensor::call(ln1, x), causal_mask);
+    return h + dtensor::call(mlp, dtensor::call(ln2, h));
+  }
+
+  torch::nn::LayerNorm ln1;
+  Attention attn;
+  torch::nn::LayerNorm ln2;
+  Mlp mlp;
+};
+TORCH_MODULE(Block);
+
+class GptImpl : public torch::nn::Module {
+ public:
+  explicit GptImpl(const Config& c)
+      : tok_emb(register_module("tok_emb", torch::nn::Embedding(c.vocab, c.dim))),
+        pos_emb(register_parameter("pos_emb", at::randn({c.seq_len, c.dim}) * 0.02)),
+        causal_mask(register_buffer("causal_mask", at::triu(at::full({c.seq_len, c.seq_len}, -1e9), 1))),
+        blocks(register_module("blocks", torch::nn::ModuleList())),
+        ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})))),
+        lm_head(register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.vocab).bias(false)))) {
+    for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(Block(c));
+    dtensor::register_tensor_members<GptImpl>({{"pos_emb", &GptImpl::pos_emb}, {"causal_mask", &GptImpl::causal_mask}});
+  }
+
+  // tokens, targets: [batch, seq] token ids; the next-token cross-entropy averaged over all positions.
+  at::Tensor forward(const at::Tensor& tokens, const at::Tensor& targets) {
+    const int64_t t = tokens.size(1);
+    at::Tensor x = dtensor::call(tok_emb, tokens) + pos_emb.slice(0, 0, t);
+    const at::Tensor mask = causal_mask.slice(0, 0, t).slice(1, 0, t);
+    for (const auto& block : *blocks) x = dtensor::call(*block->as<BlockImpl>(), x, mask);
+    const at::Tensor logits = dtensor::call(lm_head, dtensor::call(ln_f, x));
+    return torch::nn::functional::cross_entropy(logits.flatten(0, 1), targets.flatten(0, 1));
+  }
+
+  torch::nn::Embedding tok_emb;
+  at::Tensor pos_emb;
+  at::Tensor causal_mask;
+  torch::nn::ModuleList blocks;
+  torch::nn::LayerNorm ln_f;
+  torch::nn::Linear lm_head;
+};
+TORCH_MODULE(Gpt);
+
+}  // namespace gpt

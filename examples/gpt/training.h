@@ -1,0 +1,139 @@
+#pragma once
+// What the GPT main job, its test and its benchmark share: the corpus, batches, the tensor-parallel
+// plans and one optimizer step.
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "dtensor/dtensor.h"
+#include "dtensor/parallel.h"
+#include "dtensor/sharding.h"
+#include "gpt_model.h"
+
+namespace gpt {
+
+// A character-level corpus: the sorted distinct characters are the vocabulary.
+struct Corpus {
+  std::string vocabulary;
+  at::Tensor tokens;  // int64 [length]
+};
+
+inline Corpus load_corpus(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read the corpus " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string s = text.str();
+  Corpus corpus;
+  bool seen[256] = {};
+  for (unsigned char ch : s) seen[ch] = true;
+  int64_t index[256];
+  for (int ch = 0; ch < 256; ++ch)
+    if (seen[ch]) {
+      index[ch] = static_cast<int64_t>(corpus.vocabulary.size());
+      corpus.vocabulary.push_back(static_cast<char>(ch));
+    }
+  std::vector<int64_t> ids;
+  for (unsigned char ch : s) ids.push_back(index[ch]);
+  corpus.tokens = at::tensor(ids, at::kLong);
+  return corpus;
+}
+
+struct Batch {
+  at::Tensor tokens, targets;  // [batch, seq]
+};
+
+// The same batches on every rank and in the single-process run (a generator of its own, seeded).
+class Batches {
+ public:
+  Batches(const Corpus& corpus, int64_t batch, int64_t seq_len, uint64_t seed)
+      : corpus_(corpus), batch_(batch), seq_len_(seq_len), generator_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
+  Batch next() {
+    const int64_t last_start = corpus_.tokens.size(0) - seq_len_ - 1;
+    const at::Tensor starts = at::randint(last_start + 1, {batch_}, generator_, at::kLong);
+    std::vector<at::Tensor> x, y;
+    for (int64_t i = 0; i < batch_; ++i) {
+      const int64_t s = starts[i].item<int64_t>();
+      x.push_back(corpus_.tokens.slice(0, s, s + seq_len_));
+      y.push_back(corpus_.tokens.slice(0, s + 1, s + seq_len_ + 1));
+    }
+    return {at::stack(x), at::stack(y)};
+  }
+
+ private:
+  const Corpus& corpus_;
+  int64_t batch_, seq_len_;
+  at::Generator generator_;
+};
+
+// Megatron-style tensor parallelism of the GPT: vocabulary-parallel token embedding, column-parallel
+// q/k/v and fc1, row-parallel wo and fc2, a column-parallel LM head whose class-sharded logits go
+// straight into the cross-entropy (loss parallel). With local_activations, everything between the
+// parallel layers (attention on this rank's heads, norms, residuals) runs on plain local tensors, as
+// Megatron does; without, activations stay DTensors throughout.
+inline dtensor::ParallelizePlan tensor_parallel_plan(bool local_activations) {
+  using namespace dtensor;
+  const bool local = local_activations;
+  return {
+      {"", PrepareModuleInput{{Replicate(), Replicate()}, {Replicate(), Replicate()}}},
+      {"tok_emb", RowwiseParallel{.input_layout = Replicate(), .output_layout = Replicate(), .use_local_output = local}},
+      {"blocks.*.attn.w[qkv]", ColwiseParallel{.use_local_output = local}},
+      {"blocks.*.attn.wo", RowwiseParallel{.use_local_output = local}},
+      {"blocks.*.mlp.fc1", ColwiseParallel{.use_local_output = local}},
+      {"blocks.*.mlp.fc2", RowwiseParallel{.use_local_output = local}},
+      {"lm_head", ColwiseParallel{.use_local_output = false}},
+  };
+}
+
+// Tensor parallel over `mesh` (1-d), or data parallel x tensor parallel over a 2-d mesh named
+// ("dp", "tp"): there activations stay DTensors and every other parameter becomes a DTensor too,
+// Replicate everywhere, so that its gradient is reduced over dp.
+inline void parallelize(Gpt& model, const dtensor::MeshPtr& mesh) {
+  if (mesh->ndim() == 1) {
+    dtensor::parallelize_module(*model, mesh, tensor_parallel_plan(/*local_activations=*/true));
+  } else {
+    dtensor::parallelize_module(*model, mesh, tensor_parallel_plan(/*local_activations=*/false), {.tp_dim = "tp"});
+    dtensor::distribute_module(*model, mesh);
+  }
+}
+
+// The loss as a number, from a DTensor (possibly Partial: the loss-parallel cross-entropy may leave its
+// sum unreduced until read) or a plain tensor.
+inline double value_of(const at::Tensor& loss) {
+  at::NoGradGuard no_grad;
+  return (dtensor::is_dtensor(loss) ? dtensor::full_tensor(loss) : loss).item<double>();
+}
+
+struct TrainOptions {
+  double lr = 3e-3;
+  double weight_decay = 0.01;
+  double max_grad_norm = 1.0;
+};
+
+// One step: forward, backward, clip by the global gradient norm, AdamW. Returns the loss.
+inline double train_step(Gpt& model, torch::optim::Optimizer& optimizer, const Batch& batch,
+                         const TrainOptions& options) {
+  optimizer.zero_grad();
+  at::Tensor loss = dtensor::call(model, batch.tokens, batch.targets);
+  loss.backward();
+  {
+    // Plain (replicated) parameters' norms meet the DTensors' in one total.
+    dtensor::ImplicitReplicationGuard mix;
+    torch::nn::utils::clip_grad_norm_(model->parameters(), options.max_grad_norm);
+  }
+  optimizer.step();
+  return value_of(loss);
+}
+
+inline torch::optim::AdamW make_optimizer(Gpt& model, const TrainOptions& options) {
+  return torch::optim::AdamW(model->parameters(),
+                             torch::optim::AdamWOptions(options.lr).weight_decay(options.weight_decay));
+}
+
+}  // namespace gpt

@@ -1,0 +1,154 @@
+// The main job: trains a GPT-style decoder on the shipped corpus on 4 local ranks it starts itself,
+// first tensor parallel over all 4 (TP=4), then data parallel x tensor parallel (DP=2 x TP=2). Rank 0
+// then trains the same model on the same batches from the same seed in one process and compares the
+// loss trajectories: PASS when every step's loss is within a relative 1e-4.
+//
+//   gpt_train [--steps K] [--modes tp,dp-tp] [--corpus PATH]
+
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <iomanip>
+#include <iostream>
+
+#include "gpt/training.h"
+
+namespace {
+
+struct Args {
+  int steps = 50;
+  std::vector<std::string> modes = {"tp", "dp-tp"};
+  std::string corpus = GPT_CORPUS_PATH;
+};
+
+Args parse(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--steps") {
+      args.steps = std::stoi(value);
+    } else if (flag == "--corpus") {
+      args.corpus = value;
+    } else if (flag == "--modes") {
+      args.modes.clear();
+      for (size_t start = 0; start <= value.size();) {
+        const size_t comma = std::min(value.find(',', start), value.size());
+        args.modes.push_back(value.substr(start, comma - start));
+        start = comma + 1;
+      }
+    } else {
+      throw std::invalid_argument("unknown flag " + flag + " (use --steps, --modes, --corpus)");
+    }
+  }
+  return args;
+}
+
+constexpr uint64_t kSeed = 1234;
+constexpr int64_t kBatch = 8;
+
+gpt::Config config_for(const gpt::Corpus& corpus) {
+  gpt::Config c;
+  c.vocab = static_cast<int64_t>(corpus.vocabulary.size());
+  c.seq_len = 32;
+  c.dim = 128;
+  c.heads = 8;
+  c.layers = 2;
+  c.ffn = 512;
+  return c;
+}
+
+// Trains K steps; `mesh` null means one process. `dp_rank`/`dp_size` pick this rank's rows of each batch.
+std::vector<double> train(const gpt::Corpus& corpus, const dtensor::MeshPtr& mesh, int steps, const std::string& label,
+                          bool print) {
+  torch::manual_seed(kSeed);
+  gpt::Gpt model(config_for(corpus));
+  int64_t dp_rank = 0, dp_size = 1;
+  if (mesh) {
+    gpt::parallelize(model, mesh);
+    if (mesh->ndim() == 2) {
+      dp_rank = (*mesh->coordinate())[0];
+      dp_size = mesh->size(0);
+    }
+  }
+  const gpt::TrainOptions options;
+  auto optimizer = gpt::make_optimizer(model, options);
+  gpt::Batches batches(corpus, kBatch, model->pos_emb.size(0), kSeed);
+  std::vector<double> losses;
+  if (print) std::cout << "\n== " << label << " ==\n";
+  const auto start = std::chrono::steady_clock::now();
+  auto last = start;
+  for (int step = 1; step <= steps; ++step) {
+    gpt::Batch batch = batches.next();
+    const int64_t rows = kBatch / dp_size;
+    batch.tokens = batch.tokens.slice(0, dp_rank * rows, (dp_rank + 1) * rows);
+    batch.targets = batch.targets.slice(0, dp_rank * rows, (dp_rank + 1) * rows);
+    losses.push_back(gpt::train_step(model, optimizer, batch, options));
+    if (print && (step == 1 || step % 5 == 0 || step == steps)) {
+      const auto now = std::chrono::steady_clock::now();
+      const double seconds = std::chrono::duration<double>(now - last).count();
+      const int done = step == 1 ? 1 : (step % 5 == 0 ? std::min(5, step - 1) : step % 5);
+      const double tokens_per_s = done * kBatch * batch.tokens.size(1) / seconds;
+      std::cout << "  step " << std::setw(3) << step << "  loss " << std::fixed << std::setprecision(5) << losses.back()
+                << "  " << std::setprecision(0) << tokens_per_s << " tokens/s\n";
+      last = now;
+    }
+  }
+  if (print)
+    std::cout << "  " << steps << " steps in " << std::setprecision(2)
+              << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s\n";
+  return losses;
+}
+
+double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(b[i]));
+  return worst;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse(argc, argv);
+  return dtensor::run_local_ranks(argc, argv, dtensor::LaunchOptions{}, [&](const std::shared_ptr<dtensor::World>& world) {
+    at::set_num_threads(1);  // one core per rank
+    const bool print = world->rank() == 0;
+    const gpt::Corpus corpus = gpt::load_corpus(args.corpus);
+    if (print)
+      std::cout << "GPT training: " << world->size() << " ranks (" << world->launcher() << "), vocabulary "
+                << corpus.vocabulary.size() << ", corpus " << corpus.tokens.size(0) << " characters, " << args.steps
+                << " steps, batch " << kBatch << "\n";
+    std::vector<std::pair<std::string, std::vector<double>>> runs;
+    for (const std::string& mode : args.modes) {
+      dtensor::MeshPtr mesh;
+      std::string label;
+      if (mode == "tp") {
+        mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"tp"}});
+        label = "tensor parallel, TP=" + std::to_string(world->size());
+      } else if (mode == "dp-tp") {
+        if (world->size() % 2 != 0) throw std::invalid_argument("dp-tp needs an even number of ranks");
+        mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"dp", "tp"}});
+        label = "data parallel x tensor parallel, DP=2 x TP=" + std::to_string(world->size() / 2);
+      } else {
+        throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp)");
+      }
+      runs.emplace_back(label, train(corpus, mesh, args.steps, label, print));
+    }
+    if (!print) return 0;
+    const std::vector<double> reference = train(corpus, nullptr, args.steps, "single process (the oracle)", true);
+    bool pass = true;
+    std::cout << "\n";
+    for (const auto& [label, losses] : runs) {
+      const double diff = max_relative_difference(losses, reference);
+      const bool ok = diff <= 1e-4;
+      pass = pass && ok;
+      std::cout << (ok ? "ok   " : "FAIL ") << label << ": largest relative loss difference " << std::scientific
+                << std::setprecision(2) << diff << " over " << losses.size() << " steps (loss " << std::fixed
+                << std::setprecision(4) << losses.front() << " -> " << losses.back() << ")\n";
+    }
+    std::cout << (pass ? "\nPASS: every loss trajectory matches the single-process run\n"
+                       : "\nFAIL: a loss trajectory differs from the single-process run\n");
+    return pass ? 0 : 1;
+  });
+}

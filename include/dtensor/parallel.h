@@ -1,0 +1,100 @@
+#pragma once
+// Tensor parallelism for torch::nn modules: PyTorch's parallel styles and parallelize_module.
+//
+//   parallelize_module(*model, mesh, {
+//       {"blocks.*.attn.wq", ColwiseParallel{}},
+//       {"blocks.*.attn.wo", RowwiseParallel{}},
+//       {"lm_head", ColwiseParallel{.use_local_output = false}},  // class-sharded logits: loss parallel
+//   });
+//   at::Tensor y = dtensor::call(model, x);
+//
+// A style does two things. It gives the module's parameters their placements (this holds however the
+// module is called). And it converts the module's inputs and output at its boundary (input_layout:
+// how a plain tensor argument is read; the layout forward wants; output_layout; use_local_output).
+// Those conversions are forward hooks, so they run when the module is called through dtensor::call
+// (see module.h); a parent that calls `wq(x)` directly gets the parameter placements and sharding
+// propagation, but not the boundary conversions.
+//
+// Layouts are placements on the tensor-parallel mesh dim. On a mesh with more dims (data parallel x
+// tensor parallel), parameters are Replicate on the other dims, their gradients are reduced over them,
+// and a plain tensor entering a module is this rank's part of a batch split along dim 0 there.
+//
+// Cross-entropy over class-sharded logits (ColwiseParallel lm_head with output_layout Shard(-1) and
+// use_local_output = false) is loss parallel by itself: the sharding rules compute it with three small
+// all-reduces and never gather the logits. A plain target tensor may meet the DTensor logits under an
+// ImplicitReplicationGuard (sharding.h), held over backward too (as PyTorch's loss_parallel context),
+// or be converted on the way in (PrepareModuleInput).
+
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "dtensor/module.h"
+
+namespace dtensor {
+
+// Linear: weight Shard(0), bias Shard(0). Embedding: weight Shard(1) (the embedding dim).
+// Forward wants a Replicate input; the output comes out Shard(-1).
+struct ColwiseParallel {
+  Placement input_layout = Replicate();
+  Placement output_layout = Shard(-1);
+  bool use_local_output = true;
+};
+
+// Linear: weight Shard(1), bias Replicate; forward wants a Shard(-1) input and its output is
+// Partial, reduced to output_layout (Replicate: one all-reduce; Shard(1): one reduce-scatter).
+// Embedding: weight Shard(0) (the vocabulary); forward wants Replicate token ids.
+struct RowwiseParallel {
+  std::optional<Placement> input_layout;  // default: what forward wants (Shard(-1) or Replicate)
+  Placement output_layout = Replicate();
+  bool use_local_output = true;
+};
+
+// For norms and dropout over sequence-sharded activations: parameters Replicate; a plain input is read
+// as Shard(sequence_dim).
+struct SequenceParallel {
+  int64_t sequence_dim = 1;
+  bool use_local_output = false;
+};
+
+// Converts a module's Tensor arguments (by position; nullopt leaves one as it is): a plain argument is
+// read as input_layouts[i] and redistributed to desired_input_layouts[i].
+struct PrepareModuleInput {
+  std::vector<std::optional<Placement>> input_layouts;
+  std::vector<std::optional<Placement>> desired_input_layouts;
+  bool use_local_output = false;
+};
+
+// Converts a module's Tensor result: a plain result is read as output_layout and redistributed to
+// desired_output_layout.
+struct PrepareModuleOutput {
+  Placement output_layout = Replicate();
+  Placement desired_output_layout = Replicate();
+  bool use_local_output = true;
+};
+
+using ParallelStyle =
+    std::variant<ColwiseParallel, RowwiseParallel, SequenceParallel, PrepareModuleInput, PrepareModuleOutput>;
+
+// A submodule path ("" is the module itself); an atom between dots may use * and ? wildcards
+// ("blocks.*.attn.wq"). Entries apply in order; each must match at least one submodule.
+struct PlanEntry {
+  std::string path;
+  ParallelStyle style;
+};
+using ParallelizePlan = std::vector<PlanEntry>;
+
+struct ParallelizeOptions {
+  // The tensor-parallel mesh dim, by name; may stay empty on a 1-d mesh.
+  std::string tp_dim;
+};
+
+void parallelize_module(torch::nn::Module& module, const MeshPtr& mesh, const ParallelizePlan& plan,
+                        const ParallelizeOptions& options = {});
+
+// The submodules `pattern` selects, with their paths (exposed for tools and tests).
+std::vector<std::pair<std::string, torch::nn::Module*>> match_submodules(torch::nn::Module& root,
+                                                                        const std::string& pattern);
+
+}  // namespace dtensor

@@ -1,0 +1,177 @@
+// What each tensor-parallel style does to a module: parameter placements, and the boundary
+// conversions (forward hooks) PyTorch's styles install.
+
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+#include "dtensor/api.h"
+#include "dtensor/errors.h"
+#include "dtensor/layout.h"
+#include "dtensor/parallel.h"
+#include "parallel_styles.h"
+
+namespace dtensor::detail {
+namespace {
+
+// One style applied to one module: where the tensor-parallel dim is, and how to build full placements.
+struct StyleTarget {
+  const StyleContext& context;
+  const std::string& path;
+  torch::nn::Module& module;
+  const char* style_name;
+
+  // `tp` on the tensor-parallel dim, `others` on every other mesh dim.
+  Placements on_mesh(const Placement& tp, const Placement& others) const {
+    Placements out(context.mesh->ndim(), others);
+    out[context.tp_dim] = tp;
+    return out;
+  }
+  void distribute(const std::string& name, const Placement& tp) const {
+    bool present = false;
+    {  // the registry copy must be gone before the swap, which counts handles to the old tensor
+      const auto params = module.named_parameters(/*recurse=*/false);
+      const at::Tensor* param = params.find(name);
+      present = param && param->defined();
+    }
+    if (!present) return;  // e.g. Linear without bias
+    distribute_parameter(module, name, context.mesh, on_mesh(tp, Replicate()), path.empty() ? name : path + "." + name);
+  }
+  [[noreturn]] void unsupported(const char* supported) const {
+    throw DTensorError(std::string(style_name) + " supports " + supported + "; '" + path + "' is a " + module.name() +
+                       ". Use it on those layers, or PrepareModuleInput/PrepareModuleOutput for this module's boundary");
+  }
+};
+
+// How a plain tensor argument becomes a DTensor: `tp` on the tensor-parallel dim, this rank's part of a
+// dim-0 batch on the others. Without communication, so shards are taken to be even unless the caller
+// knows the global size of one dim (a row-parallel Linear knows in_features).
+at::Tensor as_dtensor(const at::Tensor& input, const StyleContext& context, const Placement& tp,
+                      std::optional<std::pair<int64_t, int64_t>> known_dim_size = std::nullopt) {
+  if (is_dtensor(input)) return input;
+  Placements placements(context.mesh->ndim(), input.dim() > 0 ? Shard(0) : Replicate());
+  placements[context.tp_dim] = tp;
+  placements = validate_placements(placements, context.mesh->ndim(), input.dim(), "a module input");
+  Shape shape = global_shape_assuming_even(input.sizes().vec(), context.mesh->shape(), placements);
+  if (known_dim_size) shape[known_dim_size->first] = known_dim_size->second;
+  Shape stride = contiguous_strides(shape);
+  return from_local(input, context.mesh, placements, {.run_check = false, .shape = shape, .stride = stride});
+}
+
+// `tensor` with `tp` on the tensor-parallel dim (other dims unchanged); no-op when already there.
+at::Tensor with_tp_placement(const at::Tensor& tensor, const StyleContext& context, const Placement& tp) {
+  Placements target = placements_of(tensor);
+  target[context.tp_dim] = tp;
+  target = validate_placements(target, context.mesh->ndim(), tensor.dim(), "a module boundary");
+  return target == placements_of(tensor) ? tensor : redistribute(tensor, context.mesh, target);
+}
+
+// The input hook of styles that take the first Tensor argument as `input_layout` and want `desired`.
+void convert_first_input(const StyleTarget& target, Placement input_layout, Placement desired,
+                         std::optional<std::pair<int64_t, int64_t>> known_dim_size = std::nullopt) {
+  const StyleContext context = target.context;
+  register_forward_pre_hook(target.module, [=](torch::nn::Module& m, std::vector<at::Tensor>& inputs) {
+    if (inputs.empty() || !inputs[0].defined()) return;
+    inputs[0] = with_tp_placement(as_dtensor(inputs[0], context, input_layout, known_dim_size), context, desired);
+  });
+}
+
+void convert_output(const StyleTarget& target, std::optional<Placement> input_layout, Placement output_layout,
+                    bool use_local_output) {
+  const StyleContext context = target.context;
+  register_forward_hook(target.module, [=](torch::nn::Module&, at::Tensor out) {
+    if (!out.defined()) return out;
+    if (input_layout) out = as_dtensor(out, context, *input_layout);
+    if (is_dtensor(out)) out = with_tp_placement(out, context, output_layout);
+    return use_local_output && is_dtensor(out) ? to_local(out) : out;
+  });
+}
+
+void apply(const StyleTarget& target, const ColwiseParallel& style) {
+  if (dynamic_cast<torch::nn::LinearImpl*>(&target.module)) {
+    target.distribute("weight", Shard(0));
+    target.distribute("bias", Shard(0));
+  } else if (dynamic_cast<torch::nn::EmbeddingImpl*>(&target.module)) {
+    target.distribute("weight", Shard(1));
+  } else {
+    target.unsupported("torch::nn::Linear and torch::nn::Embedding");
+  }
+  convert_first_input(target, style.input_layout, Replicate());
+  convert_output(target, std::nullopt, style.output_layout, style.use_local_output);
+}
+
+void apply(const StyleTarget& target, const RowwiseParallel& style) {
+  if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(&target.module)) {
+    const int64_t in_features = linear->options.in_features();
+    target.distribute("weight", Shard(1));
+    target.distribute("bias", Replicate());
+    const Placement input = style.input_layout.value_or(Shard(-1));
+    // A plain Shard(-1) input is a column-parallel output: its global width is in_features, even when
+    // the shards are uneven.
+    std::optional<std::pair<int64_t, int64_t>> width;
+    if (input.is_shard() && input.dim() == -1) width = std::pair<int64_t, int64_t>{-1, in_features};
+    const StyleContext context = target.context;
+    register_forward_pre_hook(target.module, [=](torch::nn::Module&, std::vector<at::Tensor>& inputs) {
+      if (inputs.empty() || !inputs[0].defined()) return;
+      auto known = width;
+      if (known) known->first = inputs[0].dim() - 1;
+      inputs[0] = with_tp_placement(as_dtensor(inputs[0], context, input, known), context, Shard(-1));
+    });
+  } else if (dynamic_cast<torch::nn::EmbeddingImpl*>(&target.module)) {
+    target.distribute("weight", Shard(0));
+    convert_first_input(target, style.input_layout.value_or(Replicate()), Replicate());
+  } else {
+    target.unsupported("torch::nn::Linear and torch::nn::Embedding");
+  }
+  convert_output(target, std::nullopt, style.output_layout, style.use_local_output);
+}
+
+void apply(const StyleTarget& target, const SequenceParallel& style) {
+  for (const auto& param : target.module.named_parameters(/*recurse=*/false).keys()) target.distribute(param, Replicate());
+  const StyleContext context = target.context;
+  const Placement sequence = Shard(style.sequence_dim);
+  register_forward_pre_hook(target.module, [=](torch::nn::Module&, std::vector<at::Tensor>& inputs) {
+    for (auto& input : inputs)
+      if (input.defined() && !is_dtensor(input)) input = as_dtensor(input, context, sequence);
+  });
+  if (style.use_local_output) convert_output(target, std::nullopt, sequence, true);
+}
+
+void apply(const StyleTarget& target, const PrepareModuleInput& style) {
+  if (style.input_layouts.size() != style.desired_input_layouts.size())
+    throw DTensorError("PrepareModuleInput for '" + target.path + "': input_layouts has " +
+                       std::to_string(style.input_layouts.size()) + " entries but desired_input_layouts has " +
+                       std::to_string(style.desired_input_layouts.size()) + "; give one of each per Tensor argument");
+  const StyleContext context = target.context;
+  const std::string path = target.path;
+  register_forward_pre_hook(target.module, [=](torch::nn::Module&, std::vector<at::Tensor>& inputs) {
+    if (inputs.size() < style.input_layouts.size())
+      throw DTensorError("PrepareModuleInput for '" + path + "' describes " + std::to_string(style.input_layouts.size()) +
+                         " Tensor arguments but forward got " + std::to_string(inputs.size()));
+    for (size_t i = 0; i < style.input_layouts.size(); ++i) {
+      if (!inputs[i].defined() || !style.input_layouts[i]) continue;
+      at::Tensor input = as_dtensor(inputs[i], context, *style.input_layouts[i]);
+      if (style.desired_input_layouts[i]) input = with_tp_placement(input, context, *style.desired_input_layouts[i]);
+      inputs[i] = style.use_local_output ? to_local(input) : input;
+    }
+  });
+}
+
+void apply(const StyleTarget& target, const PrepareModuleOutput& style) {
+  convert_output(target, style.output_layout, style.desired_output_layout, style.use_local_output);
+}
+
+const char* style_name(const ParallelStyle& style) {
+  static constexpr const char* names[] = {"ColwiseParallel", "RowwiseParallel", "SequenceParallel",
+                                          "PrepareModuleInput", "PrepareModuleOutput"};
+  return names[style.index()];
+}
+
+}  // namespace
+
+void apply_style(const StyleContext& context, const std::string& path, torch::nn::Module& module,
+                 const ParallelStyle& style) {
+  const StyleTarget target{context, path, module, style_name(style)};
+  std::visit([&](const auto& s) { apply(target, s); }, style);
+}
+
+}  // namespace dtensor::detail
