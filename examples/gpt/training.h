@@ -4,7 +4,6 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
 
 #include <fstream>
@@ -12,8 +11,8 @@
 #include <string>
 
 #include "dtensor/dtensor.h"
+#include "dtensor/optim.h"
 #include "dtensor/parallel.h"
-#include "dtensor/sharding.h"
 #include "gpt_model.h"
 
 namespace gpt {
@@ -83,6 +82,9 @@ inline dtensor::ParallelizePlan tensor_parallel_plan(bool local_activations) {
   return {
       {"", PrepareModuleInput{{Replicate(), Replicate()}, {Replicate(), Replicate()}}},
       {"tok_emb", RowwiseParallel{.input_layout = Replicate(), .output_layout = Replicate(), .use_local_output = local}},
+      // One DTensor input for q, k and v: their input gradients meet in one all-reduce, as Megatron's
+      // fused QKV projection does.
+      {"blocks.*.attn", PrepareModuleInput{{Replicate(), std::nullopt}, {Replicate(), std::nullopt}}},
       {"blocks.*.attn.w[qkv]", ColwiseParallel{.use_local_output = local}},
       {"blocks.*.attn.wo", RowwiseParallel{.use_local_output = local}},
       {"blocks.*.mlp.fc1", ColwiseParallel{.use_local_output = local}},
@@ -122,11 +124,7 @@ inline double train_step(Gpt& model, torch::optim::Optimizer& optimizer, const B
   optimizer.zero_grad();
   at::Tensor loss = dtensor::call(model, batch.tokens, batch.targets);
   loss.backward();
-  {
-    // Plain (replicated) parameters' norms meet the DTensors' in one total.
-    dtensor::ImplicitReplicationGuard mix;
-    torch::nn::utils::clip_grad_norm_(model->parameters(), options.max_grad_norm);
-  }
+  dtensor::clip_grad_norm_(model->parameters(), options.max_grad_norm);
   optimizer.step();
   return value_of(loss);
 }

@@ -6,6 +6,7 @@
 #include "dtensor/comm_debug.h"
 #include "gpt/training.h"
 #include "harness.h"
+#include "test_modules.h"
 
 namespace dtensor::testing {
 namespace {
@@ -40,15 +41,6 @@ gpt::Batch rows_of(const gpt::Batch& b, const MeshPtr& m) {
   return {b.tokens.slice(0, r * rows, (r + 1) * rows), b.targets.slice(0, r * rows, (r + 1) * rows)};
 }
 
-void expect_same_gradients(gpt::Gpt& parallel, gpt::Gpt& reference) {
-  const auto expected = reference->named_parameters();
-  for (const auto& p : parallel->named_parameters()) {
-    ASSERT_TRUE(p.value().grad().defined()) << p.key();
-    const at::Tensor grad = is_dtensor(p.value()) ? full_tensor(p.value().grad()) : p.value().grad();
-    EXPECT_TRUE(tensors_close(grad, expected[p.key()].grad(), 1e-9, 1e-11)) << p.key();
-  }
-}
-
 class GptParallelTest : public DistTest, public ::testing::WithParamInterface<bool> {
  protected:
   MeshPtr parallel_mesh() { return GetParam() ? mesh({2, 2}, {}, {"dp", "tp"}) : mesh({4}, {}, {"tp"}); }
@@ -64,11 +56,60 @@ TEST_P(GptParallelTest, LossAndGradientsEqualOneDevice) {
   EXPECT_NEAR(gpt::value_of(loss), loss_ref.item<double>(), 1e-10);
   loss.backward();
   loss_ref.backward();
-  expect_same_gradients(parallel, reference);
+  expect_grads_equal(*parallel, *reference, 1e-9, 1e-11);
+}
+
+// Training steps (AdamW, the global-norm clip) on both meshes follow the single-device run.
+TEST_P(GptParallelTest, TrainingStepsFollowOneDevice) {
+  auto m = parallel_mesh();
+  auto reference = seeded_gpt(), parallel = seeded_gpt();
+  gpt::parallelize(parallel, m);
+  gpt::TrainOptions options;
+  options.max_grad_norm = 0.5;  // small enough to clip
+  auto optimizer = gpt::make_optimizer(parallel, options);
+  auto optimizer_ref = gpt::make_optimizer(reference, options);
+  for (int64_t step = 0; step < 3; ++step) {
+    const gpt::Batch batch = test_batch(4 + step % 2 * 2);
+    const double loss = gpt::train_step(parallel, optimizer, rows_of(batch, m), options);
+    const double loss_ref = gpt::train_step(reference, optimizer_ref, batch, options);
+    EXPECT_NEAR(loss, loss_ref, 1e-9 * std::abs(loss_ref)) << "step " << step;
+  }
+  at::NoGradGuard no_grad;
+  const auto expected = reference->named_parameters();
+  for (const auto& p : parallel->named_parameters()) {
+    const at::Tensor value = is_dtensor(p.value()) ? full_tensor(p.value()) : p.value();
+    EXPECT_TRUE(tensors_close(value, expected[p.key()], 1e-8, 1e-10)) << p.key();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, GptParallelTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "DP2xTP2" : "TP4"; });
+
+// Per layer, the Megatron-LM pattern: forward, one all-reduce for the vocabulary-parallel embedding and
+// one after each row-parallel layer (attention's wo, the MLP's fc2); backward, one all-reduce per
+// column-parallel input (q/k/v together, fc1, the LM head). The loss-parallel cross-entropy adds
+// all-reduces of one number per row: the max and the sum of exponentials forward (the picked
+// log-probability stays Partial until the loss is read), and log-softmax's gradient sum backward
+// (Megatron's fused cross-entropy saves that one). Nothing is ever gathered.
+TEST_F(DistTest, GptCollectivesFollowMegatron) {
+  auto m = mesh({4}, {}, {"tp"});
+  auto model = seeded_gpt();
+  gpt::parallelize(model, m);
+  const gpt::Batch batch = test_batch(4);
+  const int64_t layers = small_config().layers;
+  CommDebugMode forward;
+  at::Tensor loss = call(model, batch.tokens, batch.targets);
+  EXPECT_EQ(forward.count("all-reduce"), 1 + 2 * layers + 2) << forward.summary();
+  EXPECT_EQ(forward.total_count(), 1 + 2 * layers + 2) << forward.summary();
+  CommDebugMode backward;
+  loss.backward();
+  EXPECT_EQ(backward.count("all-reduce"), 2 * layers + 1 + 1) << backward.summary();
+  EXPECT_EQ(backward.total_count(), 2 * layers + 1 + 1) << backward.summary();
+  const int64_t rows = batch.tokens.numel();
+  for (const CommDebugMode* mode : {&forward, &backward})
+    for (const auto& c : mode->collectives())
+      if (c.op != "redistribute") EXPECT_LE(c.bytes, rows * 8) << mode->summary();  // loss: per-row numbers
+}
 
 }  // namespace
 }  // namespace dtensor::testing

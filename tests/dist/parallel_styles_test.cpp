@@ -4,48 +4,16 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
 #include "dtensor/comm_debug.h"
 #include "dtensor/parallel.h"
 #include "dtensor/sharding.h"
 #include "harness.h"
+#include "test_modules.h"
 
 namespace dtensor::testing {
 namespace {
-
-// Two Linear layers with a ReLU between, calling them through dtensor::call.
-class TwoLayerImpl : public torch::nn::Module {
- public:
-  TwoLayerImpl(int64_t dim, int64_t hidden)
-      : up(register_module("up", torch::nn::Linear(dim, hidden))),
-        down(register_module("down", torch::nn::Linear(hidden, dim))) {}
-  at::Tensor forward(const at::Tensor& x) { return call(down, at::relu(call(up, x))); }
-  torch::nn::Linear up, down;
-};
-TORCH_MODULE(TwoLayer);
-
-// A module built the same way (same seed) on every rank, in double precision.
-template <typename M, typename... Args>
-M seeded(Args... args) {
-  torch::manual_seed(7);
-  M m(args...);
-  m->to(at::kDouble);
-  return m;
-}
-
-void expect_grads_equal(torch::nn::Module& parallel, torch::nn::Module& reference) {
-  const auto expected = reference.named_parameters();
-  for (const auto& p : parallel.named_parameters()) {
-    ASSERT_TRUE(p.value().grad().defined()) << p.key();
-    const at::Tensor grad = is_dtensor(p.value()) ? full_tensor(p.value().grad()) : p.value().grad();
-    EXPECT_TRUE(tensors_close(grad, expected[p.key()].grad(), 1e-10, 1e-12)) << p.key();
-    if (is_dtensor(p.value())) {
-      EXPECT_EQ(placements_of(p.value().grad()), placements_of(p.value())) << p.key();
-    }
-  }
-}
 
 TEST_F(DistTest, ColwiseThenRowwiseLinearIsMegatronsMlp) {
   auto m = mesh({4});
