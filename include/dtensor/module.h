@@ -50,6 +50,13 @@ void replace_buffer(torch::nn::Module& module, const std::string& name, at::Tens
 void distribute_parameter(torch::nn::Module& module, const std::string& name, const MeshPtr& mesh,
                           const Placements& placements, const std::string& path);
 
+// Installs `param`, a DTensor leaf, as parameter `name` of `module` (replace_parameter), with the
+// gradient hook described above.
+void set_dtensor_parameter(torch::nn::Module& module, const std::string& name, at::Tensor param,
+                           const std::string& path);
+// The parameter `name` of `module`; throws DTensorError listing its parameters when there is none.
+const at::Tensor& parameter_of(torch::nn::Module& module, const std::string& name, const std::string& path);
+
 // Tells replace_parameter which member variables of a user module type hold its tensors, e.g.
 //   register_tensor_members<AttentionImpl>({{"wq", &AttentionImpl::wq}, {"bias", &AttentionImpl::bias}});
 template <typename Impl>

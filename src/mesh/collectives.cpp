@@ -85,10 +85,10 @@ at::Tensor all_to_all(const DeviceMesh& mesh, int64_t dim, const at::Tensor& inp
   return output;
 }
 
-void broadcast_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor) {
+void broadcast_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, int64_t root) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
-  options.rootRank = 0;
+  options.rootRank = root;
   run(mesh, dim, "broadcast", tensor.nbytes(), [&](c10d::Backend& g) { return g.broadcast(tensors, options); });
 }
 

@@ -22,8 +22,8 @@ at::Tensor reduce_scatter(const DeviceMesh& mesh, int64_t dim, const at::Tensor&
 // Flat contiguous `input`; send_counts[i] elements go to member i, recv_counts[i] come from it.
 at::Tensor all_to_all(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input, std::vector<int64_t> send_counts,
                       std::vector<int64_t> recv_counts);
-// In place, from the member at coordinate 0 along `dim`; `tensor` must be contiguous.
-void broadcast_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor);
+// In place, from the member at coordinate `root` along `dim`; `tensor` must be contiguous.
+void broadcast_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, int64_t root = 0);
 // The member at coordinate 0 sends chunks[i] to member i; everyone receives into `output` (shaped like
 // every chunk). `chunks` is ignored on other members.
 void scatter_(const DeviceMesh& mesh, int64_t dim, const std::vector<at::Tensor>& chunks, at::Tensor& output);

@@ -120,22 +120,32 @@ void replace_buffer(torch::nn::Module& module, const std::string& name, at::Tens
   replace_tensor(buffer_registry(module), "buffer", module, name, std::move(value), path);
 }
 
-void distribute_parameter(torch::nn::Module& module, const std::string& name, const MeshPtr& mesh,
-                          const Placements& placements, const std::string& path) {
+const at::Tensor& parameter_of(torch::nn::Module& module, const std::string& name, const std::string& path) {
   const at::Tensor* current = ParameterRegistry::of(module).find(name);
   if (!current || !current->defined())
     throw DTensorError(path + ": module " + module.name() + " has no parameter '" + name + "' (its parameters: " +
                        names_of(ParameterRegistry::of(module)) + ")");
-  at::Tensor param = distribute_tensor(*current, mesh, placements);
-  if (param.requires_grad() && !current->is_same(param)) {
+  return *current;
+}
+
+void set_dtensor_parameter(torch::nn::Module& module, const std::string& name, at::Tensor param,
+                           const std::string& path) {
+  if (param.requires_grad()) {
     // Capture the spec, not the parameter: the hook lives on the parameter.
-    std::shared_ptr<const DTensorSpec> spec = dtensor_impl(param).shared_spec();
+    std::shared_ptr<const DTensorSpec> spec = dtensor_impl(param, "set_dtensor_parameter").shared_spec();
     param.register_hook([spec](const at::Tensor& grad) -> at::Tensor {
       if (!grad.defined() || !is_dtensor(grad) || placements_of(grad) == spec->placements) return grad;
       return redistribute(grad, spec->mesh, spec->placements);
     });
   }
   replace_parameter(module, name, std::move(param), path);
+}
+
+void distribute_parameter(torch::nn::Module& module, const std::string& name, const MeshPtr& mesh,
+                          const Placements& placements, const std::string& path) {
+  const at::Tensor& current = parameter_of(module, name, path);
+  at::Tensor param = distribute_tensor(current, mesh, placements);
+  if (!current.is_same(param)) set_dtensor_parameter(module, name, std::move(param), path);
 }
 
 void distribute_module(torch::nn::Module& module, const MeshPtr& mesh, const PartitionFn& partition_fn,

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs the tensor-parallel training-step benchmark for TP = 1, 2, 4 and writes bench/results/tp_step.md.
+#   bench/tp_step.sh <build-dir> [--rounds R]      (what `./dev bench tp` calls)
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${1:?usage: bench/tp_step.sh <build-dir> [--rounds R]}
+shift
+RESULTS=$ROOT/bench/results/tp_step.md
+CORES=$(nproc)
+oversubscribed=""
+if ((CORES < 4)); then oversubscribed=" TP=4 runs 4 ranks on these $CORES cores (oversubscribed), so its times include ranks waiting for a core."; fi
+{
+  cat <<EOF
+# GPT training step, tensor parallel: dtensor vs hand-written Megatron (CPU, Gloo)
+
+Command: \`./dev bench tp${*:+ $*}\` (runs \`bench/tp_step.sh\`, which runs \`dtensor_tp_step_bench --tp N${*:+ $*}\` for N = 1, 2, 4)
+
+- Date: $(date -u '+%Y-%m-%d %H:%M UTC')
+- Machine: $CORES cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), load average $(cut -d' ' -f1-3 /proc/loadavg).$oversubscribed
+
+Method: the GPT demo model (examples/gpt: seq 32, dim 128, 8 heads, 2 layers, ffn 512, the corpus's
+vocabulary, batch 8), every model from the same seed, local ranks talking through Gloo over loopback,
+one intra-op thread per rank. A step is forward, backward, AdamW step and zero_grad, then reading the
+loss as a number (what a training loop logs); no gradient clipping. *dtensor*: \`gpt::parallelize\`
+on a 1-d mesh (the TP plan with local activations), \`dtensor::call(model, tokens, targets)\`.
+*hand-written Megatron*: the same GPT as plain per-rank shards of the same weights, Megatron's f/g
+autograd functions over the mesh's c10d process group (all-reduces in place, skipped on one rank as
+Megatron does), a vocabulary-parallel embedding and cross-entropy (all-reduces of the row max, the
+target logit and the sum of exponentials). *plain LibTorch* (TP=1 only): gpt::Gpt without dtensor.
+Before timing, both parallel runs' first-step losses must equal the single process's (relative 1e-5)
+and their warm-up losses after updates each other's (1e-4). After 5 warm-up steps each, the
+implementations alternate in rounds of 5 steps (the order rotating), 10 rounds by default. Every step
+starts after a barrier; a step's time is the maximum over ranks, and each column is the median over
+steps of that phase's time (maximum over ranks), so phases need not add up to the step. Collectives
+are counted over one step on rank 0 (dtensor's with CommDebugMode). Goal: dtensor's step <= 1.05x
+the hand-written one.
+
+EOF
+  for tp in 1 2 4; do
+    echo "## TP=$tp"
+    echo
+    "$BUILD/bench/dtensor_tp_step_bench" --tp "$tp" "$@"
+    echo
+  done
+} > "$RESULTS.tmp"
+mv "$RESULTS.tmp" "$RESULTS"
+cat "$RESULTS"

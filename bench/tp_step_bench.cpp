@@ -1,0 +1,510 @@
+// Training-step time of the GPT demo model (examples/gpt) under tensor parallelism: dtensor's plan
+// (gpt::parallelize, local activations) next to a hand-written Megatron-style tensor parallelism of
+// the same model over raw c10d all-reduces, in the same processes, alternating blocks of steps so
+// that both see the same machine noise. With --tp 1, plain LibTorch (no dtensor) is the baseline.
+// Rank 0 prints a markdown table; bench/tp_step.sh (./dev bench tp) runs TP = 1, 2, 4.
+//
+//   dtensor_tp_step_bench [--tp N] [--rounds R]
+//
+// A timed step is forward, backward, AdamW step, zero_grad, and reading the loss as a number (what a
+// training loop logs; gpt::train_step without gradient clipping, which is benchmarked elsewhere).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/autograd.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/optim/adamw.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dtensor/comm_debug.h"
+#include "dtensor/dtensor.h"
+#include "gpt/training.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr uint64_t kSeed = 1234;
+constexpr int64_t kBatch = 8;
+constexpr int kDistinctBatches = 10;  // prepared before timing and cycled
+constexpr int kWarmupSteps = 5;
+constexpr int kStepsPerRound = 5;
+constexpr double kFirstLossTolerance = 1e-5;
+// Later warm-up steps compare the two parallel runs after AdamW updates, which amplify rounding.
+constexpr double kLaterLossTolerance = 1e-4;
+
+struct Args {
+  int tp = 2;
+  int rounds = 10;
+};
+
+Args parse(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) throw std::invalid_argument("missing value after " + flag);
+    const int value = std::stoi(argv[i + 1]);
+    if (flag == "--tp") args.tp = value;
+    else if (flag == "--rounds") args.rounds = value;
+    else throw std::invalid_argument("unknown flag " + flag + " (use --tp, --rounds)");
+  }
+  if (args.tp < 1 || args.rounds < 1) throw std::invalid_argument("--tp and --rounds must be positive");
+  return args;
+}
+
+// The demo's model (examples/gpt_train.cpp).
+gpt::Config demo_config(const gpt::Corpus& corpus) {
+  gpt::Config c;
+  c.vocab = static_cast<int64_t>(corpus.vocabulary.size());
+  c.seq_len = 32;
+  c.dim = 128;
+  c.heads = 8;
+  c.layers = 2;
+  c.ffn = 512;
+  return c;
+}
+
+// Every model of a run starts from these same weights.
+gpt::Gpt seeded_model(const gpt::Config& config) {
+  torch::manual_seed(kSeed);
+  return gpt::Gpt(config);
+}
+
+torch::optim::AdamWOptions adamw_options() {
+  const gpt::TrainOptions train;
+  return torch::optim::AdamWOptions(train.lr).weight_decay(train.weight_decay);
+}
+
+// ---- Megatron-style tensor parallelism, written by hand ---------------------------------------------
+
+// The tensor-parallel group of this process, and the all-reduces it ran (by what they were for). A
+// process-wide handle, as Megatron's parallel_state keeps it: the autograd Functions below reach it
+// from backward.
+struct TpGroup {
+  c10::intrusive_ptr<c10d::Backend> backend;
+  int64_t rank = 0;
+  int64_t size = 1;
+  std::map<std::string, int64_t> all_reduces;
+  int64_t all_reduce_bytes = 0;
+};
+
+TpGroup& tp_group() {
+  static TpGroup group;
+  return group;
+}
+
+// In place. Skipped on one rank, as Megatron does.
+void all_reduce_(at::Tensor& t, c10d::ReduceOp op, const char* purpose) {
+  TpGroup& group = tp_group();
+  if (group.size == 1) return;
+  ++group.all_reduces[purpose];
+  group.all_reduce_bytes += static_cast<int64_t>(t.nbytes());
+  std::vector<at::Tensor> tensors{t};
+  c10d::AllreduceOptions options;
+  options.reduceOp = op;
+  group.backend->allreduce(tensors, options)->wait();
+}
+
+// Megatron's f, in front of a column-parallel layer: identity forward, all-reduce of the gradient
+// backward (each rank's layer saw only its shard of the outputs).
+struct CopyToTensorParallel : torch::autograd::Function<CopyToTensorParallel> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x) { return x; }
+  static variable_list backward(AutogradContext*, variable_list grads) {
+    at::Tensor grad = grads[0].contiguous();  // a fresh gradient: reduced in place, as Megatron does
+    all_reduce_(grad, c10d::ReduceOp::SUM, "f backward (input gradient of q/k/v, fc1, LM head)");
+    return {grad};
+  }
+};
+
+// Megatron's g, behind a row-parallel layer or the vocabulary-parallel embedding: all-reduce forward
+// (the partial sums), identity backward.
+struct ReduceFromTensorParallel : torch::autograd::Function<ReduceFromTensorParallel> {
+  // `partial` is a fresh result nothing else holds: reduced in place (marked dirty), as Megatron does.
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor partial, const char* purpose) {
+    all_reduce_(partial, c10d::ReduceOp::SUM, purpose);
+    ctx->mark_dirty({partial});
+    return partial;
+  }
+  static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], at::Tensor()}; }
+};
+
+at::Tensor copy_to_tp(const at::Tensor& x) { return CopyToTensorParallel::apply(x); }
+at::Tensor reduce_from_tp(const at::Tensor& partial, const char* purpose) {
+  return ReduceFromTensorParallel::apply(partial, purpose);
+}
+
+// [start, end) of a dim of `size` that `rank` of `ranks` holds, split with torch.chunk semantics (as
+// dtensor's Shard does).
+struct Range {
+  int64_t start, end;
+  int64_t length() const { return end - start; }
+};
+
+Range chunk_range(int64_t size, int64_t rank, int64_t ranks) {
+  const int64_t chunk = (size + ranks - 1) / ranks;
+  const int64_t start = std::min(rank * chunk, size);
+  return {start, std::min(start + chunk, size)};
+}
+
+// A trainable copy of this rank's chunk of `full` along `dim`.
+at::Tensor shard_of(const at::Tensor& full, int64_t dim) {
+  const TpGroup& group = tp_group();
+  const Range r = chunk_range(full.size(dim), group.rank, group.size);
+  if (r.length() == 0)
+    throw std::invalid_argument("dim " + std::to_string(dim) + " of size " + std::to_string(full.size(dim)) +
+                                " leaves rank " + std::to_string(group.rank) + " an empty shard");
+  return full.detach().narrow(dim, r.start, r.length()).clone(at::MemoryFormat::Contiguous).requires_grad_();
+}
+
+at::Tensor replica_of(const at::Tensor& full) { return full.detach().clone().requires_grad_(); }
+
+// Megatron's vocabulary-parallel cross-entropy over class-sharded logits [rows, local classes]: the
+// row max (all-reduce MAX), the target logit (all-reduce SUM: only its owner contributes) and the sum
+// of exponentials (all-reduce SUM) make the loss without gathering the logits; the gradient, softmax
+// minus one-hot on the local classes, needs no communication.
+struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets,
+                            int64_t vocab_start) {
+    at::Tensor max = logits.amax(-1);
+    all_reduce_(max, c10d::ReduceOp::MAX, "cross-entropy row max");
+    const at::Tensor shifted = logits - max.unsqueeze(-1);
+
+    const at::Tensor here = (targets >= vocab_start) & (targets < vocab_start + logits.size(-1));
+    const at::Tensor local_targets = at::where(here, targets - vocab_start, 0).unsqueeze(-1);
+    at::Tensor target_logit = shifted.gather(-1, local_targets).squeeze(-1).masked_fill(here.logical_not(), 0);
+    all_reduce_(target_logit, c10d::ReduceOp::SUM, "cross-entropy target logit");
+
+    at::Tensor exp = shifted.exp();
+    at::Tensor sum_exp = exp.sum(-1);
+    all_reduce_(sum_exp, c10d::ReduceOp::SUM, "cross-entropy sum of exponentials");
+
+    ctx->save_for_backward({exp.div_(sum_exp.unsqueeze(-1)), local_targets, here});
+    return (sum_exp.log() - target_logit).mean();
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    at::Tensor grad = saved[0];  // the softmax, needed only here: turned into the gradient in place
+    const at::Tensor &local_targets = saved[1], &here = saved[2];
+    grad.scatter_add_(-1, local_targets, here.to(grad.scalar_type()).neg().unsqueeze(-1));
+    grad.mul_(grads[0] / grad.size(0));
+    return {grad, at::Tensor(), at::Tensor()};
+  }
+};
+
+struct LinearShard {
+  at::Tensor weight, bias;
+};
+
+// Output features split: rows of the weight and the bias.
+LinearShard column_shard(const torch::nn::Linear& full) { return {shard_of(full->weight, 0), shard_of(full->bias, 0)}; }
+
+// Input features split: columns of the weight; the bias is added once, after the reduction.
+LinearShard row_shard(const torch::nn::Linear& full) { return {shard_of(full->weight, 1), replica_of(full->bias)}; }
+
+struct Norm {
+  at::Tensor weight, bias;
+  double eps;
+  explicit Norm(const torch::nn::LayerNorm& full)
+      : weight(replica_of(full->weight)), bias(replica_of(full->bias)), eps(full->options.eps()) {}
+  at::Tensor operator()(const at::Tensor& x) const { return at::layer_norm(x, {weight.size(0)}, weight, bias, eps); }
+};
+
+at::Tensor linear(const at::Tensor& x, const LinearShard& layer) { return at::linear(x, layer.weight, layer.bias); }
+
+// A row-parallel layer's partial products are summed over the group before its bias is added once.
+at::Tensor row_parallel(const at::Tensor& x, const LinearShard& layer, const char* purpose) {
+  return reduce_from_tp(at::linear(x, layer.weight), purpose) + layer.bias;
+}
+
+struct BlockShard {
+  Norm ln1;
+  LinearShard wq, wk, wv, wo;  // this rank's heads
+  Norm ln2;
+  LinearShard fc1, fc2;
+
+  explicit BlockShard(const gpt::BlockImpl& full)
+      : ln1(full.ln1),
+        wq(column_shard(full.attn->wq)),
+        wk(column_shard(full.attn->wk)),
+        wv(column_shard(full.attn->wv)),
+        wo(row_shard(full.attn->wo)),
+        ln2(full.ln2),
+        fc1(column_shard(full.mlp->fc1)),
+        fc2(row_shard(full.mlp->fc2)) {}
+};
+
+// gpt::Gpt as this rank's shards in plain tensors, computing what gpt::Gpt::forward does.
+class MegatronGpt {
+ public:
+  MegatronGpt(const gpt::Gpt& full, const gpt::Config& config)
+      : head_dim_(config.dim / config.heads),
+        vocab_(chunk_range(config.vocab, tp_group().rank, tp_group().size)),
+        tok_emb_(shard_of(full->tok_emb->weight, 0)),
+        pos_emb_(replica_of(full->pos_emb)),
+        causal_mask_(full->causal_mask.clone()),
+        ln_f_(full->ln_f),
+        lm_head_(shard_of(full->lm_head->weight, 0)) {
+    for (const auto& block : *full->blocks) blocks_.emplace_back(*block->as<gpt::BlockImpl>());
+  }
+
+  at::Tensor forward(const at::Tensor& tokens, const at::Tensor& targets) const {
+    const int64_t t = tokens.size(1);
+    at::Tensor x = embed(tokens) + pos_emb_.slice(0, 0, t);
+    const at::Tensor mask = causal_mask_.slice(0, 0, t).slice(1, 0, t);
+    for (const BlockShard& block : blocks_) {
+      const at::Tensor h = x + attention(block, block.ln1(x), mask);
+      x = h + mlp(block, block.ln2(h));
+    }
+    const at::Tensor logits = at::linear(copy_to_tp(ln_f_(x)), lm_head_);  // this rank's classes
+    return VocabParallelCrossEntropy::apply(logits.flatten(0, 1), targets.flatten(0, 1), vocab_.start);
+  }
+
+  std::vector<at::Tensor> parameters() const {
+    std::vector<at::Tensor> out = {tok_emb_, pos_emb_, ln_f_.weight, ln_f_.bias, lm_head_};
+    for (const BlockShard& b : blocks_)
+      out.insert(out.end(), {b.ln1.weight, b.ln1.bias, b.wq.weight, b.wq.bias, b.wk.weight, b.wk.bias, b.wv.weight,
+                             b.wv.bias, b.wo.weight, b.wo.bias, b.ln2.weight, b.ln2.bias, b.fc1.weight, b.fc1.bias,
+                             b.fc2.weight, b.fc2.bias});
+    return out;
+  }
+
+ private:
+  // Vocabulary-parallel lookup: each rank looks up the tokens in its rows, zeros for the others, and
+  // the lookups add up.
+  at::Tensor embed(const at::Tensor& tokens) const {
+    const at::Tensor here = (tokens >= vocab_.start) & (tokens < vocab_.end);
+    const at::Tensor rows = at::embedding(tok_emb_, at::where(here, tokens - vocab_.start, 0));
+    return reduce_from_tp(rows.masked_fill(here.logical_not().unsqueeze(-1), 0), "embedding output");
+  }
+
+  // As gpt::AttentionImpl::forward, on this rank's heads.
+  at::Tensor attention(const BlockShard& b, const at::Tensor& x, const at::Tensor& causal_mask) const {
+    const int64_t batch = x.size(0), t = x.size(1);
+    auto heads = [&](const at::Tensor& y) { return y.view({batch, t, -1, head_dim_}).transpose(1, 2); };
+    const at::Tensor in = copy_to_tp(x);  // one for q, k and v: one gradient all-reduce, as a fused QKV
+    const at::Tensor q = heads(linear(in, b.wq)), k = heads(linear(in, b.wk)), v = heads(linear(in, b.wv));
+    at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(head_dim_)));
+    const at::Tensor attention = at::softmax(scores + causal_mask, -1);
+    const at::Tensor y = at::matmul(attention, v).transpose(1, 2).reshape({batch, t, -1});
+    return row_parallel(y, b.wo, "wo output");
+  }
+
+  at::Tensor mlp(const BlockShard& b, const at::Tensor& x) const {
+    return row_parallel(at::gelu(linear(copy_to_tp(x), b.fc1)), b.fc2, "fc2 output");
+  }
+
+  int64_t head_dim_;
+  Range vocab_;
+  at::Tensor tok_emb_, pos_emb_, causal_mask_;
+  std::vector<BlockShard> blocks_;
+  Norm ln_f_;
+  at::Tensor lm_head_;
+};
+
+// ---- timing --------------------------------------------------------------------------------------
+
+// One implementation under test: how it computes the loss of a batch, and its AdamW.
+struct Contender {
+  std::string name;
+  std::function<at::Tensor(const gpt::Batch&)> loss;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  int steps_done = 0;  // picks the next batch, so every contender sees the batches in the same order
+};
+
+enum Phase { kForward, kBackward, kOptimizer, kLossRead, kStep, kPhases };
+
+struct StepResult {
+  double loss;
+  std::array<double, kPhases> seconds;  // on this rank
+};
+
+double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// Starts after a barrier, so that every rank's clock starts with the slowest rank's previous step done.
+StepResult step(Contender& c, const std::vector<gpt::Batch>& batches) {
+  const gpt::Batch& batch = batches[c.steps_done++ % batches.size()];
+  tp_group().backend->barrier()->wait();
+  const auto start = Clock::now();
+  at::Tensor loss = c.loss(batch);
+  const auto forward_done = Clock::now();
+  loss.backward();
+  const auto backward_done = Clock::now();
+  c.optimizer->step();
+  c.optimizer->zero_grad();
+  const auto optimizer_done = Clock::now();
+  const double value = gpt::value_of(loss);
+  const auto end = Clock::now();
+  return {value,
+          {seconds_between(start, forward_done), seconds_between(forward_done, backward_done),
+           seconds_between(backward_done, optimizer_done), seconds_between(optimizer_done, end),
+           seconds_between(start, end)}};
+}
+
+double relative_difference(double a, double b) { return std::abs(a - b) / std::abs(b); }
+
+// The first-step losses of the parallel runs equal the single-process one, and the warm-up steps after
+// it (gradients and updates) agree between dtensor and hand-written. Throws on any rank that differs.
+void check_losses(double single_process, const std::vector<double>& with_dtensor, const std::vector<double>& hand) {
+  const double first =
+      std::max(relative_difference(with_dtensor[0], single_process), relative_difference(hand[0], single_process));
+  double later = 0;
+  for (size_t i = 1; i < hand.size(); ++i) later = std::max(later, relative_difference(hand[i], with_dtensor[i]));
+  if (tp_group().rank == 0)
+    std::printf("First-step loss: single process %.7f, dtensor %.7f, hand-written %.7f (largest relative difference "
+                "%.1e, tolerance %.0e); warm-up steps 2-%zu, dtensor vs hand-written: %.1e (tolerance %.0e)\n\n",
+                single_process, with_dtensor[0], hand[0], first, kFirstLossTolerance, hand.size(), later, kLaterLossTolerance);
+  if (first > kFirstLossTolerance || later > kLaterLossTolerance)
+    throw std::runtime_error("sanity check failed: the hand-written model's losses differ from dtensor's or the "
+                             "single process's (see above); not timing");
+}
+
+// What one step of each parallel implementation communicates, on this rank.
+void print_collectives(Contender& dtensor_run, Contender& hand, const std::vector<gpt::Batch>& batches) {
+  std::string dtensor_detail;
+  int64_t dtensor_count = 0, dtensor_bytes = 0;
+  {
+    dtensor::CommDebugMode debug;
+    step(dtensor_run, batches);
+    for (const auto& [op, kinds] : debug.counts_by_op())
+      for (const auto& [kind, n] : kinds) dtensor_detail += "; " + op + " " + kind + " x" + std::to_string(n);
+    dtensor_count = debug.total_count();
+    for (const auto& c : debug.collectives()) dtensor_bytes += c.bytes;
+  }
+  tp_group().all_reduces.clear();
+  tp_group().all_reduce_bytes = 0;
+  step(hand, batches);
+  std::string hand_detail;
+  int64_t hand_count = 0;
+  for (const auto& [purpose, n] : tp_group().all_reduces) {
+    hand_detail += "; " + purpose + " x" + std::to_string(n);
+    hand_count += n;
+  }
+  if (tp_group().rank != 0) return;
+  std::printf("Collectives per step (rank 0):\n");
+  std::printf("- dtensor: %lld (%lld bytes)%s\n", static_cast<long long>(dtensor_count),
+              static_cast<long long>(dtensor_bytes), dtensor_detail.c_str());
+  std::printf("- hand-written: %lld all-reduces (%lld bytes)%s\n\n", static_cast<long long>(hand_count),
+              static_cast<long long>(tp_group().all_reduce_bytes), hand_detail.c_str());
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Rounds of kStepsPerRound steps per contender, the order rotating every round. Returns each step's
+// phase times as the maximum over ranks: [contender][step][phase].
+std::vector<std::vector<std::array<double, kPhases>>> time_rounds(std::vector<Contender>& contenders,
+                                                                  const std::vector<gpt::Batch>& batches, int rounds) {
+  const size_t n = contenders.size();
+  const int64_t steps = static_cast<int64_t>(rounds) * kStepsPerRound;
+  at::Tensor times = at::zeros({static_cast<int64_t>(n), steps, kPhases}, at::kDouble);
+  auto t = times.accessor<double, 3>();
+  for (int round = 0; round < rounds; ++round)
+    for (size_t k = 0; k < n; ++k) {
+      const size_t c = (round + k) % n;
+      for (int s = 0; s < kStepsPerRound; ++s) {
+        const StepResult r = step(contenders[c], batches);
+        for (int p = 0; p < kPhases; ++p) t[c][round * kStepsPerRound + s][p] = r.seconds[p];
+      }
+    }
+  all_reduce_(times, c10d::ReduceOp::MAX, "step times (max over ranks)");
+  std::vector<std::vector<std::array<double, kPhases>>> out(n);
+  for (size_t c = 0; c < n; ++c)
+    for (int64_t s = 0; s < steps; ++s) {
+      std::array<double, kPhases> phases;
+      for (int p = 0; p < kPhases; ++p) phases[p] = t[c][s][p];
+      out[c].push_back(phases);
+    }
+  return out;
+}
+
+void print_table(const std::vector<Contender>& contenders,
+                 const std::vector<std::vector<std::array<double, kPhases>>>& times, int tp, int64_t tokens_per_step) {
+  std::printf("| implementation | TP | step ms | forward ms | backward ms | optimizer ms | loss read ms | tokens/s | "
+              "step / hand-written step |\n");
+  std::printf("|---|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+  auto median_ms = [&](size_t c, Phase p) {
+    std::vector<double> values;
+    for (const auto& phases : times[c]) values.push_back(phases[p] * 1e3);
+    return median(values);
+  };
+  const double hand_ms = median_ms(contenders.size() - 1, kStep);  // the hand-written one comes last
+  for (size_t c = 0; c < contenders.size(); ++c) {
+    const double ms = median_ms(c, kStep);
+    std::printf("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.3f |\n", contenders[c].name.c_str(), tp, ms,
+                median_ms(c, kForward), median_ms(c, kBackward), median_ms(c, kOptimizer), median_ms(c, kLossRead),
+                tokens_per_step / (ms * 1e-3), ms / hand_ms);
+  }
+}
+
+std::unique_ptr<torch::optim::Optimizer> adamw(const std::vector<at::Tensor>& parameters) {
+  return std::make_unique<torch::optim::AdamW>(parameters, adamw_options());
+}
+
+int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
+  at::set_num_threads(1);  // one core per rank
+  const gpt::Corpus corpus = gpt::load_corpus(GPT_CORPUS_PATH);
+  const gpt::Config config = demo_config(corpus);
+  const auto mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"tp"}});
+  tp_group() = {mesh->group(0), world->rank(), world->size()};
+
+  gpt::Batches stream(corpus, kBatch, config.seq_len, kSeed);
+  std::vector<gpt::Batch> batches;
+  for (int i = 0; i < kDistinctBatches; ++i) batches.push_back(stream.next());
+
+  gpt::Gpt single = seeded_model(config);
+  double single_loss;
+  {
+    at::NoGradGuard no_grad;
+    single_loss = single->forward(batches[0].tokens, batches[0].targets).item<double>();
+  }
+  auto hand = std::make_shared<MegatronGpt>(single, config);  // its shards, copied before `single` trains
+  gpt::Gpt parallel = seeded_model(config);
+  gpt::parallelize(parallel, mesh);
+
+  std::vector<Contender> contenders;
+  if (args.tp == 1)
+    contenders.push_back({"plain LibTorch, 1 process", [single](const gpt::Batch& b) mutable {
+                            return dtensor::call(single, b.tokens, b.targets);
+                          }, adamw(single->parameters())});
+  contenders.push_back({"dtensor", [parallel](const gpt::Batch& b) mutable {
+                          return dtensor::call(parallel, b.tokens, b.targets);
+                        }, adamw(parallel->parameters())});
+  contenders.push_back({"hand-written Megatron", [hand](const gpt::Batch& b) { return hand->forward(b.tokens, b.targets); },
+                        adamw(hand->parameters())});
+  Contender& dtensor_run = contenders[contenders.size() - 2];
+  Contender& hand_run = contenders.back();
+
+  std::vector<std::vector<double>> warmup_losses(contenders.size());
+  for (size_t c = 0; c < contenders.size(); ++c)
+    for (int s = 0; s < kWarmupSteps; ++s) warmup_losses[c].push_back(step(contenders[c], batches).loss);
+  check_losses(single_loss, warmup_losses[contenders.size() - 2], warmup_losses.back());
+  print_collectives(dtensor_run, hand_run, batches);
+
+  const auto times = time_rounds(contenders, batches, args.rounds);
+  if (world->rank() == 0) print_table(contenders, times, args.tp, kBatch * config.seq_len);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse(argc, argv);
+  return dtensor::run_local_ranks(argc, argv, dtensor::LaunchOptions{.nprocs = args.tp},
+                                  [&](const std::shared_ptr<dtensor::World>& world) { return run(world, args); });
+}
