@@ -29,7 +29,7 @@ Megatron does), a vocabulary-parallel embedding and cross-entropy (all-reduces o
 target logit and the sum of exponentials). *plain LibTorch* (TP=1 only): gpt::Gpt without dtensor.
 Before timing, both parallel runs' first-step losses must equal the single process's (relative 1e-5)
 and their warm-up losses after updates each other's (1e-4). After 5 warm-up steps each, the
-implementations alternate in rounds of 5 steps (the order rotating), 10 rounds by default. Every step
+implementations alternate in rounds of 5 steps (the order rotating), 20 rounds by default. Every step
 starts after a barrier; a step's time is the maximum over ranks, and each column is the median over
 steps of that phase's time (maximum over ranks), so phases need not add up to the step. Collectives
 are counted over one step on rank 0 (dtensor's with CommDebugMode). Goal: dtensor's step <= 1.05x

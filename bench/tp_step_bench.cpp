@@ -12,7 +12,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/autograd.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
@@ -25,6 +24,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <vector>
 
 #include "dtensor/comm_debug.h"
@@ -48,7 +48,7 @@ constexpr double kLaterLossTolerance = 1e-4;
 
 struct Args {
   int tp = 2;
-  int rounds = 10;
+  int rounds = 20;
 };
 
 Args parse(int argc, char** argv) {
@@ -57,9 +57,12 @@ Args parse(int argc, char** argv) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) throw std::invalid_argument("missing value after " + flag);
     const int value = std::stoi(argv[i + 1]);
-    if (flag == "--tp") args.tp = value;
-    else if (flag == "--rounds") args.rounds = value;
-    else throw std::invalid_argument("unknown flag " + flag + " (use --tp, --rounds)");
+    if (flag == "--tp")
+      args.tp = value;
+    else if (flag == "--rounds")
+      args.rounds = value;
+    else
+      throw std::invalid_argument("unknown flag " + flag + " (use --tp, --rounds)");
   }
   if (args.tp < 1 || args.rounds < 1) throw std::invalid_argument("--tp and --rounds must be positive");
   return args;
@@ -83,9 +86,11 @@ gpt::Gpt seeded_model(const gpt::Config& config) {
   return gpt::Gpt(config);
 }
 
-torch::optim::AdamWOptions adamw_options() {
+// The demo's AdamW (gpt::make_optimizer), over any parameters.
+std::unique_ptr<torch::optim::Optimizer> adamw(const std::vector<at::Tensor>& parameters) {
   const gpt::TrainOptions train;
-  return torch::optim::AdamWOptions(train.lr).weight_decay(train.weight_decay);
+  return std::make_unique<torch::optim::AdamW>(parameters,
+                                               torch::optim::AdamWOptions(train.lr).weight_decay(train.weight_decay));
 }
 
 // ---- Megatron-style tensor parallelism, written by hand ---------------------------------------------
@@ -332,22 +337,31 @@ struct StepResult {
   std::array<double, kPhases> seconds;  // on this rank
 };
 
-double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Called as each phase of a step ends (to count what the phase communicated).
+using PhaseObserver = std::function<void(Phase)>;
 
 // Starts after a barrier, so that every rank's clock starts with the slowest rank's previous step done.
-StepResult step(Contender& c, const std::vector<gpt::Batch>& batches) {
+StepResult step(Contender& c, const std::vector<gpt::Batch>& batches, const PhaseObserver& observe = {}) {
   const gpt::Batch& batch = batches[c.steps_done++ % batches.size()];
+  auto phase_done = [&](Phase p) {
+    if (observe) observe(p);
+    return Clock::now();
+  };
   tp_group().backend->barrier()->wait();
   const auto start = Clock::now();
   at::Tensor loss = c.loss(batch);
-  const auto forward_done = Clock::now();
+  const auto forward_done = phase_done(kForward);
   loss.backward();
-  const auto backward_done = Clock::now();
+  const auto backward_done = phase_done(kBackward);
   c.optimizer->step();
   c.optimizer->zero_grad();
-  const auto optimizer_done = Clock::now();
+  const auto optimizer_done = phase_done(kOptimizer);
   const double value = gpt::value_of(loss);
-  const auto end = Clock::now();
+  const auto end = phase_done(kLossRead);
   return {value,
           {seconds_between(start, forward_done), seconds_between(forward_done, backward_done),
            seconds_between(backward_done, optimizer_done), seconds_between(optimizer_done, end),
@@ -364,96 +378,93 @@ void check_losses(double single_process, const std::vector<double>& with_dtensor
   double later = 0;
   for (size_t i = 1; i < hand.size(); ++i) later = std::max(later, relative_difference(hand[i], with_dtensor[i]));
   if (tp_group().rank == 0)
-    std::printf("First-step loss: single process %.7f, dtensor %.7f, hand-written %.7f (largest relative difference "
-                "%.1e, tolerance %.0e); warm-up steps 2-%zu, dtensor vs hand-written: %.1e (tolerance %.0e)\n\n",
-                single_process, with_dtensor[0], hand[0], first, kFirstLossTolerance, hand.size(), later, kLaterLossTolerance);
+    std::printf(
+        "First-step loss: single process %.7f, dtensor %.7f, hand-written %.7f (largest relative difference "
+        "%.1e, tolerance %.0e); warm-up steps 2-%zu, dtensor vs hand-written: %.1e (tolerance %.0e)\n\n",
+        single_process, with_dtensor[0], hand[0], first, kFirstLossTolerance, hand.size(), later, kLaterLossTolerance);
   if (first > kFirstLossTolerance || later > kLaterLossTolerance)
-    throw std::runtime_error("sanity check failed: the hand-written model's losses differ from dtensor's or the "
-                             "single process's (see above); not timing");
+    throw std::runtime_error(
+        "sanity check failed: the hand-written model's losses differ from dtensor's or the "
+        "single process's (see above); not timing");
 }
 
-// What one step of each parallel implementation communicates, on this rank.
+// "7 + 6 + 0 + 1 = 14": the collectives of one step of `c` by phase, as `count_so_far` counts them.
+std::string collectives_by_phase(Contender& c, const std::vector<gpt::Batch>& batches,
+                                 const std::function<int64_t()>& count_so_far) {
+  std::string out;
+  const int64_t first = count_so_far();
+  int64_t before = first;
+  step(c, batches, [&](Phase p) {
+    const int64_t now = count_so_far();
+    out += (p == kForward ? "" : " + ") + std::to_string(now - before);
+    before = now;
+  });
+  return out + " = " + std::to_string(before - first);
+}
+
+// What one step of each parallel implementation communicates, on rank 0.
 void print_collectives(Contender& dtensor_run, Contender& hand, const std::vector<gpt::Batch>& batches) {
-  std::string dtensor_detail;
-  int64_t dtensor_count = 0, dtensor_bytes = 0;
+  std::string dtensor_phases, dtensor_detail;
+  int64_t dtensor_bytes = 0, dtensor_ops = 0;
   {
     dtensor::CommDebugMode debug;
-    step(dtensor_run, batches);
+    dtensor_phases = collectives_by_phase(dtensor_run, batches, [&] { return debug.total_count(); });
     for (const auto& [op, kinds] : debug.counts_by_op())
       for (const auto& [kind, n] : kinds) dtensor_detail += "; " + op + " " + kind + " x" + std::to_string(n);
-    dtensor_count = debug.total_count();
     for (const auto& c : debug.collectives()) dtensor_bytes += c.bytes;
+    dtensor_ops = static_cast<int64_t>(debug.ops().size());
   }
-  tp_group().all_reduces.clear();
-  tp_group().all_reduce_bytes = 0;
-  step(hand, batches);
+  TpGroup& group = tp_group();
+  group.all_reduces.clear();
+  group.all_reduce_bytes = 0;
+  const std::string hand_phases = collectives_by_phase(hand, batches, [&] {
+    int64_t n = 0;
+    for (const auto& [purpose, count] : group.all_reduces) n += count;
+    return n;
+  });
   std::string hand_detail;
-  int64_t hand_count = 0;
-  for (const auto& [purpose, n] : tp_group().all_reduces) {
-    hand_detail += "; " + purpose + " x" + std::to_string(n);
-    hand_count += n;
-  }
-  if (tp_group().rank != 0) return;
-  std::printf("Collectives per step (rank 0):\n");
-  std::printf("- dtensor: %lld (%lld bytes)%s\n", static_cast<long long>(dtensor_count),
-              static_cast<long long>(dtensor_bytes), dtensor_detail.c_str());
-  std::printf("- hand-written: %lld all-reduces (%lld bytes)%s\n\n", static_cast<long long>(hand_count),
-              static_cast<long long>(tp_group().all_reduce_bytes), hand_detail.c_str());
-}
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
+  for (const auto& [purpose, n] : group.all_reduces) hand_detail += "; " + purpose + " x" + std::to_string(n);
+  if (group.rank != 0) return;
+  std::printf("Collectives per step (rank 0), forward + backward + optimizer + loss read:\n");
+  std::printf("- dtensor: %s collectives (%lld bytes; %lld ops on DTensors dispatched)%s\n", dtensor_phases.c_str(),
+              static_cast<long long>(dtensor_bytes), static_cast<long long>(dtensor_ops), dtensor_detail.c_str());
+  std::printf("- hand-written: %s all-reduces (%lld bytes)%s\n\n", hand_phases.c_str(),
+              static_cast<long long>(group.all_reduce_bytes), hand_detail.c_str());
 }
 
 // Rounds of kStepsPerRound steps per contender, the order rotating every round. Returns each step's
-// phase times as the maximum over ranks: [contender][step][phase].
-std::vector<std::vector<std::array<double, kPhases>>> time_rounds(std::vector<Contender>& contenders,
-                                                                  const std::vector<gpt::Batch>& batches, int rounds) {
-  const size_t n = contenders.size();
-  const int64_t steps = static_cast<int64_t>(rounds) * kStepsPerRound;
-  at::Tensor times = at::zeros({static_cast<int64_t>(n), steps, kPhases}, at::kDouble);
+// phase times in ms as the maximum over ranks: [contender, step, phase].
+at::Tensor time_rounds(std::vector<Contender>& contenders, const std::vector<gpt::Batch>& batches, int rounds) {
+  const int64_t n = static_cast<int64_t>(contenders.size());
+  at::Tensor times = at::zeros({n, static_cast<int64_t>(rounds) * kStepsPerRound, kPhases}, at::kDouble);
   auto t = times.accessor<double, 3>();
   for (int round = 0; round < rounds; ++round)
-    for (size_t k = 0; k < n; ++k) {
-      const size_t c = (round + k) % n;
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t c = (round + k) % n;
       for (int s = 0; s < kStepsPerRound; ++s) {
         const StepResult r = step(contenders[c], batches);
-        for (int p = 0; p < kPhases; ++p) t[c][round * kStepsPerRound + s][p] = r.seconds[p];
+        for (int p = 0; p < kPhases; ++p) t[c][round * kStepsPerRound + s][p] = r.seconds[p] * 1e3;
       }
     }
   all_reduce_(times, c10d::ReduceOp::MAX, "step times (max over ranks)");
-  std::vector<std::vector<std::array<double, kPhases>>> out(n);
-  for (size_t c = 0; c < n; ++c)
-    for (int64_t s = 0; s < steps; ++s) {
-      std::array<double, kPhases> phases;
-      for (int p = 0; p < kPhases; ++p) phases[p] = t[c][s][p];
-      out[c].push_back(phases);
-    }
-  return out;
+  return times;
 }
 
-void print_table(const std::vector<Contender>& contenders,
-                 const std::vector<std::vector<std::array<double, kPhases>>>& times, int tp, int64_t tokens_per_step) {
-  std::printf("| implementation | TP | step ms | forward ms | backward ms | optimizer ms | loss read ms | tokens/s | "
-              "step / hand-written step |\n");
+// One row per contender: the median over steps of each phase; the ratio is to the last contender's step.
+void print_table(const std::vector<Contender>& contenders, const at::Tensor& times_ms, int tp,
+                 int64_t tokens_per_step) {
+  std::printf(
+      "| implementation | TP | step ms | forward ms | backward ms | optimizer ms | loss read ms | tokens/s | "
+      "step / hand-written step |\n");
   std::printf("|---|--:|--:|--:|--:|--:|--:|--:|--:|\n");
-  auto median_ms = [&](size_t c, Phase p) {
-    std::vector<double> values;
-    for (const auto& phases : times[c]) values.push_back(phases[p] * 1e3);
-    return median(values);
-  };
-  const double hand_ms = median_ms(contenders.size() - 1, kStep);  // the hand-written one comes last
+  auto median_ms = [&](size_t c, Phase p) { return times_ms[c].select(-1, p).median().item<double>(); };
+  const double hand_ms = median_ms(contenders.size() - 1, kStep);
   for (size_t c = 0; c < contenders.size(); ++c) {
     const double ms = median_ms(c, kStep);
     std::printf("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.3f |\n", contenders[c].name.c_str(), tp, ms,
                 median_ms(c, kForward), median_ms(c, kBackward), median_ms(c, kOptimizer), median_ms(c, kLossRead),
                 tokens_per_step / (ms * 1e-3), ms / hand_ms);
   }
-}
-
-std::unique_ptr<torch::optim::Optimizer> adamw(const std::vector<at::Tensor>& parameters) {
-  return std::make_unique<torch::optim::AdamW>(parameters, adamw_options());
 }
 
 int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
@@ -477,15 +488,17 @@ int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
   gpt::Gpt parallel = seeded_model(config);
   gpt::parallelize(parallel, mesh);
 
+  // The last two are the parallel runs, dtensor then hand-written (the reference of the ratios).
   std::vector<Contender> contenders;
   if (args.tp == 1)
-    contenders.push_back({"plain LibTorch, 1 process", [single](const gpt::Batch& b) mutable {
-                            return dtensor::call(single, b.tokens, b.targets);
-                          }, adamw(single->parameters())});
-  contenders.push_back({"dtensor", [parallel](const gpt::Batch& b) mutable {
-                          return dtensor::call(parallel, b.tokens, b.targets);
-                        }, adamw(parallel->parameters())});
-  contenders.push_back({"hand-written Megatron", [hand](const gpt::Batch& b) { return hand->forward(b.tokens, b.targets); },
+    contenders.push_back({"plain LibTorch, 1 process",
+                          [single](const gpt::Batch& b) mutable { return dtensor::call(single, b.tokens, b.targets); },
+                          adamw(single->parameters())});
+  contenders.push_back(
+      {"dtensor", [parallel](const gpt::Batch& b) mutable { return dtensor::call(parallel, b.tokens, b.targets); },
+       adamw(parallel->parameters())});
+  contenders.push_back({"hand-written Megatron",
+                        [hand](const gpt::Batch& b) { return hand->forward(b.tokens, b.targets); },
                         adamw(hand->parameters())});
   Contender& dtensor_run = contenders[contenders.size() - 2];
   Contender& hand_run = contenders.back();

@@ -42,12 +42,17 @@ void run(const DeviceMesh& mesh, int64_t dim, const char* operation, int64_t byt
   }
 }
 
+// A group of one rank has nothing to exchange: each collective is then its local meaning (a copy where
+// the caller gets a new tensor), with no process-group round trip.
+bool alone(const DeviceMesh& mesh, int64_t dim) { return mesh.size(dim) == 1; }
+
 }  // namespace
 
 at::Tensor all_gather(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input) {
   auto sizes = input.sizes().vec();
   if (sizes.empty()) sizes.push_back(1);
   sizes[0] *= mesh.size(dim);
+  if (alone(mesh, dim)) return input.reshape(sizes).clone();
   at::Tensor output = at::empty(sizes, input.options());
   at::Tensor in = input;
   run(mesh, dim, "all-gather", in.nbytes(), [&](c10d::Backend& g) { return g.all_gather_single(output, in); });
@@ -55,6 +60,7 @@ at::Tensor all_gather(const DeviceMesh& mesh, int64_t dim, const at::Tensor& inp
 }
 
 void all_reduce_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, ReduceOp op) {
+  if (alone(mesh, dim)) return;
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = to_c10d(op);
@@ -65,6 +71,7 @@ void all_reduce_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, Reduce
 at::Tensor reduce_scatter(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input, ReduceOp op) {
   auto sizes = input.sizes().vec();
   sizes[0] /= mesh.size(dim);
+  if (alone(mesh, dim)) return input.clone();
   at::Tensor output = at::empty(sizes, input.options());
   at::Tensor in = input;
   c10d::ReduceScatterOptions options;
@@ -78,6 +85,7 @@ at::Tensor all_to_all(const DeviceMesh& mesh, int64_t dim, const at::Tensor& inp
                       std::vector<int64_t> recv_counts) {
   int64_t total = 0;
   for (auto c : recv_counts) total += c;
+  if (alone(mesh, dim)) return input.reshape({total}).clone();
   at::Tensor output = at::empty({total}, input.options());
   at::Tensor in = input;
   run(mesh, dim, "all-to-all", in.nbytes(),
@@ -86,6 +94,7 @@ at::Tensor all_to_all(const DeviceMesh& mesh, int64_t dim, const at::Tensor& inp
 }
 
 void broadcast_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, int64_t root) {
+  if (alone(mesh, dim)) return;
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = root;
@@ -93,6 +102,10 @@ void broadcast_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, int64_t
 }
 
 void scatter_(const DeviceMesh& mesh, int64_t dim, const std::vector<at::Tensor>& chunks, at::Tensor& output) {
+  if (alone(mesh, dim)) {
+    output.copy_(chunks.at(0));
+    return;
+  }
   std::vector<at::Tensor> outputs{output};
   std::vector<std::vector<at::Tensor>> inputs;
   if ((*mesh.coordinate())[dim] == 0) inputs.push_back(chunks);
