@@ -68,18 +68,6 @@ Args parse(int argc, char** argv) {
   return args;
 }
 
-// The demo's model (examples/gpt_train.cpp).
-gpt::Config demo_config(const gpt::Corpus& corpus) {
-  gpt::Config c;
-  c.vocab = static_cast<int64_t>(corpus.vocabulary.size());
-  c.seq_len = 32;
-  c.dim = 128;
-  c.heads = 8;
-  c.layers = 2;
-  c.ffn = 512;
-  return c;
-}
-
 // Every model of a run starts from these same weights.
 gpt::Gpt seeded_model(const gpt::Config& config) {
   torch::manual_seed(kSeed);
@@ -470,7 +458,7 @@ void print_table(const std::vector<Contender>& contenders, const at::Tensor& tim
 int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
   at::set_num_threads(1);  // one core per rank
   const gpt::Corpus corpus = gpt::load_corpus(GPT_CORPUS_PATH);
-  const gpt::Config config = demo_config(corpus);
+  const gpt::Config config = gpt::demo_config(corpus);
   const auto mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"tp"}});
   tp_group() = {mesh->group(0), world->rank(), world->size()};
 

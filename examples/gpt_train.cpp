@@ -48,22 +48,11 @@ Args parse(int argc, char** argv) {
 constexpr uint64_t kSeed = 1234;
 constexpr int64_t kBatch = 8;
 
-gpt::Config config_for(const gpt::Corpus& corpus) {
-  gpt::Config c;
-  c.vocab = static_cast<int64_t>(corpus.vocabulary.size());
-  c.seq_len = 32;
-  c.dim = 128;
-  c.heads = 8;
-  c.layers = 2;
-  c.ffn = 512;
-  return c;
-}
-
 // Trains K steps; `mesh` null means one process. `dp_rank`/`dp_size` pick this rank's rows of each batch.
 std::vector<double> train(const gpt::Corpus& corpus, const dtensor::MeshPtr& mesh, int steps, const std::string& label,
                           bool print) {
   torch::manual_seed(kSeed);
-  gpt::Gpt model(config_for(corpus));
+  gpt::Gpt model(gpt::demo_config(corpus));
   int64_t dp_rank = 0, dp_size = 1;
   if (mesh) {
     gpt::parallelize(model, mesh);

@@ -44,6 +44,18 @@ inline Corpus load_corpus(const std::string& path) {
   return corpus;
 }
 
+// The main job's model (and the benchmark's): sized for a few seconds of training per mode on CPU.
+inline Config demo_config(const Corpus& corpus) {
+  Config c;
+  c.vocab = static_cast<int64_t>(corpus.vocabulary.size());
+  c.seq_len = 32;
+  c.dim = 128;
+  c.heads = 8;
+  c.layers = 2;
+  c.ffn = 512;
+  return c;
+}
+
 struct Batch {
   at::Tensor tokens, targets;  // [batch, seq]
 };
