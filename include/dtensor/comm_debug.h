@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/placement.h"
+
 namespace dtensor {
 
 class CommDebugMode {
@@ -20,14 +22,20 @@ class CommDebugMode {
     int64_t bytes;           // bytes of the buffer this rank handed to the collective
   };
 
+  struct OpCall {
+    std::string op;                 // "aten::mm"
+    std::vector<Placements> inputs;  // the placements each tensor input arrived with
+  };
+
   CommDebugMode();
   ~CommDebugMode();
   CommDebugMode(const CommDebugMode&) = delete;
   CommDebugMode& operator=(const CommDebugMode&) = delete;
 
   const std::vector<Collective>& collectives() const { return collectives_; }
-  // Every DTensor op dispatched (qualified names, in order).
-  const std::vector<std::string>& ops() const { return ops_; }
+  // Every DTensor op dispatched (qualified names, in order), and with its inputs' placements.
+  std::vector<std::string> ops() const;
+  const std::vector<OpCall>& op_calls() const { return calls_; }
   int64_t count(const std::string& kind) const;
   int64_t total_count() const { return static_cast<int64_t>(collectives_.size()); }
   // {op -> {kind -> count}}
@@ -37,13 +45,13 @@ class CommDebugMode {
 
   // Hooks for dtensor's own code.
   static CommDebugMode* active();
-  void record_op(std::string op) { ops_.push_back(std::move(op)); }
+  void record_op(std::string op, std::vector<Placements> inputs) { calls_.push_back({std::move(op), std::move(inputs)}); }
   void record_collective(const std::string& kind, int64_t mesh_dim, int64_t bytes);
 
  private:
   CommDebugMode* previous_;
   std::vector<Collective> collectives_;
-  std::vector<std::string> ops_;
+  std::vector<OpCall> calls_;
 };
 
 // Names the op that collectives on this thread are attributed to while alive (nestable).

@@ -26,6 +26,11 @@ class DTensorImpl final : public c10::TensorImpl {
   const DTensorSpec& spec() const { return *spec_; }
   const std::shared_ptr<const DTensorSpec>& shared_spec() const { return spec_; }
 
+  // For in-place ops that change the DTensor's layout but keep its local buffer: an in-place view
+  // (t_, unsqueeze_: the local tensor was changed alike) or a Partial tensor reduced in place before
+  // it is written. `spec` must describe the (already updated) local tensor.
+  void reset_spec(std::shared_ptr<const DTensorSpec> spec);
+
   // Autograd saves and detaches tensors through these; without them the copy would be a plain
   // TensorImpl still carrying the DTensor key, and the next op on it would recurse forever.
   c10::intrusive_ptr<c10::TensorImpl> shallow_copy_and_detach(const c10::VariableVersion& version_counter,

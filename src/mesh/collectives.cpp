@@ -114,6 +114,12 @@ void scatter_(const DeviceMesh& mesh, int64_t dim, const std::vector<at::Tensor>
   run(mesh, dim, "scatter", output.nbytes(), [&](c10d::Backend& g) { return g.scatter(outputs, inputs, options); });
 }
 
+bool any_rank(const DeviceMesh& mesh, bool flag) {
+  at::Tensor t = at::full({1}, flag ? 1 : 0, at::TensorOptions().dtype(at::kInt));
+  for (int64_t m = 0; m < mesh.ndim(); ++m) all_reduce_(mesh, m, t, ReduceOp::Max);
+  return t.item<int>() != 0;
+}
+
 std::vector<int64_t> all_gather_values(const DeviceMesh& mesh, int64_t dim, const std::vector<int64_t>& values) {
   at::Tensor local = at::tensor(values, at::TensorOptions().dtype(at::kLong));
   at::Tensor all = all_gather(mesh, dim, local);

@@ -27,6 +27,8 @@ void broadcast_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, int64_t
 // The member at coordinate 0 sends chunks[i] to member i; everyone receives into `output` (shaped like
 // every chunk). `chunks` is ignored on other members.
 void scatter_(const DeviceMesh& mesh, int64_t dim, const std::vector<at::Tensor>& chunks, at::Tensor& output);
+// Whether `flag` is true on any rank of the mesh (a decision every rank must take alike).
+bool any_rank(const DeviceMesh& mesh, bool flag);
 // Every member's `values` (equal lengths), concatenated in coordinate order.
 std::vector<int64_t> all_gather_values(const DeviceMesh& mesh, int64_t dim, const std::vector<int64_t>& values);
 

@@ -16,6 +16,13 @@ void CommDebugMode::record_collective(const std::string& kind, int64_t mesh_dim,
   collectives_.push_back(Collective{CommContext::current(), kind, mesh_dim, bytes});
 }
 
+std::vector<std::string> CommDebugMode::ops() const {
+  std::vector<std::string> out;
+  out.reserve(calls_.size());
+  for (const auto& c : calls_) out.push_back(c.op);
+  return out;
+}
+
 int64_t CommDebugMode::count(const std::string& kind) const {
   int64_t n = 0;
   for (const auto& c : collectives_) n += c.kind == kind;

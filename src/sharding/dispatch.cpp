@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "../mesh/collectives.h"
 #include "../redistribute/executor.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/dtensor_impl.h"
@@ -80,6 +81,30 @@ void collect_inputs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> ar
   });
 }
 
+bool written(const c10::FunctionSchema& schema, const TensorInput& in) {
+  const auto* alias = schema.arguments()[in.arg].alias_info();
+  return alias != nullptr && alias->isWrite();
+}
+
+// A Partial tensor an in-place op writes to is reduced first, in its own buffer, so that the DTensor
+// (which the op returns) holds the result. Every other holder of that buffer would see the reduced
+// values under its old Partial spec, so the buffer must be the DTensor's alone on every rank: the
+// ranks agree on that (one small all-reduce) before any of them refuses, so none is left waiting.
+void reduce_written_in_place(const c10::OperatorHandle& op, const at::Tensor& t, const TensorInput& in,
+                             const Placements& target) {
+  auto* impl = const_cast<DTensorImpl*>(as_dtensor(t));
+  const at::Tensor& local = impl->local();
+  const bool shared = local.use_count() > 1 || (local.has_storage() && local.storage().use_count() > 1);
+  if (any_rank(*in.spec->mesh, shared))
+    throw DTensorError("op " + qualified_name(op.operator_name()) + " writes to a Partial DTensor (" + in.spec->str() +
+                       ") and must reduce it first, but its local buffer is shared on some rank (a view of it, the "
+                       "tensor given to from_local, or autograd holds it); use the out-of-place op, or redistribute "
+                       "to Replicate first");
+  at::Tensor reduced = redistribute_local(local, *in.spec, target, Direction::Forward, Ownership::Donated);
+  if (!reduced.is_same(local)) const_cast<at::Tensor&>(local).copy_(reduced);
+  impl->reset_spec(std::make_shared<const DTensorSpec>(in.spec->with_placements(target)));
+}
+
 // The local tensor to run the op with: the shard, moved to the chosen placements when needed.
 at::Tensor local_input(const at::Tensor& t, const TensorInput& in, const std::optional<Placements>& move) {
   const DTensorImpl* d = as_dtensor(t);
@@ -87,11 +112,15 @@ at::Tensor local_input(const at::Tensor& t, const TensorInput& in, const std::op
   return move ? redistribute_local(local, *in.spec, *move) : local;
 }
 
-void replace_inputs(c10::IValue* args, const std::vector<TensorInput>& inputs, const OutputSharding& decision) {
+void replace_inputs(const c10::OperatorHandle& op, c10::IValue* args, const std::vector<TensorInput>& inputs,
+                    const OutputSharding& decision) {
   for (size_t k = 0; k < inputs.size(); ++k) {
     const TensorInput& in = inputs[k];
     c10::IValue& slot = args[in.arg];
-    if (in.list_index < 0) {
+    if (written(op.schema(), in) && decision.input_moves[k]) {
+      reduce_written_in_place(op, slot.toTensor(), in, *decision.input_moves[k]);
+      slot = as_dtensor(slot.toTensor())->local();
+    } else if (in.list_index < 0) {
       slot = local_input(slot.toTensor(), in, decision.input_moves[k]);
     } else if (slot.isTensorList()) {
       auto list = slot.toTensorList().copy();  // never mutate the caller's list
@@ -133,18 +162,22 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
   c10::IValue* args = stack->data() + (stack->size() - n);
   const c10::ArrayRef<c10::IValue> arg_view(args, n);
 
-  if (auto* debug = CommDebugMode::active()) debug->record_op(qualified_name(op.operator_name()));
   const CommContext context(schema.name().c_str());
   const MeshPtr mesh = find_mesh(op, arg_view);
   std::vector<TensorInput> inputs;
   inputs.reserve(4);
   collect_inputs(op, arg_view, mesh, inputs);
+  if (auto* debug = CommDebugMode::active()) {
+    std::vector<Placements> placements;
+    for (const auto& in : inputs) placements.push_back(in.spec->placements);
+    debug->record_op(qualified_name(op.operator_name()), std::move(placements));
+  }
   const OutputSharding& decision = propagate(op, arg_view, inputs, mesh);
 
   // Written (in-place / out=) arguments are returned as the caller's own DTensors.
   const std::vector<c10::IValue> originals(args, args + n);
   if (mesh->coordinate()) {
-    replace_inputs(args, inputs, decision);
+    replace_inputs(op, args, inputs, decision);
     for (const auto& [index, value] : decision.local_args) args[index] = value;
     if (decision.local_kernel) decision.local_kernel(op, *stack);
     else op.callBoxed(*stack);
@@ -163,7 +196,10 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
         const auto* a = schema.arguments()[i].alias_info();
         if (a && a->beforeSets() == alias->beforeSets()) returns[j] = originals[i];
       }
-      ++next_output;
+      // An in-place view (t_) changed the DTensor's shape and placements along with its local tensor.
+      auto* impl = const_cast<DTensorImpl*>(as_dtensor(returns[j].toTensor()));
+      const SpecPtr& result = decision.outputs[next_output++];
+      if (impl != nullptr && impl->shared_spec() != result && !(impl->spec() == *result)) impl->reset_spec(result);
     } else if (returns[j].isTensor()) {
       // Undefined returns (e.g. gradients not asked for) have no output spec.
       if (returns[j].toTensor().defined()) returns[j] = make_dtensor(returns[j].toTensor(), decision.outputs[next_output++]);

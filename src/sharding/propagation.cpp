@@ -153,7 +153,9 @@ std::optional<std::vector<TensorMeta>> written_returns(const c10::FunctionSchema
 
 std::vector<TensorMeta> output_metas(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                                      const OpRule& rule) {
-  if (auto written = written_returns(op.schema(), args)) return *written;
+  // An in-place view (t_, unsqueeze_) returns its argument reshaped: its Meta kernel says how.
+  if (!op.hasTag(at::Tag::inplace_view))
+    if (auto written = written_returns(op.schema(), args)) return *written;
   try {
     return run_on_proxies(op, args, Proxy::Meta);
   } catch (const c10::NotImplementedError&) {
@@ -197,13 +199,22 @@ bool fits(const Placements& placements, int64_t mesh_ndim, int64_t tensor_ndim) 
   }
 }
 
+// `placements` with every Partial replaced by Replicate.
+Placements partials_reduced(Placements placements) {
+  for (auto& p : placements)
+    if (p.is_partial()) p = Replicate();
+  return placements;
+}
+
 struct WrittenInput {
   size_t input;
   std::optional<size_t> output;  // the output that returns it, if any
 };
 
-// Inputs an op writes to (in-place and out= ops) must keep their placements, and so must the
-// outputs that alias them.
+// Inputs an op writes to (in-place and out= ops) keep their local buffers, so their placements can
+// change only in ways that keep the buffer: a Partial tensor reduced in place to Replicate (dispatch
+// does that, when nothing else shares the buffer), and an in-place view (t_) whose result is the
+// same buffer under the view's placements.
 std::vector<WrittenInput> written_inputs(const c10::FunctionSchema& schema, const std::vector<TensorInput>& inputs) {
   std::vector<WrittenInput> out;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -240,6 +251,7 @@ OutputSharding decide(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> 
   OpStrategy candidates = rule->mesh ? rule->mesh(schema)
                                      : expand_over_mesh(rule->dim(schema), mesh->ndim(), schema.outputs.size(), inputs.size());
   const auto written = written_inputs(op.schema(), inputs);
+  const bool inplace_view = op.hasTag(at::Tag::inplace_view);
   const PlacementStrategy* best = nullptr;
   std::pair<bool, double> best_cost{true, 0};
   for (auto& c : candidates) {
@@ -247,8 +259,9 @@ OutputSharding decide(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> 
     for (size_t k = 0; ok && k < c.outputs.size(); ++k) ok = fits(c.outputs[k], mesh->ndim(), schema.output_ndim(k));
     for (size_t k = 0; ok && k < c.inputs.size(); ++k) ok = fits(c.inputs[k], mesh->ndim(), schema.input_ndim(k));
     for (const auto& w : written) {
-      ok = ok && c.inputs[w.input] == schema.input(w.input).placements;
-      ok = ok && (!w.output || c.outputs[*w.output] == schema.input(w.input).placements);
+      const Placements& current = schema.input(w.input).placements;
+      ok = ok && (c.inputs[w.input] == current || c.inputs[w.input] == partials_reduced(current));
+      ok = ok && (!w.output || inplace_view || c.outputs[*w.output] == c.inputs[w.input]);
     }
     if (!ok) continue;
     c.redistribute_cost.clear();
@@ -268,7 +281,8 @@ OutputSharding decide(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> 
   if (best == nullptr) {
     throw DTensorError("op " + name + " has no sharding strategy for " + describe_inputs(schema) +
                        (written.empty() ? "" : " that keeps the placements of the tensor it writes to (in-place and "
-                                               "out= ops cannot change them; use the out-of-place op)") +
+                                               "out= ops cannot change them, beyond reducing a Partial one; use the "
+                                               "out-of-place op)") +
                        ". Ways out: redistribute the inputs (e.g. to Replicate) first");
   }
   OutputSharding decision;

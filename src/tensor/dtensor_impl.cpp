@@ -17,6 +17,11 @@ DTensorImpl::DTensorImpl(at::Tensor local, std::shared_ptr<const DTensorSpec> sp
   set_sizes_and_strides(spec_->meta.shape, spec_->meta.stride);
 }
 
+void DTensorImpl::reset_spec(std::shared_ptr<const DTensorSpec> spec) {
+  spec_ = std::move(spec);
+  set_sizes_and_strides(spec_->meta.shape, spec_->meta.stride);
+}
+
 template <typename Version>
 c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::copy_with_version(Version&& version,
                                                                    bool allow_tensor_metadata_change) const {

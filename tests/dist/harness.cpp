@@ -75,24 +75,49 @@ at::Tensor test_tensor(const Shape& shape, at::ScalarType dtype, uint64_t seed) 
 
 namespace {
 
-// Contributions of `x` for member i of n such that reducing them with `op` gives x exactly.
-at::Tensor contribution(const at::Tensor& x, ReduceOp op, int64_t i, int64_t n) {
+// Random integer offsets, one tensor per member of a group of n, the same on every rank for the same
+// seed (so each member can compute what the others hold).
+std::vector<at::Tensor> offsets(const at::Tensor& x, int64_t n, uint64_t seed, int64_t low, int64_t high) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  std::vector<at::Tensor> out;
+  for (int64_t i = 0; i < n; ++i)
+    out.push_back(at::randint(low, high + 1, x.sizes(), gen, at::TensorOptions().dtype(at::kLong)).to(x.scalar_type()));
+  return out;
+}
+
+// Member i's contribution of n to `x`, drawn at random, such that reducing all of them with `op`
+// gives x exactly (for integer-valued data): a sum splits into random parts, an average into x plus
+// offsets that cancel (integers: offsets whose sum is a remainder the truncating average drops, so a
+// rule that wrongly treats an integer average as linear shows), a max/min puts x on one member and
+// values below/above it on the others.
+at::Tensor contribution(const at::Tensor& x, ReduceOp op, int64_t i, int64_t n, uint64_t seed) {
+  const auto r = offsets(x, n, seed, -4, 4);
+  const int64_t holder = static_cast<int64_t>(seed % static_cast<uint64_t>(n));  // who holds x itself
   switch (op) {
     case ReduceOp::Sum: {
-      // member 0 holds x minus what the others hold (2, 3, ... n)
-      const int64_t others = n * (n + 1) / 2 - 1;
-      return i == 0 ? x - others : at::full_like(x, i + 1);
+      if (i != holder) return r[i];
+      at::Tensor rest = at::zeros_like(x);
+      for (int64_t j = 0; j < n; ++j)
+        if (j != holder) rest += r[j];
+      return x - rest;
     }
-    case ReduceOp::Avg: return x + (2 * i - (n - 1));  // offsets sum to zero
-    case ReduceOp::Max: return x - i;
-    case ReduceOp::Min: return x + i;
+    case ReduceOp::Avg: {
+      at::Tensor total = at::isIntegralType(x.scalar_type(), false) ? x.sign() * (static_cast<int64_t>(seed % 3) % n)
+                                                                   : at::zeros_like(x);
+      if (i != holder) return x + r[i];
+      for (int64_t j = 0; j < n; ++j)
+        if (j != holder) total = total - r[j];
+      return x + total;
+    }
+    case ReduceOp::Max: return i == holder ? x : x - r[i].abs();
+    case ReduceOp::Min: return i == holder ? x : x + r[i].abs();
   }
   return x;
 }
 
 }  // namespace
 
-at::Tensor make_dtensor_holding(const at::Tensor& full, const MeshPtr& mesh, const Placements& placements) {
+at::Tensor make_dtensor_holding(const at::Tensor& full, const MeshPtr& mesh, const Placements& placements, uint64_t seed) {
   at::Tensor local = full;
   if (mesh->coordinate()) {
     const Shape& coord = *mesh->coordinate();
@@ -102,7 +127,7 @@ at::Tensor make_dtensor_holding(const at::Tensor& full, const MeshPtr& mesh, con
         const ChunkExtent c = chunk_extent(local.size(p.dim()), mesh->size(m), coord[m]);
         local = local.narrow(p.dim(), c.offset, c.size);
       } else if (p.is_partial()) {
-        local = contribution(local, p.reduce_op(), coord[m], mesh->size(m));
+        local = contribution(local, p.reduce_op(), coord[m], mesh->size(m), seed * 7919 + static_cast<uint64_t>(m));
       }
     }
   }
@@ -110,7 +135,8 @@ at::Tensor make_dtensor_holding(const at::Tensor& full, const MeshPtr& mesh, con
   options.run_check = false;
   options.shape = full.sizes().vec();
   options.stride = full.strides().vec();
-  return from_local(local.contiguous(), mesh, placements, options);
+  // A copy: the DTensor must not share `full`'s memory (an in-place op would change the caller's oracle).
+  return from_local(local.clone(at::MemoryFormat::Contiguous), mesh, placements, options);
 }
 
 at::Tensor expected_shard(const at::Tensor& full, const MeshPtr& mesh, const Placements& placements) {

@@ -33,8 +33,10 @@ class DistTest : public ::testing::Test {
 at::Tensor test_tensor(const Shape& shape, at::ScalarType dtype, uint64_t seed);
 
 // A DTensor on `mesh` with `placements` whose value is exactly `full`: shards cut with torch.chunk,
-// Partial values split into integer contributions that reduce back to `full` exactly.
-at::Tensor make_dtensor_holding(const at::Tensor& full, const MeshPtr& mesh, const Placements& placements);
+// Partial values split into random integer contributions (drawn from `seed`, the same on every rank)
+// that reduce back to `full` exactly when it is integer-valued.
+at::Tensor make_dtensor_holding(const at::Tensor& full, const MeshPtr& mesh, const Placements& placements,
+                                uint64_t seed = 0);
 
 // This rank's expected shard of `full` for non-Partial placements.
 at::Tensor expected_shard(const at::Tensor& full, const MeshPtr& mesh, const Placements& placements);

@@ -2,12 +2,10 @@
 
 #include <ATen/core/grad_mode.h>
 
-#include <map>
 #include <set>
-#include <sstream>
 
 #include "dtensor/comm_debug.h"
-#include "dtensor/sharding.h"
+#include "op_db_coverage.h"
 
 namespace dtensor::testing {
 namespace {
@@ -21,21 +19,23 @@ at::Tensor make(const OpSample& sample, size_t i) {
   return sample.make_input ? sample.make_input(i, sample.shapes[i]) : test_tensor(sample.shapes[i], at::kDouble, 100 + i);
 }
 
-std::vector<Placement> candidates(const OpSample& sample, size_t i) {
+// ---- the placements a sample runs with ------------------------------------------------------------
+
+std::vector<Placement> base_candidates(const OpSample& sample, size_t i) {
   if (!sample.placements.empty()) return sample.placements[i];
   std::vector<Placement> out = {Replicate()};
   for (int64_t d = 0; d < static_cast<int64_t>(sample.shapes[i].size()); ++d) out.push_back(Shard(d));
   return out;
 }
 
-// Every choice of one placement per (input, mesh dim).
-std::vector<std::vector<Placements>> combinations(const OpSample& sample, int64_t mesh_ndim) {
+// Every choice of one base placement per (input, mesh dim).
+std::vector<std::vector<Placements>> base_combinations(const OpSample& sample, int64_t mesh_ndim) {
   std::vector<std::vector<Placements>> out = {std::vector<Placements>(sample.shapes.size())};
   for (size_t i = 0; i < sample.shapes.size(); ++i)
     for (int64_t m = 0; m < mesh_ndim; ++m) {
       std::vector<std::vector<Placements>> next;
       for (const auto& partial : out)
-        for (const auto& p : candidates(sample, i)) {
+        for (const auto& p : base_candidates(sample, i)) {
           auto c = partial;
           c[i].push_back(p);
           next.push_back(std::move(c));
@@ -44,6 +44,86 @@ std::vector<std::vector<Placements>> combinations(const OpSample& sample, int64_
     }
   return out;
 }
+
+// Boolean tensors have no sums; every other input may arrive as a Partial value.
+bool can_be_partial(const OpSample& sample, size_t i) {
+  return sample.partial_inputs && make(sample, i).scalar_type() != at::kBool;
+}
+
+// Per input that can be Partial and per reduction: the input Partial on one mesh dim (the other
+// dim Replicate or one of its base shardings) or on both; the other inputs Replicate, or Partial
+// alike (which is what linear ops with several operands accept).
+std::vector<std::vector<Placements>> partial_combinations(const OpSample& sample, int64_t mesh_ndim) {
+  const size_t n = sample.shapes.size();
+  std::set<std::string> seen;
+  std::vector<std::vector<Placements>> out;
+  auto add = [&](std::vector<Placements> c) {
+    std::string key;
+    for (const auto& p : c) key += to_string(p) + ";";
+    if (seen.insert(key).second) out.push_back(std::move(c));
+  };
+  for (size_t i = 0; i < n; ++i) {
+    if (!can_be_partial(sample, i)) continue;
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+      const Placement p = Partial(op);
+      std::vector<Placements> patterns;
+      if (mesh_ndim == 1) {
+        patterns.push_back({p});
+      } else {
+        patterns.push_back({p, p});
+        for (const Placement& b : base_candidates(sample, i)) {
+          if (b.is_partial()) continue;
+          patterns.push_back({p, b});
+          patterns.push_back({b, p});
+        }
+      }
+      for (const auto& pattern : patterns) {
+        std::vector<Placements> alone(n, Placements(mesh_ndim, Replicate()));
+        alone[i] = pattern;
+        add(alone);
+        if (n == 1) continue;
+        std::vector<Placements> alike(n, Placements(mesh_ndim, Replicate()));
+        for (size_t j = 0; j < n; ++j)
+          if (j == i || can_be_partial(sample, j)) alike[j] = pattern;
+        // A pattern with a shard fits only inputs with that dim.
+        bool fits = true;
+        for (size_t j = 0; j < n; ++j)
+          for (const auto& q : alike[j]) fits = fits && (!q.is_shard() || q.dim() < static_cast<int64_t>(sample.shapes[j].size()));
+        if (fits) add(alike);
+      }
+    }
+  }
+  return out;
+}
+
+// On the 1-d mesh every combination runs. On the 2x2 mesh they multiply (9^3 for three 2-d inputs):
+// an evenly spaced subset keeps the suite's time bounded while still mixing every kind of placement.
+constexpr size_t kMaxTwoDimCombinations = 48;
+constexpr size_t kMaxTwoDimPartialCombinations = 24;
+
+template <typename T>
+std::vector<T> spread(std::vector<T> all, size_t limit) {
+  if (all.size() <= limit) return all;
+  std::vector<T> out;
+  for (size_t i = 0; i < limit; ++i) out.push_back(std::move(all[i * all.size() / limit]));
+  return out;
+}
+
+std::vector<std::vector<Placements>> all_combinations(const OpSample& sample, int64_t mesh_ndim) {
+  auto base = base_combinations(sample, mesh_ndim);
+  auto partial = partial_combinations(sample, mesh_ndim);
+  if (mesh_ndim > 1) {
+    base = spread(std::move(base), kMaxTwoDimCombinations);
+    partial = spread(std::move(partial), kMaxTwoDimPartialCombinations);
+  }
+  base.insert(base.end(), partial.begin(), partial.end());
+  return base;
+}
+
+// ---- one run against the single-device call ------------------------------------------------------
+
+// The error dispatch raises when an in-place op would have to move the tensor it writes to.
+constexpr const char* kInPlaceRefusal = "that keeps the placements of the tensor it writes to";
 
 bool floating(const at::Tensor& t) { return t.defined() && at::isFloatingType(t.scalar_type()); }
 
@@ -67,16 +147,42 @@ at::Tensor sum_of_floating(const std::vector<at::Tensor>& outs) {
   return loss;
 }
 
-// One sample with one placement per input and mesh dim, against the single-device call. Every rank
-// runs every collective (gathering all outputs and gradients) before comparing, so a mismatch seen
-// by some ranks cannot leave the others waiting in a collective.
-::testing::AssertionResult check(const OpSample& sample, const MeshPtr& mesh, const std::vector<Placements>& placements) {
+bool wants_gradient(const OpSample& sample, size_t i, const at::Tensor& t) {
+  return floating(t) && (sample.differentiable.empty() || sample.differentiable[i]);
+}
+
+// Whether single-device autograd differentiates the sample, and if not, why.
+DerivativeProbe probe_derivative(const OpSample& sample) {
+  std::vector<at::Tensor> full;
+  for (size_t i = 0; i < sample.shapes.size(); ++i) {
+    at::Tensor t = make(sample, i);
+    full.push_back(t.requires_grad_(wants_gradient(sample, i, t)));
+  }
+  try {
+    at::Tensor loss = sum_of_floating(sample.run(full));
+    if (!loss.defined()) return {false, "no output depends differentiably on the inputs"};
+    loss.backward();
+    return {true, ""};
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    return {false, "single-device backward fails: " + what.substr(0, what.find('\n'))};
+  }
+}
+
+// One sample with one placement per input and mesh dim, against the single-device call. Partial
+// inputs hold random contributions that reduce to the same values. Every rank runs every collective
+// (gathering all outputs and gradients) before comparing, so a mismatch seen by some ranks cannot
+// leave the others waiting in a collective. On success, `run` holds the ops it dispatched.
+::testing::AssertionResult check(const OpSample& sample, const MeshPtr& mesh, const std::vector<Placements>& placements,
+                                 uint64_t seed, SampleRun& run) {
   std::vector<at::Tensor> full, dist;
   for (size_t i = 0; i < sample.shapes.size(); ++i) {
     at::Tensor t = make(sample, i);
-    const bool grad = sample.backward && floating(t) && (sample.differentiable.empty() || sample.differentiable[i]);
+    const bool grad = sample.backward && wants_gradient(sample, i, t);
     full.push_back(t.clone().requires_grad_(grad));
-    dist.push_back(distribute_tensor(t.clone().requires_grad_(grad), mesh, placements[i]));
+    at::Tensor d = make_dtensor_holding(t, mesh, placements[i], seed * 31 + i);
+    if (grad) d.set_requires_grad(true);
+    dist.push_back(d);
   }
   const auto expected = sample.run(full);
   if (!sample.expect_error.empty()) {
@@ -88,7 +194,18 @@ at::Tensor sum_of_floating(const std::vector<at::Tensor>& outs) {
     }
     return ::testing::AssertionFailure() << "expected a DTensorError containing '" << sample.expect_error << "'";
   }
-  const auto actual = sample.run(dist);
+  std::vector<at::Tensor> actual;
+  try {
+    CommDebugMode debug;
+    actual = sample.run(dist);
+    run.forward = debug.op_calls();
+  } catch (const DTensorError& e) {
+    // An in-place op cannot move the tensor it writes to (beyond reducing a Partial one): where the
+    // placements would have to change, refusing with this error is the right outcome.
+    if (std::string(e.what()).find(kInPlaceRefusal) == std::string::npos) throw;
+    run.refused = true;
+    return ::testing::AssertionSuccess();
+  }
   if (actual.size() != expected.size()) return ::testing::AssertionFailure() << "different number of outputs";
   for (size_t k = 0; k < actual.size(); ++k)
     if (!is_dtensor(actual[k])) return ::testing::AssertionFailure() << "output " << k << " is not a DTensor";
@@ -99,15 +216,22 @@ at::Tensor sum_of_floating(const std::vector<at::Tensor>& outs) {
     for (const auto& a : actual) gathered.push_back(full_tensor(a));
   }
   std::vector<at::Tensor> gathered_grads(full.size());
+  run.gradient_compared = false;
   if (sample.backward) {
     at::Tensor loss = sum_of_floating(expected), dist_loss = sum_of_floating(actual);
     if (loss.defined()) {
       loss.backward();
-      dist_loss.backward();
+      {
+        CommDebugMode debug;
+        dist_loss.backward();
+        run.backward = debug.op_calls();
+      }
       at::NoGradGuard no_grad;
+      // A zero gradient that autograd makes with _efficientzerotensor (sgn, floor, comparisons ...) is
+      // a plain tensor, as no DTensor input reaches that factory: its values are compared as they are.
       for (size_t i = 0; i < dist.size(); ++i)
-        if (dist[i].requires_grad() && dist[i].grad().defined() && is_dtensor(dist[i].grad()))
-          gathered_grads[i] = full_tensor(dist[i].grad());
+        if (dist[i].requires_grad() && dist[i].grad().defined())
+          gathered_grads[i] = is_dtensor(dist[i].grad()) ? full_tensor(dist[i].grad()) : dist[i].grad();
     }
   }
 
@@ -116,91 +240,72 @@ at::Tensor sum_of_floating(const std::vector<at::Tensor>& outs) {
     if (!r) return r << " (output " << k << ", placements " << to_string(placements_of(actual[k])) << ")";
   }
   for (size_t i = 0; i < full.size(); ++i) {
-    // Zero gradients that autograd makes with _efficientzerotensor (sgn, floor, ...) are plain
-    // tensors, as no DTensor input reaches that factory: only their values can be compared.
-    if (!full[i].requires_grad() || (full[i].grad().defined() && full[i].grad()._is_zerotensor())) continue;
+    if (!full[i].requires_grad()) continue;
     if (full[i].grad().defined() != gathered_grads[i].defined())
       return ::testing::AssertionFailure() << "gradient of input " << i << " defined on one side only";
     if (!full[i].grad().defined()) continue;
     auto r = same_values(gathered_grads[i], full[i].grad(), sample);
     if (!r) return r << " (gradient of input " << i << ")";
+    run.gradient_compared = true;
   }
   return ::testing::AssertionSuccess();
 }
 
-// On the 1-d mesh every combination runs. On the 2x2 mesh they multiply (9^3 for three 2-d inputs):
-// an evenly spaced subset keeps the suite's time bounded while still mixing every kind of placement.
-constexpr size_t kMaxTwoDimCombinations = 48;
+std::string describe(const std::vector<Placements>& placements) {
+  std::string where;
+  for (const auto& p : placements) where += "(" + to_string(p) + ") ";
+  return where;
+}
 
-template <typename T>
-std::vector<T> spread(std::vector<T> all, size_t limit) {
-  if (all.size() <= limit) return all;
-  std::vector<T> out;
-  for (size_t i = 0; i < limit; ++i) out.push_back(std::move(all[i * all.size() / limit]));
-  return out;
+// Runs every combination of `sample` on the meshes it asks for, recording what ran into the coverage
+// table; returns the failures.
+std::vector<std::string> run_sample(const OpSample& sample) {
+  std::vector<MeshPtr> meshes = {mesh({4})};
+  if (sample.two_d) meshes.push_back(mesh({2, 2}));
+  std::vector<std::string> failures;
+  uint64_t seed = 0;
+  for (const auto& m : meshes) {
+    for (const auto& placements : all_combinations(sample, m->ndim())) {
+      ::testing::AssertionResult r = ::testing::AssertionFailure();
+      SampleRun run;
+      try {
+        r = check(sample, m, placements, ++seed, run);
+      } catch (const std::exception& e) {
+        r = ::testing::AssertionFailure() << "threw: " << e.what();
+      }
+      if (r) {
+        if (sample.expect_error.empty() && !run.refused) record_run(sample, m->ndim(), run);
+        continue;
+      }
+      failures.push_back(sample.name + " on " + m->str() + " with inputs " + describe(placements) + ": " + r.message());
+    }
+  }
+  record_sample_done(sample, probe_derivative(sample));
+  return failures;
 }
 
 class OpSampleTest : public DistTest {
  public:
   explicit OpSampleTest(const OpSample& sample) : sample_(sample) {}
   void TestBody() override {
-    std::vector<MeshPtr> meshes = {mesh({4})};
-    if (sample_.two_d) meshes.push_back(mesh({2, 2}));
-    int failures = 0;
-    for (const auto& m : meshes) {
-      auto all = combinations(sample_, m->ndim());
-      if (m->ndim() > 1) all = spread(std::move(all), kMaxTwoDimCombinations);
-      for (const auto& placements : all) {
-        ::testing::AssertionResult r = ::testing::AssertionFailure();
-        try {
-          r = check(sample_, m, placements);
-        } catch (const std::exception& e) {
-          r = ::testing::AssertionFailure() << "threw: " << e.what();
-        }
-        if (r) continue;
-        std::string where;
-        for (const auto& p : placements) where += "(" + to_string(p) + ") ";
-        if (failures++ < 30) ADD_FAILURE() << sample_.name << " on " << m->str() << " with inputs " << where << ": " << r.message();
-      }
-    }
+    const auto failures = run_sample(sample_);
+    for (size_t k = 0; k < failures.size() && k < 30; ++k) ADD_FAILURE() << failures[k];
+    if (failures.size() > 30) ADD_FAILURE() << "... and " << failures.size() - 30 << " more failing combinations";
   }
 
  private:
   const OpSample& sample_;
 };
 
-// Runs every sample once (all inputs Replicate) under CommDebugMode and records the ops it dispatched.
-std::map<std::string, std::set<std::string>> ops_exercised() {
-  std::map<std::string, std::set<std::string>> by_op;
-  for (const auto& sample : samples()) {
-    CommDebugMode debug;
-    try {
-      check(sample, mesh({4}), std::vector<Placements>(sample.shapes.size(), Placements{Replicate()}));
-    } catch (const std::exception&) {
-      // the sample's own test reports it
-    }
-    for (const auto& op : debug.ops()) by_op[op].insert(sample.name);
-  }
-  return by_op;
-}
-
 class OpDbCoverageTest : public DistTest {
  public:
   void TestBody() override {
-    const auto exercised = ops_exercised();
-    std::ostringstream table;
-    std::vector<std::string> missing;
-    table << "op-db coverage: op | samples that dispatch it\n";
-    for (const auto& op : ops_with_sharding_rules()) {
-      if (op.rfind("aten::", 0) != 0) continue;  // custom ops registered by tests have their own tests
-      auto it = exercised.find(op);
-      table << "  " << op << " | " << (it == exercised.end() ? 0 : it->second.size()) << "\n";
-      if (it == exercised.end()) missing.push_back(op);
-    }
-    if (world()->rank() == 0) std::cout << table.str();
-    std::string list;
-    for (const auto& m : missing) list += " " + m;
-    EXPECT_TRUE(missing.empty()) << missing.size() << " op(s) with a sharding rule have no op-db sample:" << list;
+    // Samples filtered out of this run still count: run them here (their failures are their tests').
+    for (const auto& sample : samples())
+      if (!sample_done(sample)) run_sample(sample);
+    const CoverageReport report = coverage_report();
+    if (world()->rank() == 0) std::cout << report.table;
+    for (const auto& problem : report.problems) ADD_FAILURE() << problem;
   }
 };
 

@@ -1,9 +1,11 @@
 #pragma once
 // The op database: sample calls for every op dtensor has a sharding rule for. Each sample runs on
 // DTensors for every combination of Replicate / Shard(d) inputs on a 1-d mesh of 4 ranks (and on a
-// 2x2 mesh when marked), and its outputs and the gradients of sum(outputs) are compared with the same
-// call on the full tensors on one device. A coverage test fails when an op with a rule is not
-// exercised by any sample.
+// 2x2 mesh when marked), and again with each input Partial(sum / avg / max / min) holding random
+// per-rank contributions; its outputs and the gradients of sum(outputs) are compared with the same
+// call on the full tensors on one device. A coverage test prints, per op, the placements and meshes
+// exercised and whether gradients were checked, and fails when an op with a rule is not exercised or
+// an op with a derivative has no gradient check.
 
 #include <functional>
 #include <string>
@@ -29,6 +31,10 @@ struct OpSample {
   // Non-empty: the op is refused on DTensors by design; the call must throw a DTensorError saying this.
   std::string expect_error = "";
   std::vector<bool> differentiable = {};  // per input; default: every floating input gets a gradient
+  // With backward = false for a differentiable call: why its gradient cannot be compared (shown in the
+  // coverage table; without a reason, an op with a derivative and no gradient check fails coverage).
+  std::string no_backward_reason = "";
+  bool partial_inputs = true;  // also run each non-boolean input as every kind of Partial
 };
 
 // Adds samples (called from static initialisers of the sample files).

@@ -96,18 +96,5 @@ TEST_F(DistTest, ShapeOpsKeepPartial) {
   }
 }
 
-// Dispatch returns an in-place op's own DTensor, whose global shape it cannot change: refused.
-TEST_F(DistTest, InPlaceReshapingViewsAreRefused) {
-  auto m = mesh({4});
-  const at::Tensor x = test_tensor({5, 1}, at::kDouble, 4);
-  at::Tensor dx = distribute_tensor(x, m, Placements{Shard(0)});
-  EXPECT_THROW(dx.t_(), DTensorError);
-  EXPECT_THROW(dx.transpose_(0, 1), DTensorError);
-  EXPECT_THROW(dx.squeeze_(), DTensorError);
-  EXPECT_THROW(dx.unsqueeze_(0), DTensorError);
-  EXPECT_EQ(dx.sizes(), x.sizes());
-  EXPECT_TRUE(tensors_equal(full_tensor(dx), x));
-}
-
 }  // namespace
 }  // namespace dtensor::testing

@@ -1,5 +1,6 @@
 // Matrix products. Sharding a free dim of either operand shards the output; sharding the contracted
-// dim on both gives a Partial(sum) output; a Partial operand times a Replicate one stays Partial.
+// dim on both gives a Partial(sum) output; a Partial operand times a Replicate one stays Partial
+// (Avg only for floating values, see linear_reduce_ops).
 
 #include "../registry.h"
 #include "rule_helpers.h"
@@ -7,9 +8,18 @@
 namespace dtensor::rules {
 namespace {
 
+// A Partial operand times a Replicate one stays Partial (for the reductions a product is linear in).
+std::vector<DimStrategy> with_partial_operands(const OpSchema& s, std::vector<DimStrategy> out) {
+  for (auto op : linear_reduce_ops(s)) {
+    out.push_back({{Partial(op)}, {Partial(op), Replicate()}});
+    out.push_back({{Partial(op)}, {Replicate(), Partial(op)}});
+  }
+  return out;
+}
+
 // Placements of (lhs, rhs) -> out for a batched product with `batch` leading dims:
 // lhs [..., m, k] @ rhs [..., k, n] -> out [..., m, n].
-std::vector<DimStrategy> product(int64_t batch) {
+std::vector<DimStrategy> product(const OpSchema& s, int64_t batch) {
   const int64_t m = batch, k = batch + 1, n = batch + 1;  // dims of lhs (m, k) and rhs (k, n)
   std::vector<DimStrategy> out = {
       {{Replicate()}, {Replicate(), Replicate()}},
@@ -18,22 +28,18 @@ std::vector<DimStrategy> product(int64_t batch) {
       {{Partial()}, {Shard(k), Shard(batch)}},
   };
   for (int64_t b = 0; b < batch; ++b) out.push_back({{Shard(b)}, {Shard(b), Shard(b)}});
-  for (auto op : {ReduceOp::Sum, ReduceOp::Avg}) {
-    out.push_back({{Partial(op)}, {Partial(op), Replicate()}});
-    out.push_back({{Partial(op)}, {Replicate(), Partial(op)}});
-  }
-  return out;
+  return with_partial_operands(s, std::move(out));
 }
 
-std::vector<DimStrategy> mm(const OpSchema&) { return product(0); }
-std::vector<DimStrategy> bmm(const OpSchema&) { return product(1); }
+std::vector<DimStrategy> mm(const OpSchema& s) { return product(s, 0); }
+std::vector<DimStrategy> bmm(const OpSchema& s) { return product(s, 1); }
 
 // self + a @ b: the added term follows the product's output, broadcast from the right.
 std::vector<DimStrategy> add_product(const OpSchema& s, int64_t batch) {
   const Shape& out = s.outputs[0].shape;
   const Shape& self = s.input(0).meta.shape;
   std::vector<DimStrategy> result;
-  for (const DimStrategy& p : product(batch)) {
+  for (const DimStrategy& p : product(s, batch)) {
     DimStrategy st{p.outputs, {}};
     const Placement& o = p.outputs[0];
     Placement self_placement = o;
@@ -49,18 +55,13 @@ std::vector<DimStrategy> add_product(const OpSchema& s, int64_t batch) {
 }
 
 // dot: [k] . [k] -> []; mv: [m, k] @ [k] -> [m].
-std::vector<DimStrategy> dot(const OpSchema&) {
-  return {{{Replicate()}, {Replicate(), Replicate()}},
-          {{Partial()}, {Shard(0), Shard(0)}},
-          {{Partial()}, {Partial(), Replicate()}},
-          {{Partial()}, {Replicate(), Partial()}}};
+std::vector<DimStrategy> dot(const OpSchema& s) {
+  return with_partial_operands(s, {{{Replicate()}, {Replicate(), Replicate()}}, {{Partial()}, {Shard(0), Shard(0)}}});
 }
-std::vector<DimStrategy> mv(const OpSchema&) {
-  return {{{Replicate()}, {Replicate(), Replicate()}},
-          {{Shard(0)}, {Shard(0), Replicate()}},
-          {{Partial()}, {Shard(1), Shard(0)}},
-          {{Partial()}, {Partial(), Replicate()}},
-          {{Partial()}, {Replicate(), Partial()}}};
+std::vector<DimStrategy> mv(const OpSchema& s) {
+  return with_partial_operands(s, {{{Replicate()}, {Replicate(), Replicate()}},
+                                   {{Shard(0)}, {Shard(0), Replicate()}},
+                                   {{Partial()}, {Shard(1), Shard(0)}}});
 }
 
 const bool registered = [] {

@@ -41,6 +41,29 @@ LocalArgs number_on_one_rank(const OpSchema& s, const PlacementStrategy& chosen)
   return {};
 }
 
+// div with a rounding mode ("floor", "trunc") rounds each contribution on its own: floor(0.75 / 3)
+// summed over 4 ranks is 0, not floor(3 / 3) = 1. Only true division is linear in its dividend.
+bool rounds(const OpSchema& s) {
+  const auto index = s.schema.argumentIndexWithName("rounding_mode");
+  return index && !s.args[*index].isNone();
+}
+
+void add_partial_strategies(const OpSchema& s, Linearity linearity, std::vector<DimStrategy>& strategies);
+
+// An out= argument (written, and not the op's first argument) takes the output's placement in every
+// strategy: it receives the result, it is not an operand (a Partial out with Replicate operands would
+// hold the whole result on every rank).
+bool is_out_argument(const OpSchema& s, size_t input) {
+  const auto* alias = s.schema.arguments()[s.inputs[input].arg].alias_info();
+  return s.inputs[input].arg != 0 && alias != nullptr && alias->isWrite();
+}
+
+void place_out_arguments(const OpSchema& s, std::vector<DimStrategy>& strategies) {
+  for (size_t i = 0; i < s.inputs.size(); ++i)
+    if (is_out_argument(s, i))
+      for (auto& st : strategies) st.inputs[i] = st.outputs[0];
+}
+
 std::vector<DimStrategy> pointwise(const OpSchema& s, Linearity linearity) {
   const Shape& out = s.outputs.at(0).shape;
   const auto out_ndim = static_cast<int64_t>(out.size());
@@ -54,8 +77,14 @@ std::vector<DimStrategy> pointwise(const OpSchema& s, Linearity linearity) {
     }
     strategies.push_back(std::move(st));
   }
-  if (linearity == Linearity::None) return strategies;
-  for (auto op : {ReduceOp::Sum, ReduceOp::Avg}) {
+  if (linearity != Linearity::None && !rounds(s)) add_partial_strategies(s, linearity, strategies);
+  place_out_arguments(s, strategies);
+  return strategies;
+}
+
+// Strategies that keep Partial inputs Partial, as far as the op is linear in them.
+void add_partial_strategies(const OpSchema& s, Linearity linearity, std::vector<DimStrategy>& strategies) {
+  for (auto op : linear_reduce_ops(s)) {
     const Placement p = Partial(op);
     if (linearity == Linearity::Additive) {
       strategies.push_back(DimStrategy{Placements(s.outputs.size(), p), Placements(s.inputs.size(), p)});
@@ -63,12 +92,12 @@ std::vector<DimStrategy> pointwise(const OpSchema& s, Linearity linearity) {
     }
     const size_t candidates = linearity == Linearity::Scaling ? s.inputs.size() : std::min<size_t>(1, s.inputs.size());
     for (size_t partial_input = 0; partial_input < candidates; ++partial_input) {
+      if (is_out_argument(s, partial_input)) continue;
       DimStrategy st{Placements(s.outputs.size(), p), Placements(s.inputs.size(), Replicate())};
       st.inputs[partial_input] = p;
       strategies.push_back(std::move(st));
     }
   }
-  return strategies;
 }
 
 // Output metas without running the op at full size (many elementwise ops have no Meta kernel): the
@@ -102,13 +131,13 @@ detail::OpRule rule(Linearity linearity) {
 
 const bool registered = [] {
   using detail::register_family;
-  register_family({"aten::add", "aten::sub", "aten::neg", "aten::clone", "aten::positive"},
+  register_family({"aten::add", "aten::sub", "aten::rsub", "aten::neg", "aten::clone", "aten::positive"},
                   rule(Linearity::Additive));
   register_family({"aten::mul"}, rule(Linearity::Scaling));
   // out= forms of the arithmetic ops (written outputs keep their placements).
   detail::register_overloads({"aten::add.out", "aten::sub.out"}, rule(Linearity::Additive));
   detail::register_overloads({"aten::mul.out"}, rule(Linearity::Scaling));
-  detail::register_overloads({"aten::div.out"}, rule(Linearity::FirstLinear));
+  detail::register_overloads({"aten::div.out", "aten::div.out_mode"}, rule(Linearity::FirstLinear));
   register_family({"aten::div", "aten::threshold_backward", "aten::sigmoid_backward", "aten::tanh_backward",
                    "aten::gelu_backward", "aten::silu_backward", "aten::hardtanh_backward",
                    "aten::leaky_relu_backward", "aten::elu_backward", "aten::softplus_backward",
@@ -131,7 +160,12 @@ const bool registered = [] {
        "aten::isinf",      "aten::nan_to_num", "aten::bitwise_and",   "aten::bitwise_or",   "aten::bitwise_xor",
        "aten::bitwise_not", "aten::fmod",      "aten::remainder",     "aten::addcmul",      "aten::addcdiv",
        "aten::elu",        "aten::softplus",   "aten::threshold",     "aten::_to_copy",   "aten::fill",       "aten::zero",          "aten::copy",         "aten::logit",
-       "aten::mish",       "aten::hardswish",  "aten::hardsigmoid",   "aten::xlogy",        "aten::sgn"},
+       "aten::mish",       "aten::hardswish",  "aten::hardsigmoid",   "aten::xlogy",        "aten::sgn",
+       "aten::floor_divide", "aten::hypot",    "aten::copysign",      "aten::fmax",         "aten::fmin",
+       "aten::lgamma",     "aten::digamma",    "aten::sinc",          "aten::logaddexp",    "aten::logaddexp2",
+       "aten::heaviside",  "aten::signbit",    "aten::nextafter",     "aten::deg2rad",      "aten::rad2deg",
+       "aten::i0",         "aten::bitwise_left_shift", "aten::bitwise_right_shift", "aten::relu6",
+       "aten::polygamma",  "aten::special_i1", "aten::special_i0e", "aten::special_i1e"},
       rule(Linearity::None));
   return true;
 }();

@@ -79,7 +79,12 @@ std::vector<DimStrategy> reduction(const OpSchema& s, const Combine& c) {
     if (!r.dims.count(d)) out.push_back(strategy(s, Shard(output_dim(r, d)), Shard(d)));
     else if (c.over_shard) out.push_back(strategy(s, Partial(*c.over_shard), Shard(d)));
   }
-  for (ReduceOp op : c.keeps_partial) out.push_back(strategy(s, Partial(op), Partial(op)));
+  const auto linear = linear_reduce_ops(s);
+  for (ReduceOp op : c.keeps_partial) {
+    const bool sum_like = op == ReduceOp::Sum || op == ReduceOp::Avg;
+    if (!sum_like || std::find(linear.begin(), linear.end(), op) != linear.end())
+      out.push_back(strategy(s, Partial(op), Partial(op)));
+  }
   return out;
 }
 
@@ -204,7 +209,7 @@ std::vector<DimStrategy> scan(const OpSchema& s) {
   std::vector<DimStrategy> out = {all_replicate(s)};
   for (int64_t d = 0; d < s.input_ndim(0); ++d)
     if (d != dim) out.push_back({{Shard(d)}, {Shard(d)}});
-  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) out.push_back({{Partial(op)}, {Partial(op)}});
+  for (ReduceOp op : linear_reduce_ops(s)) out.push_back({{Partial(op)}, {Partial(op)}});
   return out;
 }
 

@@ -16,6 +16,29 @@ inline DimStrategy all_replicate(const OpSchema& s) {
   return DimStrategy{Placements(s.outputs.size(), Replicate()), Placements(s.inputs.size(), Replicate())};
 }
 
+// The Partial reductions a linear op (sums, scalings, products) maps to the same Partial output.
+// Sum always; Avg only when every tensor is floating: an integer average truncates, so the average of
+// 3 * x_r is not 3 * (the average of x_r) when the contributions do not divide evenly. None when
+// values become integers (sum(x, dtype=long) truncates each contribution) or are boolean.
+// `value_inputs`: the inputs whose values the op combines (default: all; not index tensors).
+inline std::vector<ReduceOp> linear_reduce_ops(const OpSchema& s, std::vector<size_t> value_inputs = {}) {
+  if (value_inputs.empty())
+    for (size_t i = 0; i < s.inputs.size(); ++i) value_inputs.push_back(i);
+  bool floating_in = true, floating_out = true, any_floating_in = false;
+  for (size_t i : value_inputs) {
+    const auto dtype = s.input(i).meta.dtype;
+    if (dtype == c10::ScalarType::Bool) return {};
+    floating_in = floating_in && c10::isFloatingType(dtype);
+    any_floating_in = any_floating_in || c10::isFloatingType(dtype);
+  }
+  for (const auto& out : s.outputs) {
+    if (out.dtype == c10::ScalarType::Bool || (any_floating_in && !c10::isFloatingType(out.dtype))) return {};
+    floating_out = floating_out && c10::isFloatingType(out.dtype);
+  }
+  if (floating_in && floating_out) return {ReduceOp::Sum, ReduceOp::Avg};
+  return {ReduceOp::Sum};
+}
+
 // The mesh dims along which `placements` shard tensor dim `dim` (a local kernel combines its partial
 // results over exactly these).
 inline std::vector<int64_t> mesh_dims_sharding(const Placements& placements, int64_t dim) {

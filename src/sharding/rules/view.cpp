@@ -1,7 +1,9 @@
 // View and shape ops: views, squeezes, slices and selections, splits and concatenations, index
 // gathers and scatters, repeat. A dim an op leaves whole keeps its shard (renumbered when dims come
 // or go); a dim the op cuts, joins along or indexes into must be Replicate. Ops that only move or copy
-// values keep every Partial; views run on the local shard, so their results alias it.
+// values keep every Partial; views run on the local shard, so their results alias it. In-place views
+// (t_, transpose_, squeeze_, unsqueeze_) reshape the local shard and dispatch gives the DTensor the
+// view's shape and placements.
 
 #include <ATen/ATen.h>
 #include <ATen/TensorUtils.h>
@@ -19,8 +21,6 @@ namespace {
 
 // Partial reductions that commute with an op that only moves, copies or zero-fills values.
 const std::vector<ReduceOp> kMovesValues = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
-// Those that commute with an op that adds values up.
-const std::vector<ReduceOp> kLinear = {ReduceOp::Sum, ReduceOp::Avg};
 
 bool in_place(const OpSchema& s) { return s.schema.name().back() == '_'; }
 
@@ -46,15 +46,6 @@ std::vector<DimStrategy> follow_dims(const OpSchema& s, const std::function<int6
   return out;
 }
 
-// Dispatch hands an in-place op back its own DTensor unchanged, so an in-place view that reshapes it
-// (t_, transpose_, squeeze_, unsqueeze_) would leave its global shape stale: refuse those.
-void refuse_in_place_reshape(const OpSchema& s, bool reshapes) {
-  if (!reshapes || !in_place(s)) return;
-  const std::string name = s.schema.name();
-  throw DTensorError(s.op_name() + " would change a DTensor's shape in place, which dtensor does not support; use " +
-                     name.substr(0, name.size() - 1) + " and keep its result instead");
-}
-
 // ---- dims reordered or broadcast ------------------------------------------------------------------
 
 // Output dim of each input dim for ops that only reorder dims.
@@ -78,7 +69,6 @@ std::vector<int64_t> dim_order(const OpSchema& s) {
 
 std::vector<DimStrategy> reorder(const OpSchema& s) {
   const auto out_of = dim_order(s);
-  refuse_in_place_reshape(s, !std::is_sorted(out_of.begin(), out_of.end()));
   return follow_dims(s, [&](int64_t d) { return out_of[d]; });
 }
 
@@ -268,7 +258,6 @@ std::vector<int64_t> squeezed_dims(const OpSchema& s) {
 
 std::vector<DimStrategy> squeeze(const OpSchema& s) {
   const auto removed = squeezed_dims(s);
-  refuse_in_place_reshape(s, !removed.empty());
   return follow_dims(s, [&](int64_t d) {
     const auto before = std::lower_bound(removed.begin(), removed.end(), d);
     return before != removed.end() && *before == d ? -1 : d - (before - removed.begin());
@@ -286,7 +275,6 @@ LocalKernel squeeze_kernel(const OpSchema& s, const PlacementStrategy&) {
 
 // unsqueeze (and stack, which unsqueezes every input then joins them): dims from `dim` on move up.
 std::vector<DimStrategy> unsqueeze(const OpSchema& s) {
-  refuse_in_place_reshape(s, true);
   const int64_t dim = dim_arg(s, s.output_ndim());
   return follow_dims(s, [dim](int64_t d) { return d >= dim ? d + 1 : d; });
 }
@@ -338,7 +326,7 @@ std::vector<DimStrategy> index_add(const OpSchema& s) {
   std::vector<DimStrategy> out = {all_replicate(s)};
   for (int64_t d = 0; d < s.input_ndim(0); ++d)
     if (d != dim) out.push_back({{Shard(d)}, {Shard(d), Replicate(), Shard(d)}});
-  for (auto op : kLinear) out.push_back({{Partial(op)}, {Partial(op), Replicate(), Partial(op)}});
+  for (auto op : linear_reduce_ops(s, {0, 2})) out.push_back({{Partial(op)}, {Partial(op), Replicate(), Partial(op)}});
   return out;
 }
 
@@ -374,7 +362,7 @@ std::vector<DimStrategy> scatter(const OpSchema& s) {
   std::vector<DimStrategy> out = {all_replicate(s)};
   for (int64_t d : aligned_dims(s, dim)) out.push_back({{Shard(d)}, Placements(s.inputs.size(), Shard(d))});
   if (s.inputs.size() == 3 && s.schema.overload_name() != "reduce")
-    for (auto op : kLinear) out.push_back({{Partial(op)}, {Partial(op), Replicate(), Partial(op)}});
+    for (auto op : linear_reduce_ops(s, {0, 2})) out.push_back({{Partial(op)}, {Partial(op), Replicate(), Partial(op)}});
   return out;
 }
 

@@ -34,8 +34,7 @@ OpSample gradient(std::string name, int64_t padding_idx, bool scale_grad_by_freq
             return outputs(at::embedding_dense_backward(x[0], x[1], kRows, padding_idx, scale_grad_by_freq));
           },
           .make_input = make_input,
-          .placements = {{Replicate(), Shard(0), Shard(1), Shard(2), Partial()}, {Replicate(), Shard(0), Shard(1)}},
-          .backward = false};
+          .placements = {{Replicate(), Shard(0), Shard(1), Shard(2), Partial()}, {Replicate(), Shard(0), Shard(1)}}};
 }
 
 const bool registered = add_op_samples({

@@ -58,7 +58,7 @@ OpSample nll_backward(std::string name, int64_t reduction) {
             return i == 3 ? at::full({}, 3.0, at::kDouble) : test_tensor(shape, at::kDouble, 700 + i);
           },
           .placements = {kWithPartial0d, k2d, {Replicate(), Shard(0)}, {Replicate()}},
-          .backward = false};
+          .differentiable = {true, true, false, false}};  // total_weight has no derivative
 }
 
 const Shape kLogits{5, 7}, kTargets{5}, kWeights{7};
@@ -102,8 +102,7 @@ const bool registered = add_op_samples({
     {.name = "log_softmax_backward_data",
      .shapes = {kLogits, kLogits},
      .run = [](In x) { return outputs(at::_log_softmax_backward_data(x[0], x[1], 1, at::kDouble)); },
-     .placements = {kWithPartial2d, k2d},
-     .backward = false},
+     .placements = {kWithPartial2d, k2d}},
     // mse_loss / mse_loss_backward
     {.name = "mse_loss_mean", .shapes = {{5, 3}, {5, 3}}, .run = [](In x) { return outputs(at::mse_loss(x[0], x[1])); }, .two_d = true},
     {.name = "mse_loss_sum",
@@ -116,13 +115,11 @@ const bool registered = add_op_samples({
     {.name = "mse_loss_backward_mean",
      .shapes = {{}, {5, 3}, {5, 3}},
      .run = [](In x) { return outputs(at::mse_loss_backward(x[0], x[1], x[2], at::Reduction::Mean)); },
-     .placements = {kWithPartial0d, k2d, k2d},
-     .backward = false},
+     .placements = {kWithPartial0d, k2d, k2d}},
     {.name = "mse_loss_backward_none",
      .shapes = {{5, 3}, {5, 3}, {5, 3}},
      .run = [](In x) { return outputs(at::mse_loss_backward(x[0], x[1], x[2], at::Reduction::None)); },
-     .placements = {kWithPartial2d, k2d, k2d},
-     .backward = false},
+     .placements = {kWithPartial2d, k2d, k2d}},
 });
 
 }  // namespace

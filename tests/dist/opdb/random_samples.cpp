@@ -41,7 +41,7 @@ OpSample with_input(OpSample s, std::function<at::Tensor(size_t, const Shape&)> 
   return s;
 }
 
-// For ops whose gradient LibTorch does not implement, or makes as plain tensors.
+// For ops whose gradient LibTorch does not implement.
 OpSample forward_only(OpSample s) {
   s.backward = false;
   return s;
@@ -67,20 +67,19 @@ const bool registered = add_op_samples({
     with_input(sample("bernoulli_tensor", {{5, 3}}, seeded([](In x) { return outputs(at::bernoulli(x[0])); })),
                probabilities),
     // The zero gradients of bernoulli_'s and normal's tensor parameters are at::zeros of their sizes:
-    // plain tensors.
-    forward_only(with_input(sample("bernoulli__tensor_broadcast", {{5, 3}, {3}},
-                                   seeded([](In x) { return outputs(at::empty_like(x[0]).bernoulli_(x[1])); })),
-                            probabilities)),
-    forward_only(with_input(sample("normal_tensor_tensor", {{5, 3}, {5, 3}},
-                                   seeded([](In x) { return outputs(at::normal(x[0], x[1])); })),
-                            probabilities)),
-    forward_only(with_input(sample("normal_tensor_tensor_broadcast", {{5, 3}, {3}},
-                                   seeded([](In x) { return outputs(at::normal(x[0], x[1])); })),
-                            probabilities)),
-    forward_only(with_input(sample("normal_tensor_float", {{5, 3}}, seeded([](In x) { return outputs(at::normal(x[0], 0.5)); })),
-                            probabilities)),
-    forward_only(with_input(sample("normal_float_tensor", {{5, 3}}, seeded([](In x) { return outputs(at::normal(2.0, x[0])); })),
-                            probabilities)),
+    // plain tensors, compared by value.
+    with_input(sample("bernoulli__tensor_broadcast", {{5, 3}, {3}},
+                      seeded([](In x) { return outputs(at::empty_like(x[0]).bernoulli_(x[1])); })),
+               probabilities),
+    with_input(sample("normal_tensor_tensor", {{5, 3}, {5, 3}}, seeded([](In x) { return outputs(at::normal(x[0], x[1])); })),
+               probabilities),
+    with_input(sample("normal_tensor_tensor_broadcast", {{5, 3}, {3}},
+                      seeded([](In x) { return outputs(at::normal(x[0], x[1])); })),
+               probabilities),
+    with_input(sample("normal_tensor_float", {{5, 3}}, seeded([](In x) { return outputs(at::normal(x[0], 0.5)); })),
+               probabilities),
+    with_input(sample("normal_float_tensor", {{5, 3}}, seeded([](In x) { return outputs(at::normal(2.0, x[0])); })),
+               probabilities),
     // Dropout: native_dropout (and its backward, native_dropout_backward, through the gradient), and
     // dropout, which on CPU is empty_like + bernoulli_ + div_ + mul.
     sample("native_dropout", {{5, 3}}, seeded([](In x) {

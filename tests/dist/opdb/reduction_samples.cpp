@@ -22,9 +22,9 @@ const bool registered = add_op_samples({
     {"mean", {{5, 6}}, [](In x) { return outputs(x[0].mean()); }, nullptr, {}, true, true},
     {"mean_dim", {{5, 6}}, [](In x) { return outputs(x[0].mean(0)); }},
     {"mean_dims_keepdim", {{2, 5, 6}}, [](In x) { return outputs(x[0].mean({1, 2}, true)); }, nullptr, {}, true, true},
-    // no backward: autograd's formula for prod() on a tensor that is not subclass-like (a C++
-    // DTensor) asks for nonzero(), whose output shape depends on the data
-    {"prod", {{5, 3}}, [](In x) { return outputs(x[0].prod()); }, positive, {}, false},
+    {"prod", {{5, 3}}, [](In x) { return outputs(x[0].prod()); }, positive, {}, false, false, 1e-7, 1e-9, "", {},
+     "autograd's formula for prod() on a tensor that is not subclass-like (a C++ DTensor) asks for nonzero(), whose "
+     "output shape depends on the data"},
     {"prod_dim_keepdim", {{5, 6}}, [](In x) { return outputs(x[0].prod(1, true)); }, positive},
     {"max", {{5, 6}}, [](In x) { return outputs(x[0].max()); }},
     {"min", {{2, 5, 6}}, [](In x) { return outputs(x[0].min()); }},

@@ -82,9 +82,13 @@ const bool registered = add_op_samples({
     {.name = "squeeze_dim_not_one", .shapes = {{5, 1, 3}}, .run = [](In x) { return outputs(x[0].squeeze(0) * 1); }},
     {.name = "squeeze_dims", .shapes = {{5, 1, 3}}, .run = [](In x) { return outputs(x[0].squeeze({0, 1}) * 1); }},
     {.name = "unsqueeze", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].unsqueeze(1) * 1); }},
-    // Reshaping a DTensor in place would leave its global shape stale: refused with a clear error.
-    {.name = "unsqueeze_", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].detach().clone().unsqueeze_(1)); },
-     .backward = false, .expect_error = "would change a DTensor's shape in place"},
+    // In-place views reshape the DTensor itself (its shape and placements follow the view).
+    {.name = "t_", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].clone().t_() * 1); }, .two_d = true},
+    {.name = "transpose_", .shapes = {{2, 5, 3}}, .run = [](In x) { return outputs(x[0].clone().transpose_(0, 2) * 1); }},
+    {.name = "unsqueeze_", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].clone().unsqueeze_(1) * 1); }},
+    {.name = "squeeze_dim_", .shapes = {{5, 1, 3}}, .run = [](In x) { return outputs(x[0].clone().squeeze_(1) * 1); },
+     .two_d = true},
+    {.name = "squeeze_", .shapes = {{1, 5, 1}}, .run = [](In x) { return outputs(x[0].clone().squeeze_() * 1); }},
 
     // slices and selections
     {.name = "slice", .shapes = {{5, 7}},
