@@ -124,7 +124,8 @@ int main(int argc, char** argv) {
       }
       runs.emplace_back(label, train(corpus, mesh, args.steps, label, print));
     }
-    if (!print) return 0;
+    // Rank 0 runs the oracle; every rank then exits with its verdict.
+    if (!print) return world->sum_across_ranks(0) == 0 ? 0 : 1;
     const std::vector<double> reference = train(corpus, nullptr, args.steps, "single process (the oracle)", true);
     bool pass = true;
     std::cout << "\n";
@@ -138,6 +139,7 @@ int main(int argc, char** argv) {
     }
     std::cout << (pass ? "\nPASS: every loss trajectory matches the single-process run\n"
                        : "\nFAIL: a loss trajectory differs from the single-process run\n");
+    world->sum_across_ranks(pass ? 0 : 1);
     return pass ? 0 : 1;
   });
 }

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdlib>
 #include <iostream>
 
 #include "dtensor/dtensor.h"
@@ -77,8 +78,12 @@ int main(int argc, char** argv) {
     int mismatches = walk_all_pairs(DeviceMesh::create(world, {world->size()}, MeshOptions{{"tp"}}), original, print);
     if (world->size() == 4)
       mismatches += walk_all_pairs(DeviceMesh::create(world, {2, 2}, MeshOptions{{"dp", "tp"}}), original, print);
+    // Fault injection for the launcher tests: one rank (not rank 0) reports a mismatch.
+    if (const char* fail = std::getenv("DTENSOR_DEMO_FAIL_RANK"); fail && std::atoi(fail) == world->rank()) ++mismatches;
     if (mismatches > 0) std::cerr << "rank " << world->rank() << ": " << mismatches << " mismatches\n";
-    if (print && mismatches == 0) std::cout << "\nPASS: every result equals the original tensor\n";
-    return mismatches == 0 ? 0 : 1;
+    // Every rank exits with the verdict of all of them, so a launcher sees any rank's failure.
+    const int64_t total = world->sum_across_ranks(mismatches);
+    if (print) std::cout << (total == 0 ? "\nPASS: every result equals the original tensor\n" : "\nFAIL: mismatches\n");
+    return total == 0 ? 0 : 1;
   });
 }

@@ -20,6 +20,9 @@ class Backend;
 }
 
 namespace dtensor {
+namespace detail {
+class MeshGroup;
+}
 
 class World;
 class DeviceMesh;
@@ -60,7 +63,18 @@ class DeviceMesh {
   // Index of a named dim; throws DTensorError listing the names when unknown.
   int64_t dim_index(const std::string& name) const;
   // The process group along `dim` through this rank (its members ordered by coordinate along `dim`).
+  // Throws DTensorError once the mesh was shut down.
   c10::intrusive_ptr<c10d::Backend> group(int64_t dim) const;
+  // The shared holder of that group (collectives use it to detect racing threads).
+  detail::MeshGroup& group_holder(int64_t dim) const;
+
+  // Releases this mesh's process groups now (its slices share them and lose them too); collectives on
+  // it afterwards raise an error. Dropping the last handle to a mesh (and to its slices and DTensors)
+  // releases them as well: dtensor's caches hold no mesh. (const: meshes are shared as const; what it
+  // changes is the groups they share.)
+  void shutdown() const;
+  // Unique in the process (meshes of equal layout differ): what caches key on, as it is never reused.
+  uint64_t id() const { return id_; }
   // "tp" or "dim 1" — how errors and plans refer to a mesh dim.
   std::string dim_label(int64_t dim) const;
 
@@ -86,7 +100,8 @@ class DeviceMesh {
   c10::DeviceType device_type_;
   std::chrono::milliseconds timeout_;
   std::optional<Shape> coordinate_;
-  std::vector<c10::intrusive_ptr<c10d::Backend>> groups_;
+  std::vector<std::shared_ptr<detail::MeshGroup>> groups_;
+  uint64_t id_;
 };
 
 bool same_mesh(const MeshPtr& a, const MeshPtr& b);

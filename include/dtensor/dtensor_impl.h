@@ -57,6 +57,12 @@ bool is_dtensor(const at::Tensor& tensor);
 // The impl of a DTensor; throws DTensorError naming `what` when `tensor` is not one.
 const DTensorImpl& dtensor_impl(const at::Tensor& tensor, const char* what = "this operation");
 
+// `local` laid out in the dim order its DTensor's global strides give (`meta`): `local` itself when it
+// already is (or is not dense, as views of a shard are), else a dense copy in that order. New shards
+// (op results, redistributed and gradient shards) go through this, so that any view that is legal on
+// the global tensor is legal on its shard and aliases it, instead of silently copying.
+at::Tensor in_global_layout(const at::Tensor& local, const TensorMeta& meta);
+
 // A new TensorImpl sharing `tensor`'s storage and version counter but none of its autograd history.
 at::Tensor alias_without_history(const at::Tensor& tensor);
 

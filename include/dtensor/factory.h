@@ -4,9 +4,10 @@
 // the value as contributions that reduce to it (ones with Partial(sum): ones on the first rank along
 // that mesh dim, zeros on the others). options.requires_grad() gives a leaf that requires grad.
 //
-// rand and randn give the values at::rand / at::randn give the whole tensor on one device with the
-// same generator state (seed every rank alike): each rank draws the whole tensor and keeps its part,
-// which costs O(global numel) draws per rank (see src/sharding/rules/random.cpp).
+// rand and randn fill the new DTensor with uniform_ / normal_, so they follow the random mode
+// (dtensor/random.h; seed every rank alike): by default the values at::rand / at::randn give the whole
+// tensor on one device with the same generator state, each rank drawing the whole tensor (O(global
+// numel) per rank); under RandomMode::LocalShards each rank draws only its shard.
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
@@ -17,6 +18,7 @@
 
 #include "dtensor/device_mesh.h"
 #include "dtensor/placement.h"
+#include "dtensor/random.h"
 
 namespace dtensor {
 

@@ -35,7 +35,9 @@ struct OpSchema {
   c10::ArrayRef<c10::IValue> args;
   std::vector<TensorInput> inputs;
   std::vector<TensorMeta> outputs;
-  MeshPtr mesh;
+  // A plain pointer: rules' local kernels capture it, and the propagation cache that keeps those must
+  // not keep meshes alive (see OutputSharding).
+  const DeviceMesh* mesh;
 
   const DTensorSpec& input(size_t i) const { return *inputs[i].spec; }
   int64_t input_ndim(size_t i) const { return inputs[i].spec->ndim(); }
@@ -79,9 +81,12 @@ using LocalArgs = std::vector<std::pair<size_t, c10::IValue>>;
 // results) on it, like a boxed kernel. May run collectives on the mesh (identically on every rank).
 using LocalKernel = std::function<void(const c10::OperatorHandle&, torch::jit::Stack&)>;
 
-// The decision for a call: where each output lives and where each input must be moved first.
+// The decision for a call: where each output lives and where each input must be moved first. It is
+// cached, and caches must not keep meshes alive, so output specs carry no mesh (dispatch gives them
+// the call's), and a LocalKernel captures the mesh by plain pointer (OpSchema::mesh.get()): a cached
+// decision is only ever used for DTensors on its own, living mesh.
 struct OutputSharding {
-  std::vector<SpecPtr> outputs;                       // one per tensor output
+  std::vector<DTensorSpec> outputs;                   // one per tensor output; `mesh` left empty
   std::vector<std::optional<Placements>> input_moves;  // per input; nullopt when it stays as is
   LocalArgs local_args;
   LocalKernel local_kernel;  // empty: run the op itself

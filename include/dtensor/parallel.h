@@ -34,19 +34,29 @@
 
 namespace dtensor {
 
-// Linear: weight Shard(0), bias Shard(0). Embedding: weight Shard(1) (the embedding dim).
-// Forward wants a Replicate input; the output comes out Shard(-1).
+// Shards the output features. Linear: weight Shard(0), bias Shard(0). Embedding and EmbeddingBag:
+// weight Shard(1) (the embedding dim). Conv1d/2d/3d: weight Shard(0), bias Shard(0) (the output
+// channels). Forward wants a Replicate input; the output comes out sharded on its feature dim
+// (Shard(-1); Shard(1), the channels, for convs). BatchNorm1d/2d/3d over the channels of a
+// column-parallel conv: weight, bias and running statistics Shard(0); forward wants the input
+// channel-sharded (Shard(1)) and normalises without communication; the output stays Shard(1).
 struct ColwiseParallel {
   Placement input_layout = Replicate();
-  Placement output_layout = Shard(-1);
+  std::optional<Placement> output_layout;  // default: the feature dim, Shard(-1) or Shard(1) (channels)
   bool use_local_output = true;
 };
 
-// Linear: weight Shard(1), bias Replicate; forward wants a Shard(-1) input and its output is
-// Partial, reduced to output_layout (Replicate: one all-reduce; Shard(1): one reduce-scatter).
-// Embedding: weight Shard(0) (the vocabulary); forward wants Replicate token ids.
+// Shards the input features. Linear: weight Shard(1), bias Replicate; forward wants a Shard(-1)
+// input and its output is Partial, reduced to output_layout (Replicate: one all-reduce; Shard(1):
+// one reduce-scatter). Conv1d/2d/3d alike over the input channels: weight Shard(1), bias Replicate
+// (added once), forward wants a Shard(1) input. Embedding and EmbeddingBag: weight Shard(0) (the
+// vocabulary, uneven allowed); forward wants Replicate token ids.
+// EmbeddingBag (either style) reads every Tensor argument (indices, offsets, per-sample weights) as
+// Replicate on the whole mesh: offsets point into the whole index list, so bags are not split over a
+// data-parallel dim. Give it 1-d indices with offsets (2-d input makes its offsets inside forward, as
+// a plain tensor).
 struct RowwiseParallel {
-  std::optional<Placement> input_layout;  // default: what forward wants (Shard(-1) or Replicate)
+  std::optional<Placement> input_layout;  // default: what forward wants (Shard(-1), Shard(1) or Replicate)
   Placement output_layout = Replicate();
   bool use_local_output = true;
 };

@@ -20,6 +20,9 @@ class Backend;
 }  // namespace c10d
 
 namespace dtensor {
+namespace detail {
+class MeshGroup;
+}
 
 struct WorldOptions {
   // How long a collective (and the rendezvous) may wait before failing with an error. Default: the
@@ -49,11 +52,29 @@ class World {
   // Which environment started this process: "dtensor", "torchrun", "mpirun" or "manual".
   const std::string& launcher() const { return launcher_; }
 
+  // The sum of `value` over every rank of the world, on every rank (through the store, so it needs no
+  // process group): how the ranks of a job agree on a verdict, so that each exits with it. Every rank
+  // must call it the same number of times.
+  int64_t sum_across_ranks(int64_t value);
+
+  // Of `ranks`, those whose process is known to have exited: ranks on this host that registered their
+  // process id when they joined and whose process is gone (or a zombie). Used to say which peer a failed
+  // collective lost; ranks on other hosts are never listed.
+  std::vector<int64_t> exited_ranks(const std::vector<int64_t>& ranks) const;
+
   // A process group over `ranks` (sorted global ranks, this rank among them): Gloo for CPU tensors,
   // NCCL for CUDA ones when dtensor was built with it. Every member must create groups over the same
   // rank set in the same order; distinct rank sets never wait on each other.
   c10::intrusive_ptr<c10d::Backend> new_group(const std::vector<int64_t>& ranks, c10::DeviceType device,
                                                std::chrono::milliseconds timeout);
+  // The same, held for a mesh; World::shutdown shuts it down wherever it still lives.
+  std::shared_ptr<detail::MeshGroup> new_mesh_group(const std::vector<int64_t>& ranks, c10::DeviceType device,
+                                                    std::chrono::milliseconds timeout);
+
+  // Shuts down every process group made through this world (meshes built on it then refuse
+  // collectives) and closes its store. Creating groups afterwards is an error. Idempotent; the
+  // destructor does it too.
+  void shutdown();
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;
@@ -62,7 +83,10 @@ class World {
   std::chrono::milliseconds timeout_;
   std::string launcher_ = "manual";
   std::mutex mutex_;
-  std::map<std::vector<int64_t>, int> groups_created_;  // per rank set, so each group gets a fresh store prefix
+  std::map<std::vector<int64_t>, int> groups_created_;
+  int64_t sums_done_ = 0;
+  std::vector<std::weak_ptr<detail::MeshGroup>> mesh_groups_;
+  bool shut_down_ = false;  // per rank set, so each group gets a fresh store prefix
 };
 
 // The timeout DTENSOR_TIMEOUT_S asks for, else `fallback`.

@@ -4,10 +4,13 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <chrono>
+#include <cstdio>
+#include <thread>
 
 #include "dtensor/comm_debug.h"
 #include "dtensor/errors.h"
 #include "dtensor/world.h"
+#include "mesh_group.h"
 
 namespace dtensor::detail {
 namespace {
@@ -27,18 +30,57 @@ void divide_for_average(at::Tensor& t, int64_t n) {
   else t.div_(n);
 }
 
+std::string seconds_since(std::chrono::steady_clock::time_point start) {
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f", s);
+  return text;
+}
+
+// Why a collective failed, as far as this rank can tell: a peer whose process exited (its connections
+// closed), the time limit, or a peer that left the collective some other way.
+std::string what_happened(const DeviceMesh& mesh, int64_t dim, std::chrono::steady_clock::time_point start) {
+  std::vector<int64_t> members;
+  Shape c = *mesh.coordinate();
+  for (int64_t i = 0; i < mesh.size(dim); ++i) {
+    c[dim] = i;
+    members.push_back(mesh.global_rank_at(c));
+  }
+  // A dead peer's process may not be reaped yet: give its launcher a moment.
+  std::vector<int64_t> exited;
+  for (int attempt = 0; attempt < 10 && exited.empty(); ++attempt) {
+    exited = mesh.world()->exited_ranks(members);
+    if (exited.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (!exited.empty()) {
+    std::string ranks;
+    for (int64_t r : exited) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    return "the connection was closed by rank " + ranks + ", whose process has exited";
+  }
+  const auto limit = mesh.timeout();
+  if (std::chrono::steady_clock::now() - start >= limit * 0.9)
+    return "no answer within the time limit of " + std::to_string(limit.count() / 1000.0).substr(0, 6) +
+           " s (MeshOptions::timeout or DTENSOR_TIMEOUT_S): a peer is hung or never called it, and every rank must "
+           "run the same collectives";
+  return "a peer left the collective (its connection failed; it may have crashed on another host, or called "
+         "different collectives)";
+}
+
 template <typename Launch>
 void run(const DeviceMesh& mesh, int64_t dim, const char* operation, int64_t bytes, Launch&& launch) {
   if (auto* debug = CommDebugMode::active()) debug->record_collective(operation, dim, bytes);
   auto group = mesh.group(dim);
+  const MeshGroup::Exclusive exclusive(mesh.group_holder(dim), [&] {
+    return "rank " + std::to_string(mesh.world()->rank()) + ": " + operation + " on " + mesh.dim_label(dim) + " of " +
+           mesh.str();
+  });
+  const auto start = std::chrono::steady_clock::now();
   try {
     launch(*group)->wait();
   } catch (const std::exception& e) {
     throw DTensorError("rank " + std::to_string(mesh.world()->rank()) + ": " + operation + " on " +
-                       mesh.dim_label(dim) + " of " + mesh.str() + " failed after at most " +
-                       std::to_string(mesh.timeout().count() / 1000.0).substr(0, 6) +
-                       " s (a peer that died or never called it; every rank must run the same collectives. "
-                       "The limit is MeshOptions::timeout or DTENSOR_TIMEOUT_S): " + e.what());
+                       mesh.dim_label(dim) + " of " + mesh.str() + " failed after " +
+                       seconds_since(start) + " s: " + what_happened(mesh, dim, start) + ": " + e.what());
   }
 }
 
@@ -66,6 +108,10 @@ void all_reduce_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, Reduce
   options.reduceOp = to_c10d(op);
   run(mesh, dim, "all-reduce", tensor.nbytes(), [&](c10d::Backend& g) { return g.allreduce(tensors, options); });
   if (op == ReduceOp::Avg) divide_for_average(tensor, mesh.size(dim));
+}
+
+void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& dims, at::Tensor& tensor, ReduceOp op) {
+  for (int64_t d : dims) all_reduce_(mesh, d, tensor, op);
 }
 
 at::Tensor reduce_scatter(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input, ReduceOp op) {

@@ -17,6 +17,8 @@ namespace dtensor::detail {
 at::Tensor all_gather(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input);
 // In place; Avg is a sum divided by the group size (truncating for integers, as NCCL does).
 void all_reduce_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, ReduceOp op);
+// all_reduce_ over each of `dims` in turn (the mesh dims a local kernel's partial results span).
+void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& dims, at::Tensor& tensor, ReduceOp op);
 // `input` holds n equal blocks along dim 0 (contiguous); member i gets the reduction of everyone's block i.
 at::Tensor reduce_scatter(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input, ReduceOp op);
 // Flat contiguous `input`; send_counts[i] elements go to member i, recv_counts[i] come from it.

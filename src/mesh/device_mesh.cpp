@@ -3,10 +3,12 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <set>
 
 #include "dtensor/errors.h"
 #include "dtensor/world.h"
+#include "mesh_group.h"
 
 namespace dtensor {
 namespace {
@@ -74,6 +76,8 @@ DeviceMesh::DeviceMesh(std::shared_ptr<World> world, Shape shape, std::vector<in
       dim_names_(std::move(options.dim_names)),
       device_type_(options.device_type),
       timeout_(options.timeout.value_or(world_->timeout())) {
+  static std::atomic<uint64_t> next_id{1};
+  id_ = next_id++;
   const auto me = std::find(ranks_.begin(), ranks_.end(), world_->rank());
   if (me == ranks_.end()) return;
   Shape coord(shape_.size());
@@ -97,7 +101,7 @@ void DeviceMesh::create_groups() {
       c[d] = i;
       members.push_back(global_rank_at(c));
     }
-    groups_.push_back(world_->new_group(members, device_type_, timeout_));
+    groups_.push_back(world_->new_mesh_group(members, device_type_, timeout_));
   }
 }
 
@@ -125,10 +129,19 @@ int64_t DeviceMesh::dim_index(const std::string& name) const {
   return it - dim_names_.begin();
 }
 
-c10::intrusive_ptr<c10d::Backend> DeviceMesh::group(int64_t dim) const {
+detail::MeshGroup& DeviceMesh::group_holder(int64_t dim) const {
   if (!coordinate_)
     throw DTensorError("rank " + std::to_string(world_->rank()) + " is not part of " + str() + ", so it has no process groups");
-  return groups_.at(static_cast<size_t>(dim));
+  return *groups_.at(static_cast<size_t>(dim));
+}
+
+c10::intrusive_ptr<c10d::Backend> DeviceMesh::group(int64_t dim) const {
+  return group_holder(dim).backend(
+      [&] { return "rank " + std::to_string(world_->rank()) + ", " + dim_label(dim) + " of " + str(); });
+}
+
+void DeviceMesh::shutdown() const {
+  for (const auto& g : groups_) g->shutdown();
 }
 
 std::string DeviceMesh::dim_label(int64_t dim) const {

@@ -85,9 +85,12 @@ int launch(char** argv, const LaunchOptions& options) {
     int status = 0;
     const pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid > 0) {
+      // A child this process started elsewhere (before or beside the launcher) is not a rank.
+      const auto found = std::find(pids.begin(), pids.end(), pid);
+      if (found == pids.end()) continue;
       --running;
-      const auto rank = std::find(pids.begin(), pids.end(), pid) - pids.begin();
-      pids[rank] = -1;
+      const auto rank = found - pids.begin();
+      *found = -1;
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (!ok) {
         std::cerr << "dtensor launcher: rank " << rank << " " << describe_exit(status) << std::endl;

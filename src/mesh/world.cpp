@@ -5,10 +5,17 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 #include "dtensor/errors.h"
+#include "mesh_group.h"
 #include "process_group_factory.h"
 
 namespace dtensor {
@@ -56,6 +63,27 @@ std::chrono::milliseconds timeout_from_environment(std::chrono::milliseconds fal
   return fallback;
 }
 
+namespace {
+
+std::string host_name() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  return name;
+}
+
+std::string process_key(int64_t rank) { return "dtensor/process/" + std::to_string(rank); }
+
+// Whether process `pid` on this host has exited: no such process, or a zombie not yet reaped.
+bool process_exited(int64_t pid) {
+  if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string pid_field, comm, state;
+  stat >> pid_field >> comm >> state;  // comm has no spaces for our ranks' executables
+  return state == "Z" || state == "X";
+}
+
+}  // namespace
+
 World::World(c10::intrusive_ptr<c10d::Store> store, int rank, int size, WorldOptions options)
     : store_(std::move(store)),
       rank_(rank),
@@ -63,11 +91,63 @@ World::World(c10::intrusive_ptr<c10d::Store> store, int rank, int size, WorldOpt
       timeout_(options.timeout.count() > 0 ? options.timeout : timeout_from_environment(std::chrono::seconds(300))) {
   if (size <= 0 || rank < 0 || rank >= size)
     throw DTensorError("World: rank " + std::to_string(rank) + " is not in [0, " + std::to_string(size) + ")");
+  // A peer that dies closes its sockets; writing to one must fail as an error Gloo reports, not kill
+  // this process with SIGPIPE (Python, which torchrun-launched PyTorch runs under, ignores it too).
+  signal(SIGPIPE, SIG_IGN);
+  // So that a peer's failed collective can say this process is the one that went away.
+  const std::string me = host_name() + " " + std::to_string(getpid());
+  store_->set(process_key(rank), std::vector<uint8_t>(me.begin(), me.end()));
 }
 
-World::~World() = default;
+std::vector<int64_t> World::exited_ranks(const std::vector<int64_t>& ranks) const {
+  std::vector<int64_t> out;
+  if (!store_) return out;
+  const std::string here = host_name();
+  for (int64_t r : ranks) {
+    if (r == rank_) continue;
+    try {
+      if (!store_->check({process_key(r)})) continue;
+      const auto bytes = store_->get(process_key(r));
+      std::istringstream entry(std::string(bytes.begin(), bytes.end()));
+      std::string host;
+      int64_t pid = 0;
+      entry >> host >> pid;
+      if (host == here && pid > 0 && process_exited(pid)) out.push_back(r);
+    } catch (const std::exception&) {
+      // the store itself may be gone with the peer that served it; nothing more to say
+    }
+  }
+  return out;
+}
 
-c10::intrusive_ptr<c10d::Store> World::store() const { return store_; }
+World::~World() { shutdown(); }
+
+c10::intrusive_ptr<c10d::Store> World::store() const {
+  if (!store_) throw DTensorError("rank " + std::to_string(rank_) + ": the world was shut down; it has no store");
+  return store_;
+}
+
+void World::shutdown() {
+  std::vector<std::shared_ptr<detail::MeshGroup>> live;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    shut_down_ = true;
+    for (const auto& g : mesh_groups_)
+      if (auto group = g.lock()) live.push_back(std::move(group));
+    mesh_groups_.clear();
+  }
+  for (const auto& g : live) g->shutdown();
+  store_.reset();
+}
+
+std::shared_ptr<detail::MeshGroup> World::new_mesh_group(const std::vector<int64_t>& ranks, c10::DeviceType device,
+                                                         std::chrono::milliseconds timeout) {
+  auto group = std::make_shared<detail::MeshGroup>(new_group(ranks, device, timeout));
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::erase_if(mesh_groups_, [](const auto& g) { return g.expired(); });
+  mesh_groups_.push_back(group);
+  return group;
+}
 
 std::shared_ptr<World> World::from_environment(WorldOptions options) {
   const auto timeout = options.timeout.count() > 0 ? options.timeout : timeout_from_environment(std::chrono::seconds(300));
@@ -104,6 +184,26 @@ std::shared_ptr<World> World::from_environment(WorldOptions options) {
   return world;
 }
 
+int64_t World::sum_across_ranks(int64_t value) {
+  const auto store = this->store();
+  const std::string prefix = "dtensor/sum/" + std::to_string(sums_done_++) + "/";
+  const std::string mine = std::to_string(value);
+  store->set(prefix + std::to_string(rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
+  int64_t total = 0;
+  for (int r = 0; r < size_; ++r) {
+    const std::string key = prefix + std::to_string(r);
+    try {
+      store->wait({key}, timeout_);
+    } catch (const std::exception& e) {
+      throw DTensorError("rank " + std::to_string(rank_) + ": sum_across_ranks: rank " + std::to_string(r) +
+                         " did not report within the world's timeout (" + e.what() + ")");
+    }
+    const auto bytes = store->get(key);
+    total += std::stoll(std::string(bytes.begin(), bytes.end()));
+  }
+  return total;
+}
+
 c10::intrusive_ptr<c10d::Backend> World::new_group(const std::vector<int64_t>& ranks, c10::DeviceType device,
                                                    std::chrono::milliseconds timeout) {
   const auto me = std::find(ranks.begin(), ranks.end(), rank_);
@@ -111,12 +211,14 @@ c10::intrusive_ptr<c10d::Backend> World::new_group(const std::vector<int64_t>& r
   int serial = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (shut_down_)
+      throw DTensorError("rank " + std::to_string(rank_) + ": the world was shut down; it cannot create process groups");
     serial = groups_created_[ranks]++;
   }
   std::string prefix = "dtensor/group";
   for (auto r : ranks) prefix += "-" + std::to_string(r);
   prefix += "/" + std::to_string(serial);
-  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, this->store());
   return detail::make_process_group(store, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()),
                                     device, timeout);
 }

@@ -1,5 +1,7 @@
 // Gradient clipping by the global norm across shards, with the fewest all-reduces: gradients that are
 // sharded over the same mesh dims pool their local sums, and each pool meets the other ranks once.
+// Sums stay tensors on the gradients' device until the end, so the whole clip reads one number back
+// to the host (on CUDA, one stall instead of one per parameter).
 
 #include <cmath>
 #include <limits>
@@ -16,23 +18,28 @@ namespace {
 struct Pool {
   MeshPtr mesh;
   std::vector<int64_t> sharded_dims;  // mesh dims over which the pool's gradients are split
-  double local = 0;
+  at::Tensor local;                   // 0-d double on the gradients' device; undefined: nothing yet
 };
 
 }  // namespace
 
 double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
   const bool infinity = std::isinf(norm_type);
-  auto accumulate = [&](double acc, const at::Tensor& local) {
+  auto combine = [&](const at::Tensor& acc, const at::Tensor& term) {
+    if (!acc.defined()) return term;
+    const at::Tensor t = term.to(acc.device());
+    return infinity ? at::maximum(acc, t) : acc + t;
+  };
+  auto accumulate = [&](const at::Tensor& acc, const at::Tensor& local) {
     if (local.numel() == 0) return acc;
     const at::Tensor a = local.detach().abs().to(at::kDouble);
-    return infinity ? std::max(acc, a.max().item<double>()) : acc + a.pow(norm_type).sum().item<double>();
+    return combine(acc, infinity ? a.max() : a.pow(norm_type).sum());
   };
   std::vector<at::Tensor> grads;
   for (const auto& p : parameters)
     if (p.grad().defined()) grads.push_back(p.grad());
 
-  double plain = 0;  // plain gradients are whole on every rank
+  at::Tensor plain;  // plain gradients are whole on every rank
   // In order of first appearance, which every rank shares (parameters come in the same order), so the
   // all-reduces below run in the same order everywhere.
   std::vector<Pool> pools;
@@ -58,29 +65,29 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
     if (mesh_of(g)->contains_this_rank()) pool.local = accumulate(pool.local, local_tensor_of(g));
   }
 
-  double total = plain;
-  for (const Pool& pool : pools) {
-    at::Tensor value = at::tensor({pool.local}, at::kDouble);
+  at::Tensor total = plain;
+  for (Pool& pool : pools) {
+    // Every member of a pool's mesh joins its all-reduces, holding a value or not.
+    at::Tensor value = pool.local.defined()
+                           ? pool.local.reshape({1})
+                           : at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(pool.mesh->device_type()));
     if (pool.mesh->contains_this_rank())
       for (int64_t d : pool.sharded_dims) detail::all_reduce_(*pool.mesh, d, value, infinity ? ReduceOp::Max : ReduceOp::Sum);
-    total = infinity ? std::max(total, value.item<double>()) : total + value.item<double>();
+    total = combine(total, value.reshape({}));
   }
-  const double norm = infinity ? total : std::pow(total, 1.0 / norm_type);
-  const double coefficient = max_norm / (norm + 1e-6);
-  if (coefficient < 1)
-    for (const auto& p : parameters) {
-      const at::Tensor& g = p.grad();
-      if (!g.defined()) continue;
-      // Scale what each rank holds; for a DTensor, its shard (no dispatch, no communication). A Partial
-      // gradient scales term by term.
-      if (is_dtensor(g)) {
-        at::Tensor local = local_tensor_of(g);
-        local.mul_(coefficient);
-      } else {
-        g.detach().mul_(coefficient);
-      }
-    }
-  return norm;
+  if (!total.defined()) return 0;
+  const at::Tensor norm = infinity ? total : total.pow(1.0 / norm_type);
+  // min(1, max_norm / norm), applied on the device without reading it back.
+  const at::Tensor coefficient = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  for (const auto& p : parameters) {
+    const at::Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    // Scale what each rank holds; for a DTensor, its shard (no dispatch, no communication). A Partial
+    // gradient scales term by term.
+    at::Tensor held = is_dtensor(g) ? local_tensor_of(g) : g.detach();
+    held.mul_(coefficient.to(held.device()));
+  }
+  return norm.item<double>();  // the one host sync
 }
 
 }  // namespace dtensor

@@ -1,6 +1,8 @@
 // What each tensor-parallel style does to a module: parameter placements, and the boundary
 // conversions (forward hooks) PyTorch's styles install.
 
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 
@@ -36,11 +38,39 @@ struct StyleTarget {
     if (!present) return;  // e.g. Linear without bias
     distribute_parameter(module, name, context.mesh, on_mesh(tp, Replicate()), path.empty() ? name : path + "." + name);
   }
+  // Buffers (BatchNorm's running statistics) have no gradient to reduce: they are placed as they are.
+  void distribute_buffer(const std::string& name, const Placement& tp) const {
+    at::Tensor value;
+    {  // as above, no handle to the old buffer may outlive the swap
+      const auto buffers = module.named_buffers(/*recurse=*/false);
+      const at::Tensor* buffer = buffers.find(name);
+      if (!buffer || !buffer->defined()) return;
+      value = distribute_tensor(*buffer, context.mesh, on_mesh(tp, Replicate()));
+    }
+    replace_buffer(module, name, std::move(value), path.empty() ? name : path + "." + name);
+  }
   [[noreturn]] void unsupported(const char* supported) const {
     throw DTensorError(std::string(style_name) + " supports " + supported + "; '" + path + "' is a " + module.name() +
                        ". Use it on those layers, or PrepareModuleInput/PrepareModuleOutput for this module's boundary");
   }
 };
+
+template <typename... Impl>
+bool is_any_of(torch::nn::Module& module) {
+  return (... || (dynamic_cast<Impl*>(&module) != nullptr));
+}
+
+// A convolution's input channels, or nullopt for other modules.
+std::optional<int64_t> conv_in_channels(torch::nn::Module& module) {
+  if (auto* c = dynamic_cast<torch::nn::Conv1dImpl*>(&module)) return c->options.in_channels();
+  if (auto* c = dynamic_cast<torch::nn::Conv2dImpl*>(&module)) return c->options.in_channels();
+  if (auto* c = dynamic_cast<torch::nn::Conv3dImpl*>(&module)) return c->options.in_channels();
+  return std::nullopt;
+}
+
+bool is_batch_norm(torch::nn::Module& module) {
+  return is_any_of<torch::nn::BatchNorm1dImpl, torch::nn::BatchNorm2dImpl, torch::nn::BatchNorm3dImpl>(module);
+}
 
 // How a plain tensor argument becomes a DTensor: `tp` on the tensor-parallel dim, this rank's part of a
 // dim-0 batch on the others. Without communication, so shards are taken to be even unless the caller
@@ -75,6 +105,35 @@ void convert_first_input(const StyleTarget& target, Placement input_layout, Plac
   });
 }
 
+// The input hook of a row-parallel layer: its input read as `input` and moved to Shard(feature_dim).
+// A plain input sharded on the feature dim is a column-parallel output: its global feature count is
+// `features`, even when the shards are uneven.
+void convert_row_parallel_input(const StyleTarget& target, Placement input, int64_t feature_dim, int64_t features) {
+  const StyleContext context = target.context;
+  register_forward_pre_hook(target.module, [=](torch::nn::Module&, std::vector<at::Tensor>& inputs) {
+    if (inputs.empty() || !inputs[0].defined()) return;
+    std::optional<std::pair<int64_t, int64_t>> known;
+    if (input.is_shard() && input.dim() == feature_dim)
+      known = std::pair<int64_t, int64_t>{feature_dim < 0 ? feature_dim + inputs[0].dim() : feature_dim, features};
+    inputs[0] = with_tp_placement(as_dtensor(inputs[0], context, input, known), context, Shard(feature_dim));
+  });
+}
+
+// EmbeddingBag's arguments (indices, offsets, per-sample weights): a plain one is the same on every
+// rank, Replicate on the whole mesh (see parallel.h).
+void replicate_bag_inputs(const StyleTarget& target, const Placement& input_layout) {
+  if (!input_layout.is_replicate())
+    throw DTensorError(std::string(target.style_name) + " for '" + target.path + "': an EmbeddingBag's indices and "
+                       "offsets are read as Replicate (offsets point into the whole index list); input_layout " +
+                       input_layout.str() + " is not supported");
+  const MeshPtr mesh = target.context.mesh;
+  register_forward_pre_hook(target.module, [mesh](torch::nn::Module&, std::vector<at::Tensor>& inputs) {
+    for (auto& input : inputs)
+      if (input.defined() && !is_dtensor(input))
+        input = from_local(input, mesh, Placements(mesh->ndim(), Replicate()), {.run_check = false});
+  });
+}
+
 void convert_output(const StyleTarget& target, std::optional<Placement> input_layout, Placement output_layout,
                     bool use_local_output) {
   const StyleContext context = target.context;
@@ -87,40 +146,48 @@ void convert_output(const StyleTarget& target, std::optional<Placement> input_la
 }
 
 void apply(const StyleTarget& target, const ColwiseParallel& style) {
-  if (dynamic_cast<torch::nn::LinearImpl*>(&target.module)) {
+  torch::nn::Module& m = target.module;
+  Placement features = Shard(-1);  // where the output's features are
+  if (is_any_of<torch::nn::LinearImpl>(m) || conv_in_channels(m)) {
     target.distribute("weight", Shard(0));
     target.distribute("bias", Shard(0));
-  } else if (dynamic_cast<torch::nn::EmbeddingImpl*>(&target.module)) {
+    if (conv_in_channels(m)) features = Shard(1);
+    convert_first_input(target, style.input_layout, Replicate());
+  } else if (is_any_of<torch::nn::EmbeddingImpl>(m)) {
     target.distribute("weight", Shard(1));
+    convert_first_input(target, style.input_layout, Replicate());
+  } else if (is_any_of<torch::nn::EmbeddingBagImpl>(m)) {
+    target.distribute("weight", Shard(1));
+    replicate_bag_inputs(target, style.input_layout);
+  } else if (is_batch_norm(m)) {
+    for (const char* name : {"weight", "bias"}) target.distribute(name, Shard(0));
+    for (const char* name : {"running_mean", "running_var"}) target.distribute_buffer(name, Shard(0));
+    features = Shard(1);
+    convert_first_input(target, style.input_layout, features);
   } else {
-    target.unsupported("torch::nn::Linear and torch::nn::Embedding");
+    target.unsupported("torch::nn::Linear, Conv1d/2d/3d, BatchNorm1d/2d/3d, Embedding and EmbeddingBag");
   }
-  convert_first_input(target, style.input_layout, Replicate());
-  convert_output(target, std::nullopt, style.output_layout, style.use_local_output);
+  convert_output(target, std::nullopt, style.output_layout.value_or(features), style.use_local_output);
 }
 
 void apply(const StyleTarget& target, const RowwiseParallel& style) {
-  if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(&target.module)) {
-    const int64_t in_features = linear->options.in_features();
+  torch::nn::Module& m = target.module;
+  if (auto* linear = dynamic_cast<torch::nn::LinearImpl*>(&m)) {
     target.distribute("weight", Shard(1));
     target.distribute("bias", Replicate());
-    const Placement input = style.input_layout.value_or(Shard(-1));
-    // A plain Shard(-1) input is a column-parallel output: its global width is in_features, even when
-    // the shards are uneven.
-    std::optional<std::pair<int64_t, int64_t>> width;
-    if (input.is_shard() && input.dim() == -1) width = std::pair<int64_t, int64_t>{-1, in_features};
-    const StyleContext context = target.context;
-    register_forward_pre_hook(target.module, [=](torch::nn::Module&, std::vector<at::Tensor>& inputs) {
-      if (inputs.empty() || !inputs[0].defined()) return;
-      auto known = width;
-      if (known) known->first = inputs[0].dim() - 1;
-      inputs[0] = with_tp_placement(as_dtensor(inputs[0], context, input, known), context, Shard(-1));
-    });
-  } else if (dynamic_cast<torch::nn::EmbeddingImpl*>(&target.module)) {
+    convert_row_parallel_input(target, style.input_layout.value_or(Shard(-1)), -1, linear->options.in_features());
+  } else if (const auto in_channels = conv_in_channels(m)) {
+    target.distribute("weight", Shard(1));
+    target.distribute("bias", Replicate());
+    convert_row_parallel_input(target, style.input_layout.value_or(Shard(1)), 1, *in_channels);
+  } else if (is_any_of<torch::nn::EmbeddingImpl>(m)) {
     target.distribute("weight", Shard(0));
     convert_first_input(target, style.input_layout.value_or(Replicate()), Replicate());
+  } else if (is_any_of<torch::nn::EmbeddingBagImpl>(m)) {
+    target.distribute("weight", Shard(0));
+    replicate_bag_inputs(target, style.input_layout.value_or(Replicate()));
   } else {
-    target.unsupported("torch::nn::Linear and torch::nn::Embedding");
+    target.unsupported("torch::nn::Linear, Conv1d/2d/3d, Embedding and EmbeddingBag");
   }
   convert_output(target, std::nullopt, style.output_layout, style.use_local_output);
 }

@@ -61,17 +61,20 @@ void require_agreement(const MeshPtr& group, int64_t src_rank, const ChunkShardi
   }
 }
 
-// The 1-d mesh whose coordinates are the spec's ranks (the group itself when they coincide). Meshes are
-// kept, so sharding many parameters the same way builds one set of process groups.
+// The 1-d mesh whose coordinates are the spec's ranks (the group itself when they coincide). A mesh is
+// reused while the tensors sharded on it live, so sharding many parameters the same way builds one
+// set of process groups; the map holds it weakly, so it goes (groups and all) with its last tensor.
+// (Every rank shards alike and drops its tensors alike, so all of them reuse or rebuild together.)
 MeshPtr mesh_for(const MeshPtr& group, const ChunkShardingSpec& spec) {
   if (spec.ranks == group->ranks()) return group;
   static std::mutex mutex;
-  static std::map<std::pair<const World*, std::vector<int64_t>>, MeshPtr> meshes;
+  static std::map<std::pair<const World*, std::vector<int64_t>>, std::weak_ptr<const DeviceMesh>> meshes;
   std::lock_guard<std::mutex> lock(mutex);
-  MeshPtr& mesh = meshes[{group->world().get(), spec.ranks}];
-  if (!mesh)
-    mesh = DeviceMesh::create(group->world(), {static_cast<int64_t>(spec.ranks.size())}, spec.ranks,
-                              {.timeout = group->timeout()});
+  std::weak_ptr<const DeviceMesh>& slot = meshes[{group->world().get(), spec.ranks}];
+  if (MeshPtr mesh = slot.lock()) return mesh;
+  MeshPtr mesh = DeviceMesh::create(group->world(), {static_cast<int64_t>(spec.ranks.size())}, spec.ranks,
+                                    {.timeout = group->timeout()});
+  slot = mesh;
   return mesh;
 }
 

@@ -8,6 +8,7 @@
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/errors.h"
 #include "dtensor/sharding.h"
+#include "dtensor/world.h"
 #include "propagation.h"
 #include "registry.h"
 
@@ -81,6 +82,11 @@ void collect_inputs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> ar
   });
 }
 
+// A cached output spec (which holds no mesh) for this call's mesh.
+SpecPtr with_mesh(const DTensorSpec& cached, const MeshPtr& mesh) {
+  return std::make_shared<const DTensorSpec>(DTensorSpec{mesh, cached.placements, cached.meta});
+}
+
 bool written(const c10::FunctionSchema& schema, const TensorInput& in) {
   const auto* alias = schema.arguments()[in.arg].alias_info();
   return alias != nullptr && alias->isWrite();
@@ -109,7 +115,8 @@ void reduce_written_in_place(const c10::OperatorHandle& op, const at::Tensor& t,
 at::Tensor local_input(const at::Tensor& t, const TensorInput& in, const std::optional<Placements>& move) {
   const DTensorImpl* d = as_dtensor(t);
   at::Tensor local = d ? d->local() : t;
-  return move ? redistribute_local(local, *in.spec, *move) : local;
+  // A moved shard comes in the collective's layout: put it in the tensor's own dim order (views need it).
+  return move ? in_global_layout(redistribute_local(local, *in.spec, *move), in.spec->meta) : local;
 }
 
 void replace_inputs(const c10::OperatorHandle& op, c10::IValue* args, const std::vector<TensorInput>& inputs,
@@ -137,8 +144,9 @@ void replace_inputs(const c10::OperatorHandle& op, c10::IValue* args, const std:
 // Empty local shards for ranks outside the mesh, which do not run the op.
 // What ranks outside the mesh return: one value per schema return, shaped like the op's own returns
 // (a Tensor[] return holds every remaining output), with empty local shards.
-void push_empty_outputs(const c10::FunctionSchema& schema, const OutputSharding& decision, torch::jit::Stack* stack) {
-  auto empty = [](const SpecPtr& spec) { return at::empty({0}, at::TensorOptions().dtype(spec->meta.dtype)); };
+void push_empty_outputs(const c10::FunctionSchema& schema, const DeviceMesh& mesh, const OutputSharding& decision,
+                        torch::jit::Stack* stack) {
+  auto empty = [](const DTensorSpec& spec) { return at::empty({0}, at::TensorOptions().dtype(spec.meta.dtype)); };
   size_t next = 0;
   for (const auto& r : schema.returns()) {
     const auto kind = r.type()->kind();
@@ -149,7 +157,11 @@ void push_empty_outputs(const c10::FunctionSchema& schema, const OutputSharding&
       while (next < decision.outputs.size()) list.push_back(empty(decision.outputs[next++]));
       stack->push_back(list);
     } else {
-      stack->push_back(c10::IValue(int64_t{0}));  // a number the mesh's ranks computed; outside, none
+      // A number (item(), equal ...) exists only on the mesh's ranks: a made-up value here would be a
+      // silent wrong answer.
+      throw DTensorError("op " + qualified_name(schema.operator_name()) + " returns a number computed on " +
+                         mesh.str() + ", which this rank (" + std::to_string(mesh.world()->rank()) +
+                         ") is not part of; read it on the mesh's ranks only, or broadcast it");
     }
   }
 }
@@ -182,8 +194,9 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
     if (decision.local_kernel) decision.local_kernel(op, *stack);
     else op.callBoxed(*stack);
   } else {
+    if (const auto rule = find_rule(op); rule->outside_mesh) rule->outside_mesh(op, arg_view);
     torch::jit::drop(*stack, n);
-    push_empty_outputs(schema, decision, stack);
+    push_empty_outputs(schema, *mesh, decision, stack);
   }
 
   const size_t r = schema.returns().size();
@@ -198,14 +211,23 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
       }
       // An in-place view (t_) changed the DTensor's shape and placements along with its local tensor.
       auto* impl = const_cast<DTensorImpl*>(as_dtensor(returns[j].toTensor()));
-      const SpecPtr& result = decision.outputs[next_output++];
-      if (impl != nullptr && impl->shared_spec() != result && !(impl->spec() == *result)) impl->reset_spec(result);
+      const DTensorSpec& result = decision.outputs[next_output++];
+      if (impl != nullptr && (impl->spec().placements != result.placements || impl->spec().meta != result.meta))
+        impl->reset_spec(with_mesh(result, mesh));
     } else if (returns[j].isTensor()) {
-      // Undefined returns (e.g. gradients not asked for) have no output spec.
-      if (returns[j].toTensor().defined()) returns[j] = make_dtensor(returns[j].toTensor(), decision.outputs[next_output++]);
+      // Undefined returns (e.g. gradients not asked for) have no output spec. A new (non-view) result
+      // is laid out as its global strides say; a view keeps aliasing its input.
+      if (returns[j].toTensor().defined()) {
+        const DTensorSpec& out = decision.outputs[next_output++];
+        const at::Tensor& local = returns[j].toTensor();
+        returns[j] = make_dtensor(alias ? local : in_global_layout(local, out.meta), with_mesh(out, mesh));
+      }
     } else if (returns[j].isTensorList()) {
       c10::List<at::Tensor> wrapped;
-      for (const at::Tensor& t : returns[j].toTensorList()) wrapped.push_back(make_dtensor(t, decision.outputs[next_output++]));
+      for (const at::Tensor& t : returns[j].toTensorList()) {
+        const DTensorSpec& out = decision.outputs[next_output++];
+        wrapped.push_back(make_dtensor(alias ? t : in_global_layout(t, out.meta), with_mesh(out, mesh)));
+      }
       returns[j] = wrapped;
     }
   }

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <unordered_map>
 
 #include "../redistribute/executor.h"
@@ -60,10 +61,15 @@ void append_signature(const c10::IValue& v, const c10::Argument& arg, std::vecto
   }
 }
 
-bool same_spec(const SpecPtr& a, const SpecPtr& b) { return a == b || *a == *b; }
+// What a cache entry remembers of an input spec: everything but the mesh (entries are per mesh id).
+struct SpecKey {
+  Placements placements;
+  TensorMeta meta;
+  bool operator==(const DTensorSpec& s) const { return placements == s.placements && meta == s.meta; }
+};
 
 size_t hash_spec(const DTensorSpec& s) {
-  size_t h = std::hash<const void*>()(s.mesh.get()) ^ (hash_placements(s.placements) << 1) ^ static_cast<size_t>(s.meta.dtype);
+  size_t h = hash_placements(s.placements) ^ static_cast<size_t>(s.meta.dtype);
   for (auto x : s.meta.shape) h = h * 1000003 ^ static_cast<size_t>(x);
   for (auto x : s.meta.stride) h = h * 31 ^ static_cast<size_t>(x);
   return h;
@@ -71,14 +77,20 @@ size_t hash_spec(const DTensorSpec& s) {
 
 struct CacheEntry {
   const c10::FunctionSchema* op;
-  std::vector<SpecPtr> specs;
+  uint64_t mesh_id;  // never reused, so entries of a destroyed mesh can never match again
+  std::vector<SpecKey> specs;
   std::vector<int64_t> signature;
   OutputSharding decision;
 };
 
+// Bumped to invalidate every thread's cache (clear_propagation_cache, a rule registered again); each
+// thread's cache notices on its next lookup.
+std::atomic<uint64_t> g_generation{0};
+
 struct Cache {
   std::unordered_multimap<size_t, CacheEntry> entries;
   PropagationCacheStats stats;
+  uint64_t generation = 0;
 };
 
 Cache& cache() {
@@ -240,9 +252,9 @@ std::string describe_inputs(const OpSchema& s) {
 
 OutputSharding decide(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                       const std::vector<TensorInput>& inputs, const MeshPtr& mesh) {
-  const OpRule* rule = find_rule(op);
+  const std::shared_ptr<const OpRule> rule = find_rule(op);
   const std::string name = qualified_name(op.operator_name());
-  OpSchema schema{op.schema(), args, inputs, {}, mesh};
+  OpSchema schema{op.schema(), args, inputs, {}, mesh.get()};
   if (rule == nullptr)
     throw DTensorError("no sharding strategy for op " + name + " (" + describe_inputs(schema) +
                        "). Ways out: redistribute the inputs to Replicate and run the op on to_local() results, or "
@@ -287,8 +299,7 @@ OutputSharding decide(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> 
   }
   OutputSharding decision;
   decision.chosen = *best;
-  for (size_t k = 0; k < schema.outputs.size(); ++k)
-    decision.outputs.push_back(std::make_shared<const DTensorSpec>(DTensorSpec{mesh, best->outputs[k], schema.outputs[k]}));
+  for (size_t k = 0; k < schema.outputs.size(); ++k) decision.outputs.push_back(DTensorSpec{nullptr, best->outputs[k], schema.outputs[k]});
   for (size_t k = 0; k < inputs.size(); ++k) {
     if (best->inputs[k] == schema.input(k).placements) decision.input_moves.emplace_back();
     else decision.input_moves.emplace_back(best->inputs[k]);
@@ -299,6 +310,10 @@ OutputSharding decide(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> 
 }
 
 }  // namespace
+
+OpStrategy expand_dim_strategies(const std::vector<DimStrategy>& per_dim, int64_t mesh_ndim, size_t n_out, size_t n_in) {
+  return expand_over_mesh(per_dim, mesh_ndim, n_out, n_in);
+}
 
 double redistribute_cost(const DTensorSpec& spec, const Placements& placements) {
   if (spec.placements == placements) return 0;
@@ -322,25 +337,30 @@ const OutputSharding& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10
   signature.clear();
   const auto& schema = op.schema();
   for (size_t i = 0; i < args.size(); ++i) append_signature(args[i], schema.arguments()[i], signature);
-  size_t h = std::hash<const void*>()(&schema);
+  size_t h = std::hash<const void*>()(&schema) ^ std::hash<uint64_t>()(mesh->id());
   for (const auto& in : inputs) h = h * 1000003 ^ hash_spec(*in.spec);
   for (auto x : signature) h = h * 31 ^ static_cast<size_t>(x);
 
   Cache& c = cache();
+  if (const uint64_t now = g_generation.load(std::memory_order_acquire); c.generation != now) {
+    c.entries.clear();
+    c.generation = now;
+  }
   auto range = c.entries.equal_range(h);
   for (auto it = range.first; it != range.second; ++it) {
     const CacheEntry& e = it->second;
-    if (e.op != &schema || e.specs.size() != inputs.size() || e.signature != signature) continue;
+    if (e.op != &schema || e.mesh_id != mesh->id() || e.specs.size() != inputs.size() || e.signature != signature)
+      continue;
     bool same = true;
-    for (size_t k = 0; same && k < inputs.size(); ++k) same = same_spec(e.specs[k], inputs[k].spec);
+    for (size_t k = 0; same && k < inputs.size(); ++k) same = e.specs[k] == *inputs[k].spec;
     if (!same) continue;
     ++c.stats.hits;
     return e.decision;
   }
   ++c.stats.misses;
   if (c.entries.size() > 65536) c.entries.clear();  // bound memory under ever-changing shapes
-  CacheEntry entry{&schema, {}, signature, decide(op, args, inputs, mesh)};
-  for (const auto& in : inputs) entry.specs.push_back(in.spec);
+  CacheEntry entry{&schema, mesh->id(), {}, signature, decide(op, args, inputs, mesh)};
+  for (const auto& in : inputs) entry.specs.push_back(SpecKey{in.spec->placements, in.spec->meta});
   return c.entries.emplace(h, std::move(entry))->second.decision;
 }
 
@@ -349,7 +369,14 @@ const OutputSharding& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10
 namespace dtensor {
 
 PropagationCacheStats propagation_cache_stats() { return detail::cache().stats; }
-void clear_propagation_cache() { detail::cache() = detail::Cache{}; }
+void clear_propagation_cache() {
+  detail::g_generation.fetch_add(1, std::memory_order_acq_rel);
+  detail::cache() = detail::Cache{};
+}
+
+namespace detail {
+void invalidate_propagation_caches() { g_generation.fetch_add(1, std::memory_order_acq_rel); }
+}  // namespace detail
 
 std::optional<size_t> OpSchema::input_at_arg(size_t arg) const {
   for (size_t i = 0; i < inputs.size(); ++i)

@@ -13,6 +13,13 @@ namespace dtensor::detail {
 const OutputSharding& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                                 const std::vector<TensorInput>& inputs, const MeshPtr& mesh);
 
+// Every combination of one single-mesh-dim strategy per mesh dim: what propagation makes of a DimRule.
+// For mesh rules that start from per-dim strategies and keep some of the combinations.
+OpStrategy expand_dim_strategies(const std::vector<DimStrategy>& per_dim, int64_t mesh_ndim, size_t n_out, size_t n_in);
+
+// Makes every thread's cache drop its entries before its next lookup (after a rule changes).
+void invalidate_propagation_caches();
+
 // Cost of moving a tensor with `spec` to `placements`: the bytes its plan moves per rank (as seen by
 // the mesh's first coordinate, so that every rank agrees) plus a fixed latency per collective, and
 // one per local step so that a strategy needing no change at all beats one needing a free local chunk.

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "dispatch.h"
+#include "propagation.h"
 #include "dtensor/errors.h"
 #include "dtensor/sharding.h"
 
@@ -17,7 +18,7 @@ namespace {
 
 struct Registry {
   std::mutex mutex;
-  std::unordered_map<std::string, OpRule> rules;
+  std::unordered_map<std::string, std::shared_ptr<const OpRule>> rules;
   std::set<std::string> kernels;                               // ops whose PrivateUse2 kernel is ours
   std::map<std::string, std::unique_ptr<torch::Library>> libraries;  // one per namespace
 };
@@ -42,8 +43,11 @@ void add_rule(const c10::OperatorHandle& op, const OpRule& rule) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   const std::string qualified = qualified_name(op.operator_name());
-  r.rules[qualified] = rule;
+  const bool replaced = r.rules.count(qualified) > 0;
+  r.rules[qualified] = std::make_shared<const OpRule>(rule);
   route_to_dtensor(r, op.operator_name(), qualified);
+  // Decisions cached under the old rule are stale.
+  if (replaced) invalidate_propagation_caches();
 }
 
 bool decomposes(const c10::OperatorHandle& op) {
@@ -79,11 +83,11 @@ std::string qualified_name(const c10::OperatorName& name) {
   return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
 }
 
-const OpRule* find_rule(const c10::OperatorHandle& op) {
+std::shared_ptr<const OpRule> find_rule(const c10::OperatorHandle& op) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   auto it = r.rules.find(qualified_name(op.operator_name()));
-  return it == r.rules.end() ? nullptr : &it->second;
+  return it == r.rules.end() ? nullptr : it->second;
 }
 
 void register_family(const std::vector<std::string>& names, const OpRule& rule) {
@@ -129,7 +133,7 @@ std::string sharding_rule_family(const std::string& op) {
   auto& r = detail::registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   auto it = r.rules.find(op);
-  return it == r.rules.end() ? "" : it->second.family;
+  return it == r.rules.end() ? "" : it->second->family;
 }
 
 std::vector<std::string> ops_with_sharding_rules() {

@@ -4,6 +4,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <memory>
 #include <vector>
 
 #include "dtensor/op_schema.h"
@@ -17,10 +18,13 @@ struct OpRule {
   LocalKernelRule local_kernel = {};  // optional: a replacement for the op on local shards
   OutputMetaRule output_metas = {};   // optional: output metas when the op has no Meta kernel
   std::string family = "custom";      // which rules file: "pointwise", "matrix", ...
+  // optional: what ranks outside the mesh do instead of the op (random ops draw what the mesh draws)
+  std::function<void(const c10::OperatorHandle&, c10::ArrayRef<c10::IValue>)> outside_mesh = {};
 };
 
-// The rule for `op`, or nullptr.
-const OpRule* find_rule(const c10::OperatorHandle& op);
+// The rule for `op`, or nullptr. Shared: registering the op again replaces the table's entry but not
+// a rule a caller still holds.
+std::shared_ptr<const OpRule> find_rule(const c10::OperatorHandle& op);
 
 // Registers `rule` for every overload of every op named in `names` (base names such as "aten::add",
 // which also cover their in-place "aten::add_" forms and out= overloads). Ops that decompose before

@@ -147,6 +147,7 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const MeshPtr& mesh, std:
       }
     }
   }
+  local = in_global_layout(local, meta);
   at::Tensor out = make_dtensor(local, DTensorSpec{mesh, std::move(wanted), std::move(meta)});
   if (tensor.requires_grad()) out.set_requires_grad(true);
   return out;
@@ -194,6 +195,8 @@ at::Tensor from_local(const at::Tensor& local, const MeshPtr& mesh, const Placem
                          " tensor with placements (" + to_string(p) + "); pass the right shape or use run_check");
   }
   meta.stride = options.stride.value_or(global_stride_like(meta.shape, local.sizes().vec(), local.strides().vec()));
+  // Given strides in another dim order than the local tensor's: the DTensor gets its own copy.
+  data = in_global_layout(data, meta);
   DTensorSpec spec{mesh, p, std::move(meta)};
   at::Tensor out = make_dtensor(data, spec);
   detail::record(c10::make_intrusive<detail::FromLocalBackward>(std::move(spec)), local, out);
@@ -250,7 +253,7 @@ at::Tensor redistribute_to(const at::Tensor& dtensor, const Placements& target, 
   const auto& impl = dtensor_impl(dtensor);
   const DTensorSpec& spec = impl.spec();
   at::Tensor local = detail::redistribute_local(impl.local(), spec, target, detail::Direction::Forward, ownership);
-  at::Tensor out = make_dtensor(local, spec.with_placements(target));
+  at::Tensor out = make_dtensor(in_global_layout(local, spec.meta), spec.with_placements(target));
   detail::record(c10::make_intrusive<detail::RedistributeBackward>(spec), dtensor, out);
   return out;
 }

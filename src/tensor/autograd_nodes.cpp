@@ -44,7 +44,8 @@ torch::autograd::variable_list ToLocalBackward::apply(torch::autograd::variable_
                        shape_str(expected));
   DTensorSpec spec = grad_spec;
   spec.meta.dtype = grad.scalar_type();
-  return {make_dtensor(grad, std::move(spec))};
+  at::Tensor local = in_global_layout(grad, spec.meta);  // before `spec` is moved from
+  return {make_dtensor(local, std::move(spec))};
 }
 
 torch::autograd::variable_list RedistributeBackward::apply(torch::autograd::variable_list&& grads) {
@@ -53,7 +54,8 @@ torch::autograd::variable_list RedistributeBackward::apply(torch::autograd::vari
   const Placements target = partial_as_replicate(input_spec.placements);
   DTensorSpec spec{input_spec.mesh, target, input_spec.meta};
   spec.meta.dtype = grad.spec().meta.dtype;
-  return {make_dtensor(redistribute_local(grad.local(), grad.spec(), target), std::move(spec))};
+  at::Tensor local = in_global_layout(redistribute_local(grad.local(), grad.spec(), target), spec.meta);
+  return {make_dtensor(local, std::move(spec))};
 }
 
 void record(const c10::intrusive_ptr<torch::autograd::Node>& node, const at::Tensor& input, at::Tensor& output) {

@@ -72,6 +72,17 @@ const DTensorImpl& dtensor_impl(const at::Tensor& tensor, const char* what) {
   return *impl;
 }
 
+at::Tensor in_global_layout(const at::Tensor& local, const TensorMeta& meta) {
+  if (!local.defined() || local.numel() <= 1 || !local.is_non_overlapping_and_dense() ||
+      static_cast<size_t>(local.dim()) != meta.shape.size())
+    return local;
+  const Shape expected = global_stride_like(local.sizes().vec(), meta.shape, meta.stride);
+  for (int64_t d = 0; d < local.dim(); ++d)
+    if (local.size(d) > 1 && local.stride(d) != expected[d])
+      return at::empty_strided(local.sizes(), expected, local.options()).copy_(local);
+  return local;
+}
+
 at::Tensor alias_without_history(const at::Tensor& tensor) {
   if (!tensor.defined()) return tensor;
   auto* impl = tensor.unsafeGetTensorImpl();

@@ -77,7 +77,7 @@ at::Tensor full(const Shape& shape, const at::Scalar& fill_value, const MeshPtr&
 }
 
 // at::rand and at::randn are at::empty followed by uniform_ / normal_: the same ops on the empty
-// DTensor draw what they draw (see the random op rules).
+// DTensor draw what they draw, in the random mode of the call (see the random op rules).
 at::Tensor rand(const Shape& shape, const MeshPtr& mesh, std::optional<Placements> placements,
                 const at::TensorOptions& options, std::optional<at::Generator> generator) {
   return filled("dtensor::rand", shape, mesh, placements, options,

@@ -106,6 +106,15 @@ TEST_F(DistTest, RanksOutsideTheMeshReturnEmptyShardsOfEveryOutput) {
   if (world()->rank() >= 2) EXPECT_EQ(local_tensor_of(pieces[0]).numel(), 0);
 }
 
+TEST_F(DistTest, ANumberReadOutsideTheMeshIsAnError) {
+  auto m = mesh({2}, {0, 1});
+  at::Tensor total = distribute_tensor(test_tensor({4, 6}, at::kDouble, 5), m, Placements{Shard(0)}).sum();
+  if (world()->rank() < 2)
+    EXPECT_DOUBLE_EQ(total.item<double>(), test_tensor({4, 6}, at::kDouble, 5).sum().item<double>());
+  else
+    EXPECT_THAT(error_of([&] { total.item<double>(); }), HasSubstr("which this rank (" + std::to_string(world()->rank()) + ") is not part of"));
+}
+
 TEST_F(DistTest, PlainTensorNeedsImplicitReplication) {
   at::Tensor dt = distribute_tensor(x65(), mesh({4}), Placements{Shard(0)});
   const at::Tensor plain = test_tensor({6, 5}, at::kDouble, 9);

@@ -3,27 +3,16 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
-#include "dtensor/comm_debug.h"
+#include <atomic>
+#include <thread>
 
-#include "harness.h"
+#include "dtensor/comm_debug.h"
+#include "dtensor/sharding.h"
+
+#include "random_layouts.h"
 
 namespace dtensor::testing {
 namespace {
-
-// Layouts to try on the 1-d mesh of 4 and the 2x2 mesh, uneven shards and Partial included.
-std::vector<std::pair<MeshPtr, Placements>> layouts_2d() {
-  auto m1 = mesh({4}), m2 = mesh({2, 2});
-  return {{m1, {Replicate()}},          {m1, {Shard(0)}},           {m1, {Shard(1)}},
-          {m1, {Partial()}},            {m2, {Shard(0), Shard(1)}}, {m2, {Shard(1), Shard(0)}},
-          {m2, {Shard(0), Shard(0)}},   {m2, {Replicate(), Shard(1)}}, {m2, {Partial(), Shard(0)}},
-          {m2, {Partial(ReduceOp::Max), Replicate()}}};
-}
-
-std::string describe(const MeshPtr& m, const Placements& p) { return m->str() + " (" + to_string(p) + ")"; }
-
-bool has_partial(const Placements& p) {
-  return std::any_of(p.begin(), p.end(), [](const Placement& x) { return x.is_partial(); });
-}
 
 TEST_F(DistTest, FactoriesMakeTheWholeTensorFromLocalShards) {
   const Shape shape = {5, 3};
@@ -177,6 +166,51 @@ TEST_F(DistTest, RandomOpsNeedNoCommunicationForShardedInputs) {
   EXPECT_EQ(debug.total_count(), 0) << debug.summary();
   EXPECT_EQ(placements_of(y), Placements{Shard(0)});
   EXPECT_EQ(placements_of(z), Placements{Shard(0)});
+}
+
+TEST_F(DistTest, RanksOutsideTheMeshDrawWhatTheMeshDraws) {
+  // Calls on a sub-mesh advance every rank's generator alike, so a later call on the whole world draws
+  // the same values on every rank: those of one device making all the calls.
+  auto sub = mesh({2}, {0, 1}), all = mesh({4});
+  const at::Tensor x = test_tensor({6, 3}, at::kFloat, 4);
+  at::manual_seed(6);
+  const at::Tensor first = at::randn({5, 3}), dropped = std::get<0>(at::native_dropout(x, 0.5, true)), last = at::rand({6});
+  at::manual_seed(6);
+  const at::Tensor dist_first = randn({5, 3}, sub, Placements{Shard(0)});
+  const at::Tensor dist_dropped = std::get<0>(at::native_dropout(distribute_tensor(x, sub, Placements{Shard(1)}), 0.5, true));
+  const at::Tensor dist_last = rand({6}, all, Placements{Shard(0)});
+  EXPECT_TRUE(tensors_equal(full_tensor(dist_last), last));
+  if (sub->contains_this_rank()) {
+    EXPECT_TRUE(tensors_equal(full_tensor(dist_first), first));
+    EXPECT_TRUE(tensors_equal(full_tensor(dist_dropped), dropped));
+  }
+}
+
+TEST_F(DistTest, LearningDropoutOutputsLeavesTheGeneratorToOtherThreads) {
+  // native_dropout has no Meta kernel, so each propagation-cache miss works its outputs out another way;
+  // that must never touch the shared generator. One thread misses the cache again and again on eval
+  // dropout (which itself draws nothing) while this one draws: this thread's values must be the ones it
+  // draws alone.
+  const at::Tensor x = zeros({2048, 1024}, mesh({4}), Placements{Shard(0)});
+  at::manual_seed(21);
+  std::atomic<bool> done{false};
+  std::thread misses([&] {
+    for (int i = 0; i < 20; ++i) {
+      clear_propagation_cache();
+      (void)at::native_dropout(x, 0.5, false);
+    }
+    done = true;
+  });
+  std::vector<at::Tensor> drawn;
+  while (!done) drawn.push_back(at::rand({4}));
+  misses.join();
+  at::manual_seed(21);
+  std::vector<at::Tensor> alone;
+  while (alone.size() < drawn.size()) alone.push_back(at::rand({4}));
+  const at::Tensor together = at::stack(drawn), apart = at::stack(alone);
+  if (!at::equal(together, apart))
+    ADD_FAILURE() << "draw " << together.ne(apart).any(1).nonzero()[0].item<int64_t>() << " of " << drawn.size()
+                  << " differs from the one drawn alone";
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include "op_db.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <cstdlib>
@@ -147,6 +148,22 @@ at::Tensor expected_shard(const at::Tensor& full, const MeshPtr& mesh, const Pla
   for (int64_t d = 0; d < full.dim(); ++d) out = out.narrow(d, l.offset[d], l.shape[d]);
   return out;
 }
+
+namespace {
+thread_local int64_t g_host_syncs = 0;
+
+std::unique_ptr<at::ObserverContext> count_host_sync(const at::RecordFunction& fn) {
+  if (std::string_view(fn.name()) == "aten::_local_scalar_dense") ++g_host_syncs;
+  return nullptr;
+}
+}  // namespace
+
+HostSyncCounter::HostSyncCounter()
+    : handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(count_host_sync).needsInputs(false))) {
+  g_host_syncs = 0;
+}
+HostSyncCounter::~HostSyncCounter() { at::removeCallback(handle_); }
+int64_t HostSyncCounter::count() const { return g_host_syncs; }
 
 ::testing::AssertionResult tensors_equal(const at::Tensor& actual, const at::Tensor& expected) {
   if (actual.sizes() != expected.sizes())

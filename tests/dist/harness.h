@@ -52,6 +52,20 @@ std::string error_of(F&& f) {
   return "no DTensorError";
 }
 
+// Counts the host syncs (item(): aten::_local_scalar_dense calls, each a stall on CUDA) this thread
+// makes while alive.
+class HostSyncCounter {
+ public:
+  HostSyncCounter();
+  ~HostSyncCounter();
+  HostSyncCounter(const HostSyncCounter&) = delete;
+  HostSyncCounter& operator=(const HostSyncCounter&) = delete;
+  int64_t count() const;
+
+ private:
+  uint64_t handle_;
+};
+
 ::testing::AssertionResult tensors_equal(const at::Tensor& actual, const at::Tensor& expected);
 ::testing::AssertionResult tensors_close(const at::Tensor& actual, const at::Tensor& expected, double rtol = 1e-5,
                                          double atol = 1e-6);

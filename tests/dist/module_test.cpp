@@ -110,7 +110,9 @@ TEST_F(DistTest, ClipGradNormUsesTheGlobalNormAcrossShards) {
     call(reference, x).pow(2).sum().mul(2).backward();
     const double expected = torch::nn::utils::clip_grad_norm_(reference->parameters(), 1.0, norm_type);
     CommDebugMode debug;
+    HostSyncCounter syncs;
     const double norm = clip_grad_norm_(parallel->parameters(), 1.0, norm_type);
+    EXPECT_EQ(syncs.count(), 1) << "one host sync per clip, not one per parameter";
     EXPECT_NEAR(norm, expected, 1e-9 * expected) << norm_type;
     EXPECT_LE(debug.total_count(), 2) << debug.summary();  // tp-sharded and replicated: one each at most
     expect_grads_equal(*parallel, *reference);
@@ -124,8 +126,8 @@ TEST_F(DistTest, ModuleParallelizationErrorsSayWhatToDo) {
               ::testing::HasSubstr("plan entry 'layers.*' matches no submodule of dtensor::testing::TwoLayerImpl (its submodules: up, down)"));
   torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({6}));
   EXPECT_THAT(error_of([&] { parallelize_module(*norm, m, {{"", ColwiseParallel{}}}); }),
-              ::testing::HasSubstr("ColwiseParallel supports torch::nn::Linear and torch::nn::Embedding; '' is a "
-                                   "torch::nn::LayerNorm"));
+              ::testing::HasSubstr("ColwiseParallel supports torch::nn::Linear, Conv1d/2d/3d, BatchNorm1d/2d/3d, "
+                                   "Embedding and EmbeddingBag; '' is a torch::nn::LayerNorm"));
   EXPECT_THAT(error_of([&] { parallelize_module(*model, mesh({2, 2}), {{"up", ColwiseParallel{}}}); }),
               ::testing::HasSubstr("name the tensor-parallel mesh dim (ParallelizeOptions::tp_dim)"));
   EXPECT_THAT(error_of([&] {

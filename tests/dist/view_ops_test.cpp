@@ -96,5 +96,25 @@ TEST_F(DistTest, ShapeOpsKeepPartial) {
   }
 }
 
+TEST_F(DistTest, WritesThroughAViewReachTheDTensor) {
+  // The shard is laid out transposed against the global (contiguous) strides given to from_local; a view
+  // of the DTensor must still alias it, so a write through the view changes the DTensor.
+  auto m = mesh({4});
+  const at::Tensor full = test_tensor({8, 3}, at::kDouble, 21);
+  const at::Tensor shard = full.narrow(0, 2 * world()->rank(), 2).t().contiguous().t();  // strides (1, 2)
+  FromLocalOptions options;
+  options.run_check = false;
+  options.shape = Shape{8, 3};
+  options.stride = Shape{3, 1};
+  at::Tensor dt = from_local(shard, m, {Shard(0)}, options);
+  at::Tensor flat = dt.view({24});
+  flat.mul_(0);
+  EXPECT_TRUE(tensors_equal(full_tensor(dt), at::zeros({8, 3}, at::kDouble)));
+  // A gradient that arrives transposed is laid out like its DTensor, so autograd's views alias it too.
+  at::Tensor w = distribute_tensor(full, m, Placements{Shard(0)}).requires_grad_();
+  (w.view({24}) * distribute_tensor(at::arange(24, at::kDouble), m)).sum().backward();
+  EXPECT_TRUE(tensors_equal(full_tensor(w.grad()), at::arange(24, at::kDouble).view({8, 3})));
+}
+
 }  // namespace
 }  // namespace dtensor::testing

@@ -9,35 +9,11 @@
 #include <ATen/core/stack.h>
 
 #include "../registry.h"
-#include "dtensor/errors.h"
 #include "rule_helpers.h"
+#include "vocab_rows.h"
 
 namespace dtensor::rules {
 namespace {
-
-// Indices outside the table would be silently masked away by a row-sharded lookup; fail as the
-// single-device op does instead.
-void check_indices(const at::Tensor& indices, int64_t rows, const char* op) {
-  if (indices.numel() > 0 && ((indices < 0) | (indices >= rows)).any().item<bool>())
-    throw DTensorError(std::string(op) + ": an index lies outside the table's " + std::to_string(rows) + " rows");
-}
-
-// This rank's rows [offset, offset + size) of a table of `shape` laid out as `placements`.
-ChunkExtent held_rows(const OpSchema& s, const Shape& shape, const Placements& placements) {
-  const LocalLayout part = local_part(s, shape, placements);
-  return {part.shape[0], part.offset[0]};
-}
-
-// Which indices fall in `rows`, and their positions there (0 where they do not).
-struct RowLookup {
-  at::Tensor held;
-  at::Tensor local_index;
-};
-
-RowLookup look_up_rows(const at::Tensor& indices, ChunkExtent rows) {
-  at::Tensor held = (indices >= rows.offset) & (indices < rows.offset + rows.size);
-  return {held, at::where(held, indices - rows.offset, 0)};
-}
 
 // ---- embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse) ---------------------------
 
@@ -94,23 +70,6 @@ std::vector<DimStrategy> embedding_backward(const OpSchema& s) {
     for (int64_t d = 0; d < index_dims; ++d) out.push_back({{Partial()}, {Shard(d), Shard(d)}});
   for (auto op : {ReduceOp::Sum, ReduceOp::Avg}) out.push_back({{Partial(op)}, {Partial(op), Replicate()}});
   return out;
-}
-
-// The gradient of rows [offset, offset + size) of the table: the rows of grad_output whose index
-// falls there (and is not padding_idx) are added up, each scaled by 1 / (occurrences of its index)
-// when scale_grad_by_freq.
-at::Tensor rows_gradient(const at::Tensor& grad, const at::Tensor& indices, ChunkExtent rows, int64_t num_weights,
-                         int64_t padding_idx, bool scale_by_frequency) {
-  const int64_t width = grad.size(-1);
-  at::Tensor out = at::zeros({rows.size, width}, grad.options());
-  if (rows.size == 0) return out;
-  const at::Tensor flat_indices = indices.reshape(-1);
-  at::Tensor flat_grad = grad.reshape({-1, width});
-  if (scale_by_frequency)
-    flat_grad = flat_grad / at::bincount(flat_indices, {}, num_weights).index_select(0, flat_indices).unsqueeze(1);
-  const RowLookup lookup = look_up_rows(flat_indices, rows);
-  const at::Tensor used = lookup.held & (flat_indices != padding_idx);
-  return out.index_add_(0, lookup.local_index, at::where(used.unsqueeze(1), flat_grad, 0));
 }
 
 LocalKernel masked_backward(const OpSchema& s, const PlacementStrategy& chosen) {

@@ -27,10 +27,6 @@
 namespace dtensor::rules {
 namespace {
 
-void all_reduce_over(const MeshPtr& mesh, const std::vector<int64_t>& mesh_dims, at::Tensor& t, ReduceOp op) {
-  for (int64_t m : mesh_dims) detail::all_reduce_(*mesh, m, t, op);
-}
-
 bool any_shard(const std::vector<Placements>& inputs) {
   for (const auto& placements : inputs)
     for (const auto& p : placements)
@@ -95,10 +91,10 @@ LocalKernel sharded_log_softmax(const OpSchema& s, const PlacementStrategy& chos
   return [mesh = s.mesh, split, dim, dtype = s.outputs[0].dtype](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
     const at::Tensor x = torch::jit::pop(stack, op.schema().arguments().size())[0].toTensor().to(dtype);
     at::Tensor max = row_max(x, dim);
-    all_reduce_over(mesh, split, max, ReduceOp::Max);
+    detail::all_reduce_over(*mesh, split, max, ReduceOp::Max);
     const at::Tensor shifted = x - max;
     at::Tensor sum_exp = shifted.exp().sum(dim, /*keepdim=*/true);
-    all_reduce_over(mesh, split, sum_exp, ReduceOp::Sum);
+    detail::all_reduce_over(*mesh, split, sum_exp, ReduceOp::Sum);
     torch::jit::push(stack, shifted - sum_exp.log());
   };
 }
@@ -112,7 +108,7 @@ LocalKernel sharded_log_softmax_backward(const OpSchema& s, const PlacementStrat
     const auto args = torch::jit::pop(stack, op.schema().arguments().size());
     const at::Tensor &grad = args[0].toTensor(), &output = args[1].toTensor();
     at::Tensor sum = grad.sum(dim, /*keepdim=*/true);
-    all_reduce_over(mesh, split, sum, ReduceOp::Sum);
+    detail::all_reduce_over(*mesh, split, sum, ReduceOp::Sum);
     torch::jit::push(stack, (grad - output.exp() * sum).to(dtype));
   };
 }
@@ -245,10 +241,9 @@ LocalKernel nll_forward_kernel(const OpSchema& s, const PlacementStrategy& chose
     const at::Tensor self = args[0].toTensor(), target = args[1].toTensor();
     const at::Tensor weight = args[2].isNone() ? at::Tensor() : args[2].toTensor();
     at::Tensor stats = target_stats(target, weight, n.ignore_index, classes.total, self.scalar_type());
-    all_reduce_over(mesh, sample_split, stats, ReduceOp::Sum);
-    if (const int64_t bad = stats[1].item<int64_t>())
-      throw DTensorError(op.schema().name() + ": " + std::to_string(bad) + " target(s) outside [0, " +
-                         std::to_string(classes.total) + ") that are not ignore_index " + std::to_string(n.ignore_index));
+    detail::all_reduce_over(*mesh, sample_split, stats, ReduceOp::Sum);
+    check_on_device(stats[1] == 0, op.schema().name() + ": a target lies outside [0, " + std::to_string(classes.total) +
+                                       ") and is not ignore_index " + std::to_string(n.ignore_index));
     const LocalTargets local = local_targets(target, weight, n.ignore_index, classes);
     const bool mean = n.reduction == at::Reduction::Mean;
     const int64_t reduction = mean ? static_cast<int64_t>(at::Reduction::Sum) : n.reduction;

@@ -1,35 +1,43 @@
-// Random ops (uniform_, normal_, bernoulli_, native_dropout, ...). A DTensor gets exactly the values
-// single-device LibTorch gives the whole tensor with the same generator state, whatever its layout.
+// Random ops (uniform_, normal_, bernoulli_, native_dropout, ...) in two modes (dtensor/random.h).
 //
-// LibTorch's CPU generator (mt19937) has no cheap skip-ahead, and each kernel consumes it in its own
-// order (one draw per element in memory order for most, blocks of 16 for a large normal_, MKL streams
-// seeded from one draw for bernoulli_ with a scalar p), so no rank can draw just its own part. Every
-// rank therefore runs the op itself on global-size stand-ins of its inputs and keeps its part of each
-// result: the ranks' generators advance exactly as a single-device run's would (they must start in
-// the same state: seed every rank alike). Cost per rank: the draws, time and memory of the whole
-// tensor (O(global numel)) instead of its shard, but no communication.
+// Exact (the default): a DTensor gets exactly the values single-device LibTorch gives the whole tensor
+// with the same generator state, whatever its layout. LibTorch's CPU generator (mt19937) has no cheap
+// skip-ahead, and each kernel consumes it in its own order (one draw per element in memory order for
+// most, blocks of 16 for a large normal_, MKL streams seeded from one draw for bernoulli_ with a scalar
+// p), so no rank can draw just its own part. Every rank therefore runs the op itself on global-size
+// stand-ins of its inputs and keeps its part of each result: the ranks' generators advance exactly as
+// a single-device run's would (they must start in the same state: seed every rank alike). Cost per
+// rank: the draws, time and memory of the whole tensor (O(global numel)), but no communication.
 //
 // A stand-in holds this rank's shard of the input in its place and zeros elsewhere. That is enough
 // because the kernels draw the same numbers whatever the input values are (bernoulli's p and normal's
 // mean/std are used after the draw, one per element), and output element i reads only input element
 // i, so an input laid out like the output (or replicated) covers the part this rank keeps. Zeros are
-// valid for every parameter tensor (a probability, a standard deviation, a dropout input). Inputs that
-// are read and Partial are reduced first; a Partial tensor filled in place stays Partial.
+// valid for every parameter tensor (a probability, a standard deviation, a dropout input).
 //
-// Ranks outside the mesh run no op, so their generators do not advance. On a propagation-cache miss
-// an op without a C++ Meta kernel runs once more to learn its output layout (metas_without_drawing).
+// LocalShards: each rank computes only its part (random_shards.h), from a key that every rank draws
+// alike from the op's generator (one number per call) and each element's global index. LibTorch's own
+// argument checks run on 0-d stand-ins with a private generator, as the op itself never runs. random_
+// and complex tensors always draw in the exact mode.
+//
+// In both modes, inputs that are read and Partial are reduced first; a Partial tensor filled in place
+// stays Partial, holding contributions that reduce to the drawn value. Ranks outside the mesh draw what
+// the mesh's ranks draw (the whole op on zeros, or the key), so that every rank's generator stays in
+// step for later calls on other meshes. native_dropout in eval mode draws nothing and runs on the shards.
 
 #include <ATen/ATen.h>
 
 #include "../../redistribute/executor.h"
 #include "../registry.h"
+#include "dtensor/random.h"
+#include "random_shards.h"
 #include "rule_helpers.h"
 
 namespace dtensor::rules {
 namespace {
 
-bool writes(const OpSchema& s, size_t input) {
-  const auto* alias = s.schema.arguments()[s.inputs[input].arg].alias_info();
+bool writes(const c10::FunctionSchema& schema, size_t arg) {
+  const auto* alias = schema.arguments()[arg].alias_info();
   return alias != nullptr && alias->isWrite();
 }
 
@@ -47,11 +55,11 @@ std::vector<DimStrategy> elementwise(const OpSchema& s) {
 }
 
 // A tensor filled in place keeps its placements, Partial included: the filled value is then held as
-// contributions that reduce to it (see held_part). Inputs that are read must be actual values.
+// contributions that reduce to it (see contributions). Inputs that are read must be actual values.
 std::vector<DimStrategy> random_fill(const OpSchema& s) {
   auto strategies = elementwise(s);
   for (size_t w = 0; w < s.inputs.size(); ++w) {
-    if (!writes(s, w)) continue;
+    if (!writes(s.schema, s.inputs[w].arg)) continue;
     for (auto op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
       DimStrategy st{Placements(s.outputs.size(), Partial(op)), Placements(s.inputs.size(), Replicate())};
       st.inputs[w] = Partial(op);
@@ -68,7 +76,36 @@ std::vector<DimStrategy> dropout_backward(const OpSchema& s) {
   return strategies;
 }
 
-// ---- the local kernel: the op on global-size stand-ins ------------------------------------------
+// ---- how a call draws ----------------------------------------------------------------------------------
+
+enum class Draw { Nothing, Shards, Whole };
+
+// native_dropout(input, p, train) with train=false: the input and a mask of ones.
+bool dropout_in_eval(c10::ArrayRef<c10::IValue> args) { return args[2].isBool() && !args[2].toBool(); }
+
+// Decided from the call's arguments alone (local tensors on the mesh's ranks, DTensors outside it), so
+// every rank decides alike.
+Draw how_drawn(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  if (op.operator_name().name == "aten::native_dropout" && dropout_in_eval(args)) return Draw::Nothing;
+  if (random_mode() != RandomMode::LocalShards || shard_draw(op.operator_name()) == nullptr) return Draw::Whole;
+  for (const auto& v : args)
+    if (v.isTensor() && v.toTensor().is_complex()) return Draw::Whole;
+  return Draw::Shards;
+}
+
+std::optional<at::Generator> generator_of(c10::ArrayRef<c10::IValue> args) {
+  for (const auto& v : args)
+    if (v.isGenerator()) return v.toGenerator();
+  return std::nullopt;
+}
+
+c10::Device device_of(c10::ArrayRef<c10::IValue> args) {
+  for (const auto& v : args)
+    if (v.isTensor()) return v.toTensor().device();
+  return at::kCPU;
+}
+
+// ---- layouts ---------------------------------------------------------------------------------------------
 
 at::Tensor region(const at::Tensor& global, const LocalLayout& layout) {
   at::Tensor part = global;
@@ -77,27 +114,19 @@ at::Tensor region(const at::Tensor& global, const LocalLayout& layout) {
   return part;
 }
 
-LocalLayout layout_of(const at::Tensor& global, const DeviceMesh& mesh, const Placements& placements) {
-  return local_layout(global.sizes().vec(), mesh.shape(), *mesh.coordinate(), placements);
+LocalLayout layout_of(const Shape& global_shape, const DeviceMesh& mesh, const Placements& placements) {
+  return local_layout(global_shape, mesh.shape(), *mesh.coordinate(), placements);
 }
 
-// What this rank holds of `global` under `placements`: its shard, and along every Partial mesh dim a
+// This rank's region of a value as held under `placements`: along every Partial mesh dim, a
 // contribution whose reduction is the value.
-at::Tensor held_part(const at::Tensor& global, const DeviceMesh& mesh, const Placements& placements) {
-  // A copy, not a view, so the global result is freed.
-  at::Tensor part = region(global, layout_of(global, mesh, placements)).clone(at::MemoryFormat::Contiguous);
+at::Tensor contributions(at::Tensor part, const DeviceMesh& mesh, const Placements& placements) {
   for (int64_t m = 0; m < mesh.ndim(); ++m) {
     const Placement& p = placements[m];
     if (p.is_partial()) part = detail::partition_replicated(part, mesh, m, p.reduce_op(), detail::Direction::Forward);
   }
   return part;
 }
-
-struct StandIn {
-  size_t arg;          // the input's argument index
-  TensorMeta meta;     // its global shape, strides and dtype
-  Placements placements;  // the placements its local shard has when the kernel runs
-};
 
 // Zeros of a global shape with its strides, so that a kernel visits (and draws for) the elements in
 // the single-device order; contiguous where the strides overlap (an expanded tensor's).
@@ -107,10 +136,18 @@ at::Tensor zeros_laid_out(const Shape& shape, const Shape& stride, const at::Ten
   return global.zero_();
 }
 
+// ---- exact: the op on global-size stand-ins --------------------------------------------------------------
+
+struct StandIn {
+  size_t arg;          // the input's argument index
+  TensorMeta meta;     // its global shape, strides and dtype
+  Placements placements;  // the placements its local shard has when the kernel runs
+};
+
 // A global-size tensor holding `local` in its place and zeros elsewhere.
 at::Tensor stand_in(const at::Tensor& local, const StandIn& in, const DeviceMesh& mesh) {
   at::Tensor global = zeros_laid_out(in.meta.shape, in.meta.stride, local.options());
-  region(global, layout_of(global, mesh, in.placements)).copy_(local);
+  region(global, layout_of(in.meta.shape, mesh, in.placements)).copy_(local);
   return global;
 }
 
@@ -130,7 +167,10 @@ LocalKernel run_on_global(const OpSchema& s, const PlacementStrategy& chosen) {
     c10::IValue* returns = stack.data() + (stack.size() - r);
     for (size_t j = 0; j < r; ++j) {
       const at::Tensor global = returns[j].toTensor();
-      returns[j] = held_part(global, *mesh, outputs[j]);
+      // A copy, not a view, so the global result is freed.
+      const LocalLayout layout = layout_of(global.sizes().vec(), *mesh, outputs[j]);
+      const at::Tensor part = region(global, layout).clone(at::MemoryFormat::Contiguous);
+      returns[j] = contributions(part, *mesh, outputs[j]);
       // An in-place op returns the stand-in it filled: its part goes back into the caller's shard.
       for (size_t k = 0; k < globals.size(); ++k)
         if (globals[k].is_same(global)) returns[j] = locals[k].copy_(returns[j].toTensor());
@@ -138,47 +178,120 @@ LocalKernel run_on_global(const OpSchema& s, const PlacementStrategy& chosen) {
   };
 }
 
-// ---- output metas ----------------------------------------------------------------------------------
-
-// The generator a call draws from: its Generator argument, else the default one of its device.
-at::Generator generator_of(c10::ArrayRef<c10::IValue> args, c10::Device device) {
-  for (const auto& v : args)
-    if (v.isGenerator()) return v.toGenerator();
-  return at::globalContext().defaultGenerator(device);
-}
-
-// LibTorch's C++ build has no Meta kernel for native_dropout and normal with tensor parameters
-// (Python registers them), and propagation's fallback runs the op itself, which draws: every rank's
-// generator would run ahead of a single-device run's. So the op runs here on zeros of the global
-// layouts, and the generator's state is put back.
-std::vector<TensorMeta> metas_without_drawing(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+// The op on zeros of its tensors' global layouts (a DTensor's sizes and strides are the global ones):
+// it draws what the exact mode draws on the mesh's ranks.
+void run_on_global_zeros(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   torch::jit::Stack stack;
-  c10::Device device = at::kCPU;
   for (const auto& v : args) {
     if (!v.isTensor() || !v.toTensor().defined()) {
       stack.push_back(v);
       continue;
     }
-    const at::Tensor& t = v.toTensor();  // a DTensor's sizes and strides are the global ones
-    device = t.device();
-    stack.push_back(zeros_laid_out(t.sizes().vec(), t.strides().vec(), at::TensorOptions().dtype(t.scalar_type()).device(device)));
-  }
-  at::Generator generator = generator_of(args, device);
-  at::Tensor state;
-  {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    state = generator.get_state();
+    const at::Tensor& t = v.toTensor();
+    const auto options = at::TensorOptions().dtype(t.scalar_type()).device(t.device());
+    stack.push_back(zeros_laid_out(t.sizes().vec(), t.strides().vec(), options));
   }
   op.callBoxed(stack);
-  {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(state);
+}
+
+// ---- local shards: each rank computes its part --------------------------------------------------------------
+
+// LibTorch's checks of the call's arguments (scalar parameter ranges, supported dtypes): the op on 0-d
+// zeros with a private copy of the generator, so that nothing is drawn from the shared one. Ops without
+// a Generator argument (native_dropout) check their parameters in their shard draw.
+void check_arguments(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  const auto& schema = op.schema().arguments();
+  torch::jit::Stack stack;
+  bool has_generator = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (schema[i].name() == "generator") {
+      at::Generator shared = args[i].isGenerator() ? args[i].toGenerator()
+                                                   : at::globalContext().defaultGenerator(device_of(args));
+      std::lock_guard<std::mutex> lock(shared.mutex());
+      stack.push_back(shared.clone());
+      has_generator = true;
+    } else if (args[i].isTensor() && args[i].toTensor().defined()) {
+      stack.push_back(at::zeros({}, args[i].toTensor().options()));
+    } else {
+      stack.push_back(args[i]);
+    }
+  }
+  if (has_generator) op.callBoxed(stack);
+}
+
+LocalKernel run_on_shards(const OpSchema& s, const PlacementStrategy& chosen) {
+  // Replicated inputs are read whole: each is cut to the part of the output this rank computes.
+  std::vector<size_t> whole_inputs;
+  for (size_t k = 0; k < s.inputs.size(); ++k) {
+    const auto& p = chosen.inputs[k];
+    const bool whole = std::all_of(p.begin(), p.end(), [](const Placement& x) { return x.is_replicate(); });
+    if (whole && !writes(s.schema, s.inputs[k].arg)) whole_inputs.push_back(s.inputs[k].arg);
+  }
+  return [draw = shard_draw(s.schema.operator_name()), whole_inputs, outputs = s.outputs, placements = chosen.outputs,
+          mesh = s.mesh](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+    const auto& schema = op.schema();
+    const size_t n = schema.arguments().size();
+    c10::IValue* args = stack.data() + (stack.size() - n);
+    const c10::ArrayRef<c10::IValue> arg_view(args, n);
+    check_arguments(op, arg_view);
+    const c10::Device device = device_of(arg_view);
+    const Variates variates(draw_key(generator_of(arg_view), device), outputs[0].shape,
+                            layout_of(outputs[0].shape, *mesh, placements[0]), device);
+    for (size_t arg : whole_inputs) args[arg] = variates.part_of(args[arg].toTensor());
+    const std::vector<at::Tensor> values = draw(variates, arg_view);
+
+    torch::jit::Stack returns;
+    for (size_t j = 0; j < values.size(); ++j) {
+      at::Tensor held = contributions(values[j].to(outputs[j].dtype), *mesh, placements[j]);
+      // An in-place op fills the tensor it writes to (laid out like its output) and returns it.
+      for (size_t i = 0; i < n; ++i)
+        if (writes(schema, i)) held = args[i].toTensor().copy_(held);
+      returns.push_back(std::move(held));
+    }
+    torch::jit::drop(stack, n);
+    for (auto& r : returns) stack.push_back(std::move(r));
+  };
+}
+
+// ---- dispatch by mode, on the mesh and outside it ------------------------------------------------------------
+
+LocalKernel random_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
+  return [whole = run_on_global(s, chosen), shards = run_on_shards(s, chosen)](const c10::OperatorHandle& op,
+                                                                               torch::jit::Stack& stack) {
+    const size_t n = op.schema().arguments().size();
+    switch (how_drawn(op, c10::ArrayRef<c10::IValue>(stack.data() + (stack.size() - n), n))) {
+      case Draw::Nothing: return op.callBoxed(stack);
+      case Draw::Shards: return shards(op, stack);
+      case Draw::Whole: return whole(op, stack);
+    }
+  };
+}
+
+void draw_outside_mesh(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  switch (how_drawn(op, args)) {
+    case Draw::Nothing: return;
+    case Draw::Shards: (void)draw_key(generator_of(args), device_of(args)); return;
+    case Draw::Whole: return run_on_global_zeros(op, args);
+  }
+}
+
+// LibTorch's C++ build has no Meta kernel for native_dropout (Python registers one), and running the op
+// to learn its outputs would draw. Its CPU kernel (ATen/native/Dropout.cpp) allocates them as below; the
+// same calls on Meta tensors give their metas.
+std::vector<TensorMeta> dropout_metas(const c10::OperatorHandle&, c10::ArrayRef<c10::IValue> args) {
+  const at::Tensor& x = args[0].toTensor();  // a DTensor: its sizes and strides are the global ones
+  const at::Tensor input = at::empty_strided(x.sizes(), x.strides(), x.options().device(at::kMeta));
+  at::Tensor output = input, mask = at::empty_like(input);
+  if (input.numel() > 0 && dropout_in_eval(args)) {
+    mask = at::ones_like(input, input.options().dtype(at::kBool));
+    output = input.clone();
+  } else if (input.numel() > 0) {
+    mask = at::empty_like(input, input.options().dtype(at::kBool));
+    output = input.mul(mask);
   }
   std::vector<TensorMeta> metas;
-  for (const auto& r : stack) {
-    const at::Tensor& t = r.toTensor();
+  for (const at::Tensor& t : {output, mask})
     metas.push_back(TensorMeta{t.sizes().vec(), t.strides().vec(), t.scalar_type()});
-  }
   return metas;
 }
 
@@ -186,15 +299,16 @@ const bool registered = [] {
   // Only ops with kernels of their own: rand_like, randn_like, randint_like, bernoulli(p tensor),
   // uniform, ... are composites of empty_like and these; dropout on CPU is empty_like, bernoulli_,
   // div_ and mul.
+  const detail::OpRule rule{
+      .dim = random_fill, .local_kernel = random_kernel, .family = "random", .outside_mesh = draw_outside_mesh};
   detail::register_overloads({"aten::uniform_", "aten::normal_", "aten::normal.Tensor_Tensor", "aten::normal.Tensor_float",
                               "aten::normal.float_Tensor", "aten::bernoulli_.float", "aten::bernoulli_.Tensor",
                               "aten::bernoulli.p", "aten::exponential_", "aten::cauchy_", "aten::log_normal_",
-                              "aten::geometric_", "aten::random_", "aten::random_.from", "aten::random_.to",
-                              "aten::native_dropout"},
-                             {.dim = random_fill,
-                              .local_kernel = run_on_global,
-                              .output_metas = metas_without_drawing,
-                              .family = "random"});
+                              "aten::geometric_", "aten::random_", "aten::random_.from", "aten::random_.to"},
+                             rule);
+  detail::OpRule dropout = rule;
+  dropout.output_metas = dropout_metas;
+  detail::register_overloads({"aten::native_dropout"}, dropout);
   detail::register_overloads({"aten::native_dropout_backward"}, {.dim = dropout_backward, .family = "random"});
   return true;
 }();

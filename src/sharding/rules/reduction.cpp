@@ -195,7 +195,7 @@ LocalKernel norm_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
     }
     const bool powers = !inf && ord != 0;
     if (powers && self.numel() > 0) norm = norm.pow(ord);
-    for (int64_t m : split) detail::all_reduce_(*mesh, m, norm, combine);
+    detail::all_reduce_over(*mesh, split, norm, combine);
     torch::jit::push(stack, powers ? norm.pow(1.0 / ord) : norm);
   };
 }

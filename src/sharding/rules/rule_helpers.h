@@ -1,6 +1,11 @@
 #pragma once
 // Small helpers shared by the rule files.
 
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "dtensor/errors.h"
 #include "dtensor/op_schema.h"
 
 namespace dtensor::rules {
@@ -37,6 +42,17 @@ inline std::vector<ReduceOp> linear_reduce_ops(const OpSchema& s, std::vector<si
   }
   if (floating_in && floating_out) return {ReduceOp::Sum, ReduceOp::Avg};
   return {ReduceOp::Sum};
+}
+
+// Raises DTensorError(`message`) unless `ok` (a boolean 0-d tensor) holds. On the CPU it reads the
+// flag (no stall there); on an accelerator it asserts on the device instead, so the hot path does not
+// wait for the host: the error then surfaces asynchronously, as single-device CUDA kernels report it.
+inline void check_on_device(const at::Tensor& ok, const std::string& message) {
+  if (ok.device().is_cpu()) {
+    if (!ok.item<bool>()) throw DTensorError(message);
+    return;
+  }
+  at::_assert_async(ok, message);
 }
 
 // The mesh dims along which `placements` shard tensor dim `dim` (a local kernel combines its partial

@@ -179,21 +179,20 @@ LocalArgs view_local_args(const OpSchema& s, const PlacementStrategy& chosen) {
   return is_dtype_view(s) ? LocalArgs{} : local_size_arg(s, chosen);
 }
 
-// A DTensor's strides decide whether LibTorch views or copies (reshape, contiguous), but a shard can be
-// laid out unlike them: a gradient that arrives transposed is wrapped with the tensor's own strides.
-// Where the shard cannot be viewed as asked, it is copied, as reshape would (the same values; only
-// in-place writes through such a view would not reach the original).
-LocalKernel view_kernel(const OpSchema&, const PlacementStrategy&) {
-  return [](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+// Shards are laid out in their DTensor's dim order (in_global_layout), so a view that is legal on the
+// global tensor is legal on the shard. Should a shard still not be viewable, the view is refused: a
+// copy would silently lose writes made through the "view".
+LocalKernel view_kernel(const OpSchema& s, const PlacementStrategy&) {
+  return [name = s.op_name()](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
     c10::IValue* args = stack.data() + stack.size() - 2;
     if (args[1].isIntList()) {
-      const at::Tensor self = args[0].toTensor();
+      const at::Tensor& self = args[0].toTensor();
       const auto size = args[1].toIntVector();
-      if (!at::detail::computeStride(self.sizes(), self.strides(), size)) {
-        torch::jit::drop(stack, 2);
-        stack.emplace_back(self.reshape(size));
-        return;
-      }
+      if (!at::detail::computeStride(self.sizes(), self.strides(), size))
+        throw DTensorError(name + ": this rank's shard of shape " + shape_str(self.sizes().vec()) + " and strides " +
+                           shape_str(self.strides().vec()) + " cannot be viewed as " + shape_str(size) +
+                           " without a copy, which would not see writes made through the view; use reshape (or "
+                           "contiguous() first)");
     }
     op.callBoxed(stack);
   };

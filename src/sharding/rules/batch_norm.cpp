@@ -1,0 +1,212 @@
+// Batch normalisation: native_batch_norm (what BatchNorm1d/2d/3d and functional::batch_norm reach on
+// CPU, training and eval) and native_batch_norm_backward. input [N, C, *spatial]; weight, bias and
+// the running statistics are per channel [C].
+//
+// - channels: input Shard(1), every per-channel tensor Shard(0): each rank normalises its channels,
+//   no communication;
+// - samples (the batch or a spatial dim sharded), per-channel tensors Replicate: in eval the running
+//   statistics normalise every sample on its own; in training the batch statistics reduce over all
+//   samples, so the local kernel all-reduces them first (SyncBatchNorm): the per-channel sum, then the
+//   sum of squared deviations from the global mean, each divided by the GLOBAL count, which stays
+//   exact for uneven shards. The running statistics then update as on one device (momentum, and the
+//   unbiased variance for running_var) on every rank.
+// Backward: the gradient is linear in grad_output (a Partial one stays Partial). With samples sharded,
+// grad_weight and grad_bias are per-rank sums (Partial) unless the input's gradient is asked for in
+// training: that needs their global values, so they are all-reduced and come out Replicate.
+// In training the op also updates the running statistics in place, so they keep their placements
+// (batch_norm_on_mesh). In eval the op returns empty save_mean / save_invstd, left Replicate.
+
+#include <ATen/ATen.h>
+#include <ATen/core/stack.h>
+
+#include <algorithm>
+
+#include "../../mesh/collectives.h"
+#include "../propagation.h"
+#include "../registry.h"
+#include "dtensor/errors.h"
+#include "channels.h"
+#include "optional_tensors.h"
+#include "rule_helpers.h"
+
+namespace dtensor::rules {
+namespace {
+
+// The mesh dims on which `input` placements split the samples of a channel.
+std::vector<int64_t> sample_split(const Placements& input) {
+  std::vector<int64_t> out;
+  for (int64_t m = 0; m < static_cast<int64_t>(input.size()); ++m)
+    if (input[m].is_shard() && input[m].dim() != 1) out.push_back(m);
+  return out;
+}
+
+// Elements per channel over the whole input, and the bytes of one per-channel statistic.
+struct Counts {
+  int64_t per_channel;
+  double statistic_bytes;
+};
+
+Counts counts_of(const OpSchema& s, size_t input) {
+  const Shape& shape = s.input(input).meta.shape;
+  return {numel(shape) / std::max<int64_t>(shape[1], 1),
+          static_cast<double>(shape[1] * static_cast<int64_t>(c10::elementSize(s.input(input).meta.dtype)))};
+}
+
+// ---- native_batch_norm(input, weight?, bias?, running_mean?, running_var?, training, momentum, eps)
+// -> (out, save_mean, save_invstd)
+
+std::vector<DimStrategy> batch_norm(const OpSchema& s) {
+  const bool training = argument(s, "training").toBool();
+  const Counts counts = counts_of(s, 0);
+  auto strategy = [&](Placement input, Placement per_channel, Placement statistics, double cost) {
+    return DimStrategy{{input, statistics, statistics},
+                       by_argument(s, [&](size_t arg) { return arg == 0 ? input : per_channel; }),
+                       cost};
+  };
+  std::vector<DimStrategy> out = {
+      strategy(Replicate(), Replicate(), Replicate(), 0),
+      strategy(Shard(1), Shard(0), training ? Shard(0) : Replicate(), 0),
+  };
+  // Training all-reduces two statistics (sum, then squared deviations).
+  const double sync_cost = training ? 2 * (kCollectiveLatencyBytes + counts.statistic_bytes) : 0;
+  for (int64_t d : all_but_channels(s.input_ndim(0))) out.push_back(strategy(Shard(d), Replicate(), Replicate(), sync_cost));
+  return out;
+}
+
+// native_batch_norm's schema does not mark the running statistics as written, though the op updates
+// them in place in training: dispatch would redistribute them like any input and the update would
+// land in a copy. So in training only the strategies that take them as they are remain (Replicate
+// where samples are sharded or nothing is, Shard(0) where channels are, alike for both).
+OpStrategy batch_norm_on_mesh(const OpSchema& s) {
+  OpStrategy all = detail::expand_dim_strategies(batch_norm(s), s.mesh->ndim(), s.outputs.size(), s.inputs.size());
+  if (!argument(s, "training").toBool()) return all;
+  std::vector<size_t> written;
+  for (size_t arg : {3, 4})
+    if (const auto i = s.input_at_arg(arg)) written.push_back(*i);
+  std::erase_if(all, [&](const PlacementStrategy& st) {
+    return std::any_of(written.begin(), written.end(), [&](size_t i) { return st.inputs[i] != s.input(i).placements; });
+  });
+  if (all.empty()) {
+    std::string stats;
+    for (size_t i : written) stats += (stats.empty() ? "" : ", ") + to_string(s.input(i).placements);
+    throw DTensorError("native_batch_norm has no sharding strategy that keeps the placements of the tensor it writes to: "
+                       "it updates running_mean and running_var (" + stats + ") in place, and they must be Replicate, "
+                       "or Shard(0) on the mesh dims that shard the input's channels, alike; redistribute them first");
+  }
+  return all;
+}
+
+// Training over sharded samples: the batch statistics all-reduced, then normalise and update the
+// running statistics as the single-device kernel does.
+LocalKernel synced_batch_norm(const OpSchema& s, std::vector<int64_t> split) {
+  return [mesh = s.mesh, split = std::move(split), count = counts_of(s, 0).per_channel](const c10::OperatorHandle& op,
+                                                                                        torch::jit::Stack& stack) {
+    const auto args = torch::jit::pop(stack, op.schema().arguments().size());
+    const at::Tensor& x = args[0].toTensor();
+    const auto weight = args[1].toOptional<at::Tensor>(), bias = args[2].toOptional<at::Tensor>();
+    const auto running_mean = args[3].toOptional<at::Tensor>(), running_var = args[4].toOptional<at::Tensor>();
+    const double momentum = args[6].toDouble(), eps = args[7].toDouble();
+    const int64_t ndim = x.dim();
+
+    at::Tensor mean = x.sum(all_but_channels(ndim));
+    detail::all_reduce_over(*mesh, split, mean, ReduceOp::Sum);
+    mean.div_(count);
+    const at::Tensor centered = x - per_channel(mean, ndim);
+    at::Tensor squares = centered.square().sum(all_but_channels(ndim));
+    detail::all_reduce_over(*mesh, split, squares, ReduceOp::Sum);
+    const at::Tensor invstd = (squares / count + eps).rsqrt();
+
+    at::Tensor out = centered * per_channel(invstd, ndim);
+    if (weight && weight->defined()) out.mul_(per_channel(*weight, ndim));
+    if (bias && bias->defined()) out.add_(per_channel(*bias, ndim));
+    if (running_mean && running_mean->defined()) running_mean->mul_(1 - momentum).add_(mean, momentum);
+    if (running_var && running_var->defined()) running_var->mul_(1 - momentum).add_(squares / (count - 1), momentum);
+    torch::jit::push(stack, out, mean, invstd);
+  };
+}
+
+LocalKernel batch_norm_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
+  auto split = sample_split(chosen.inputs[0]);
+  if (argument(s, "training").toBool() && !split.empty()) return synced_batch_norm(s, std::move(split));
+  if (empty_here(s, chosen, 0)) return zero_outputs(s, chosen);  // the CPU kernel rejects no channels
+  return {};
+}
+
+// ---- native_batch_norm_backward(grad_out, input, weight?, running_mean?, running_var?, save_mean?,
+// save_invstd?, train, eps, output_mask) -> (grad_input?, grad_weight?, grad_bias?)
+
+// Training with grad_input asked for: it needs the global sums of grad_out and grad_out * x_hat.
+bool syncs(const OpSchema& s) { return argument(s, "train").toBool() && asked_outputs(s)[0]; }
+
+std::vector<DimStrategy> batch_norm_backward(const OpSchema& s) {
+  const bool training = argument(s, "train").toBool();
+  const Counts counts = counts_of(s, 1);
+  // grad_out and input ("activations"), weight and running statistics ("per_channel"), and the saved
+  // batch statistics.
+  auto strategy = [&](Placements grads, Placement grad_out, Placement input, Placement per_channel,
+                      Placement saved, double cost = 0) {
+    return DimStrategy{asked(s, grads), by_argument(s, [&](size_t arg) {
+                         return arg == 0 ? grad_out : arg == 1 ? input : arg >= 5 ? saved : per_channel;
+                       }),
+                       cost};
+  };
+  const Placement R = Replicate();
+  std::vector<DimStrategy> out = {
+      strategy({R, R, R}, R, R, R, R),
+      strategy({Shard(1), Shard(0), Shard(0)}, Shard(1), Shard(1), Shard(0), training ? Shard(0) : R),
+  };
+  for (int64_t d : all_but_channels(s.input_ndim(1))) {
+    if (syncs(s))  // one all-reduce of both sums
+      out.push_back(strategy({Shard(d), R, R}, Shard(d), Shard(d), R, R, kCollectiveLatencyBytes + 2 * counts.statistic_bytes));
+    else
+      out.push_back(strategy({Shard(d), Partial(), Partial()}, Shard(d), Shard(d), R, R));
+  }
+  for (ReduceOp op : linear_reduce_ops(s)) {
+    const Placement p = Partial(op);
+    out.push_back(strategy({p, p, p}, p, R, R, R));
+  }
+  return out;
+}
+
+// grad_input = invstd * weight * (g - mean(g) - x_hat * mean(g * x_hat)), the means over all samples
+// of a channel: their sums are grad_bias and grad_weight, all-reduced once.
+LocalKernel synced_batch_norm_backward(const OpSchema& s, std::vector<int64_t> split) {
+  return [mesh = s.mesh, split = std::move(split), count = counts_of(s, 1).per_channel,
+          mask = asked_outputs(s)](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+    const auto args = torch::jit::pop(stack, op.schema().arguments().size());
+    const at::Tensor &grad = args[0].toTensor(), &x = args[1].toTensor();
+    const auto weight = args[2].toOptional<at::Tensor>();
+    const at::Tensor &mean = args[5].toTensor(), &invstd = args[6].toTensor();
+    const int64_t ndim = x.dim();
+
+    const at::Tensor x_hat = (x - per_channel(mean, ndim)) * per_channel(invstd, ndim);
+    at::Tensor sums = at::stack({grad.sum(all_but_channels(ndim)), (grad * x_hat).sum(all_but_channels(ndim))});
+    detail::all_reduce_over(*mesh, split, sums, ReduceOp::Sum);
+    const at::Tensor grad_bias = sums[0], grad_weight = sums[1];
+    const at::Tensor scale = weight && weight->defined() ? invstd * *weight : invstd;
+    const at::Tensor grad_input = (grad - per_channel(grad_bias / count, ndim) -
+                                   x_hat * per_channel(grad_weight / count, ndim)) *
+                                  per_channel(scale, ndim);
+    push_asked(stack, mask, {grad_input, grad_weight, grad_bias});
+  };
+}
+
+LocalKernel batch_norm_backward_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
+  auto split = sample_split(chosen.inputs[1]);
+  if (syncs(s) && !split.empty()) return synced_batch_norm_backward(s, std::move(split));
+  // The CPU kernel divides by zero on a shard without samples or channels.
+  if (empty_here(s, chosen, 1)) return zero_outputs(s, chosen);
+  return {};
+}
+
+const bool registered = [] {
+  using detail::register_overloads;
+  register_overloads({"aten::native_batch_norm"},
+                     {.mesh = batch_norm_on_mesh, .local_kernel = batch_norm_kernel, .family = "norm"});
+  register_overloads({"aten::native_batch_norm_backward"},
+                     {.dim = batch_norm_backward, .local_kernel = batch_norm_backward_kernel, .family = "norm"});
+  return true;
+}();
+
+}  // namespace
+}  // namespace dtensor::rules
