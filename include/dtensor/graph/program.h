@@ -1,0 +1,102 @@
+#pragma once
+// An exported program: a graph, its signature (which graph inputs are parameters, buffers, constants
+// or user inputs; which outputs are user outputs, buffer mutations, the loss or gradients) and its
+// state (the tensors behind parameters, buffers and constants).
+//
+//   auto program = dtensor::graph::load_program("gpt.pt2");      // torch.export.save's archive
+//   std::vector<at::Tensor> out = dtensor::graph::run(program, {tokens});
+//   dtensor::graph::save_program(program, "copy.pt2");           // torch.export.load reads it
+//
+// Weights stay in the archive until asked for: a tensor is read whole (tensor()) or as the part one
+// rank keeps (shard()), which reads only that part's bytes.
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtensor/device_mesh.h"
+#include "dtensor/graph/ir.h"
+
+namespace dtensor::graph {
+
+struct InputSpec {
+  enum class Kind { Parameter, Buffer, TensorConstant, UserInput };
+  Kind kind;
+  Value* value;        // the graph input
+  std::string target;  // the state's name (FQN) for parameters, buffers and constants
+  bool persistent = true;
+};
+
+struct OutputSpec {
+  enum class Kind { UserOutput, BufferMutation, LossOutput, GradientToParameter, GradientToUserInput, UserInputMutation };
+  Kind kind;
+  std::string target;  // the buffer, parameter or user input it refers to, where it refers to one
+};
+
+// A tensor of the program's state: in the archive (read on demand) or in memory.
+class StateTensor {
+ public:
+  StateTensor() = default;
+  explicit StateTensor(at::Tensor t);
+  // A tensor stored in `archive` at byte `offset` as the whole storage of `storage_elements` elements
+  // of `dtype`, viewed with sizes/strides/storage_offset.
+  StateTensor(std::string archive, std::string record, int64_t offset, int64_t storage_elements, TensorMeta meta,
+              int64_t storage_offset);
+
+  // The whole tensor (read once, then kept).
+  const at::Tensor& tensor() const;
+  // This rank's part of it under `placements` on `mesh` (Partial: the value on coordinate 0 of that
+  // mesh dim, zeros elsewhere), reading only the bytes of that part. Not kept.
+  at::Tensor shard(const DeviceMesh& mesh, const Placements& placements) const;
+  const TensorMeta& meta() const;
+  bool in_memory() const { return tensor_.defined(); }
+
+ private:
+  mutable at::Tensor tensor_;
+  std::string archive_, record_;
+  int64_t offset_ = 0, storage_elements_ = 0, storage_offset_ = 0;
+  TensorMeta meta_;
+};
+
+class Program {
+ public:
+  Graph graph;
+  std::vector<InputSpec> inputs;    // one per graph input, in order
+  std::vector<OutputSpec> outputs;  // one per graph output, in order
+  std::map<std::string, StateTensor> state;  // by FQN
+  std::string source;               // the archive it was read from
+
+  // What the file holds besides the graph and signature, written back as read (JSON text).
+  std::string module_call_graph = "[]", range_constraints = "{}", verifiers = "[]";
+  int64_t schema_major = 8, schema_minor = 0;
+
+  std::vector<Value*> user_inputs() const;
+  const InputSpec* input_spec_of(const Value* v) const;
+};
+
+// Reads a .pt2 archive written by torch.export.save (torch 2.15, schema 8.x), in the training or the
+// core-ATen IR, static or dynamic shapes. Anything it does not support raises DTensorError naming the
+// file, the node and the field.
+Program load_program(const std::string& path);
+
+// Writes `program` as a .pt2 archive torch.export.load accepts (under a temporary name, then renamed).
+void save_program(const Program& program, const std::string& path);
+
+struct RunOptions {
+  bool free_after_last_use = true;  // drop each value right after its last use
+};
+
+struct RunStats {
+  int64_t peak_live_bytes = 0;  // the most tensor bytes the run held at once (state excluded)
+};
+
+// Runs the program on `user_inputs` (tensors or integers, in order) through the ATen dispatcher and
+// returns the user outputs (LossOutput and gradients included, in output order; buffer mutations
+// are applied to the state instead).
+std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& user_inputs,
+                             const RunOptions& options = {}, RunStats* stats = nullptr);
+
+}  // namespace dtensor::graph

@@ -1,0 +1,199 @@
+// Runs a program node by node through the ATen dispatcher (boxed calls), freeing each value right
+// after its last use, and applying buffer mutations to the program's state.
+
+#include <ATen/ATen.h>
+#include <ATen/ScalarOps.h>
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "dtensor/errors.h"
+#include "dtensor/graph/program.h"
+
+namespace dtensor::graph {
+namespace {
+
+class Environment {
+ public:
+  explicit Environment(RunStats* stats) : stats_(stats) {}
+
+  void bind(const Value* v, c10::IValue value, bool counted) {
+    if (counted && value.isTensor()) add(value.toTensor().defined() ? value.toTensor().nbytes() : 0);
+    if (counted) counted_.insert(v);
+    values_[v] = std::move(value);
+  }
+  const c10::IValue& at(const Value* v) const {
+    auto it = values_.find(v);
+    if (it == values_.end()) throw DTensorError("graph run: value %" + v->name + " has no value (freed or never computed)");
+    return it->second;
+  }
+  void free(const Value* v) {
+    auto it = values_.find(v);
+    if (it == values_.end()) return;
+    if (counted_.erase(v) && it->second.isTensor() && it->second.toTensor().defined()) live_ -= static_cast<int64_t>(it->second.toTensor().nbytes());
+    values_.erase(it);
+  }
+
+ private:
+  void add(size_t bytes) {
+    live_ += static_cast<int64_t>(bytes);
+    if (stats_) stats_->peak_live_bytes = std::max(stats_->peak_live_bytes, live_);
+  }
+  std::unordered_map<const Value*, c10::IValue> values_;
+  std::unordered_set<const Value*> counted_;
+  int64_t live_ = 0;
+  RunStats* stats_;
+};
+
+int64_t size_of(const SymSize& s, const Environment& env) { return s.symbol ? env.at(s.symbol).toInt() : s.value; }
+
+c10::IValue value_of(const Arg& a, const Environment& env) {
+  switch (a.kind) {
+    case Arg::Kind::Constant: return a.constant;
+    case Arg::Kind::Number: {
+      // Python passes a number given for a Tensor argument as a 0-d "wrapped number", which type
+      // promotion treats as a scalar (int64 * 0.5 stays float32, not float64).
+      at::Tensor t = c10::scalar_to_tensor(a.constant.toScalar());
+      t.unsafeGetTensorImpl()->set_wrapped_number(true);
+      return t;
+    }
+    case Arg::Kind::Tensor: return env.at(a.values[0]);
+    case Arg::Kind::Tensors: {
+      c10::List<at::Tensor> list;
+      for (const Value* v : a.values) list.push_back(env.at(v).toTensor());
+      return list;
+    }
+    case Arg::Kind::OptionalTensors: {
+      c10::List<std::optional<at::Tensor>> list;
+      for (const Value* v : a.values) list.push_back(v ? std::optional<at::Tensor>(env.at(v).toTensor()) : std::nullopt);
+      return list;
+    }
+    case Arg::Kind::SymInt: return size_of(a.sizes[0], env);
+    case Arg::Kind::SymInts: {
+      std::vector<int64_t> sizes;
+      for (const SymSize& s : a.sizes) sizes.push_back(size_of(s, env));
+      return sizes;
+    }
+  }
+  return {};
+}
+
+// Python's integer operators on symbolic sizes (torch.export writes them as _operator.<name>).
+int64_t integer_operator(const Node& node, const Environment& env) {
+  const std::string op = node.target.substr(std::string("_operator.").size());
+  std::vector<int64_t> v;
+  for (const Arg& a : node.args) v.push_back(a.kind == Arg::Kind::SymInt ? size_of(a.sizes[0], env) : a.constant.toInt());
+  auto floordiv = [](int64_t a, int64_t b) {
+    const int64_t q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+  };
+  if (op == "neg" && v.size() == 1) return -v[0];
+  if (v.size() == 2) {
+    if (op == "add") return v[0] + v[1];
+    if (op == "sub") return v[0] - v[1];
+    if (op == "mul") return v[0] * v[1];
+    if (op == "floordiv") return floordiv(v[0], v[1]);
+    if (op == "mod") return v[0] - floordiv(v[0], v[1]) * v[1];
+  }
+  throw DTensorError("graph run: node '" + node.name + "': unsupported integer operator " + node.target);
+}
+
+// The last node (position) that reads each value; graph outputs are never freed.
+std::unordered_map<const Value*, size_t> last_uses(const Graph& graph) {
+  std::unordered_map<const Value*, size_t> last;
+  const auto nodes = graph.nodes();
+  for (size_t i = 0; i < nodes.size(); ++i)
+    for (const Value* v : nodes[i]->inputs()) last[v] = i;
+  for (const Arg& a : graph.outputs()) {
+    for (const Value* v : a.values) last[v] = SIZE_MAX;
+    for (const SymSize& s : a.sizes)
+      if (s.symbol) last[s.symbol] = SIZE_MAX;
+  }
+  return last;
+}
+
+}  // namespace
+
+std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& user_inputs, const RunOptions& options,
+                             RunStats* stats) {
+  Environment env(stats);
+  size_t next_user = 0;
+  for (const InputSpec& spec : program.inputs) {
+    if (spec.kind == InputSpec::Kind::UserInput) {
+      if (next_user >= user_inputs.size())
+        throw DTensorError("graph run: the program takes " + std::to_string(program.user_inputs().size()) + " user inputs, got " +
+                           std::to_string(user_inputs.size()));
+      env.bind(spec.value, user_inputs[next_user++], true);
+    } else {
+      env.bind(spec.value, program.state.at(spec.target).tensor(), false);
+    }
+  }
+  if (next_user != user_inputs.size())
+    throw DTensorError("graph run: the program takes " + std::to_string(next_user) + " user inputs, got " +
+                       std::to_string(user_inputs.size()));
+
+  const auto last = last_uses(program.graph);
+  const auto nodes = program.graph.nodes();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node& node = *nodes[i];
+    if (!node.op) {
+      env.bind(node.outputs.at(0), integer_operator(node, env), true);
+    } else {
+      torch::jit::Stack stack;
+      stack.reserve(node.args.size());
+      for (const Arg& a : node.args) stack.push_back(value_of(a, env));
+      try {
+        if (node.local_kernel) node.local_kernel(*node.op, stack);
+        else node.op->callBoxed(stack);
+      } catch (const DTensorError&) {
+        throw;
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        throw DTensorError("graph run: node '" + node.name + "' (" + node.op_name() + ") failed: " + what.substr(0, what.find('\n')));
+      }
+      size_t k = 0;
+      for (c10::IValue& r : stack) {
+        if (r.isTensorList()) {
+          for (const at::Tensor& t : r.toTensorList())
+            if (k < node.outputs.size()) env.bind(node.outputs[k++], t, true);
+        } else if (k < node.outputs.size()) {
+          env.bind(node.outputs[k++], std::move(r), true);
+        }
+      }
+    }
+    if (!options.free_after_last_use) continue;
+    for (const Value* v : node.inputs())
+      if (auto it = last.find(v); it != last.end() && it->second == i) env.free(v);
+    for (const Value* v : node.outputs)
+      if (!last.count(v)) env.free(v);  // never read
+  }
+
+  std::vector<c10::IValue> out;
+  const auto& outputs = program.graph.outputs();
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const c10::IValue value = value_of(outputs[k], env);
+    if (program.outputs[k].kind == OutputSpec::Kind::BufferMutation) {
+      // The buffer's tensor takes the new value in place, as torch.export's runtime does.
+      at::Tensor buffer = program.state.at(program.outputs[k].target).tensor();
+      buffer.copy_(value.toTensor());
+      continue;
+    }
+    out.push_back(value);
+  }
+  return out;
+}
+
+std::vector<Value*> Program::user_inputs() const {
+  std::vector<Value*> out;
+  for (const InputSpec& s : inputs)
+    if (s.kind == InputSpec::Kind::UserInput) out.push_back(s.value);
+  return out;
+}
+
+const InputSpec* Program::input_spec_of(const Value* v) const {
+  for (const InputSpec& s : inputs)
+    if (s.value == v) return &s;
+  return nullptr;
+}
+
+}  // namespace dtensor::graph

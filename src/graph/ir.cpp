@@ -1,0 +1,288 @@
+#include "dtensor/graph/ir.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "dtensor/errors.h"
+
+namespace dtensor::graph {
+
+Arg Arg::ints(const std::vector<int64_t>& v) { return Arg::of(c10::IValue(v)); }
+
+std::string Node::op_name() const {
+  if (!op) return target;
+  const auto& name = op->operator_name();
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+std::vector<Value*> Node::inputs() const {
+  std::vector<Value*> out;
+  for (const Arg& a : args) {
+    for (Value* v : a.values)
+      if (v) out.push_back(v);
+    for (const SymSize& s : a.sizes)
+      if (s.symbol) out.push_back(s.symbol);
+  }
+  return out;
+}
+
+std::string Graph::unique_name(const std::string& name) {
+  if (!by_name_.count(name)) return name;
+  for (int k = 1;; ++k) {
+    std::string candidate = name + "_" + std::to_string(k);
+    if (!by_name_.count(candidate)) return candidate;
+  }
+}
+
+Value* Graph::new_value(const std::string& name, Value::Kind kind) {
+  auto v = std::make_unique<Value>();
+  v->name = unique_name(name);
+  v->kind = kind;
+  Value* raw = v.get();
+  by_name_[raw->name] = raw;
+  values_.push_back(std::move(v));
+  return raw;
+}
+
+Value* Graph::add_input(const std::string& name, Value::Kind kind) {
+  Value* v = new_value(name, kind);
+  inputs_.push_back(v);
+  return v;
+}
+
+Value* Graph::find_value(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+
+std::vector<Node*> Graph::nodes() const {
+  std::vector<Node*> out;
+  out.reserve(nodes_.size());
+  for (const auto& n : nodes_) out.push_back(n.get());
+  return out;
+}
+
+std::list<std::unique_ptr<Node>>::iterator Graph::position(const Node* node) {
+  if (node == nullptr) return nodes_.end();
+  auto it = std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& n) { return n.get() == node; });
+  if (it == nodes_.end()) throw DTensorError("graph: node " + node->name + " is not in this graph");
+  return it;
+}
+
+namespace {
+
+// The op for "ns::name.overload" (or "ns::name", the default overload).
+c10::OperatorHandle find_op(const std::string& qualified) {
+  const auto sep = qualified.find("::");
+  const auto dot = qualified.find('.', sep == std::string::npos ? 0 : sep);
+  const std::string name = qualified.substr(0, dot);
+  const std::string overload = dot == std::string::npos ? "" : qualified.substr(dot + 1);
+  auto op = c10::Dispatcher::singleton().findSchema({name, overload});
+  if (!op) throw DTensorError("graph: no op " + qualified + " in the dispatcher");
+  return *op;
+}
+
+// "torch.ops.ns.name.overload" as torch.export writes targets ("default" for the unnamed overload).
+std::string target_of(const c10::OperatorHandle& op) {
+  const auto& n = op.operator_name();
+  std::string name = n.name;
+  name.replace(name.find("::"), 2, ".");
+  return "torch.ops." + name + "." + (n.overload_name.empty() ? "default" : n.overload_name);
+}
+
+}  // namespace
+
+Node* Graph::insert(Node* before, const std::string& qualified, std::vector<Arg> args, const std::string& name) {
+  auto node = std::make_unique<Node>();
+  node->op = find_op(qualified);
+  node->target = target_of(*node->op);
+  const auto& schema = node->op->schema();
+  if (args.size() > schema.arguments().size())
+    throw DTensorError("graph: " + qualified + " takes " + std::to_string(schema.arguments().size()) +
+                       " arguments, not " + std::to_string(args.size()));
+  for (size_t i = args.size(); i < schema.arguments().size(); ++i) {
+    const auto& a = schema.arguments()[i];
+    if (!a.default_value())
+      throw DTensorError("graph: " + qualified + " needs its argument '" + a.name() + "' (it has no default)");
+    Arg d = Arg::of(*a.default_value());
+    d.given = false;
+    args.push_back(std::move(d));
+  }
+  node->args = std::move(args);
+  node->name = unique_name(name);
+  for (size_t r = 0; r < schema.returns().size(); ++r) {
+    const bool is_int = schema.returns()[r].type()->kind() == c10::TypeKind::IntType ||
+                        schema.returns()[r].type()->kind() == c10::TypeKind::SymIntType;
+    Value* out = new_value(r == 0 ? node->name : node->name + "_" + std::to_string(r),
+                           is_int ? Value::Kind::SymInt : Value::Kind::Tensor);
+    out->producer = node.get();
+    node->outputs.push_back(out);
+  }
+  Node* raw = node.get();
+  nodes_.insert(position(before), std::move(node));
+  return raw;
+}
+
+Node* Graph::insert_after(Node* after, const std::string& qualified, std::vector<Arg> args, const std::string& name) {
+  auto it = position(after);
+  Node* next = std::next(it) == nodes_.end() ? nullptr : std::next(it)->get();
+  return insert(next, qualified, std::move(args), name);
+}
+
+Node* Graph::append(std::unique_ptr<Node> node) {
+  for (Value* out : node->outputs) out->producer = node.get();
+  nodes_.push_back(std::move(node));
+  return nodes_.back().get();
+}
+
+namespace {
+
+void replace_in(Arg& a, Value* from, Value* to) {
+  for (Value*& v : a.values)
+    if (v == from) v = to;
+  for (SymSize& s : a.sizes)
+    if (s.symbol == from) s.symbol = to;
+}
+
+bool uses(const Arg& a, const Value* v) {
+  return std::find(a.values.begin(), a.values.end(), v) != a.values.end() ||
+         std::any_of(a.sizes.begin(), a.sizes.end(), [&](const SymSize& s) { return s.symbol == v; });
+}
+
+}  // namespace
+
+void Graph::replace_all_uses(Value* from, Value* to, const Node* except) {
+  for (auto& n : nodes_) {
+    if (n.get() == except) continue;
+    for (Arg& a : n->args) replace_in(a, from, to);
+  }
+  for (Arg& a : outputs_) replace_in(a, from, to);
+}
+
+std::vector<Node*> Graph::users(const Value* v) const {
+  std::vector<Node*> out;
+  for (const auto& n : nodes_)
+    if (std::any_of(n->args.begin(), n->args.end(), [&](const Arg& a) { return uses(a, v); })) out.push_back(n.get());
+  return out;
+}
+
+void Graph::erase(Node* node) {
+  auto it = position(node);
+  for (Value* out : node->outputs) {
+    const bool output_of_graph = std::any_of(outputs_.begin(), outputs_.end(), [&](const Arg& a) { return uses(a, out); });
+    if (output_of_graph || !users(out).empty())
+      throw DTensorError("graph: cannot erase node " + node->name + ": its output " + out->name + " is still used");
+  }
+  for (Value* out : node->outputs) out->producer = nullptr;
+  nodes_.erase(it);
+}
+
+std::vector<Value*> Graph::insert_subgraph(Node* before, const Graph& sub, const std::vector<Value*>& inputs) {
+  if (inputs.size() != sub.inputs().size())
+    throw DTensorError("graph: the subgraph takes " + std::to_string(sub.inputs().size()) + " inputs, not " +
+                       std::to_string(inputs.size()));
+  std::map<const Value*, Value*> mapped;
+  for (size_t i = 0; i < inputs.size(); ++i) mapped[sub.inputs()[i]] = inputs[i];
+  auto map_arg = [&](Arg a) {
+    for (Value*& v : a.values)
+      if (v) v = mapped.at(v);
+    for (SymSize& s : a.sizes)
+      if (s.symbol) s.symbol = mapped.at(s.symbol);
+    return a;
+  };
+  const auto at = position(before);
+  for (const auto& n : sub.nodes_) {
+    auto copy = std::make_unique<Node>();
+    copy->name = unique_name(n->name);
+    copy->target = n->target;
+    copy->op = n->op;
+    copy->metadata = n->metadata;
+    copy->module_path = n->module_path;
+    copy->module_type = n->module_type;
+    copy->note = n->note;
+    copy->local_kernel = n->local_kernel;
+    for (const Arg& a : n->args) copy->args.push_back(map_arg(a));
+    for (const Value* out : n->outputs) {
+      Value* v = new_value(out->name, out->kind);
+      const std::string name = v->name;
+      *v = *out;
+      v->name = name;
+      v->producer = copy.get();
+      by_name_[name] = v;
+      mapped[out] = v;
+      copy->outputs.push_back(v);
+    }
+    nodes_.insert(at, std::move(copy));
+  }
+  std::vector<Value*> out;
+  for (const Arg& a : sub.outputs_)
+    for (Value* v : map_arg(a).values) out.push_back(v);
+  return out;
+}
+
+std::string placements_str(const Value& v) {
+  return v.placements ? to_string(*v.placements) : "";
+}
+
+namespace {
+
+std::string arg_str(const Arg& a) {
+  auto name = [](const Value* v) { return v ? "%" + v->name : std::string("None"); };
+  auto size = [](const SymSize& s) { return s.symbol ? "%" + s.symbol->name : std::to_string(s.value); };
+  std::ostringstream out;
+  switch (a.kind) {
+    case Arg::Kind::Constant:
+    case Arg::Kind::Number: out << a.constant; break;
+    case Arg::Kind::Tensor: out << name(a.values[0]); break;
+    case Arg::Kind::Tensors:
+    case Arg::Kind::OptionalTensors:
+      out << "[";
+      for (size_t i = 0; i < a.values.size(); ++i) out << (i ? ", " : "") << name(a.values[i]);
+      out << "]";
+      break;
+    case Arg::Kind::SymInt: out << size(a.sizes[0]); break;
+    case Arg::Kind::SymInts:
+      out << "[";
+      for (size_t i = 0; i < a.sizes.size(); ++i) out << (i ? ", " : "") << size(a.sizes[i]);
+      out << "]";
+      break;
+  }
+  return out.str();
+}
+
+}  // namespace
+
+std::string Graph::str() const {
+  std::ostringstream out;
+  for (const Value* v : inputs_) {
+    out << "%" << v->name << " : input";
+    if (v->is_tensor()) out << " " << shape_str(v->meta.shape);
+    if (v->placements) out << "  [" << placements_str(*v) << "]";
+    out << "\n";
+  }
+  for (const auto& n : nodes_) {
+    std::string outs;
+    for (const Value* v : n->outputs) outs += (outs.empty() ? "%" : ", %") + v->name;
+    out << outs << " = " << n->op_name() << "(";
+    bool first = true;
+    for (const Arg& a : n->args) {
+      if (!a.given) continue;
+      out << (first ? "" : ", ") << arg_str(a);
+      first = false;
+    }
+    out << ")";
+    std::string marks;
+    for (const Value* v : n->outputs)
+      if (v->is_tensor()) marks += (marks.empty() ? "" : ", ") + shape_str(v->meta.shape) + (v->placements ? " " + placements_str(*v) : "");
+    if (!marks.empty()) out << "  " << marks;
+    if (!n->module_path.empty() || !n->note.empty())
+      out << "  # " << n->module_path << (n->module_path.empty() || n->note.empty() ? "" : "; ") << n->note;
+    out << "\n";
+  }
+  out << "return (";
+  for (size_t i = 0; i < outputs_.size(); ++i) out << (i ? ", " : "") << arg_str(outputs_[i]);
+  out << ")\n";
+  return out.str();
+}
+
+}  // namespace dtensor::graph

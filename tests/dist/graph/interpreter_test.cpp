@@ -1,0 +1,196 @@
+// Reading torch.export archives and running them: every exported model, in both IRs, static and
+// dynamic batch, equals PyTorch's own outputs (ep.module()(*inputs), written at build time), and the
+// weights read from the archive equal the model's state dict. Bad archives give clear errors.
+
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "../harness.h"
+#include "dtensor/graph/program.h"
+#include "test_models.h"
+
+namespace dtensor::testing {
+namespace {
+
+using ::testing::HasSubstr;
+namespace g = dtensor::graph;
+
+// These tests are single-process: one rank runs them, the others only wait for its verdict.
+#define ONLY_ON_RANK_0() \
+  if (world()->rank() != 0) GTEST_SKIP() << "single-process test, run on rank 0"
+
+// Runs every input set of `archive` and compares each output with PyTorch's (rel 1e-5).
+void expect_outputs_match(const std::string& archive, const std::vector<std::string>& io_sets) {
+  g::Program program = g::load_program(graph_model(archive + ".pt2"));
+  for (const auto& set : io_sets) {
+    SCOPED_TRACE(archive + " " + set);
+    std::vector<c10::IValue> inputs;
+    std::vector<at::Tensor> expected;
+    for (const auto& [name, t] : load_tensor_set(set)) {
+      if (name.rfind("input", 0) == 0) inputs.emplace_back(t);
+      else expected.push_back(t);
+    }
+    const auto outputs = g::run(program, inputs);
+    ASSERT_EQ(outputs.size(), expected.size());
+    for (size_t k = 0; k < outputs.size(); ++k)
+      EXPECT_TRUE(tensors_close(outputs[k].toTensor(), expected[k], 1e-5, 1e-6)) << "output " << k;
+  }
+}
+
+TEST_F(DistTest, GraphMlpEqualsPyTorch) {
+  ONLY_ON_RANK_0();
+  expect_outputs_match("mlp", {"mlp_io"});
+}
+
+TEST_F(DistTest, GraphBuffersConstantsAndMutationsInBothIrs) {
+  ONLY_ON_RANK_0();
+  // Training IR mutates the counter buffer in place; core ATen returns it as a buffer mutation.
+  for (const std::string archive : {"mlp_extras", "mlp_extras_aten"}) {
+    SCOPED_TRACE(archive);
+    g::Program program = g::load_program(graph_model(archive + ".pt2"));
+    EXPECT_EQ(program.state.at("calls").tensor().item<int64_t>(), 0);
+    expect_outputs_match(archive, {archive + "_io"});
+    std::vector<c10::IValue> inputs;
+    for (const auto& [name, t] : load_tensor_set(archive + "_io"))
+      if (name.rfind("input", 0) == 0) inputs.emplace_back(t);
+    g::run(program, inputs);
+    EXPECT_EQ(program.state.at("calls").tensor().item<int64_t>(), 1) << "the buffer mutation was not applied";
+  }
+}
+
+TEST_F(DistTest, GraphGptInBothIrsStaticAndDynamic) {
+  ONLY_ON_RANK_0();
+  expect_outputs_match("gpt_train_ir_static", {"gpt_train_ir_static_io_b8"});
+  expect_outputs_match("gpt_aten_static", {"gpt_aten_static_io_b8"});
+  // One program, two batch sizes, no re-export.
+  expect_outputs_match("gpt_train_ir_dynamic", {"gpt_train_ir_dynamic_io_b8", "gpt_train_ir_dynamic_io_b3"});
+  expect_outputs_match("gpt_aten_dynamic", {"gpt_aten_dynamic_io_b8", "gpt_aten_dynamic_io_b3"});
+}
+
+TEST_F(DistTest, GraphJointGraphGivesLossAndGradients) {
+  ONLY_ON_RANK_0();
+  g::Program program = g::load_program(graph_model("gpt_joint.pt2"));
+  const auto io = tensor_map("gpt_joint_io");
+  const auto outputs = g::run(program, {io.at("input0"), io.at("input1")});
+  ASSERT_EQ(outputs.size(), program.outputs.size());
+  EXPECT_TRUE(tensors_close(outputs[0].toTensor(), io.at("loss"), 1e-5, 1e-6));
+  for (size_t k = 1; k < outputs.size(); ++k) {
+    ASSERT_EQ(program.outputs[k].kind, g::OutputSpec::Kind::GradientToParameter);
+    EXPECT_TRUE(tensors_close(outputs[k].toTensor(), io.at("grad." + program.outputs[k].target), 1e-4, 1e-6))
+        << program.outputs[k].target;
+  }
+}
+
+TEST_F(DistTest, GraphWeightsEqualTheStateDict) {
+  ONLY_ON_RANK_0();
+  g::Program program = g::load_program(graph_model("gpt_aten_static.pt2"));
+  for (const auto& [fqn, t] : load_tensor_set("gpt_params")) EXPECT_TRUE(tensors_equal(program.state.at(fqn).tensor(), t)) << fqn;
+}
+
+TEST_F(DistTest, GraphFreeingAfterLastUseLowersThePeak) {
+  ONLY_ON_RANK_0();
+  g::Program program = g::load_program(graph_model("gpt_aten_static.pt2"));
+  const auto io = tensor_map("gpt_aten_static_io_b8");
+  g::RunStats freed, kept;
+  g::run(program, {io.at("input0")}, {.free_after_last_use = true}, &freed);
+  g::run(program, {io.at("input0")}, {.free_after_last_use = false}, &kept);
+  EXPECT_GT(freed.peak_live_bytes, 0);
+  EXPECT_LT(freed.peak_live_bytes * 3, kept.peak_live_bytes) << freed.peak_live_bytes << " vs " << kept.peak_live_bytes;
+}
+
+TEST_F(DistTest, GraphPrinterShowsOneLinePerNodeWithModulePaths) {
+  ONLY_ON_RANK_0();
+  g::Program program = g::load_program(graph_model("gpt_train_ir_static.pt2"));
+  const std::string text = program.graph.str();
+  EXPECT_THAT(text, HasSubstr("aten::linear(%layer_norm, %p_blocks_0_attn_wq_weight, %p_blocks_0_attn_wq_bias)"));
+  EXPECT_THAT(text, HasSubstr("# blocks.0.attn.wq"));
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'),
+            static_cast<long>(program.graph.size() + program.graph.inputs().size() + 1));
+}
+
+// Saved programs load back and run alike; scripts/check_saved_programs.py then runs them in PyTorch
+// (torch.export.load) against PyTorch's own outputs.
+TEST_F(DistTest, GraphSavedProgramsRoundTrip) {
+  ONLY_ON_RANK_0();
+  for (const auto& [archive, io] : std::vector<std::pair<std::string, std::string>>{
+           {"mlp", "mlp_io"}, {"gpt_aten_static", "gpt_aten_static_io_b8"}, {"gpt_train_ir_dynamic", "gpt_train_ir_dynamic_io_b3"}}) {
+    SCOPED_TRACE(archive);
+    g::save_program(g::load_program(graph_model(archive + ".pt2")), graph_saved(archive + ".pt2"));
+    g::Program again = g::load_program(graph_saved(archive + ".pt2"));
+    const auto set = tensor_map(io);
+    const auto out = g::run(again, {set.at("input0")});
+    EXPECT_TRUE(tensors_close(out[0].toTensor(), set.at("output0"), 1e-5, 1e-6));
+  }
+}
+
+// ---- bad archives ----------------------------------------------------------------------------------
+
+std::string scratch(const std::string& name) { return "/tmp/dtensor-graph-test-" + std::to_string(world()->rank()) + "-" + name; }
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST_F(DistTest, GraphReaderNotAnArchive) {
+  ONLY_ON_RANK_0();
+  std::ofstream(scratch("text.pt2")) << "hello";
+  EXPECT_THAT(error_of([&] { g::load_program(scratch("text.pt2")); }), HasSubstr("not a readable .pt2 archive"));
+  EXPECT_THAT(error_of([&] { g::load_program(scratch("missing.pt2")); }), HasSubstr("not a readable .pt2 archive"));
+}
+
+TEST_F(DistTest, GraphReaderTruncatedArchive) {
+  ONLY_ON_RANK_0();
+  const std::string bytes = file_bytes(graph_model("mlp.pt2"));
+  std::ofstream(scratch("cut.pt2"), std::ios::binary) << bytes.substr(0, bytes.size() * 2 / 3);
+  EXPECT_THAT(error_of([&] { g::load_program(scratch("cut.pt2")); }), HasSubstr(scratch("cut.pt2")));
+}
+
+// mlp.pt2 with its model.json changed by `edit`.
+std::string mlp_with_model(const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
+  rewrite_archive(graph_model("mlp.pt2"), scratch(name), [&](const std::string& record, const std::string& content) {
+    if (record != "models/model.json") return std::optional<std::string>(content);
+    auto model = nlohmann::json::parse(content);
+    edit(model);
+    return std::optional<std::string>(model.dump());
+  });
+  return scratch(name);
+}
+
+TEST_F(DistTest, GraphReaderRewrittenArchiveStillLoads) {
+  ONLY_ON_RANK_0();
+  // The editing helper itself changes nothing that matters.
+  g::Program program = g::load_program(mlp_with_model("same.pt2", [](nlohmann::json&) {}));
+  EXPECT_EQ(program.graph.size(), 3u);
+}
+
+TEST_F(DistTest, GraphReaderUnsupportedSchemaVersion) {
+  ONLY_ON_RANK_0();
+  const auto path = mlp_with_model("v9.pt2", [](nlohmann::json& m) { m["schema_version"]["major"] = 9; });
+  EXPECT_THAT(error_of([&] { g::load_program(path); }), HasSubstr("schema version 9.20 is not supported"));
+}
+
+TEST_F(DistTest, GraphReaderOpUnknownToTheDispatcher) {
+  ONLY_ON_RANK_0();
+  const auto path = mlp_with_model("unknown_op.pt2", [](nlohmann::json& m) {
+    m["graph_module"]["graph"]["nodes"][1]["target"] = "torch.ops.aten.no_such_op.default";
+  });
+  const std::string error = error_of([&] { g::load_program(path); });
+  EXPECT_THAT(error, HasSubstr(path + ": node 'gelu': field 'target': the op torch.ops.aten.no_such_op.default is unknown"));
+}
+
+TEST_F(DistTest, GraphReaderMissingWeightRecord) {
+  ONLY_ON_RANK_0();
+  rewrite_archive(graph_model("mlp.pt2"), scratch("no_weight.pt2"), [](const std::string& record, const std::string& content) {
+    return record == "data/weights/weight_0" ? std::nullopt : std::optional<std::string>(content);
+  });
+  EXPECT_THAT(error_of([&] { g::load_program(scratch("no_weight.pt2")); }),
+              HasSubstr("the weight record data/weights/weight_0 is missing from the archive"));
+}
+
+}  // namespace
+}  // namespace dtensor::testing

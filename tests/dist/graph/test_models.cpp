@@ -1,0 +1,73 @@
+#include "test_models.h"
+
+#include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace dtensor::testing {
+namespace {
+
+at::ScalarType dtype_named(const std::string& name) {
+  static const std::map<std::string, at::ScalarType> types = {
+      {"float32", at::kFloat}, {"float64", at::kDouble}, {"float16", at::kHalf}, {"bfloat16", at::kBFloat16},
+      {"int64", at::kLong},    {"int32", at::kInt},      {"int16", at::kShort},  {"int8", at::kChar},
+      {"uint8", at::kByte},    {"bool", at::kBool}};
+  return types.at(name);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path + " (the build exports the test models)");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+std::string graph_models_dir() { return DTENSOR_GRAPH_MODELS; }
+std::string graph_model(const std::string& archive) { return graph_models_dir() + "/" + archive; }
+std::string graph_saved(const std::string& archive) {
+  std::filesystem::create_directories(DTENSOR_GRAPH_SAVED);
+  return std::string(DTENSOR_GRAPH_SAVED) + "/" + archive;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> load_tensor_set(const std::string& name) {
+  const auto index = nlohmann::json::parse(read_file(graph_models_dir() + "/" + name + ".json"));
+  const std::string bytes = read_file(graph_models_dir() + "/" + name + ".bin");
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& t : index.at("tensors")) {
+    at::Tensor tensor = at::empty(t.at("shape").get<std::vector<int64_t>>(), at::TensorOptions().dtype(dtype_named(t.at("dtype"))));
+    std::memcpy(tensor.data_ptr(), bytes.data() + t.at("offset").get<size_t>(), t.at("nbytes").get<size_t>());
+    out.emplace_back(t.at("name").get<std::string>(), tensor);
+  }
+  return out;
+}
+
+std::map<std::string, at::Tensor> tensor_map(const std::string& name) {
+  std::map<std::string, at::Tensor> out;
+  for (auto& [k, v] : load_tensor_set(name)) out[k] = v;
+  return out;
+}
+
+void rewrite_archive(const std::string& src, const std::string& dst,
+                     const std::function<std::optional<std::string>(const std::string&, const std::string&)>& edit) {
+  caffe2::serialize::PyTorchStreamReader reader(src);
+  caffe2::serialize::PyTorchStreamWriter writer(dst);
+  writer.setMinVersion(6);
+  for (const auto& name : reader.getAllRecords()) {
+    // The writer adds these itself.
+    if (name == ".data/version" || name == "byteorder" || name == ".data/serialization_id" || name == "version") continue;
+    auto [data, size] = reader.getRecord(name);
+    const auto content = edit(name, std::string(static_cast<const char*>(data.get()), size));
+    if (content) writer.writeRecord(name, content->data(), content->size());
+  }
+  writer.writeEndOfFile();
+}
+
+}  // namespace dtensor::testing

@@ -1,0 +1,31 @@
+#pragma once
+// The exported models the graph tests run (written at build time by scripts/export_test_models.py
+// with the project venv's torch 2.15) and their reference tensors (PyTorch's own outputs).
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dtensor::testing {
+
+// The directory holding the archives and reference sets.
+std::string graph_models_dir();
+std::string graph_model(const std::string& archive);  // graph_models_dir() + "/" + archive
+// Where tests save programs for scripts/check_saved_programs.py to load in PyTorch (created on use).
+std::string graph_saved(const std::string& archive);
+
+// A reference set (NAME.json + NAME.bin), in file order.
+std::vector<std::pair<std::string, at::Tensor>> load_tensor_set(const std::string& name);
+// The same, by name.
+std::map<std::string, at::Tensor> tensor_map(const std::string& name);
+
+// Copies archive `src` to `dst` record by record; `edit(name, content)` returns the new content, or
+// nullopt to drop the record.
+void rewrite_archive(const std::string& src, const std::string& dst,
+                     const std::function<std::optional<std::string>(const std::string&, const std::string&)>& edit);
+
+}  // namespace dtensor::testing
