@@ -103,12 +103,16 @@ class GptImpl : public torch::nn::Module {
 
   // tokens, targets: [batch, seq] token ids; the next-token cross-entropy averaged over all positions.
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& targets) {
+    return torch::nn::functional::cross_entropy(logits(tokens).flatten(0, 1), targets.flatten(0, 1));
+  }
+
+  // tokens: [batch, seq] token ids; the logits [batch, seq, vocab].
+  at::Tensor logits(const at::Tensor& tokens) {
     const int64_t t = tokens.size(1);
     at::Tensor x = dtensor::call(tok_emb, tokens) + pos_emb.slice(0, 0, t);
     const at::Tensor mask = causal_mask.slice(0, 0, t).slice(1, 0, t);
     for (const auto& block : *blocks) x = dtensor::call(*block->as<BlockImpl>(), x, mask);
-    const at::Tensor logits = dtensor::call(lm_head, dtensor::call(ln_f, x));
-    return torch::nn::functional::cross_entropy(logits.flatten(0, 1), targets.flatten(0, 1));
+    return dtensor::call(lm_head, dtensor::call(ln_f, x));
   }
 
   torch::nn::Embedding tok_emb;

@@ -31,74 +31,9 @@
 #include <vector>
 
 #include "dtensor/module.h"
+#include "dtensor/parallel_style.h"
 
 namespace dtensor {
-
-// Shards the output features. Linear: weight Shard(0), bias Shard(0). Embedding and EmbeddingBag:
-// weight Shard(1) (the embedding dim). Conv1d/2d/3d: weight Shard(0), bias Shard(0) (the output
-// channels). Forward wants a Replicate input; the output comes out sharded on its feature dim
-// (Shard(-1); Shard(1), the channels, for convs). BatchNorm1d/2d/3d over the channels of a
-// column-parallel conv: weight, bias and running statistics Shard(0); forward wants the input
-// channel-sharded (Shard(1)) and normalises without communication; the output stays Shard(1).
-struct ColwiseParallel {
-  Placement input_layout = Replicate();
-  std::optional<Placement> output_layout;  // default: the feature dim, Shard(-1) or Shard(1) (channels)
-  bool use_local_output = true;
-};
-
-// Shards the input features. Linear: weight Shard(1), bias Replicate; forward wants a Shard(-1)
-// input and its output is Partial, reduced to output_layout (Replicate: one all-reduce; Shard(1):
-// one reduce-scatter). Conv1d/2d/3d alike over the input channels: weight Shard(1), bias Replicate
-// (added once), forward wants a Shard(1) input. Embedding and EmbeddingBag: weight Shard(0) (the
-// vocabulary, uneven allowed); forward wants Replicate token ids.
-// EmbeddingBag (either style) reads every Tensor argument (indices, offsets, per-sample weights) as
-// Replicate on the whole mesh: offsets point into the whole index list, so bags are not split over a
-// data-parallel dim. Give it 1-d indices with offsets (2-d input makes its offsets inside forward, as
-// a plain tensor).
-struct RowwiseParallel {
-  std::optional<Placement> input_layout;  // default: what forward wants (Shard(-1), Shard(1) or Replicate)
-  Placement output_layout = Replicate();
-  bool use_local_output = true;
-};
-
-// For norms and dropout over sequence-sharded activations: parameters Replicate; a plain input is read
-// as Shard(sequence_dim).
-struct SequenceParallel {
-  int64_t sequence_dim = 1;
-  bool use_local_output = false;
-};
-
-// Converts a module's Tensor arguments (by position; nullopt leaves one as it is): a plain argument is
-// read as input_layouts[i] and redistributed to desired_input_layouts[i].
-struct PrepareModuleInput {
-  std::vector<std::optional<Placement>> input_layouts;
-  std::vector<std::optional<Placement>> desired_input_layouts;
-  bool use_local_output = false;
-};
-
-// Converts a module's Tensor result: a plain result is read as output_layout and redistributed to
-// desired_output_layout.
-struct PrepareModuleOutput {
-  Placement output_layout = Replicate();
-  Placement desired_output_layout = Replicate();
-  bool use_local_output = true;
-};
-
-using ParallelStyle =
-    std::variant<ColwiseParallel, RowwiseParallel, SequenceParallel, PrepareModuleInput, PrepareModuleOutput>;
-
-// A submodule path ("" is the module itself); an atom between dots may use * and ? wildcards
-// ("blocks.*.attn.wq"). Entries apply in order; each must match at least one submodule.
-struct PlanEntry {
-  std::string path;
-  ParallelStyle style;
-};
-using ParallelizePlan = std::vector<PlanEntry>;
-
-struct ParallelizeOptions {
-  // The tensor-parallel mesh dim, by name; may stay empty on a 1-d mesh.
-  std::string tp_dim;
-};
 
 void parallelize_module(torch::nn::Module& module, const MeshPtr& mesh, const ParallelizePlan& plan,
                         const ParallelizeOptions& options = {});

@@ -121,6 +121,9 @@ json argument(const Arg& a, const c10::TypePtr& type, const std::string& where) 
 }
 
 json node_json(const Node& n) {
+  if (n.local_kernel)
+    throw DTensorError("node '" + n.name + "' (" + n.op_name() + ") runs dtensor's local kernel, which has no graph form "
+                       "yet: this program runs (graph::run) but cannot be saved");
   json inputs = json::array();
   const std::string where = "node '" + n.name + "'";
   for (size_t i = 0; i < n.args.size(); ++i) {

@@ -9,17 +9,6 @@
 namespace dtensor {
 namespace {
 
-std::vector<std::string> split_path(const std::string& path) {
-  std::vector<std::string> atoms;
-  size_t start = 0;
-  while (true) {
-    const size_t dot = path.find('.', start);
-    atoms.push_back(path.substr(start, dot - start));
-    if (dot == std::string::npos) return atoms;
-    start = dot + 1;
-  }
-}
-
 void collect_matches(torch::nn::Module& module, const std::string& path, const std::vector<std::string>& atoms,
                      size_t depth, std::vector<std::pair<std::string, torch::nn::Module*>>& out) {
   if (depth == atoms.size()) {
@@ -48,7 +37,7 @@ std::vector<std::pair<std::string, torch::nn::Module*>> match_submodules(torch::
     out.emplace_back("", &root);
     return out;
   }
-  collect_matches(root, "", split_path(pattern), 0, out);
+  collect_matches(root, "", split_plan_path(pattern), 0, out);
   return out;
 }
 

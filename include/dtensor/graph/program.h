@@ -21,6 +21,9 @@
 #include "dtensor/graph/ir.h"
 
 namespace dtensor::graph {
+namespace detail {
+class RegisteredGroup;
+}
 
 struct InputSpec {
   enum class Kind { Parameter, Buffer, TensorConstant, UserInput };
@@ -72,6 +75,11 @@ class Program {
   // What the file holds besides the graph and signature, written back as read (JSON text).
   std::string module_call_graph = "[]", range_constraints = "{}", verifiers = "[]";
   int64_t schema_major = 8, schema_minor = 0;
+
+  // A per-rank program's mesh (its local kernels and collectives run on it); null for a whole program.
+  MeshPtr mesh;
+  // The c10d process groups its collectives name, registered while the program lives.
+  std::vector<std::shared_ptr<detail::RegisteredGroup>> process_groups;
 
   std::vector<Value*> user_inputs() const;
   const InputSpec* input_spec_of(const Value* v) const;

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs the graph-level TP forward benchmark for TP = 2, 4 and writes bench/results/graph.md.
+#   bench/graph.sh <build-dir> [--rounds R]      (what `./dev bench graph` calls)
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${1:?usage: bench/graph.sh <build-dir> [--rounds R]}
+shift
+RESULTS=$ROOT/bench/results/graph.md
+MODEL=$BUILD/graph_models/gpt_train_ir_static.pt2
+{
+  cat <<EOT
+# GPT forward, tensor parallel: graph-level TP vs eager module-level TP vs hand-written Megatron (CPU, Gloo)
+
+Command: \`./dev bench graph${*:+ $*}\` (runs \`bench/graph.sh\`, which runs \`dtensor_graph_bench --model $MODEL --tp N${*:+ $*}\` for N = 2, 4)
+
+- Date: $(date -u '+%Y-%m-%d %H:%M UTC')
+- Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), load average $(cut -d' ' -f1-3 /proc/loadavg).
+
+Method: the GPT demo model (vocab 42, seq 32, dim 128, 8 heads, 2 layers, ffn 512, batch 8) exported
+from Python with torch.export (training IR; \`scripts/export_test_models.py\`), one intra-op thread
+per rank, Gloo over loopback. All three compute the whole logits on every rank from the exported
+weights and are checked equal to the single-process program before timing. *graph TP*: the program
+transformed by \`dtensor::graph::tensor_parallel_transform\` with the demo's TP plan (LM head column-
+parallel, its classes gathered at the end), run by the graph interpreter. *eager module-level TP*:
+\`gpt::parallelize\` and \`model->logits\`, then \`full_tensor\`. *hand-written Megatron*: per-rank shards
+and raw c10d all-reduces, logits all-gathered. Rounds of 5 forwards each, order rotating, a barrier
+before every forward; a forward's time is the maximum over ranks; medians. Goal: graph TP <= 1.0x the
+hand-written forward.
+
+EOT
+  for tp in 2 4; do
+    echo "## TP=$tp"
+    echo
+    "$BUILD/bench/dtensor_graph_bench" --model "$MODEL" --tp "$tp" "$@"
+    echo
+  done
+} > "$RESULTS.tmp"
+mv "$RESULTS.tmp" "$RESULTS"
+cat "$RESULTS"

@@ -1,0 +1,44 @@
+#pragma once
+// Graph-level tensor parallelism (seed 000, tp_transform.py): an exported program plus a parallel plan
+// becomes this rank's program, which runs on plain local tensors with every collective already in
+// its graph and no DTensor dispatch at run time.
+//
+//   auto program = dtensor::graph::load_program("gpt.pt2");
+//   auto local = dtensor::graph::tensor_parallel_transform(std::move(program), mesh, {
+//       {"tok_emb", dtensor::RowwiseParallel{}},              // vocabulary-parallel embedding
+//       {"blocks.*.attn.w[qkv]", dtensor::ColwiseParallel{}},
+//       {"blocks.*.attn.wo", dtensor::RowwiseParallel{}}, ...});
+//   std::cout << local.graph.str();                         // placements and collectives, per node
+//   auto logits = dtensor::graph::run(local, {tokens});
+//
+// What it does, as the seed does on FX graphs:
+//  - parameter placements from the plan: a column-parallel Linear's weight and bias Shard(0), a
+//    row-parallel one's weight Shard(1) and bias Replicate (Embedding: row-parallel shards the
+//    vocabulary, Shard(0); column-parallel the embedding dim, Shard(1)); everything else Replicate;
+//    on a mesh of more dims, Replicate on all but the tensor-parallel one;
+//  - every node marked by dtensor's own sharding propagation (the rules eager dispatch uses); a node
+//    whose op has no rule runs on Replicate inputs, and the printout says so;
+//  - before every node whose strategy needs an input elsewhere, a reshard subgraph of
+//    _c10d_functional collectives (+ wait_tensor); the graph's outputs made Replicate;
+//  - values given local shapes, size arguments of views and expands rewritten to local sizes, ops
+//    that need more than the op on local shards (a vocabulary-sharded embedding) rewritten into the
+//    local computation, and the state sharded: each rank reads only its part of every weight.
+// The program's process groups are registered with c10d under their names (functional collectives
+// find them there) for as long as the program lives.
+
+#include "dtensor/graph/program.h"
+#include "dtensor/parallel_style.h"
+
+namespace dtensor::graph {
+
+struct GraphParallelOptions {
+  std::string tp_dim;  // the tensor-parallel mesh dim (by name) on a mesh of more than one dim
+};
+
+// `plan`'s entries are ColwiseParallel or RowwiseParallel (their layout fields are not used: the graph
+// decides layouts by propagation). A path that matches no module of the program is an error that
+// lists the module paths.
+Program tensor_parallel_transform(Program program, const MeshPtr& mesh, const ParallelizePlan& plan,
+                                  const GraphParallelOptions& options = {});
+
+}  // namespace dtensor::graph

@@ -1,0 +1,54 @@
+#include "process_groups.h"
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <map>
+#include <mutex>
+
+#include "dtensor/world.h"
+
+namespace dtensor::graph::detail {
+namespace {
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, std::weak_ptr<RegisteredGroup>>& live_groups() {
+  static std::map<std::string, std::weak_ptr<RegisteredGroup>> groups;
+  return groups;
+}
+
+}  // namespace
+
+RegisteredGroup::RegisteredGroup(const DeviceMesh& mesh, int64_t dim, std::string name) : name_(std::move(name)) {
+  auto backend = mesh.group(dim);
+  // A ProcessGroup front for the mesh's backend: the functional collectives talk to ProcessGroups.
+  group_ = c10::make_intrusive<c10d::ProcessGroup>(mesh.world()->store(), backend->getRank(), backend->getSize());
+  auto& group = group_;
+  const auto type = mesh.device_type() == c10::DeviceType::CUDA ? c10d::ProcessGroup::BackendType::NCCL
+                                                                 : c10d::ProcessGroup::BackendType::GLOO;
+  group->setBackend(mesh.device_type(), type, backend);
+  group->setDefaultBackend(type);
+  group->setGroupName(name_);
+  c10d::register_process_group(name_, group);
+}
+
+RegisteredGroup::~RegisteredGroup() {
+  if (c10d::is_process_group_registered(name_)) c10d::unregister_process_group(name_);
+}
+
+std::shared_ptr<RegisteredGroup> group_for(const DeviceMesh& mesh, int64_t dim) {
+  const std::string name = "dtensor_mesh" + std::to_string(mesh.id()) + "_" +
+                           (mesh.dim_names().empty() ? "dim" + std::to_string(dim) : mesh.dim_names()[static_cast<size_t>(dim)]);
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto& slot = live_groups()[name];
+  if (auto alive = slot.lock()) return alive;
+  auto group = std::make_shared<RegisteredGroup>(mesh, dim, name);
+  slot = group;
+  return group;
+}
+
+}  // namespace dtensor::graph::detail

@@ -1,0 +1,36 @@
+#pragma once
+// The process groups a per-rank program's functional collectives name (_c10d_functional ops find
+// their group by name in c10d's registry): one per mesh dim, registered while a program holds it.
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <memory>
+#include <string>
+
+#include "dtensor/device_mesh.h"
+
+namespace c10d {
+class ProcessGroup;
+}
+
+namespace dtensor::graph::detail {
+
+class RegisteredGroup {
+ public:
+  RegisteredGroup(const DeviceMesh& mesh, int64_t dim, std::string name);
+  ~RegisteredGroup();
+  RegisteredGroup(const RegisteredGroup&) = delete;
+  RegisteredGroup& operator=(const RegisteredGroup&) = delete;
+  const std::string& name() const { return name_; }
+
+ private:
+  std::string name_;
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;  // c10d's registry holds it weakly
+};
+
+// The registration of `mesh`'s group along `dim` (shared while anyone holds it). Its name,
+// "dtensor_mesh<id>_<dim name or dim<d>>", is the same on every rank that built its meshes in the
+// same order, as SPMD programs do.
+std::shared_ptr<RegisteredGroup> group_for(const DeviceMesh& mesh, int64_t dim);
+
+}  // namespace dtensor::graph::detail

@@ -1,0 +1,238 @@
+#include "reshard.h"
+
+#include <ATen/ATen.h>
+
+#include <numeric>
+
+#include "dtensor/errors.h"
+#include "dtensor/redistribute_plan.h"
+#include "process_groups.h"
+
+namespace dtensor::graph::detail {
+namespace {
+
+at::Tensor meta_tensor(const Value& v) {
+  return at::empty_strided(v.meta.shape, v.meta.stride, at::TensorOptions().dtype(v.meta.dtype).device(at::kMeta));
+}
+
+// Builds the nodes of one reshard on this rank, keeping track of the current (local) value.
+struct Emitter {
+  Program& program;
+  const MeshPtr& mesh;
+  Node* before;
+  std::string why;
+  Value* current;
+
+  Node* emit(const std::string& op, std::vector<Arg> args, const std::string& name) {
+    Node* n = program.graph.insert(before, op, std::move(args), name);
+    n->note = why;
+    if (before) {
+      n->module_path = before->module_path;
+      n->module_type = before->module_type;
+      if (before->metadata.count("nn_module_stack")) n->metadata["nn_module_stack"] = before->metadata.at("nn_module_stack");
+    }
+    return n;
+  }
+
+  // A node whose output meta its op's Meta kernel gives.
+  Value* local(const std::string& op, std::vector<Arg> args, const std::string& name) {
+    Node* n = emit(op, std::move(args), name);
+    infer_local_metas(*n);
+    return current = n->outputs[0];
+  }
+
+  std::string group(int64_t mesh_dim) {
+    auto g = group_for(*mesh, mesh_dim);
+    program.process_groups.push_back(g);
+    return g->name();
+  }
+
+  // A collective producing a contiguous tensor of `shape`, then its wait_tensor.
+  Value* collective(const std::string& op, std::vector<Arg> args, const Shape& shape, const std::string& name) {
+    Node* n = emit(op, std::move(args), name);
+    Value* out = n->outputs[0];
+    out->meta = TensorMeta{shape, contiguous_strides(shape), current->meta.dtype};
+    Node* wait = emit("_c10d_functional::wait_tensor", {Arg::tensor(out)}, "wait_" + n->name);
+    wait->outputs[0]->meta = out->meta;
+    return current = wait->outputs[0];
+  }
+
+  void contiguous() {
+    const Shape dense = contiguous_strides(current->meta.shape);
+    bool is_dense = true;
+    for (size_t d = 0; d < dense.size(); ++d) is_dense = is_dense && (current->meta.shape[d] <= 1 || current->meta.stride[d] == dense[d]);
+    if (!is_dense) local("aten::clone", {Arg::tensor(current), Arg::of(c10::MemoryFormat::Contiguous)}, "contiguous");
+  }
+
+  // Dim `d` to the front (a permute), and its inverse.
+  static std::vector<int64_t> front(int64_t d, int64_t ndim) {
+    std::vector<int64_t> p = {d};
+    for (int64_t i = 0; i < ndim; ++i)
+      if (i != d) p.push_back(i);
+    return p;
+  }
+  static std::vector<int64_t> inverse(const std::vector<int64_t>& p) {
+    std::vector<int64_t> inv(p.size());
+    for (size_t i = 0; i < p.size(); ++i) inv[static_cast<size_t>(p[i])] = static_cast<int64_t>(i);
+    return inv;
+  }
+
+  void rows_first(int64_t d) {
+    if (d != 0) local("aten::permute", {Arg::tensor(current), Arg::ints(front(d, current->meta.shape.size()))}, "rows_first");
+  }
+  void rows_back(int64_t d) {
+    if (d == 0) return;
+    local("aten::permute", {Arg::tensor(current), Arg::ints(inverse(front(d, current->meta.shape.size())))}, "rows_back");
+    contiguous();
+  }
+  // Zero rows appended along dim 0 up to `rows` (uneven shards travel padded to equal size).
+  void pad_rows(int64_t rows) {
+    const int64_t have = current->meta.shape.at(0);
+    if (have < rows) {
+      std::vector<int64_t> pad(2 * current->meta.shape.size(), 0);
+      pad.back() = rows - have;  // pairs run from the last dim to the first
+      local("aten::constant_pad_nd", {Arg::tensor(current), Arg::ints(pad)}, "pad");
+    }
+    contiguous();
+  }
+  void keep_rows(int64_t offset, int64_t rows) {
+    if (offset == 0 && rows == current->meta.shape.at(0)) return;
+    local("aten::slice.Tensor", {Arg::tensor(current), Arg::of(int64_t{0}), Arg::of(offset), Arg::of(offset + rows)}, "unpad");
+  }
+
+  static std::string reduce_name(ReduceOp op) {
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Avg: return "sum";  // Gloo has no average: sum, then divide
+      case ReduceOp::Max: return "max";
+      case ReduceOp::Min: return "min";
+    }
+    return "sum";
+  }
+  void divide_for_average(ReduceOp op, int64_t n) {
+    if (op != ReduceOp::Avg) return;
+    const bool integral = at::isIntegralType(current->meta.dtype, /*includeBool=*/true);
+    if (integral)
+      local("aten::div.Scalar_mode", {Arg::tensor(current), Arg::of(n), Arg::of(std::string("trunc"))}, "average");
+    else
+      local("aten::div.Scalar", {Arg::tensor(current), Arg::of(n)}, "average");
+  }
+
+  void all_gather(const RedistributeStep& step) {
+    const int64_t d = step.from.dim(), n = mesh->size(step.mesh_dim), length = step.logical_shape[d];
+    const int64_t padded = padded_chunk_size(length, n);
+    rows_first(d);
+    pad_rows(padded);
+    Shape shape = current->meta.shape;
+    shape[0] = padded * n;
+    collective("_c10d_functional::all_gather_into_tensor",
+               {Arg::tensor(current), Arg::of(n), Arg::of(group(step.mesh_dim))}, shape, "all_gather");
+    keep_rows(0, length);  // chunks are full-size before the short and empty ones
+    rows_back(d);
+  }
+
+  void all_reduce(const RedistributeStep& step) {
+    contiguous();
+    const ReduceOp op = step.from.reduce_op();
+    collective("_c10d_functional::all_reduce", {Arg::tensor(current), Arg::of(reduce_name(op)), Arg::of(group(step.mesh_dim))},
+               current->meta.shape, "all_reduce");
+    divide_for_average(op, mesh->size(step.mesh_dim));
+  }
+
+  void reduce_scatter(const RedistributeStep& step) {
+    const int64_t d = step.to.dim(), n = mesh->size(step.mesh_dim);
+    const int64_t length = current->meta.shape[d], padded = padded_chunk_size(length, n);
+    const ReduceOp op = step.from.reduce_op();
+    rows_first(d);
+    pad_rows(padded * n);
+    Shape shape = current->meta.shape;
+    shape[0] = padded;
+    collective("_c10d_functional::reduce_scatter_tensor",
+               {Arg::tensor(current), Arg::of(reduce_name(op)), Arg::of(n), Arg::of(group(step.mesh_dim))}, shape,
+               "reduce_scatter");
+    divide_for_average(op, n);
+    keep_rows(0, chunk_extent(length, n, (*mesh->coordinate())[step.mesh_dim]).size);
+    rows_back(d);
+  }
+
+  void local_chunk(const RedistributeStep& step) {
+    const int64_t d = step.to.dim();
+    const ChunkExtent c = chunk_extent(current->meta.shape[d], mesh->size(step.mesh_dim), (*mesh->coordinate())[step.mesh_dim]);
+    local("aten::slice.Tensor", {Arg::tensor(current), Arg::of(d), Arg::of(c.offset), Arg::of(c.offset + c.size)}, "chunk");
+  }
+
+  void local_partition(const RedistributeStep& step) {
+    // Sum: the first rank keeps the value, the others contribute zero; the other reductions of equal
+    // copies are the copy.
+    if (step.to.reduce_op() == ReduceOp::Sum && (*mesh->coordinate())[step.mesh_dim] != 0)
+      local("aten::zeros_like", {Arg::tensor(current)}, "partition");
+  }
+
+  void run(const RedistributeStep& step) {
+    switch (step.kind) {
+      case StepKind::AllGather: all_gather(step); break;
+      case StepKind::AllReduce: all_reduce(step); break;
+      case StepKind::ReduceScatter: reduce_scatter(step); break;
+      case StepKind::LocalChunk: local_chunk(step); break;
+      case StepKind::LocalPartition: local_partition(step); break;
+      case StepKind::AllToAll: {
+        // S(i) -> S(j) as a gather along i then a chunk along j (more bytes than an all-to-all, which
+        // functional collectives express with sizes only known per rank; a later improvement).
+        RedistributeStep gather = step, chunk = step;
+        gather.kind = StepKind::AllGather;
+        gather.to = Replicate();
+        chunk.kind = StepKind::LocalChunk;
+        chunk.from = Replicate();
+        all_gather(gather);
+        local_chunk(chunk);
+        break;
+      }
+    }
+  }
+};
+
+}  // namespace
+
+void infer_local_metas(Node& node) {
+  // On Meta stand-ins where the op has a Meta kernel, else (logical_and has none in C++) on CPU
+  // stand-ins: one zero expanded to the shape, so the op costs little.
+  for (const bool on_meta : {true, false}) {
+    torch::jit::Stack stack;
+    for (const Arg& a : node.args) {
+      if (a.kind == Arg::Kind::Constant) {
+        stack.push_back(a.constant);
+      } else if (a.kind == Arg::Kind::Tensor) {
+        const Value& v = *a.values[0];
+        stack.emplace_back(on_meta ? meta_tensor(v)
+                                   : at::zeros({}, at::TensorOptions().dtype(v.meta.dtype)).expand(v.meta.shape));
+      } else {
+        throw DTensorError("graph: cannot infer the meta of node " + node.name + " (unsupported argument)");
+      }
+    }
+    try {
+      node.op->callBoxed(stack);
+    } catch (const c10::NotImplementedError&) {
+      if (on_meta) continue;
+      throw;
+    }
+    for (size_t k = 0; k < node.outputs.size() && k < stack.size(); ++k) {
+      const at::Tensor& t = stack[k].toTensor();
+      node.outputs[k]->meta = TensorMeta{t.sizes().vec(), on_meta ? t.strides().vec() : contiguous_strides(t.sizes().vec()),
+                                         t.scalar_type()};
+    }
+    return;
+  }
+}
+
+Value* insert_reshard(Program& program, const MeshPtr& mesh, Node* before, Value* value, const TensorMeta& global,
+                      const Placements& to, const std::string& why) {
+  const auto plan = plan_redistribute(global.shape, static_cast<int64_t>(c10::elementSize(global.dtype)), mesh->shape(),
+                                      *mesh->coordinate(), *value->placements, to);
+  Emitter e{program, mesh, before, why, value};
+  for (const auto& step : plan.steps) e.run(step);
+  if (e.current == value) return value;  // nothing to do on this rank (a partition it keeps whole)
+  e.current->placements = to;
+  return e.current;
+}
+
+}  // namespace dtensor::graph::detail

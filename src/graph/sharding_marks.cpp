@@ -1,0 +1,206 @@
+#include "sharding_marks.h"
+
+#include <ATen/ATen.h>
+#include <ATen/ScalarOps.h>
+
+#include "../sharding/propagation.h"
+#include "../sharding/registry.h"
+#include "dtensor/errors.h"
+#include "lowerings.h"
+#include "reshard.h"
+
+namespace dtensor::graph::detail {
+namespace {
+
+at::Tensor meta_tensor(const Value& v) {
+  return at::empty_strided(v.meta.shape, v.meta.stride, at::TensorOptions().dtype(v.meta.dtype).device(at::kMeta));
+}
+
+SpecPtr spec_of(const Value& v, const MeshPtr& mesh) {
+  return std::make_shared<const DTensorSpec>(DTensorSpec{mesh, *v.placements, v.meta});
+}
+
+int64_t hint_of(const SymSize& s) { return s.symbol ? s.symbol->sym_hint : s.value; }
+
+// The call as propagation sees it: Meta stand-ins of the global tensors, numbers and sizes as values.
+struct Call {
+  std::vector<c10::IValue> args;
+  std::vector<TensorInput> inputs;
+  NodeSharding sharding;
+};
+
+Call call_of(const Node& node, const MeshPtr& mesh) {
+  Call c;
+  auto add_input = [&](size_t arg, int64_t index, const Value& v) {
+    if (!v.placements) throw DTensorError("graph: node '" + node.name + "' reads %" + v.name + ", which has no placements yet");
+    c.inputs.push_back(TensorInput{arg, index, spec_of(v, mesh)});
+    c.sharding.tensor_args.push_back(arg);
+    c.sharding.list_index.push_back(index);
+  };
+  for (size_t i = 0; i < node.args.size(); ++i) {
+    const Arg& a = node.args[i];
+    switch (a.kind) {
+      case Arg::Kind::Constant: c.args.push_back(a.constant); break;
+      case Arg::Kind::Number: {
+        // A number given for a Tensor argument is a replicated 0-d tensor, as eager dispatch sees it.
+        at::Tensor t = c10::scalar_to_tensor(a.constant.toScalar());
+        t.unsafeGetTensorImpl()->set_wrapped_number(true);
+        c.args.emplace_back(t);
+        c.inputs.push_back(TensorInput{i, -1, std::make_shared<const DTensorSpec>(DTensorSpec{
+                                                   mesh, Placements(mesh->ndim(), Replicate()), TensorMeta{{}, {}, t.scalar_type()}})});
+        c.sharding.tensor_args.push_back(i);
+        c.sharding.list_index.push_back(-2);  // not a graph value: never moved
+        break;
+      }
+      case Arg::Kind::Tensor:
+        c.args.emplace_back(meta_tensor(*a.values[0]));
+        add_input(i, -1, *a.values[0]);
+        break;
+      case Arg::Kind::Tensors: {
+        c10::List<at::Tensor> list;
+        for (size_t j = 0; j < a.values.size(); ++j) {
+          list.push_back(meta_tensor(*a.values[j]));
+          add_input(i, static_cast<int64_t>(j), *a.values[j]);
+        }
+        c.args.emplace_back(list);
+        break;
+      }
+      case Arg::Kind::OptionalTensors: {
+        c10::List<std::optional<at::Tensor>> list;
+        for (size_t j = 0; j < a.values.size(); ++j) {
+          list.push_back(a.values[j] ? std::optional<at::Tensor>(meta_tensor(*a.values[j])) : std::nullopt);
+          if (a.values[j]) add_input(i, static_cast<int64_t>(j), *a.values[j]);
+        }
+        c.args.emplace_back(list);
+        break;
+      }
+      case Arg::Kind::SymInt: c.args.emplace_back(hint_of(a.sizes[0])); break;
+      case Arg::Kind::SymInts: {
+        std::vector<int64_t> sizes;
+        for (const SymSize& s : a.sizes) sizes.push_back(hint_of(s));
+        c.args.emplace_back(sizes);
+        break;
+      }
+    }
+  }
+  return c;
+}
+
+std::vector<Value*> tensor_outputs(const Node& node) {
+  std::vector<Value*> out;
+  for (Value* v : node.outputs)
+    if (v->is_tensor()) out.push_back(v);
+  return out;
+}
+
+// Where the value read by a node's strategy input k lives in its arguments.
+Value*& input_slot(Node& node, const NodeSharding& s, size_t k) {
+  Arg& a = node.args[s.tensor_args[k]];
+  return a.values[s.list_index[k] < 0 ? 0 : static_cast<size_t>(s.list_index[k])];
+}
+
+// Views' local kernel only refuses a shard that cannot be viewed; the op itself does that too.
+bool only_checks(const Node& node) {
+  const std::string name = node.op_name();
+  return name == "aten::view" || name == "aten::_unsafe_view";
+}
+
+bool all_replicate(const Placements& p) {
+  for (const auto& x : p)
+    if (!x.is_replicate()) return false;
+  return true;
+}
+
+}  // namespace
+
+std::map<const Node*, NodeSharding> mark_sharding(Program& program, const MeshPtr& mesh, bool fail_without_rule) {
+  std::map<const Node*, NodeSharding> marks;
+  const Placements replicate(mesh->ndim(), Replicate());
+  for (Node* node : program.graph.nodes()) {
+    if (!node->op) continue;  // integer operators on sizes
+    const auto outputs = tensor_outputs(*node);
+    Call c = call_of(*node, mesh);
+    NodeSharding& s = marks[node] = std::move(c.sharding);
+    if (c.inputs.empty() || outputs.empty()) {
+      // Factories make the same value on every rank; size queries read the global shape.
+      for (Value* v : outputs) v->placements = replicate;
+      s.moves.assign(c.inputs.size(), std::nullopt);
+      continue;
+    }
+    const auto rule = dtensor::detail::find_rule(*node->op);
+    if (!rule) {
+      std::string sharded;
+      for (const auto& in : c.inputs)
+        if (!all_replicate(in.spec->placements)) sharded += (sharded.empty() ? "" : ", ") + to_string(in.spec->placements);
+      if (fail_without_rule && !sharded.empty())
+        throw DTensorError("graph: node '" + node->name + "' (" + node->op_name() + ") has no sharding rule, and inputs placed (" +
+                           sharded + ") reach it; register a rule (dtensor::register_dim_rule) or place its inputs Replicate");
+      s.no_rule = true;
+      for (const auto& in : c.inputs) s.moves.push_back(all_replicate(in.spec->placements) ? std::nullopt : std::optional(replicate));
+      for (Value* v : outputs) v->placements = replicate;
+      node->note = "no sharding rule: runs on Replicate inputs";
+      continue;
+    }
+    try {
+      const OutputSharding& d = dtensor::detail::propagate(*node->op, c.args, c.inputs, mesh);
+      s.moves = d.input_moves;
+      s.local_args = d.local_args;
+      s.local_kernel = d.local_kernel;
+      for (size_t k = 0; k < outputs.size() && k < d.outputs.size(); ++k) outputs[k]->placements = d.outputs[k].placements;
+    } catch (const DTensorError& e) {
+      throw DTensorError("graph: node '" + node->name + "': " + e.what());
+    }
+  }
+  return marks;
+}
+
+void partition(Program& program, const MeshPtr& mesh, std::map<const Node*, NodeSharding>& marks) {
+  // Every marked value takes its local meta; the global one stays known for planning reshards.
+  std::map<const Value*, TensorMeta> global;
+  auto localize = [&](Value* v) {
+    if (!v->is_tensor() || !v->placements || global.count(v)) return;
+    global[v] = v->meta;
+    const LocalLayout l = local_layout(v->meta.shape, mesh->shape(), *mesh->coordinate(), *v->placements);
+    v->meta = TensorMeta{l.shape, global_stride_like(l.shape, v->meta.shape, v->meta.stride), v->meta.dtype};
+  };
+  for (Value* v : program.graph.inputs()) localize(v);
+  for (Node* n : program.graph.nodes())
+    for (Value* v : n->outputs) localize(v);
+
+  std::map<std::pair<const Value*, std::string>, Value*> reshards;  // one per value and target
+  auto moved = [&](Node* before, Value* v, const Placements& to, const std::string& why) {
+    auto& slot = reshards[{v, to_string(to)}];
+    if (!slot) slot = insert_reshard(program, mesh, before, v, global.at(v), to, why);
+    return slot;
+  };
+  for (Node* node : program.graph.nodes()) {
+    auto it = marks.find(node);
+    if (it == marks.end()) continue;
+    NodeSharding& s = it->second;
+    for (size_t k = 0; k < s.moves.size(); ++k) {
+      if (!s.moves[k] || s.list_index[k] == -2) continue;
+      Value*& slot = input_slot(*node, s, k);
+      slot = moved(node, slot, *s.moves[k],
+                   "for " + node->name + ": " + to_string(*slot->placements) + " -> " + to_string(*s.moves[k]));
+    }
+    for (const auto& [index, value] : s.local_args) {
+      Arg& a = node->args[index];
+      for (const SymSize& size : a.sizes)
+        if (size.symbol)
+          throw DTensorError("graph: node '" + node->name + "': a size computed at run time (%" + size.symbol->name +
+                             ") would have to be rewritten to a local size; dynamic sizes need SPMD expansion");
+      a = Arg::of(value);
+    }
+    if (s.local_kernel && !only_checks(*node) && !lower_local_kernel(program, *mesh, node, [&](const Value* v) -> const TensorMeta& { return global.at(v); })) {
+      node->local_kernel = s.local_kernel;
+      node->note += std::string(node->note.empty() ? "" : "; ") + "runs dtensor's local kernel";
+    }
+  }
+  const Placements replicate(mesh->ndim(), Replicate());
+  for (Arg& out : program.graph.outputs())
+    for (Value*& v : out.values)
+      if (v && v->is_tensor() && v->placements && !all_replicate(*v->placements))
+        v = moved(nullptr, v, replicate, "graph output: " + to_string(*v->placements) + " -> " + to_string(replicate));
+}
+
+}  // namespace dtensor::graph::detail

@@ -1,0 +1,36 @@
+#pragma once
+// Marking a graph with placements: each node's strategy from dtensor's sharding propagation (the same
+// rules and cost model as eager dispatch), given the placements of the graph's inputs. Then
+// partitioning: reshards inserted where a strategy needs an input elsewhere, local arguments and
+// kernels applied, values given their local shapes. Shared by the tensor-parallel transform and
+// SPMD expansion.
+
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "dtensor/graph/program.h"
+
+namespace dtensor::graph::detail {
+
+// How one node runs on the mesh.
+struct NodeSharding {
+  std::vector<size_t> tensor_args;  // per tensor input of the strategy: its argument index
+  std::vector<int64_t> list_index;  // ... and its position in a tensor list (-1 for a Tensor argument)
+  std::vector<std::optional<Placements>> moves;  // per tensor input: where it must be first
+  LocalArgs local_args;
+  LocalKernel local_kernel;
+  bool no_rule = false;  // the op has no sharding rule: it ran on Replicate inputs
+};
+
+// Marks every tensor value of `program` (inputs must be marked already) and returns each node's
+// strategy. A node whose op has no rule runs on Replicate inputs with Replicate outputs, noted on
+// the node; with `fail_without_rule`, a sharded input reaching such a node is an error instead.
+std::map<const Node*, NodeSharding> mark_sharding(Program& program, const MeshPtr& mesh, bool fail_without_rule);
+
+// Inserts the reshards the marks call for (one per value and target, shared by its consumers),
+// applies local arguments and kernels (or a graph form of a kernel, where one exists), makes the
+// graph outputs Replicate, then gives every value its local meta. `why` names the transform in notes.
+void partition(Program& program, const MeshPtr& mesh, std::map<const Node*, NodeSharding>& marks);
+
+}  // namespace dtensor::graph::detail
