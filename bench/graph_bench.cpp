@@ -21,6 +21,7 @@
 #include "dtensor/dtensor.h"
 #include "dtensor/graph/program.h"
 #include "dtensor/graph/tensor_parallel.h"
+#include "gpt/graph_plan.h"
 #include "gpt/training.h"
 #include "megatron_gpt.h"
 
@@ -88,12 +89,7 @@ int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
   const gpt::Config config = gpt::demo_config(gpt::load_corpus(GPT_CORPUS_PATH));
 
   // Graph: the plan of examples/gpt/training.h by module path, the LM head's classes gathered at the end.
-  const dtensor::ParallelizePlan plan = {{"tok_emb", dtensor::RowwiseParallel{}},
-                                         {"blocks.*.attn.w[qkv]", dtensor::ColwiseParallel{}},
-                                         {"blocks.*.attn.wo", dtensor::RowwiseParallel{}},
-                                         {"blocks.*.mlp.fc1", dtensor::ColwiseParallel{}},
-                                         {"blocks.*.mlp.fc2", dtensor::RowwiseParallel{}},
-                                         {"lm_head", dtensor::ColwiseParallel{}}};
+  const dtensor::ParallelizePlan plan = gpt::graph_plan();
   g::Program whole = g::load_program(args.model);
   g::Program local = g::tensor_parallel_transform(g::load_program(args.model), mesh, plan);
   gpt::Gpt eager = model_from(whole, config);

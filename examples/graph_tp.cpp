@@ -14,6 +14,7 @@
 #include "dtensor/dtensor.h"
 #include "dtensor/graph/program.h"
 #include "dtensor/graph/tensor_parallel.h"
+#include "gpt/graph_plan.h"
 
 namespace {
 
@@ -44,11 +45,7 @@ int main(int argc, char** argv) {
     at::set_num_threads(1);
     const bool print = world->rank() == 0;
     auto mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"tp"}});
-    const dtensor::ParallelizePlan plan = {{"tok_emb", dtensor::RowwiseParallel{}},
-                                           {"blocks.*.attn.w[qkv]", dtensor::ColwiseParallel{}},
-                                           {"blocks.*.attn.wo", dtensor::RowwiseParallel{}},
-                                           {"blocks.*.mlp.fc1", dtensor::ColwiseParallel{}},
-                                           {"blocks.*.mlp.fc2", dtensor::RowwiseParallel{}}};
+    const dtensor::ParallelizePlan plan = gpt::graph_plan();
     g::Program whole = g::load_program(model);
     g::Program local = g::tensor_parallel_transform(g::load_program(model), mesh, plan);
     if (print) {

@@ -3,11 +3,15 @@
 #include <ATen/ATen.h>
 #include <ATen/ScalarOps.h>
 
+#include <algorithm>
+#include <set>
+
 #include "../sharding/propagation.h"
 #include "../sharding/registry.h"
 #include "dtensor/errors.h"
 #include "lowerings.h"
 #include "reshard.h"
+#include "strategy_choice.h"
 
 namespace dtensor::graph::detail {
 namespace {
@@ -111,11 +115,74 @@ bool all_replicate(const Placements& p) {
   return true;
 }
 
+bool writes_an_input(const Node& node) {
+  for (const auto& a : node.op->schema().arguments())
+    if (a.alias_info() && a.alias_info()->isWrite()) return true;
+  return false;
+}
+
+// Values some node writes in place: their placements must stay what the writer's strategy assumed.
+std::set<const Value*> written_values(const Graph& graph) {
+  std::set<const Value*> out;
+  for (const Node* node : graph.nodes()) {
+    if (!node->op) continue;
+    const auto& schema_args = node->op->schema().arguments();
+    for (size_t i = 0; i < node->args.size() && i < schema_args.size(); ++i)
+      if (schema_args[i].alias_info() && schema_args[i].alias_info()->isWrite())
+        for (const Value* v : node->args[i].values) out.insert(v);
+  }
+  return out;
+}
+
+std::string placements_of(const std::vector<Value*>& inputs) {
+  std::string out;
+  for (const Value* v : inputs)
+    if (v) out += (out.empty() ? "" : ", ") + to_string(*v->placements);
+  return out;
+}
+
+// Drops the strategies the options rule out: ones placing anything off Replicate along mesh dims other
+// than `only_mesh_dim`, and ones moving state (parameters, buffers) with a collective. Should that
+// leave none, the state restriction is lifted for this node (the op needs its parameter elsewhere).
+void keep_allowed(NodeOptions& n, const MarkOptions& options, const std::set<const Value*>& state, StrategyChoice& choice) {
+  auto off_dim = [&](const Placements& p) {
+    for (int64_t m = 0; m < static_cast<int64_t>(p.size()); ++m)
+      if (options.only_mesh_dim && m != *options.only_mesh_dim && !p[m].is_replicate()) return true;
+    return false;
+  };
+  auto on_dims = [&](const OutputSharding& d) {
+    for (const auto& p : d.chosen.inputs)
+      if (off_dim(p)) return false;
+    for (const auto& p : d.chosen.outputs)
+      if (off_dim(p)) return false;
+    return true;
+  };
+  auto keeps_state = [&](const OutputSharding& d) {
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      if (n.inputs[k] && state.count(n.inputs[k]) && choice.communicates(n.inputs[k], *n.inputs[k]->placements, d.chosen.inputs[k]))
+        return false;
+    return true;
+  };
+  std::vector<OutputSharding> allowed, on_mesh_dims;
+  for (auto& d : n.options) {
+    if (!on_dims(d)) continue;
+    if (!options.keep_state_in_place || keeps_state(d)) allowed.push_back(d);
+    on_mesh_dims.push_back(std::move(d));
+  }
+  n.options = allowed.empty() ? std::move(on_mesh_dims) : std::move(allowed);
+}
+
 }  // namespace
 
-std::map<const Node*, NodeSharding> mark_sharding(Program& program, const MeshPtr& mesh, bool fail_without_rule) {
+std::map<const Node*, NodeSharding> mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& options) {
   std::map<const Node*, NodeSharding> marks;
   const Placements replicate(mesh->ndim(), Replicate());
+  std::set<const Value*> state;  // parameters, buffers and constants
+  for (const InputSpec& spec : program.inputs)
+    if (spec.kind != InputSpec::Kind::UserInput) state.insert(spec.value);
+  const std::set<const Value*> written = written_values(program.graph);
+  StrategyChoice choice(mesh);
+  std::vector<NodeOptions> chosen;
   for (Node* node : program.graph.nodes()) {
     if (!node->op) continue;  // integer operators on sizes
     const auto outputs = tensor_outputs(*node);
@@ -127,12 +194,11 @@ std::map<const Node*, NodeSharding> mark_sharding(Program& program, const MeshPt
       s.moves.assign(c.inputs.size(), std::nullopt);
       continue;
     }
-    const auto rule = dtensor::detail::find_rule(*node->op);
-    if (!rule) {
+    if (!dtensor::detail::find_rule(*node->op)) {
       std::string sharded;
       for (const auto& in : c.inputs)
         if (!all_replicate(in.spec->placements)) sharded += (sharded.empty() ? "" : ", ") + to_string(in.spec->placements);
-      if (fail_without_rule && !sharded.empty())
+      if (options.fail_without_rule && !sharded.empty())
         throw DTensorError("graph: node '" + node->name + "' (" + node->op_name() + ") has no sharding rule, and inputs placed (" +
                            sharded + ") reach it; register a rule (dtensor::register_dim_rule) or place its inputs Replicate");
       s.no_rule = true;
@@ -141,15 +207,35 @@ std::map<const Node*, NodeSharding> mark_sharding(Program& program, const MeshPt
       node->note = "no sharding rule: runs on Replicate inputs";
       continue;
     }
+    NodeOptions n{node, {}, outputs, {}};
+    for (size_t k = 0; k < s.tensor_args.size(); ++k) n.inputs.push_back(s.list_index[k] == -2 ? nullptr : input_slot(*node, s, k));
     try {
-      const OutputSharding& d = dtensor::detail::propagate(*node->op, c.args, c.inputs, mesh);
-      s.moves = d.input_moves;
-      s.local_args = d.local_args;
-      s.local_kernel = d.local_kernel;
-      for (size_t k = 0; k < outputs.size() && k < d.outputs.size(); ++k) outputs[k]->placements = d.outputs[k].placements;
+      n.options = dtensor::detail::every_decision(*node->op, c.args, c.inputs, mesh);
     } catch (const DTensorError& e) {
       throw DTensorError("graph: node '" + node->name + "': " + e.what());
     }
+    keep_allowed(n, options, state, choice);
+    if (n.options.empty())
+      throw DTensorError("graph: node '" + node->name + "' (" + node->op_name() + "): its sharding rule offers no strategy for inputs placed " +
+                         placements_of(n.inputs));
+    n.fixed = writes_an_input(*node) || std::any_of(outputs.begin(), outputs.end(), [&](Value* v) { return written.count(v) > 0; });
+    choice.choose_greedily(n);
+    chosen.push_back(std::move(n));
+  }
+  if (options.whole_graph) {
+    std::vector<Value*> graph_outputs;
+    for (Arg& out : program.graph.outputs())
+      for (Value* v : out.values)
+        if (v && v->is_tensor() && v->placements) graph_outputs.push_back(v);
+    choice.improve(chosen, graph_outputs);
+  }
+  for (NodeOptions& n : chosen) {
+    NodeSharding& s = marks.at(n.node);
+    const OutputSharding& d = n.options[n.chosen];
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      s.moves.push_back(n.inputs[k] && *n.inputs[k]->placements != d.chosen.inputs[k] ? std::optional(d.chosen.inputs[k]) : std::nullopt);
+    s.local_args = d.local_args;
+    s.local_kernel = d.local_kernel;
   }
   return marks;
 }

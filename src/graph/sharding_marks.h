@@ -23,10 +23,22 @@ struct NodeSharding {
   bool no_rule = false;  // the op has no sharding rule: it ran on Replicate inputs
 };
 
+struct MarkOptions {
+  // A sharded input reaching a node whose op has no rule is an error (otherwise the node runs on
+  // Replicate inputs, noted on the node).
+  bool fail_without_rule = false;
+  // Parameters, buffers and constants never move by a collective where another strategy exists: the
+  // placements given to them are the user's (a tensor-parallel plan shards weights so that they stay).
+  bool keep_state_in_place = false;
+  // Only this mesh dim may shard or hold partial values; along the others everything stays Replicate.
+  std::optional<int64_t> only_mesh_dim;
+  // After the greedy pass, improve the choice for the whole graph (see strategy_choice.h).
+  bool whole_graph = true;
+};
+
 // Marks every tensor value of `program` (inputs must be marked already) and returns each node's
-// strategy. A node whose op has no rule runs on Replicate inputs with Replicate outputs, noted on
-// the node; with `fail_without_rule`, a sharded input reaching such a node is an error instead.
-std::map<const Node*, NodeSharding> mark_sharding(Program& program, const MeshPtr& mesh, bool fail_without_rule);
+// strategy.
+std::map<const Node*, NodeSharding> mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& options);
 
 // Inserts the reshards the marks call for (one per value and target, shared by its consumers),
 // applies local arguments and kernels (or a graph form of a kernel, where one exists), makes the

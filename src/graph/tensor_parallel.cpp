@@ -16,11 +16,6 @@ std::map<std::string, std::string> module_types(const Graph& graph) {
   return out;
 }
 
-std::string module_of(const std::string& fqn) {
-  const auto dot = fqn.rfind('.');
-  return dot == std::string::npos ? "" : fqn.substr(0, dot);
-}
-
 bool is_type(const std::string& type, const char* name) {
   const auto dot = type.rfind('.');
   return type.substr(dot == std::string::npos ? 0 : dot + 1) == name;
@@ -89,7 +84,9 @@ Program tensor_parallel_transform(Program program, const MeshPtr& mesh, const Pa
     spec.value->placements = p;
   }
   program.mesh = mesh;
-  auto marks = detail::mark_sharding(program, mesh, /*fail_without_rule=*/false);
+  // The plan's weights stay sharded as planned (never gathered), and only the tensor-parallel mesh dim
+  // shards anything: the other dims hold replicas.
+  auto marks = detail::mark_sharding(program, mesh, {.keep_state_in_place = true, .only_mesh_dim = tp});
   detail::partition(program, mesh, marks);
   for (const InputSpec& spec : program.inputs) {
     if (spec.kind == InputSpec::Kind::UserInput) continue;

@@ -250,66 +250,97 @@ std::string describe_inputs(const OpSchema& s) {
   return out;
 }
 
-OutputSharding decide(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
-                      const std::vector<TensorInput>& inputs, const MeshPtr& mesh) {
-  const std::shared_ptr<const OpRule> rule = find_rule(op);
-  const std::string name = qualified_name(op.operator_name());
-  OpSchema schema{op.schema(), args, inputs, {}, mesh.get()};
-  if (rule == nullptr)
-    throw DTensorError("no sharding strategy for op " + name + " (" + describe_inputs(schema) +
+// The call's schema (with its output metas) and every strategy of the op's rule that fits it: ranks
+// match, and inputs the op writes to keep their placements (see written_inputs).
+struct Candidates {
+  std::shared_ptr<const OpRule> rule;
+  OpSchema schema;
+  OpStrategy strategies;
+};
+
+Candidates candidates_for(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                          const std::vector<TensorInput>& inputs, const MeshPtr& mesh) {
+  Candidates c{find_rule(op), OpSchema{op.schema(), args, inputs, {}, mesh.get()}, {}};
+  OpSchema& schema = c.schema;
+  if (c.rule == nullptr)
+    throw DTensorError("no sharding strategy for op " + qualified_name(op.operator_name()) + " (" + describe_inputs(schema) +
                        "). Ways out: redistribute the inputs to Replicate and run the op on to_local() results, or "
                        "register a strategy with dtensor::register_dim_rule");
-  schema.outputs = output_metas(op, args, *rule);
-  OpStrategy candidates = rule->mesh ? rule->mesh(schema)
-                                     : expand_over_mesh(rule->dim(schema), mesh->ndim(), schema.outputs.size(), inputs.size());
+  schema.outputs = output_metas(op, args, *c.rule);
+  OpStrategy all = c.rule->mesh ? c.rule->mesh(schema)
+                                : expand_over_mesh(c.rule->dim(schema), mesh->ndim(), schema.outputs.size(), inputs.size());
   const auto written = written_inputs(op.schema(), inputs);
   const bool inplace_view = op.hasTag(at::Tag::inplace_view);
-  const PlacementStrategy* best = nullptr;
-  std::pair<bool, double> best_cost{true, 0};
-  for (auto& c : candidates) {
-    bool ok = c.outputs.size() == schema.outputs.size() && c.inputs.size() == inputs.size();
-    for (size_t k = 0; ok && k < c.outputs.size(); ++k) ok = fits(c.outputs[k], mesh->ndim(), schema.output_ndim(k));
-    for (size_t k = 0; ok && k < c.inputs.size(); ++k) ok = fits(c.inputs[k], mesh->ndim(), schema.input_ndim(k));
+  for (auto& st : all) {
+    bool ok = st.outputs.size() == schema.outputs.size() && st.inputs.size() == inputs.size();
+    for (size_t k = 0; ok && k < st.outputs.size(); ++k) ok = fits(st.outputs[k], mesh->ndim(), schema.output_ndim(k));
+    for (size_t k = 0; ok && k < st.inputs.size(); ++k) ok = fits(st.inputs[k], mesh->ndim(), schema.input_ndim(k));
     for (const auto& w : written) {
       const Placements& current = schema.input(w.input).placements;
-      ok = ok && (c.inputs[w.input] == current || c.inputs[w.input] == partials_reduced(current));
-      ok = ok && (!w.output || inplace_view || c.outputs[*w.output] == c.inputs[w.input]);
+      ok = ok && (st.inputs[w.input] == current || st.inputs[w.input] == partials_reduced(current));
+      ok = ok && (!w.output || inplace_view || st.outputs[*w.output] == st.inputs[w.input]);
     }
-    if (!ok) continue;
-    c.redistribute_cost.clear();
+    if (ok) c.strategies.push_back(std::move(st));
+  }
+  return c;
+}
+
+OutputSharding decision_for(const Candidates& c, const PlacementStrategy& chosen) {
+  OutputSharding decision;
+  decision.chosen = chosen;
+  for (size_t k = 0; k < c.schema.outputs.size(); ++k)
+    decision.outputs.push_back(DTensorSpec{nullptr, chosen.outputs[k], c.schema.outputs[k]});
+  for (size_t k = 0; k < c.schema.inputs.size(); ++k) {
+    if (chosen.inputs[k] == c.schema.input(k).placements) decision.input_moves.emplace_back();
+    else decision.input_moves.emplace_back(chosen.inputs[k]);
+  }
+  if (c.rule->local_args) decision.local_args = c.rule->local_args(c.schema, chosen);
+  if (c.rule->local_kernel) decision.local_kernel = c.rule->local_kernel(c.schema, chosen);
+  return decision;
+}
+
+OutputSharding decide(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                      const std::vector<TensorInput>& inputs, const MeshPtr& mesh) {
+  Candidates c = candidates_for(op, args, inputs, mesh);
+  const PlacementStrategy* best = nullptr;
+  std::pair<bool, double> best_cost{true, 0};
+  for (auto& st : c.strategies) {
+    st.redistribute_cost.clear();
     double moves = 0;
     for (size_t k = 0; k < inputs.size(); ++k) {
-      c.redistribute_cost.push_back(redistribute_cost(schema.input(k), c.inputs[k]));
-      moves += c.redistribute_cost.back();
+      st.redistribute_cost.push_back(redistribute_cost(c.schema.input(k), st.inputs[k]));
+      moves += st.redistribute_cost.back();
     }
     // A strategy that moves no input wins first (the cheapest such kernel); otherwise the lowest total
     // of moves and the kernel's own communication.
-    const std::pair<bool, double> cost{moves > 0, moves + c.kernel_cost};
+    const std::pair<bool, double> cost{moves > 0, moves + st.kernel_cost};
     if (best == nullptr || cost < best_cost) {
-      best = &c;
+      best = &st;
       best_cost = cost;
     }
   }
   if (best == nullptr) {
-    throw DTensorError("op " + name + " has no sharding strategy for " + describe_inputs(schema) +
-                       (written.empty() ? "" : " that keeps the placements of the tensor it writes to (in-place and "
-                                               "out= ops cannot change them, beyond reducing a Partial one; use the "
-                                               "out-of-place op)") +
+    const bool writes = !written_inputs(op.schema(), inputs).empty();
+    throw DTensorError("op " + qualified_name(op.operator_name()) + " has no sharding strategy for " +
+                       describe_inputs(c.schema) +
+                       (writes ? " that keeps the placements of the tensor it writes to (in-place and "
+                                 "out= ops cannot change them, beyond reducing a Partial one; use the "
+                                 "out-of-place op)"
+                               : "") +
                        ". Ways out: redistribute the inputs (e.g. to Replicate) first");
   }
-  OutputSharding decision;
-  decision.chosen = *best;
-  for (size_t k = 0; k < schema.outputs.size(); ++k) decision.outputs.push_back(DTensorSpec{nullptr, best->outputs[k], schema.outputs[k]});
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    if (best->inputs[k] == schema.input(k).placements) decision.input_moves.emplace_back();
-    else decision.input_moves.emplace_back(best->inputs[k]);
-  }
-  if (rule->local_args) decision.local_args = rule->local_args(schema, *best);
-  if (rule->local_kernel) decision.local_kernel = rule->local_kernel(schema, *best);
-  return decision;
+  return decision_for(c, *best);
 }
 
 }  // namespace
+
+std::vector<OutputSharding> every_decision(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                                           const std::vector<TensorInput>& inputs, const MeshPtr& mesh) {
+  const Candidates c = candidates_for(op, args, inputs, mesh);
+  std::vector<OutputSharding> out;
+  for (const auto& st : c.strategies) out.push_back(decision_for(c, st));
+  return out;
+}
 
 OpStrategy expand_dim_strategies(const std::vector<DimStrategy>& per_dim, int64_t mesh_ndim, size_t n_out, size_t n_in) {
   return expand_over_mesh(per_dim, mesh_ndim, n_out, n_in);

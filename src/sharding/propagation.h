@@ -13,6 +13,11 @@ namespace dtensor::detail {
 const OutputSharding& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                                 const std::vector<TensorInput>& inputs, const MeshPtr& mesh);
 
+// Every strategy the op's rule offers for this call, each as the decision propagation would make had
+// it chosen that one (uncached). Rule tests run each of them against single-device results.
+std::vector<OutputSharding> every_decision(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                                           const std::vector<TensorInput>& inputs, const MeshPtr& mesh);
+
 // Every combination of one single-mesh-dim strategy per mesh dim: what propagation makes of a DimRule.
 // For mesh rules that start from per-dim strategies and keep some of the combinations.
 OpStrategy expand_dim_strategies(const std::vector<DimStrategy>& per_dim, int64_t mesh_ndim, size_t n_out, size_t n_in);

@@ -39,13 +39,13 @@ void route_to_dtensor(Registry& r, const c10::OperatorName& name, const std::str
   library->impl(local.c_str(), torch::CppFunction::makeFromBoxedFunction<&dispatch_kernel>());
 }
 
-void add_rule(const c10::OperatorHandle& op, const OpRule& rule) {
+void add_rule(const c10::OperatorHandle& op, const OpRule& rule, bool route = true) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   const std::string qualified = qualified_name(op.operator_name());
   const bool replaced = r.rules.count(qualified) > 0;
   r.rules[qualified] = std::make_shared<const OpRule>(rule);
-  route_to_dtensor(r, op.operator_name(), qualified);
+  if (route) route_to_dtensor(r, op.operator_name(), qualified);
   // Decisions cached under the old rule are stale.
   if (replaced) invalidate_propagation_caches();
 }
@@ -64,19 +64,23 @@ bool writes_an_output_argument(const c10::OperatorHandle& op) {
   return false;
 }
 
-void register_one(const std::string& qualified, const OpRule& rule) {
+void register_one(const std::string& qualified, const OpRule& rule, bool route = true) {
   const auto dot = qualified.find('.', qualified.find("::"));
   const std::string name = qualified.substr(0, dot);
   const std::string overload = dot == std::string::npos ? "" : qualified.substr(dot + 1);
   auto op = c10::Dispatcher::singleton().findSchema({name, overload});
   if (!op) throw DTensorError("cannot register a sharding rule for " + qualified + ": no such op in the dispatcher");
-  add_rule(*op, rule);
+  add_rule(*op, rule, route);
 }
 
 }  // namespace
 
 void register_overloads(const std::vector<std::string>& qualified_names, const OpRule& rule) {
   for (const auto& q : qualified_names) register_one(q, rule);
+}
+
+void register_composite(const std::vector<std::string>& qualified_names, const OpRule& rule) {
+  for (const auto& q : qualified_names) register_one(q, rule, /*route=*/false);
 }
 
 std::string qualified_name(const c10::OperatorName& name) {

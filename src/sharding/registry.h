@@ -34,6 +34,12 @@ void register_family(const std::vector<std::string>& names, const OpRule& rule);
 // Registers `rule` for exactly the named overloads ("aten::add.out"), e.g. out= forms.
 void register_overloads(const std::vector<std::string>& qualified_names, const OpRule& rule);
 
+// Registers `rule` for ops that decompose before reaching a backend (CompositeImplicitAutograd:
+// aten::linear, aten::matmul, ...). Eager DTensor calls never see them (their parts are dispatched),
+// so they are not routed; exported graphs keep them whole (torch.export's training IR), and graph
+// passes propagate through them with these rules.
+void register_composite(const std::vector<std::string>& qualified_names, const OpRule& rule);
+
 std::string qualified_name(const c10::OperatorName& name);
 
 // Routes every op whose kernel would otherwise compute on a DTensor's (absent) storage — structured

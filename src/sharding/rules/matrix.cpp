@@ -1,6 +1,7 @@
 // Matrix products. Sharding a free dim of either operand shards the output; sharding the contracted
 // dim on both gives a Partial(sum) output; a Partial operand times a Replicate one stays Partial
-// (Avg only for floating values, see linear_reduce_ops).
+// (Avg only for floating values, see linear_reduce_ops). linear and matmul, which eager dispatch sees
+// as their parts (mm, addmm, bmm, ...), have rules of their own for exported graphs.
 
 #include "../registry.h"
 #include "rule_helpers.h"
@@ -64,6 +65,54 @@ std::vector<DimStrategy> mv(const OpSchema& s) {
                                    {{Partial()}, {Shard(1), Shard(0)}}});
 }
 
+// linear(x [..., k], weight [n, k], bias? [n]) -> [..., n]. Row-parallel (k sharded) gives partial
+// products; the bias then joins as Partial, partitioned for free (only one rank adds it).
+std::vector<DimStrategy> linear(const OpSchema& s) {
+  if (s.input_ndim(1) != 2) return {all_replicate(s)};  // a 1-d weight contracts x's last dim away
+  const bool has_bias = s.inputs.size() == 3;
+  const int64_t last = s.input_ndim(0) - 1;
+  auto strategy = [&](Placement out, Placement x, Placement weight, Placement bias) {
+    DimStrategy st{{out}, {x, weight}};
+    if (has_bias) st.inputs.push_back(bias);
+    return st;
+  };
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  for (int64_t b = 0; b < last; ++b) out.push_back(strategy(Shard(b), Shard(b), Replicate(), Replicate()));
+  out.push_back(strategy(Shard(last), Replicate(), Shard(0), Shard(0)));
+  out.push_back(strategy(Partial(), Shard(last), Shard(1), Partial()));
+  for (auto op : linear_reduce_ops(s)) {
+    out.push_back(strategy(Partial(op), Partial(op), Replicate(), Partial(op)));
+    out.push_back(strategy(Partial(op), Replicate(), Partial(op), Partial(op)));
+  }
+  return out;
+}
+
+// matmul(x, y) with torch.matmul's cases: 1-d operands are a vector contracted away; leading (batch)
+// dims broadcast from the right, and one is sharded on the operands that have it at full size.
+std::vector<DimStrategy> matmul(const OpSchema& s) {
+  const Shape& xs = s.input(0).meta.shape;
+  const Shape& ys = s.input(1).meta.shape;
+  const Shape& os = s.outputs[0].shape;
+  const int64_t xn = static_cast<int64_t>(xs.size()), yn = static_cast<int64_t>(ys.size());
+  const int64_t on = static_cast<int64_t>(os.size());
+  std::vector<DimStrategy> out = {all_replicate(s), {{Partial()}, {Shard(xn - 1), Shard(yn == 1 ? 0 : yn - 2)}}};
+  if (xn >= 2) out.push_back({{Shard(yn == 1 ? on - 1 : on - 2)}, {Shard(xn - 2), Replicate()}});
+  if (yn >= 2) out.push_back({{Shard(on - 1)}, {Replicate(), Shard(yn - 1)}});
+  const int64_t batch = on - (xn >= 2) - (yn >= 2);
+  // Operand dim under output batch dim b, when the operand has it at full size (not broadcast).
+  auto operand_dim = [&](const Shape& shape, int64_t n, int64_t b) -> std::optional<int64_t> {
+    const int64_t d = b - (batch - std::max<int64_t>(n - 2, 0));
+    if (d < 0 || n < 2 || shape[d] != os[b]) return std::nullopt;
+    return d;
+  };
+  for (int64_t b = 0; b < batch; ++b) {
+    const auto xd = operand_dim(xs, xn, b), yd = operand_dim(ys, yn, b);
+    if (!xd && !yd) continue;
+    out.push_back({{Shard(b)}, {xd ? Placement(Shard(*xd)) : Replicate(), yd ? Placement(Shard(*yd)) : Replicate()}});
+  }
+  return with_partial_operands(s, std::move(out));
+}
+
 const bool registered = [] {
   // Exact overloads: the families' .dtype forms (out_dtype matmuls) have no CPU kernels.
   using detail::register_overloads;
@@ -75,6 +124,8 @@ const bool registered = [] {
                      {.dim = [](const OpSchema& s) { return add_product(s, 1); }, .family = "matrix"});
   register_overloads({"aten::dot"}, {.dim = dot, .family = "matrix"});
   register_overloads({"aten::mv"}, {.dim = mv, .family = "matrix"});
+  detail::register_composite({"aten::linear"}, {.dim = linear, .family = "composite"});
+  detail::register_composite({"aten::matmul"}, {.dim = matmul, .family = "composite"});
   return true;
 }();
 

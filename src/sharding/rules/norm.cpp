@@ -81,6 +81,9 @@ const bool registered = [] {
   register_overloads({"aten::_softmax_backward_data"}, {.dim = softmax_backward, .family = "norm"});
   register_overloads({"aten::native_layer_norm"}, {.dim = layer_norm, .family = "norm"});
   register_overloads({"aten::native_layer_norm_backward"}, {.dim = layer_norm_backward, .family = "norm"});
+  // Their composite forms, kept whole in exported graphs: the same math, one output.
+  detail::register_composite({"aten::softmax.int"}, {.dim = softmax, .family = "composite"});
+  detail::register_composite({"aten::layer_norm"}, {.dim = layer_norm, .family = "composite"});
   return true;
 }();
 

@@ -138,6 +138,8 @@ const bool registered = [] {
   detail::register_overloads({"aten::add.out", "aten::sub.out"}, rule(Linearity::Additive));
   detail::register_overloads({"aten::mul.out"}, rule(Linearity::Scaling));
   detail::register_overloads({"aten::div.out", "aten::div.out_mode"}, rule(Linearity::FirstLinear));
+  // attention's math path with a mask (_safe_softmax) writes where's result into a preallocated output
+  detail::register_overloads({"aten::where.self_out"}, rule(Linearity::None));
   register_family({"aten::div", "aten::threshold_backward", "aten::sigmoid_backward", "aten::tanh_backward",
                    "aten::gelu_backward", "aten::silu_backward", "aten::hardtanh_backward",
                    "aten::leaky_relu_backward", "aten::elu_backward", "aten::softplus_backward",
@@ -157,7 +159,7 @@ const bool registered = [] {
        "aten::sinh",       "aten::sqrt",       "aten::square",        "aten::tan",          "aten::tanh",
        "aten::trunc",      "aten::where",      "aten::eq",            "aten::ne",           "aten::lt",
        "aten::le",         "aten::gt",         "aten::ge",            "aten::masked_fill",  "aten::isnan",
-       "aten::isinf",      "aten::nan_to_num", "aten::bitwise_and",   "aten::bitwise_or",   "aten::bitwise_xor",
+       "aten::isinf",      "aten::isneginf",   "aten::isposinf",      "aten::nan_to_num", "aten::bitwise_and",   "aten::bitwise_or",   "aten::bitwise_xor",
        "aten::bitwise_not", "aten::fmod",      "aten::remainder",     "aten::addcmul",      "aten::addcdiv",
        "aten::elu",        "aten::softplus",   "aten::threshold",     "aten::_to_copy",   "aten::fill",       "aten::zero",          "aten::copy",         "aten::logit",
        "aten::mish",       "aten::hardswish",  "aten::hardsigmoid",   "aten::xlogy",        "aten::sgn",

@@ -373,6 +373,8 @@ const bool registered = [] {
   register_family({"aten::repeat"}, {.dim = repeat, .family = "view"});
   register_family({"aten::view", "aten::_unsafe_view"},
                   {.mesh = view, .local_args = view_local_args, .local_kernel = view_kernel, .family = "view"});
+  // reshape (composite: a view or a copy) shards like the view; a copy of the shard is legal here.
+  detail::register_composite({"aten::reshape"}, {.mesh = view, .local_args = local_size_arg, .family = "composite"});
   register_family({"aten::_reshape_alias"},
                   {.mesh = view, .local_args = local_size_arg, .local_kernel = reshape_alias_kernel, .family = "view"});
   register_family({"aten::new_empty_strided"},

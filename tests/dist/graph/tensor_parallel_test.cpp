@@ -7,6 +7,7 @@
 #include "../harness.h"
 #include "dtensor/graph/program.h"
 #include "dtensor/graph/tensor_parallel.h"
+#include "gpt/graph_plan.h"
 #include "test_models.h"
 
 namespace dtensor::testing {
@@ -23,16 +24,7 @@ std::map<std::string, int> collectives_in(const g::Program& p) {
   return out;
 }
 
-// The GPT plan of examples/gpt/training.h, by module path.
-ParallelizePlan gpt_plan(bool with_lm_head) {
-  ParallelizePlan plan = {{"tok_emb", RowwiseParallel{}},
-                          {"blocks.*.attn.w[qkv]", ColwiseParallel{}},
-                          {"blocks.*.attn.wo", RowwiseParallel{}},
-                          {"blocks.*.mlp.fc1", ColwiseParallel{}},
-                          {"blocks.*.mlp.fc2", RowwiseParallel{}}};
-  if (with_lm_head) plan.push_back({"lm_head", ColwiseParallel{}});
-  return plan;
-}
+using gpt::graph_plan;
 
 at::Tensor run_one(g::Program& p, const at::Tensor& input) { return g::run(p, {input})[0].toTensor(); }
 
@@ -41,14 +33,58 @@ TEST_F(DistTest, GraphTensorParallelMlp) {
   g::Program local = g::tensor_parallel_transform(g::load_program(graph_model("mlp.pt2")), mesh({4}),
                                                   {{"fc1", ColwiseParallel{}}, {"fc2", RowwiseParallel{}}});
   EXPECT_TRUE(tensors_close(run_one(local, io.at("input0")), io.at("output0"), 1e-5, 1e-6));
+  // Megatron's MLP: one all-reduce after the row-parallel layer, nothing else.
+  EXPECT_EQ(collectives_in(local), (std::map<std::string, int>{{"_c10d_functional::all_reduce", 1}}));
   // Each rank holds its part of the weights only.
   EXPECT_EQ(local.state.at("fc1.weight").tensor().size(0), 32 / 4);
   EXPECT_EQ(local.state.at("fc2.weight").tensor().size(1), 32 / 4);
 }
 
+// The demo GPT's collectives per forward under the plan with a column-parallel lm_head: 1 all-reduce
+// for the vocabulary-parallel embedding and 1 per row-parallel layer (attn.wo, mlp.fc2), as
+// module-level TP, and the gather of the logits (the graph's output is Replicate).
+std::map<std::string, int> module_level_collectives(int64_t layers) {
+  return {{"_c10d_functional::all_reduce", static_cast<int>(1 + 2 * layers)}, {"_c10d_functional::all_gather_into_tensor", 1}};
+}
+constexpr int64_t kGptLayers = 2;  // scripts/export_test_models.py's GPT
+
+TEST_F(DistTest, GraphTensorParallelGptTrainingIr) {
+  const auto io = tensor_map("gpt_train_ir_static_io_b8");
+  g::Program local =
+      g::tensor_parallel_transform(g::load_program(graph_model("gpt_train_ir_static.pt2")), mesh({4}), graph_plan(true));
+  EXPECT_TRUE(tensors_close(run_one(local, io.at("input0")), io.at("output0"), 1e-4, 1e-5));
+  EXPECT_EQ(collectives_in(local), module_level_collectives(kGptLayers)) << local.graph.str();
+}
+
+// With lm_head replicated, the whole-graph choice (strategy_choice.h) ends differently from module
+// level: instead of all-reducing the last residual (2 x 3/4 of [8, 32, 128] per rank), it
+// reduce-scatters it over the batch, runs the final layer norm and lm_head on a quarter of the batch,
+// and gathers the much smaller logits ([8, 32, 42]): fewer bytes moved, and a quarter of lm_head's work.
+TEST_F(DistTest, GraphTensorParallelGptReplicatedHeadRunsOnABatchShard) {
+  const auto io = tensor_map("gpt_train_ir_static_io_b8");
+  g::Program local =
+      g::tensor_parallel_transform(g::load_program(graph_model("gpt_train_ir_static.pt2")), mesh({4}), graph_plan(false));
+  EXPECT_TRUE(tensors_close(run_one(local, io.at("input0")), io.at("output0"), 1e-4, 1e-5));
+  EXPECT_EQ(collectives_in(local), (std::map<std::string, int>{{"_c10d_functional::all_reduce", 2 * kGptLayers},
+                                                               {"_c10d_functional::reduce_scatter_tensor", 1},
+                                                               {"_c10d_functional::all_gather_into_tensor", 1}}))
+      << local.graph.str();
+}
+
+// TP over one dim of a 2x2 mesh: the other dim holds replicas, which compute alike.
+TEST_F(DistTest, GraphTensorParallelGptOnTwoDimMesh) {
+  const auto io = tensor_map("gpt_train_ir_static_io_b8");
+  const MeshPtr m = mesh({2, 2}, {}, {"dp", "tp"});
+  g::Program local = g::tensor_parallel_transform(g::load_program(graph_model("gpt_train_ir_static.pt2")), m, graph_plan(true),
+                                                  {.tp_dim = "tp"});
+  EXPECT_TRUE(tensors_close(run_one(local, io.at("input0")), io.at("output0"), 1e-4, 1e-5));
+  EXPECT_EQ(collectives_in(local), module_level_collectives(kGptLayers));
+  EXPECT_EQ(local.state.at("blocks.0.mlp.fc1.weight").tensor().size(0), 512 / 2);
+}
+
 TEST_F(DistTest, GraphTensorParallelGptCoreAten) {
   const auto io = tensor_map("gpt_aten_static_io_b8");
-  g::Program local = g::tensor_parallel_transform(g::load_program(graph_model("gpt_aten_static.pt2")), mesh({4}), gpt_plan(true));
+  g::Program local = g::tensor_parallel_transform(g::load_program(graph_model("gpt_aten_static.pt2")), mesh({4}), graph_plan(true));
   EXPECT_TRUE(tensors_close(run_one(local, io.at("input0")), io.at("output0"), 1e-4, 1e-5));
   g::save_program(local, graph_saved("tp_gpt_aten_rank" + std::to_string(world()->rank()) + ".pt2"));
 }

@@ -1,0 +1,132 @@
+// Scaled dot-product attention on [batch, heads, length, head_dim] tensors. Attention is independent
+// per batch entry and per head, so q, k, v (and the mask's matching dims) shard alike on dim 0 or 1:
+// tensor-parallel attention shards heads. It is also independent per query, so queries alone may be
+// sharded along their length (k and v Replicate) unless the mask is causal, which depends on a
+// query's absolute position; in backward that makes the k and v gradients partial sums. Dropout draws
+// random numbers per element, so attention with dropout runs replicated.
+//
+// Eager dispatch sees the CPU kernels (_scaled_dot_product_flash_attention_for_cpu and its backward)
+// or the math decomposition, as single-device dispatch would choose; exported graphs keep the
+// composite aten::scaled_dot_product_attention, which gets the forward rule too.
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "../registry.h"
+#include "optional_tensors.h"
+#include "rule_helpers.h"
+
+namespace dtensor::rules {
+namespace {
+
+constexpr int64_t kBatch = 0, kHeads = 1, kQueries = 2;
+
+// Where the key-like inputs (k, v) and the mask sit among the arguments; every other tensor is shaped
+// like the query (or like its first three dims: logsumexp), argument 0 among them.
+struct Roles {
+  std::vector<size_t> key_like;
+  size_t mask;
+};
+
+const Roles kForward = {{1, 2}, 5};    // _scaled_dot_product_flash_attention_for_cpu(q, k, v, p, causal, *, mask)
+const Roles kComposite = {{1, 2}, 3};  // scaled_dot_product_attention(q, k, v, mask, p, causal, ...)
+const Roles kBackward = {{2, 3}, 8};   // ..._backward(grad_out, q, k, v, out, lse, p, causal, *, mask)
+
+bool contains(const std::vector<size_t>& v, size_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// The mask broadcasts to [batch, heads, queries, keys] from the right: the placement of its dim under
+// `dim` of the query when that dim is sharded, or Replicate where it broadcasts (size 1 or absent).
+Placement mask_placement(const OpSchema& s, size_t input, int64_t dim) {
+  const Shape& mask = s.input(input).meta.shape;
+  const int64_t d = dim - (4 - static_cast<int64_t>(mask.size()));
+  const size_t query = *s.input_at_arg(0);
+  return d >= 0 && mask[d] == s.input(query).meta.shape[dim] && mask[d] != 1 ? Placement(Shard(d)) : Replicate();
+}
+
+// Dims that may be sharded: batch always; heads unless keys have fewer heads (grouped-query attention
+// pairs query heads with key heads by position); queries unless causal.
+std::vector<int64_t> shardable_dims(const OpSchema& s, const Roles& roles) {
+  const auto dropout = s.schema.argumentIndexWithName("dropout_p");
+  if (dropout && s.args[*dropout].toDouble() != 0) return {};
+  const Shape& q = s.input(*s.input_at_arg(0)).meta.shape;  // the query, or grad_out shaped like it
+  const Shape& k = s.input(*s.input_at_arg(roles.key_like[0])).meta.shape;
+  if (q.size() != 4 || k.size() != 4) return {};
+  std::vector<int64_t> dims = {kBatch};
+  if (q[kHeads] == k[kHeads]) dims.push_back(kHeads);
+  if (!argument(s, "is_causal").toBool()) dims.push_back(kQueries);
+  return dims;
+}
+
+// Every input sharded like the query along `dim` (for queries: key-like inputs Replicate).
+Placements inputs_along(const OpSchema& s, const Roles& roles, int64_t dim) {
+  return by_argument(s, [&](size_t arg) -> Placement {
+    if (arg == roles.mask) return mask_placement(s, *s.input_at_arg(arg), dim);
+    if (dim == kQueries && contains(roles.key_like, arg)) return Replicate();
+    return Shard(dim);
+  });
+}
+
+std::vector<DimStrategy> forward(const OpSchema& s, const Roles& roles) {
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  for (int64_t d : shardable_dims(s, roles))
+    out.push_back({Placements(s.outputs.size(), Shard(d)), inputs_along(s, roles, d)});
+  return out;
+}
+
+// -> (grad_query, grad_key, grad_value). Linear in grad_out, so a Partial one gives Partial gradients.
+std::vector<DimStrategy> backward(const OpSchema& s) {
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  for (int64_t d : shardable_dims(s, kBackward)) {
+    const Placement keys = d == kQueries ? Placement(Partial()) : Placement(Shard(d));
+    out.push_back({{Shard(d), keys, keys}, inputs_along(s, kBackward, d)});
+  }
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+    DimStrategy st = all_replicate(s);
+    st.outputs = Placements(3, Partial(op));
+    st.inputs[0] = Partial(op);
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
+// The CPU kernels reject shards without queries (5 heads over 4 ranks leave one rank none): their
+// value there is empty outputs and zero key gradients.
+LocalKernel empty_shard_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
+  return empty_here(s, chosen, 0) ? zero_outputs(s, chosen) : LocalKernel{};
+}
+
+// Which kernel single-device dispatch would run: decided on stand-ins with the global shapes (only
+// the last dim's stride, which the choice checks, is real), so every rank chooses alike.
+int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                         const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa) {
+  auto stand_in = [](const at::Tensor& t) {
+    std::vector<int64_t> strides(static_cast<size_t>(t.dim()), 0);
+    if (!strides.empty()) strides.back() = 1;
+    return at::empty_strided(t.sizes(), strides, t.options());
+  };
+  std::optional<at::Tensor> mask;
+  if (attn_mask && attn_mask->defined()) mask = stand_in(*attn_mask);
+  return at::_fused_sdp_choice(stand_in(query), stand_in(key), stand_in(value), mask, dropout_p, is_causal, scale,
+                               enable_gqa);
+}
+
+const bool registered = [] {
+  using detail::register_overloads;
+  register_overloads({"aten::_scaled_dot_product_flash_attention_for_cpu"},
+                     {.dim = [](const OpSchema& s) { return forward(s, kForward); },
+                      .local_kernel = empty_shard_kernel,
+                      .family = "attention"});
+  register_overloads({"aten::_scaled_dot_product_flash_attention_for_cpu_backward"},
+                     {.dim = backward, .local_kernel = empty_shard_kernel, .family = "attention"});
+  detail::register_composite({"aten::scaled_dot_product_attention"},
+                             {.dim = [](const OpSchema& s) { return forward(s, kComposite); }, .family = "composite"});
+  return true;
+}();
+
+}  // namespace
+
+// A DTensor's sizes are global, so the choice sees what single-device dispatch sees.
+TORCH_LIBRARY_IMPL(aten, PrivateUse2, m) { m.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice)); }
+
+}  // namespace dtensor::rules
