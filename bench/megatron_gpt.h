@@ -193,7 +193,8 @@ class MegatronGpt {
     for (const auto& block : *full->blocks) blocks_.emplace_back(*block->as<gpt::BlockImpl>());
   }
 
-  at::Tensor forward(const at::Tensor& tokens, const at::Tensor& targets) const {
+  // The residual stream after the last block (replicated on every rank).
+  at::Tensor trunk(const at::Tensor& tokens) const {
     const int64_t t = tokens.size(1);
     at::Tensor x = embed(tokens) + pos_emb_.slice(0, 0, t);
     const at::Tensor mask = causal_mask_.slice(0, 0, t).slice(1, 0, t);
@@ -201,21 +202,18 @@ class MegatronGpt {
       const at::Tensor h = x + attention(block, block.ln1(x), mask);
       x = h + mlp(block, block.ln2(h));
     }
-    const at::Tensor logits = at::linear(copy_to_tp(ln_f_(x)), lm_head_);  // this rank's classes
+    return x;
+  }
+
+  at::Tensor forward(const at::Tensor& tokens, const at::Tensor& targets) const {
+    const at::Tensor logits = at::linear(copy_to_tp(ln_f_(trunk(tokens))), lm_head_);  // this rank's classes
     return VocabParallelCrossEntropy::apply(logits.flatten(0, 1), targets.flatten(0, 1), vocab_.start);
   }
 
   // The whole logits [batch, seq, vocab] on every rank: this rank's classes, gathered (Megatron's
   // gather_from_tensor_model_parallel_region; uneven class shards travel padded).
   at::Tensor logits(const at::Tensor& tokens) const {
-    const int64_t t = tokens.size(1);
-    at::Tensor x = embed(tokens) + pos_emb_.slice(0, 0, t);
-    const at::Tensor mask = causal_mask_.slice(0, 0, t).slice(1, 0, t);
-    for (const BlockShard& block : blocks_) {
-      const at::Tensor h = x + attention(block, block.ln1(x), mask);
-      x = h + mlp(block, block.ln2(h));
-    }
-    const at::Tensor mine = at::linear(ln_f_(x), lm_head_);
+    const at::Tensor mine = at::linear(ln_f_(trunk(tokens)), lm_head_);
     TpGroup& group = tp_group();
     if (group.size == 1) return mine;
     const int64_t padded = (vocab_size_ + group.size - 1) / group.size;
