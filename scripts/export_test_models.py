@@ -7,6 +7,7 @@ Pinned to torch 2.15.0 (the project's venv). Deterministic: fixed seeds, one thr
 
 Archives (torch.export.save):
   mlp.pt2                 Linear(16,32) -> GELU -> Linear(32,16), input [4,16] float32.
+  mlp_head.pt2            the same MLP, then LayerNorm(16) and Linear(16,8) (a head).
   mlp_extras.pt2          the same MLP plus what the plain one lacks: a non-persistent buffer
                           (`scale`), a plain tensor attribute (lifted as a tensor constant `offset`)
                           and an int64 counter buffer mutated in forward (`calls`), so the graph has
@@ -70,6 +71,18 @@ class Mlp(nn.Module):
 
     def forward(self, x):
         return self.fc2(F.gelu(self.fc1(x)))
+
+
+class MlpHead(Mlp):
+    """The MLP then a layer norm and a head: under TP (fc1 colwise, fc2 rowwise, the rest replicated)
+    node-by-node choice reduce-scatters fc2's partial sum for the layer norm and gathers the head's
+    output; the whole graph sees that one all-reduce costs less (tests/dist/graph/spmd_test.cpp)."""
+    def __init__(self):
+        super().__init__()
+        self.ln, self.head = nn.LayerNorm(16), nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.head(self.ln(super().forward(x)))
 
 
 class MlpExtras(Mlp):
@@ -218,6 +231,16 @@ def main():
         y = run_loaded("mlp", x)
         check("mlp", y, mlp(*x))
         index["archives"]["mlp"]["io"].append(write_set(out_dir, "mlp_io", io_tensors(x, y)))
+
+        # -- MLP with a layer norm and a head (for the whole-graph strategy choice); its own seed, so
+        # that the models after it keep their weights
+        with torch.random.fork_rng():
+            torch.manual_seed(1)
+            head = MlpHead().eval()
+        save("mlp_head", torch.export.export(head, x), write_set(out_dir, "mlp_head_params", list(head.state_dict().items())), [])
+        y = run_loaded("mlp_head", x)
+        check("mlp_head", y, head(*x))
+        index["archives"]["mlp_head"]["io"].append(write_set(out_dir, "mlp_head_io", io_tensors(x, y)))
 
         # -- MLP with a non-persistent buffer, a tensor constant and a buffer mutation. Training IR
         # keeps the counter update as an in-place aten.add_ on the buffer's placeholder; core ATen IR

@@ -9,6 +9,7 @@
 
 #include "dtensor/errors.h"
 #include "dtensor/graph/program.h"
+#include "integer_ops.h"
 
 namespace dtensor::graph {
 namespace {
@@ -78,24 +79,10 @@ c10::IValue value_of(const Arg& a, const Environment& env) {
   return {};
 }
 
-// Python's integer operators on symbolic sizes (torch.export writes them as _operator.<name>).
 int64_t integer_operator(const Node& node, const Environment& env) {
-  const std::string op = node.target.substr(std::string("_operator.").size());
   std::vector<int64_t> v;
   for (const Arg& a : node.args) v.push_back(a.kind == Arg::Kind::SymInt ? size_of(a.sizes[0], env) : a.constant.toInt());
-  auto floordiv = [](int64_t a, int64_t b) {
-    const int64_t q = a / b;
-    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
-  };
-  if (op == "neg" && v.size() == 1) return -v[0];
-  if (v.size() == 2) {
-    if (op == "add") return v[0] + v[1];
-    if (op == "sub") return v[0] - v[1];
-    if (op == "mul") return v[0] * v[1];
-    if (op == "floordiv") return floordiv(v[0], v[1]);
-    if (op == "mod") return v[0] - floordiv(v[0], v[1]) * v[1];
-  }
-  throw DTensorError("graph run: node '" + node.name + "': unsupported integer operator " + node.target);
+  return detail::apply_integer_operator(node.target, v, node.name);
 }
 
 // The last node (position) that reads each value; graph outputs are never freed.

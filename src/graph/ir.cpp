@@ -129,6 +129,19 @@ Node* Graph::insert_after(Node* after, const std::string& qualified, std::vector
   return insert(next, qualified, std::move(args), name);
 }
 
+Node* Graph::insert_integer_operator(Node* before, const std::string& op, std::vector<Arg> args, const std::string& name) {
+  auto node = std::make_unique<Node>();
+  node->target = "_operator." + op;
+  node->args = std::move(args);
+  node->name = unique_name(name);
+  Value* out = new_value(node->name, Value::Kind::SymInt);
+  out->producer = node.get();
+  node->outputs.push_back(out);
+  Node* raw = node.get();
+  nodes_.insert(position(before), std::move(node));
+  return raw;
+}
+
 Node* Graph::append(std::unique_ptr<Node> node) {
   for (Value* out : node->outputs) out->producer = node.get();
   nodes_.push_back(std::move(node));

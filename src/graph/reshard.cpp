@@ -22,6 +22,7 @@ struct Emitter {
   Node* before;
   std::string why;
   Value* current;
+  const RedistributeStep* step = nullptr;  // the planner's step being emitted
 
   Node* emit(const std::string& op, std::vector<Arg> args, const std::string& name) {
     Node* n = program.graph.insert(before, op, std::move(args), name);
@@ -50,6 +51,8 @@ struct Emitter {
   // A collective producing a contiguous tensor of `shape`, then its wait_tensor.
   Value* collective(const std::string& op, std::vector<Arg> args, const Shape& shape, const std::string& name) {
     Node* n = emit(op, std::move(args), name);
+    n->note = why + "; " + step->str();
+    n->bytes_per_rank = step->bytes_per_rank;
     Value* out = n->outputs[0];
     out->meta = TensorMeta{shape, contiguous_strides(shape), current->meta.dtype};
     Node* wait = emit("_c10d_functional::wait_tensor", {Arg::tensor(out)}, "wait_" + n->name);
@@ -169,6 +172,7 @@ struct Emitter {
   }
 
   void run(const RedistributeStep& step) {
+    this->step = &step;
     switch (step.kind) {
       case StepKind::AllGather: all_gather(step); break;
       case StepKind::AllReduce: all_reduce(step); break;

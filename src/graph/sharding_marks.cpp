@@ -115,6 +115,16 @@ bool all_replicate(const Placements& p) {
   return true;
 }
 
+bool has_symbol(const Arg& a) {
+  return std::any_of(a.sizes.begin(), a.sizes.end(), [](const SymSize& s) { return s.symbol != nullptr; });
+}
+
+c10::IValue global_hints(const Arg& a) {
+  std::vector<int64_t> sizes;
+  for (const SymSize& s : a.sizes) sizes.push_back(hint_of(s));
+  return a.kind == Arg::Kind::SymInts ? c10::IValue(sizes) : c10::IValue(sizes.at(0));
+}
+
 bool writes_an_input(const Node& node) {
   for (const auto& a : node.op->schema().arguments())
     if (a.alias_info() && a.alias_info()->isWrite()) return true;
@@ -174,8 +184,9 @@ void keep_allowed(NodeOptions& n, const MarkOptions& options, const std::set<con
 
 }  // namespace
 
-std::map<const Node*, NodeSharding> mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& options) {
-  std::map<const Node*, NodeSharding> marks;
+Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& options) {
+  Marks result{{}, ShardedSizes(mesh)};
+  auto& marks = result.nodes;
   const Placements replicate(mesh->ndim(), Replicate());
   std::set<const Value*> state;  // parameters, buffers and constants
   for (const InputSpec& spec : program.inputs)
@@ -184,14 +195,27 @@ std::map<const Node*, NodeSharding> mark_sharding(Program& program, const MeshPt
   StrategyChoice choice(mesh);
   std::vector<NodeOptions> chosen;
   for (Node* node : program.graph.nodes()) {
-    if (!node->op) continue;  // integer operators on sizes
+    if (!node->op) {  // integer operators on sizes
+      result.sizes.record(*node);
+      continue;
+    }
     const auto outputs = tensor_outputs(*node);
     Call c = call_of(*node, mesh);
     NodeSharding& s = marks[node] = std::move(c.sharding);
     if (c.inputs.empty() || outputs.empty()) {
-      // Factories make the same value on every rank; size queries read the global shape.
-      for (Value* v : outputs) v->placements = replicate;
+      // Size queries read the global shape (their local value is tracked as a DSymInt). Factories
+      // make the same value on every rank, or their part of it where a size is sharded.
+      result.sizes.record(*node);
       s.moves.assign(c.inputs.size(), std::nullopt);
+      for (Value* v : outputs) v->placements = replicate;
+      if (outputs.empty() || !c.inputs.empty()) continue;
+      if (auto factory = result.sizes.factory_placements(*node)) {
+        Value* out = outputs[0];
+        out->placements = factory->first;
+        const LocalLayout l = local_layout(out->meta.shape, mesh->shape(), *mesh->coordinate(), factory->first);
+        s.local_args = {{factory->second, c10::IValue(l.shape)}};
+        node->note = "makes this rank's part: a size is read from a sharded dim";
+      }
       continue;
     }
     if (!dtensor::detail::find_rule(*node->op)) {
@@ -222,12 +246,26 @@ std::map<const Node*, NodeSharding> mark_sharding(Program& program, const MeshPt
     choice.choose_greedily(n);
     chosen.push_back(std::move(n));
   }
-  if (options.whole_graph) {
-    std::vector<Value*> graph_outputs;
-    for (Arg& out : program.graph.outputs())
-      for (Value* v : out.values)
-        if (v && v->is_tensor() && v->placements) graph_outputs.push_back(v);
-    choice.improve(chosen, graph_outputs);
+  std::vector<NeededOutput> needed;
+  const auto& graph_outputs = program.graph.outputs();
+  for (size_t k = 0; k < graph_outputs.size(); ++k)
+    for (Value* v : graph_outputs[k].values)
+      if (v && v->is_tensor() && v->placements)
+        needed.push_back({v, options.output_targets.empty() ? std::optional(replicate) : options.output_targets.at(k)});
+  StrategyCosts& costs = result.costs;
+  costs.node_by_node = costs.chosen = choice.total_cost(chosen, needed);
+  costs.method = "greedy";
+  if (options.search != MarkOptions::Search::Greedy) {
+    costs.chosen = choice.improve(chosen, needed).second;
+    costs.method = "local search";
+  }
+  if (options.search == MarkOptions::Search::Exact) {
+    if (auto exact = choice.search_exactly(chosen, needed)) {
+      costs.chosen = *exact;
+      costs.method = "exact";
+    } else {
+      costs.method = "local search (exact search over budget)";
+    }
   }
   for (NodeOptions& n : chosen) {
     NodeSharding& s = marks.at(n.node);
@@ -237,10 +275,23 @@ std::map<const Node*, NodeSharding> mark_sharding(Program& program, const MeshPt
     s.local_args = d.local_args;
     s.local_kernel = d.local_kernel;
   }
-  return marks;
+  return result;
 }
 
-void partition(Program& program, const MeshPtr& mesh, std::map<const Node*, NodeSharding>& marks) {
+void expand_marked(Program& program, const MeshPtr& mesh, const MarkOptions& options) {
+  program.mesh = mesh;
+  Marks marks = mark_sharding(program, mesh, options);
+  partition(program, mesh, marks, options.output_targets);
+  for (const InputSpec& spec : program.inputs) {
+    if (spec.kind == InputSpec::Kind::UserInput) continue;
+    auto& state = program.state.at(spec.target);
+    state = StateTensor(state.shard(*mesh, *spec.value->placements));
+  }
+  program.strategy_costs = marks.costs;
+}
+
+void partition(Program& program, const MeshPtr& mesh, Marks& all_marks, const std::vector<std::optional<Placements>>& output_targets) {
+  auto& marks = all_marks.nodes;
   // Every marked value takes its local meta; the global one stays known for planning reshards.
   std::map<const Value*, TensorMeta> global;
   auto localize = [&](Value* v) {
@@ -252,6 +303,7 @@ void partition(Program& program, const MeshPtr& mesh, std::map<const Node*, Node
   for (Value* v : program.graph.inputs()) localize(v);
   for (Node* n : program.graph.nodes())
     for (Value* v : n->outputs) localize(v);
+  all_marks.sizes.compute_local_hints(program.graph);
 
   std::map<std::pair<const Value*, std::string>, Value*> reshards;  // one per value and target
   auto moved = [&](Node* before, Value* v, const Placements& to, const std::string& why) {
@@ -269,24 +321,33 @@ void partition(Program& program, const MeshPtr& mesh, std::map<const Node*, Node
       slot = moved(node, slot, *s.moves[k],
                    "for " + node->name + ": " + to_string(*slot->placements) + " -> " + to_string(*s.moves[k]));
     }
+    std::set<size_t> localized;
     for (const auto& [index, value] : s.local_args) {
-      Arg& a = node->args[index];
-      for (const SymSize& size : a.sizes)
-        if (size.symbol)
-          throw DTensorError("graph: node '" + node->name + "': a size computed at run time (%" + size.symbol->name +
-                             ") would have to be rewritten to a local size; dynamic sizes need SPMD expansion");
-      a = Arg::of(value);
+      all_marks.sizes.localize_argument(program.graph, node, index, value);
+      localized.insert(index);
     }
+    // Sizes computed at run time that no rule made local: the op wants their global values.
+    for (size_t index = 0; index < node->args.size(); ++index)
+      if (!localized.count(index) && has_symbol(node->args[index]))
+        all_marks.sizes.localize_argument(program.graph, node, index, global_hints(node->args[index]));
     if (s.local_kernel && !only_checks(*node) && !lower_local_kernel(program, *mesh, node, [&](const Value* v) -> const TensorMeta& { return global.at(v); })) {
       node->local_kernel = s.local_kernel;
       node->note += std::string(node->note.empty() ? "" : "; ") + "runs dtensor's local kernel";
     }
   }
-  const Placements replicate(mesh->ndim(), Replicate());
-  for (Arg& out : program.graph.outputs())
-    for (Value*& v : out.values)
-      if (v && v->is_tensor() && v->placements && !all_replicate(*v->placements))
-        v = moved(nullptr, v, replicate, "graph output: " + to_string(*v->placements) + " -> " + to_string(replicate));
+  auto& outputs = program.graph.outputs();
+  for (size_t k = 0; k < outputs.size(); ++k)
+    for (Value*& v : outputs[k].values) {
+      if (!v || !v->is_tensor() || !v->placements) continue;
+      Placements target = *v->placements;
+      if (output_targets.empty()) target.assign(target.size(), Replicate());
+      else if (output_targets.at(k)) target = *output_targets[k];
+      else
+        for (auto& p : target)
+          if (p.is_partial()) p = Replicate();
+      if (target != *v->placements)
+        v = moved(nullptr, v, target, "graph output " + std::to_string(k) + ": " + to_string(*v->placements) + " -> " + to_string(target));
+    }
 }
 
 }  // namespace dtensor::graph::detail

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dtensor/graph/program.h"
+#include "sym_sizes.h"
 
 namespace dtensor::graph::detail {
 
@@ -32,17 +33,40 @@ struct MarkOptions {
   bool keep_state_in_place = false;
   // Only this mesh dim may shard or hold partial values; along the others everything stays Replicate.
   std::optional<int64_t> only_mesh_dim;
-  // After the greedy pass, improve the choice for the whole graph (see strategy_choice.h).
-  bool whole_graph = true;
+  // How the strategies are chosen (strategy_choice.h): node by node as eager dispatch does (Greedy),
+  // then improved for the whole graph by local search (LocalSearch), then, within a budget of
+  // states, the cheapest choice for the whole graph (Exact; the local search's where over budget).
+  enum class Search { Greedy, LocalSearch, Exact };
+  Search search = Search::LocalSearch;
+  // Per graph output, the placements it must end in (see partition); empty: every output Replicate.
+  std::vector<std::optional<Placements>> output_targets;
+};
+
+
+
+// Every node's strategy, and what the sizes read from sharded values are.
+struct Marks {
+  std::map<const Node*, NodeSharding> nodes;
+  ShardedSizes sizes;
+  StrategyCosts costs;
 };
 
 // Marks every tensor value of `program` (inputs must be marked already) and returns each node's
-// strategy.
-std::map<const Node*, NodeSharding> mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& options);
+// strategy. A factory whose size is read from a sharded dim makes its part of the output (sym_sizes.h).
+Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& options);
 
 // Inserts the reshards the marks call for (one per value and target, shared by its consumers),
-// applies local arguments and kernels (or a graph form of a kernel, where one exists), makes the
-// graph outputs Replicate, then gives every value its local meta. `why` names the transform in notes.
-void partition(Program& program, const MeshPtr& mesh, std::map<const Node*, NodeSharding>& marks);
+// applies local arguments and kernels (or a graph form of a kernel, where one exists), gives every
+// value its local meta and every size argument its value on this rank, and brings each graph output
+// to its target in `output_targets` (one per graph output; nullopt: Partial entries become Replicate,
+// shards stay; an empty vector: every output Replicate). Each collective's note says why it is there
+// and what it costs by the planner's model (also in Node::modelled_bytes).
+void partition(Program& program, const MeshPtr& mesh, Marks& marks,
+               const std::vector<std::optional<Placements>>& output_targets = {});
+
+// The whole expansion of a program whose inputs are marked: mark_sharding, partition (to
+// options.output_targets), then the state sharded (each rank reads only its part of every tensor).
+// The program becomes this rank's (its strategy_costs set).
+void expand_marked(Program& program, const MeshPtr& mesh, const MarkOptions& options);
 
 }  // namespace dtensor::graph::detail

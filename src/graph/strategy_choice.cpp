@@ -1,6 +1,9 @@
 #include "strategy_choice.h"
 
+#include <limits>
 #include <map>
+#include <set>
+#include <unordered_map>
 
 #include "../sharding/propagation.h"
 #include "dtensor/redistribute_plan.h"
@@ -52,17 +55,41 @@ void StrategyChoice::choose_greedily(NodeOptions& n) {
   for (size_t k = 0; k < n.outputs.size() && k < st.outputs.size(); ++k) n.outputs[k]->placements = st.outputs[k];
 }
 
-std::pair<double, double> StrategyChoice::improve(std::vector<NodeOptions>& nodes, const std::vector<Value*>& needed_replicate) {
+namespace {
+
+// Which graph outputs each value is (a value may be more than one).
+std::map<const Value*, std::vector<const NeededOutput*>> outputs_by_value(const std::vector<NeededOutput>& needed) {
+  std::map<const Value*, std::vector<const NeededOutput*>> out;
+  for (const NeededOutput& n : needed) out[n.value].push_back(&n);
+  return out;
+}
+
+}  // namespace
+
+Placements NeededOutput::target_from(const Placements& at) const {
+  if (target) return *target;
+  Placements p = at;
+  for (auto& x : p)
+    if (x.is_partial()) x = Replicate();
+  return p;
+}
+
+std::pair<double, double> StrategyChoice::improve(std::vector<NodeOptions>& nodes, const std::vector<NeededOutput>& needed) {
   std::map<const Value*, Needs> needs;
   for (const NodeOptions& n : nodes)
     for (size_t k = 0; k < n.inputs.size(); ++k)
       if (n.inputs[k]) add_need(needs[n.inputs[k]], n.options[n.chosen].chosen.inputs[k], 1);
-  for (const Value* v : needed_replicate) add_need(needs[v], Placements(mesh_->ndim(), Replicate()), 1);
+  const auto outputs = outputs_by_value(needed);
+  for (const auto& [v, of] : outputs) needs[v];
 
-  // What the reshards of `v`, placed `at`, cost for the consumers' needs (one reshard per target).
+  // What the reshards of `v`, placed `at`, cost for the consumers' needs and the graph outputs it
+  // is (one reshard per target).
   auto value_cost = [&](const Value* v, const Placements& at, const Needs& of) {
+    Needs all = of;
+    if (auto it = outputs.find(v); it != outputs.end())
+      for (const NeededOutput* o : it->second) add_need(all, o->target_from(at), 1);
     double cost = 0;
-    for (const auto& [key, need] : of)
+    for (const auto& [key, need] : all)
       if (need.second > 0) cost += move_cost(v, at, need.first);
     return cost;
   };
@@ -122,6 +149,165 @@ std::pair<double, double> StrategyChoice::improve(std::vector<NodeOptions>& node
     if (!changed) break;
   }
   return {before, total()};
+}
+
+double StrategyChoice::total_cost(const std::vector<NodeOptions>& nodes, const std::vector<NeededOutput>& needed) {
+  std::map<const Value*, std::map<std::string, Placements>> targets;  // per value: the distinct targets
+  for (const NodeOptions& n : nodes)
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      if (n.inputs[k]) targets[n.inputs[k]].emplace(to_string(n.options[n.chosen].chosen.inputs[k]), n.options[n.chosen].chosen.inputs[k]);
+  for (const NeededOutput& o : needed) {
+    const Placements t = o.target_from(*o.value->placements);
+    targets[o.value].emplace(to_string(t), t);
+  }
+  double cost = 0;
+  for (const auto& [v, of] : targets)
+    for (const auto& [key, to] : of) cost += move_cost(v, *v->placements, to);
+  for (const NodeOptions& n : nodes) cost += n.options[n.chosen].chosen.kernel_cost;
+  return cost;
+}
+
+namespace {
+
+// The dynamic program of search_exactly: nodes in graph order; at step i the state is what the rest
+// of the graph depends on, the placements of the values live across i and the reshards of them
+// already paid for.
+class ExactSearch {
+ public:
+  ExactSearch(StrategyChoice& choice, std::vector<NodeOptions>& nodes, const std::vector<NeededOutput>& needed, size_t max_states)
+      : choice_(choice), nodes_(nodes), needed_(needed), max_states_(max_states) {
+    std::map<const Value*, size_t> defined;  // index of the node that sets its placements (+1; 0: fixed)
+    for (size_t i = 0; i < nodes_.size(); ++i)
+      for (Value* v : nodes_[i].outputs) defined[v] = i + 1;
+    std::map<const Value*, size_t> last;
+    for (size_t i = 0; i < nodes_.size(); ++i)
+      for (Value* v : nodes_[i].inputs)
+        if (v) last[v] = i;
+    for (const NeededOutput& o : needed_) last[o.value] = nodes_.size();
+    live_.resize(nodes_.size() + 1);
+    for (const auto& [v, end] : last) {
+      const size_t begin = defined.count(v) ? defined.at(v) : 0;
+      for (size_t i = begin; i <= end; ++i) live_[i].push_back(v);
+    }
+  }
+
+  // The least cost of steps i.. from the current state if it is below `bound`; otherwise a lower
+  // bound of it that is at least `bound` (branch and bound: a partial cost reaching the bound ends a
+  // branch, so the search only explores choices that could beat the best known one).
+  double solve(size_t i, double bound) {
+    if (i == nodes_.size()) {
+      double cost = 0;
+      std::vector<std::pair<const Value*, std::string>> paid;
+      for (const NeededOutput& o : needed_) cost += pay(o.value, o.target_from(*o.value->placements), paid);
+      for (const auto& [v, target] : paid) paid_[v].erase(target);
+      return cost;
+    }
+    const std::string key = state_key(i);
+    if (auto it = memo_.find(key); it != memo_.end() && (it->second.exact || it->second.cost >= bound)) return it->second.cost;
+    if (memo_.size() >= max_states_) throw OverBudget{};
+    NodeOptions& n = nodes_[i];
+    double best = std::numeric_limits<double>::infinity();
+    size_t best_option = n.chosen;
+    const size_t first = n.fixed ? n.chosen : 0, end = n.fixed ? n.chosen + 1 : n.options.size();
+    for (size_t o = first; o < end; ++o) {
+      const double limit = std::min(best, bound);
+      const PlacementStrategy& st = n.options[o].chosen;
+      std::vector<std::pair<const Value*, std::string>> paid;
+      double cost = st.kernel_cost;
+      for (size_t k = 0; k < n.inputs.size(); ++k)
+        if (n.inputs[k]) cost += pay(n.inputs[k], st.inputs[k], paid);
+      if (cost < limit) {
+        std::vector<Placements> before;
+        for (size_t k = 0; k < n.outputs.size(); ++k) {
+          before.push_back(*n.outputs[k]->placements);
+          n.outputs[k]->placements = st.outputs[k];
+        }
+        cost += solve(i + 1, limit - cost);
+        if (cost < best) {
+          best = cost;
+          best_option = o;
+        }
+        for (size_t k = 0; k < n.outputs.size(); ++k) n.outputs[k]->placements = before[k];
+      }
+      for (const auto& [v, target] : paid) paid_[v].erase(target);
+    }
+    const bool exact = best < bound;
+    memo_[key] = {exact ? best : bound, best_option, exact};
+    return memo_[key].cost;
+  }
+
+  // Applies the best choices found, in order, following the states they lead to.
+  void apply() {
+    std::vector<std::pair<const Value*, std::string>> paid;  // kept: the states ahead include them
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      NodeOptions& n = nodes_[i];
+      n.chosen = memo_.at(state_key(i)).option;
+      const PlacementStrategy& st = n.options[n.chosen].chosen;
+      for (size_t k = 0; k < n.inputs.size(); ++k)
+        if (n.inputs[k]) pay(n.inputs[k], st.inputs[k], paid);
+      for (size_t k = 0; k < n.outputs.size(); ++k) n.outputs[k]->placements = st.outputs[k];
+    }
+  }
+
+  struct OverBudget {};
+
+ private:
+  // The cost of moving v to `to` unless already paid; records the payment (in `paid`, to undo).
+  double pay(const Value* v, const Placements& to, std::vector<std::pair<const Value*, std::string>>& paid) {
+    std::string target = to_string(to);
+    if (!paid_[v].insert(target).second) return 0;
+    paid.emplace_back(v, std::move(target));
+    return choice_.move_cost(v, *v->placements, to);
+  }
+
+  std::string state_key(size_t i) {
+    std::string key = std::to_string(i);
+    for (const Value* v : live_[i]) {
+      key += '|';
+      key += to_string(*v->placements);
+      if (auto it = paid_.find(v); it != paid_.end())
+        for (const std::string& t : it->second) key += "+" + t;
+    }
+    return key;
+  }
+
+  StrategyChoice& choice_;
+  std::vector<NodeOptions>& nodes_;
+  const std::vector<NeededOutput>& needed_;
+  size_t max_states_;
+  std::vector<std::vector<const Value*>> live_;
+  std::map<const Value*, std::set<std::string>> paid_;
+  struct Entry {
+    double cost;    // the least cost from the state, or a lower bound of it when not exact
+    size_t option;  // the option giving it (exact entries)
+    bool exact;
+  };
+  std::unordered_map<std::string, Entry> memo_;
+};
+
+}  // namespace
+
+std::optional<double> StrategyChoice::search_exactly(std::vector<NodeOptions>& nodes, const std::vector<NeededOutput>& needed,
+                                                     size_t max_states) {
+  std::vector<std::vector<Placements>> kept;
+  for (const NodeOptions& n : nodes) {
+    kept.emplace_back();
+    for (const Value* v : n.outputs) kept.back().push_back(*v->placements);
+  }
+  // Bounded by the current choice's cost: a result below it is a better choice; none proves the
+  // current one the cheapest.
+  const double current = total_cost(nodes, needed);
+  constexpr double kSlack = 1;  // a byte: ties keep the current choice
+  ExactSearch search(*this, nodes, needed, max_states);
+  try {
+    if (search.solve(0, current - kSlack) >= current - kSlack) return current;
+  } catch (const ExactSearch::OverBudget&) {
+    for (size_t i = 0; i < nodes.size(); ++i)
+      for (size_t k = 0; k < nodes[i].outputs.size(); ++k) nodes[i].outputs[k]->placements = kept[i][k];
+    return std::nullopt;
+  }
+  search.apply();
+  return total_cost(nodes, needed);
 }
 
 }  // namespace dtensor::graph::detail

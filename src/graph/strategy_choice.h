@@ -1,12 +1,18 @@
 #pragma once
 // Choosing every node's strategy for the whole graph. Eager dispatch must decide op by op, greedily
-// (the cheapest strategy for the inputs as they are). A graph is known ahead of time, so after the
-// greedy pass the choice is improved for the graph as a whole: one node at a time, the strategy
-// that lowers the total cost of the graph (the bytes every reshard moves, by the planner's model,
-// a reshard shared by all consumers of a value that need the same target counted once) replaces
-// the current one, until no single change helps. Greedy reduce-scatters a Partial activation (cheaper
-// than an all-reduce) and then all-gathers it for the next matmul; the whole-graph view sees that one
-// all-reduce costs less than both.
+// (the cheapest strategy for the inputs as they are). A graph is known ahead of time, so its choice
+// can minimise the total cost of the graph: the bytes every reshard moves, by the planner's model, a
+// reshard shared by all consumers of a value that need the same target counted once, plus what local
+// kernels communicate. Greedy reduce-scatters a Partial activation (cheaper than an all-reduce) and
+// then all-gathers it for the next matmul; the whole-graph view sees that one all-reduce costs less.
+//  - improve(): local search from the greedy choice, one node at a time, while the total drops.
+//  - search_exactly(): dynamic programming over the graph in order. What is still to pay after node
+//    i depends only on the placements of the values live across i and which reshards of them are
+//    already paid for, so the best completion is computed once per such state; branch and bound
+//    (the current choice's cost bounds every branch) keeps the states explored few. It either finds
+//    a cheaper choice or proves the current one the cheapest. A joint graph keeps its activations
+//    live for the backward, so the states can multiply: past a budget it gives up and the current
+//    choice stays.
 
 #include <map>
 #include <optional>
@@ -29,6 +35,13 @@ struct NodeOptions {
   bool fixed = false;  // kept as the greedy pass chose (in-place writes depend on their input's placement)
 };
 
+// A graph output and the placements it must end in (nullopt: its own, Partial entries Replicate).
+struct NeededOutput {
+  Value* value;
+  std::optional<Placements> target;
+  Placements target_from(const Placements& at) const;
+};
+
 class StrategyChoice {
  public:
   explicit StrategyChoice(MeshPtr mesh) : mesh_(std::move(mesh)) {}
@@ -37,9 +50,19 @@ class StrategyChoice {
   // moves nothing wins; otherwise the least moved. Sets the outputs' placements.
   void choose_greedily(NodeOptions& n);
 
-  // Improves the choices of the whole graph (`nodes` in graph order); `needed_replicate` are values
-  // that must end Replicate (the graph's outputs). Returns the total cost before and after.
-  std::pair<double, double> improve(std::vector<NodeOptions>& nodes, const std::vector<Value*>& needed_replicate);
+  // Improves the choices of the whole graph (`nodes` in graph order); `needed` are values that must
+  // end in given placements (the graph's outputs; nullopt: Replicate where Partial). Returns the total
+  // cost before and after.
+  std::pair<double, double> improve(std::vector<NodeOptions>& nodes, const std::vector<NeededOutput>& needed);
+
+  // The cheapest choice for the whole graph (the current one where none is cheaper), if the search
+  // stays within `max_states` states; otherwise nullopt and the choices are left as they were.
+  // Returns the total cost.
+  std::optional<double> search_exactly(std::vector<NodeOptions>& nodes, const std::vector<NeededOutput>& needed,
+                                       size_t max_states = 20000);
+
+  // The total cost of the current choices.
+  double total_cost(const std::vector<NodeOptions>& nodes, const std::vector<NeededOutput>& needed);
 
   // What moving `v` from `from` to `to` costs (0 when equal).
   double move_cost(const Value* v, const Placements& from, const Placements& to);

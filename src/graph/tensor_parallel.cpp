@@ -8,11 +8,25 @@
 namespace dtensor::graph {
 namespace {
 
-// The module type of every module path that ran a node (from nn_module_stack).
-std::map<std::string, std::string> module_types(const Graph& graph) {
+// The module type of every module path that ran a node (from nn_module_stack). Graphs without that
+// metadata (joint forward+backward graphs lose it) get the owners of their weights instead: a module
+// whose 2-d weight an aten::embedding reads is an Embedding, any other with a 2-d weight a Linear.
+std::map<std::string, std::string> module_types(const Program& program) {
   std::map<std::string, std::string> out;
-  for (const Node* n : graph.nodes())
+  for (const Node* n : program.graph.nodes())
     if (!n->module_path.empty()) out.emplace(n->module_path, n->module_type);
+  if (!out.empty()) return out;
+  std::set<const Value*> embedded;
+  for (const Node* n : program.graph.nodes())
+    if (n->op_name() == "aten::embedding" && !n->args.empty() && !n->args[0].values.empty()) embedded.insert(n->args[0].values[0]);
+  const std::string suffix = ".weight";
+  for (const InputSpec& spec : program.inputs) {
+    const std::string& name = spec.target;
+    if (spec.kind != InputSpec::Kind::Parameter || name.size() <= suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0 || spec.value->meta.shape.size() != 2)
+      continue;
+    out.emplace(name.substr(0, name.size() - suffix.size()), embedded.count(spec.value) ? "Embedding" : "Linear");
+  }
   return out;
 }
 
@@ -23,7 +37,7 @@ bool is_type(const std::string& type, const char* name) {
 
 // Seed 000's parameter placements, with embeddings read as module-level styles read them.
 std::map<std::string, Placement> parameter_placements(const Program& program, const ParallelizePlan& plan) {
-  const auto types = module_types(program.graph);
+  const auto types = module_types(program);
   std::map<std::string, Placement> out;
   for (const PlanEntry& entry : plan) {
     const bool colwise = std::holds_alternative<ColwiseParallel>(entry.style);
@@ -70,29 +84,33 @@ int64_t tp_dim_of(const DeviceMesh& mesh, const GraphParallelOptions& options) {
 
 }  // namespace
 
+std::map<std::string, Placements> plan_placements(const Program& program, const DeviceMesh& mesh, const ParallelizePlan& plan,
+                                                  const GraphParallelOptions& options) {
+  const int64_t tp = tp_dim_of(mesh, options);
+  std::map<std::string, Placements> out;
+  for (const auto& [name, placement] : parameter_placements(program, plan)) {
+    Placements p(mesh.ndim(), Replicate());
+    p[tp] = placement;
+    out.emplace(name, p);
+  }
+  return out;
+}
+
 Program tensor_parallel_transform(Program program, const MeshPtr& mesh, const ParallelizePlan& plan,
                                   const GraphParallelOptions& options) {
   if (!mesh) throw DTensorError("tensor_parallel_transform: the mesh is null");
   if (!mesh->coordinate())
     throw DTensorError("tensor_parallel_transform: this rank is not part of " + mesh->str() + ", so it has no program to run");
   const int64_t tp = tp_dim_of(*mesh, options);
-  const auto params = parameter_placements(program, plan);
+  const auto params = plan_placements(program, *mesh, plan, options);
   const Placements replicate(mesh->ndim(), Replicate());
   for (const InputSpec& spec : program.inputs) {
-    Placements p = replicate;
-    if (auto it = params.find(spec.target); spec.kind != InputSpec::Kind::UserInput && it != params.end()) p[tp] = it->second;
-    spec.value->placements = p;
+    auto it = params.find(spec.target);
+    spec.value->placements = spec.kind != InputSpec::Kind::UserInput && it != params.end() ? it->second : replicate;
   }
-  program.mesh = mesh;
   // The plan's weights stay sharded as planned (never gathered), and only the tensor-parallel mesh dim
   // shards anything: the other dims hold replicas.
-  auto marks = detail::mark_sharding(program, mesh, {.keep_state_in_place = true, .only_mesh_dim = tp});
-  detail::partition(program, mesh, marks);
-  for (const InputSpec& spec : program.inputs) {
-    if (spec.kind == InputSpec::Kind::UserInput) continue;
-    auto& state = program.state.at(spec.target);
-    state = StateTensor(state.shard(*mesh, *spec.value->placements));
-  }
+  detail::expand_marked(program, mesh, {.keep_state_in_place = true, .only_mesh_dim = tp});
   return program;
 }
 

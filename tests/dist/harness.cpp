@@ -2,6 +2,7 @@
 #include "op_db.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -194,6 +195,9 @@ int main(int argc, char** argv) {
   setenv("DTENSOR_TIMEOUT_S", "30", /*overwrite=*/0);
   return dtensor::run_local_ranks(argc, argv, options, [&](const std::shared_ptr<dtensor::World>& world) {
     dtensor::testing::g_world = world;
+    // The ranks share the machine's cores: one intra-op thread each (more oversubscribe, and idle
+    // OpenMP threads spin).
+    at::set_num_threads(1);
     ::testing::InitGoogleTest(&argc, argv);
     dtensor::testing::register_op_db_tests();
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();

@@ -90,6 +90,8 @@ class Node {
   std::string module_path;  // the innermost module that ran it ("blocks.0.attn.wq"), "" at the root
   std::string module_type;  // its class ("torch.nn.modules.linear.Linear")
   std::string note;         // what a transform says about it (shown by the printer)
+  // A collective a transform inserted: the bytes this rank receives, by the redistribution planner.
+  int64_t bytes_per_rank = 0;
   // Set by transforms: runs instead of the op on the node's (local) arguments, like a boxed kernel.
   LocalKernel local_kernel;
 
@@ -124,6 +126,9 @@ class Graph {
   // after `name`, without metas: the caller sets them. Throws DTensorError for an unknown op.
   Node* insert(Node* before, const std::string& qualified, std::vector<Arg> args, const std::string& name);
   Node* insert_after(Node* after, const std::string& qualified, std::vector<Arg> args, const std::string& name);
+  // A node computing Python's integer operator `op` ("mul", "floordiv", ...) on sizes (SymInt or
+  // constant arguments), inserted before `before`; its output is a new SymInt value.
+  Node* insert_integer_operator(Node* before, const std::string& op, std::vector<Arg> args, const std::string& name);
   // Takes a fully built node (the reader's way).
   Node* append(std::unique_ptr<Node> node);
 

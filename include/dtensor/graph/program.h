@@ -64,6 +64,14 @@ class StateTensor {
   TensorMeta meta_;
 };
 
+// What a per-rank program's strategy choice costs, in the planner's units (bytes moved per rank plus a
+// latency per collective), against choosing node by node as eager dispatch (and PyTorch) does.
+struct StrategyCosts {
+  double node_by_node = 0;
+  double chosen = 0;
+  std::string method;  // "greedy", "local search", "exact", "local search (exact search over budget)"
+};
+
 class Program {
  public:
   Graph graph;
@@ -80,6 +88,7 @@ class Program {
   MeshPtr mesh;
   // The c10d process groups its collectives name, registered while the program lives.
   std::vector<std::shared_ptr<detail::RegisteredGroup>> process_groups;
+  StrategyCosts strategy_costs;  // a per-rank program's
 
   std::vector<Value*> user_inputs() const;
   const InputSpec* input_spec_of(const Value* v) const;

@@ -41,4 +41,10 @@ struct GraphParallelOptions {
 Program tensor_parallel_transform(Program program, const MeshPtr& mesh, const ParallelizePlan& plan,
                                   const GraphParallelOptions& options = {});
 
+// The placements `plan` gives the program's parameters on `mesh` (the rule above on the tensor-parallel
+// mesh dim, Replicate on the others), by FQN; parameters it does not name are not listed. For
+// spmd_expand (spmd.h), which combines them with data parallelism on another mesh dim.
+std::map<std::string, Placements> plan_placements(const Program& program, const DeviceMesh& mesh, const ParallelizePlan& plan,
+                                                  const GraphParallelOptions& options = {});
+
 }  // namespace dtensor::graph

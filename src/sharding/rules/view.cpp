@@ -365,6 +365,85 @@ std::vector<DimStrategy> scatter(const OpSchema& s) {
   return out;
 }
 
+// slice_scatter(self, src, dim, ...): self with a slice of `dim` replaced by src (of self's shape
+// but along `dim`). Other dims keep their shards in self, src and the output alike; every reduction
+// of Partial values commutes with writing one into the other elementwise.
+std::vector<DimStrategy> slice_scatter(const OpSchema& s) {
+  const int64_t dim = dim_arg(s, s.input_ndim(0));
+  return follow_dims(s, [dim](int64_t d) { return d == dim ? -1 : d; });
+}
+
+// Leading, non-None indices of index / index_put (`indices` at argument 1; the op's tensor inputs are
+// self, the indices, then any others): how many dims they index (k) and the dims of the indexed
+// result they make (index_ndim); nullopt where an index is None (x[:, i]).
+struct LeadingIndices {
+  int64_t k;
+  int64_t index_ndim;
+  size_t count;
+};
+std::optional<LeadingIndices> leading_indices(const OpSchema& s) {
+  const auto indices = s.args[1].toListRef();
+  for (const c10::IValue& index : indices)
+    if (index.isNone()) return std::nullopt;
+  LeadingIndices out{static_cast<int64_t>(indices.size()), 0, indices.size()};
+  for (size_t i = 1; i <= out.count; ++i) out.index_ndim = std::max(out.index_ndim, s.input_ndim(i));
+  return out;
+}
+
+// Whether every index has the same shape, so that their rows (dim 0) line up with each other and
+// with the indexed result's dim 0.
+bool index_rows_align(const OpSchema& s, const LeadingIndices& l) {
+  if (l.index_ndim < 1) return false;
+  for (size_t i = 1; i <= l.count; ++i)
+    if (s.input(i).meta.shape != s.input(1).meta.shape) return false;
+  return true;
+}
+
+// Placements of index's / index_put's tensor inputs: self, each index alike, then the values.
+Placements indexing_inputs(const OpSchema& s, Placement self, Placement index, std::optional<Placement> values = std::nullopt) {
+  Placements in(s.inputs.size(), index);
+  in.front() = self;
+  if (values) in.back() = *values;
+  return in;
+}
+
+// index(self, indices) = self[indices] (advanced indexing by leading indices): dims of self after
+// the indexed ones keep their shards (renumbered after the index dims); index rows sharded alike
+// select each rank's rows of the result from a whole self; a Partial self gives the Partial result.
+std::vector<DimStrategy> index(const OpSchema& s) {
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  const auto l = leading_indices(s);
+  if (!l) return out;
+  for (int64_t d = l->k; d < s.input_ndim(0); ++d)
+    out.push_back({{Shard(d - l->k + l->index_ndim)}, indexing_inputs(s, Shard(d), Replicate())});
+  if (index_rows_align(s, *l)) out.push_back({{Shard(0)}, indexing_inputs(s, Replicate(), Shard(0))});
+  for (auto op : kMovesValues) out.push_back({{Partial(op)}, indexing_inputs(s, Partial(op), Replicate())});
+  return out;
+}
+
+// index_put(self, indices, values, accumulate): self[indices] = values (+= with accumulate), with
+// leading indices (embedding's backward: one index over the rows).
+//  - Dims of self after the indexed ones are left alone: sharded alike in self, values and the output.
+//  - With accumulate, Partial self and values give the Partial sum; and the index rows, sharded with
+//    the values' rows, each rank adding its share of the updates into a Partial(sum) self.
+std::vector<DimStrategy> index_put(const OpSchema& s) {
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  const auto l = leading_indices(s);
+  if (!l) return out;
+  const size_t values = s.inputs.size() - 1;
+  const bool aligned = s.input_ndim(values) == l->index_ndim + s.input_ndim(0) - l->k;
+  for (int64_t d = l->k; aligned && d < s.input_ndim(0); ++d)
+    if (s.input(values).meta.shape[d - l->k + l->index_ndim] == s.input(0).meta.shape[d])
+      out.push_back({{Shard(d)}, indexing_inputs(s, Shard(d), Replicate(), Shard(d - l->k + l->index_ndim))});
+  const bool accumulate = s.args.size() > 3 && s.args[3].toBool();
+  if (!accumulate) return out;
+  const auto linear = linear_reduce_ops(s, {0, values});
+  for (auto op : linear) out.push_back({{Partial(op)}, indexing_inputs(s, Partial(op), Replicate(), Partial(op))});
+  if (aligned && !linear.empty() && index_rows_align(s, *l) && s.input(1).meta.shape[0] == s.input(values).meta.shape[0])
+    out.push_back({{Partial(ReduceOp::Sum)}, indexing_inputs(s, Partial(ReduceOp::Sum), Shard(0), Shard(0))});
+  return out;
+}
+
 const bool registered = [] {
   using detail::register_family;
   register_family({"aten::expand"}, {.dim = expand, .local_args = local_size_arg, .family = "view"});
@@ -390,6 +469,9 @@ const bool registered = [] {
   register_family({"aten::index_add"}, {.dim = index_add, .family = "view"});
   register_family({"aten::gather"}, {.dim = gather, .family = "view"});
   register_family({"aten::scatter", "aten::scatter_add"}, {.dim = scatter, .family = "view"});
+  register_family({"aten::slice_scatter"}, {.dim = slice_scatter, .family = "view"});
+  register_family({"aten::index_put", "aten::_index_put_impl"}, {.dim = index_put, .family = "view"});
+  register_family({"aten::index"}, {.dim = index, .family = "view"});
   return true;
 }();
 

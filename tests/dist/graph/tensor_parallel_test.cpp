@@ -16,14 +16,6 @@ namespace {
 using ::testing::HasSubstr;
 namespace g = dtensor::graph;
 
-std::map<std::string, int> collectives_in(const g::Program& p) {
-  std::map<std::string, int> out;
-  for (const g::Node* n : p.graph.nodes())
-    if (n->target.find("_c10d_functional") != std::string::npos && n->target.find("wait_tensor") == std::string::npos)
-      ++out[n->op_name()];
-  return out;
-}
-
 using gpt::graph_plan;
 
 at::Tensor run_one(g::Program& p, const at::Tensor& input) { return g::run(p, {input})[0].toTensor(); }
@@ -40,20 +32,12 @@ TEST_F(DistTest, GraphTensorParallelMlp) {
   EXPECT_EQ(local.state.at("fc2.weight").tensor().size(1), 32 / 4);
 }
 
-// The demo GPT's collectives per forward under the plan with a column-parallel lm_head: 1 all-reduce
-// for the vocabulary-parallel embedding and 1 per row-parallel layer (attn.wo, mlp.fc2), as
-// module-level TP, and the gather of the logits (the graph's output is Replicate).
-std::map<std::string, int> module_level_collectives(int64_t layers) {
-  return {{"_c10d_functional::all_reduce", static_cast<int>(1 + 2 * layers)}, {"_c10d_functional::all_gather_into_tensor", 1}};
-}
-constexpr int64_t kGptLayers = 2;  // scripts/export_test_models.py's GPT
-
 TEST_F(DistTest, GraphTensorParallelGptTrainingIr) {
   const auto io = tensor_map("gpt_train_ir_static_io_b8");
   g::Program local =
       g::tensor_parallel_transform(g::load_program(graph_model("gpt_train_ir_static.pt2")), mesh({4}), graph_plan(true));
   EXPECT_TRUE(tensors_close(run_one(local, io.at("input0")), io.at("output0"), 1e-4, 1e-5));
-  EXPECT_EQ(collectives_in(local), module_level_collectives(kGptLayers)) << local.graph.str();
+  EXPECT_EQ(collectives_in(local), gpt_module_level_collectives()) << local.graph.str();
 }
 
 // With lm_head replicated, the whole-graph choice (strategy_choice.h) ends differently from module
@@ -78,7 +62,7 @@ TEST_F(DistTest, GraphTensorParallelGptOnTwoDimMesh) {
   g::Program local = g::tensor_parallel_transform(g::load_program(graph_model("gpt_train_ir_static.pt2")), m, graph_plan(true),
                                                   {.tp_dim = "tp"});
   EXPECT_TRUE(tensors_close(run_one(local, io.at("input0")), io.at("output0"), 1e-4, 1e-5));
-  EXPECT_EQ(collectives_in(local), module_level_collectives(kGptLayers));
+  EXPECT_EQ(collectives_in(local), gpt_module_level_collectives());
   EXPECT_EQ(local.state.at("blocks.0.mlp.fc1.weight").tensor().size(0), 512 / 2);
 }
 

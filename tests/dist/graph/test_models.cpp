@@ -1,5 +1,7 @@
 #include "test_models.h"
 
+#include "dtensor/graph/program.h"
+
 #include <ATen/ATen.h>
 #include <caffe2/serialize/inline_container.h>
 #include <nlohmann/json.hpp>
@@ -68,6 +70,17 @@ void rewrite_archive(const std::string& src, const std::string& dst,
     if (content) writer.writeRecord(name, content->data(), content->size());
   }
   writer.writeEndOfFile();
+}
+
+std::map<std::string, int> collectives_in(const graph::Program& program) {
+  std::map<std::string, int> out;
+  for (const graph::Node* n : program.graph.nodes())
+    if (n->target.find("_c10d_functional") != std::string::npos && n->op_name() != "_c10d_functional::wait_tensor") ++out[n->op_name()];
+  return out;
+}
+
+std::map<std::string, int> gpt_module_level_collectives() {
+  return {{"_c10d_functional::all_reduce", static_cast<int>(1 + 2 * kGptLayers)}, {"_c10d_functional::all_gather_into_tensor", 1}};
 }
 
 }  // namespace dtensor::testing

@@ -10,7 +10,21 @@
 #include <string>
 #include <vector>
 
+namespace dtensor::graph {
+class Program;
+}
+
 namespace dtensor::testing {
+
+// The collectives (waits not counted) of a program, by op name ("_c10d_functional::all_reduce").
+std::map<std::string, int> collectives_in(const graph::Program& program);
+
+constexpr int64_t kGptLayers = 2;  // scripts/export_test_models.py's GPT
+
+// The test GPT's collectives per forward under module-level TP with a column-parallel lm_head: 1
+// all-reduce for the vocabulary-parallel embedding and 1 per row-parallel layer (attn.wo, mlp.fc2),
+// and the gather of the logits (a Replicate output).
+std::map<std::string, int> gpt_module_level_collectives();
 
 // The directory holding the archives and reference sets.
 std::string graph_models_dir();

@@ -1,0 +1,55 @@
+#include "dtensor/graph/training.h"
+
+#include <ATen/ATen.h>
+
+#include "dtensor/errors.h"
+
+namespace dtensor::graph {
+namespace {
+
+// Indexes of the loss and of the gradients among the user-visible outputs run() returns (buffer
+// mutations are applied to the state, not returned).
+struct JointOutputs {
+  size_t loss = 0;
+  std::vector<std::pair<size_t, std::string>> gradients;  // (index, parameter)
+};
+
+JointOutputs joint_outputs(const Program& program) {
+  JointOutputs out;
+  bool loss = false;
+  size_t index = 0;
+  for (const OutputSpec& spec : program.outputs) {
+    if (spec.kind == OutputSpec::Kind::BufferMutation) continue;
+    if (spec.kind == OutputSpec::Kind::LossOutput) {
+      out.loss = index;
+      loss = true;
+    }
+    if (spec.kind == OutputSpec::Kind::GradientToParameter) out.gradients.emplace_back(index, spec.target);
+    ++index;
+  }
+  if (!loss || out.gradients.empty())
+    throw DTensorError("graph training: " + (program.source.empty() ? std::string("the program") : program.source) +
+                       " is not a joint forward+backward program (it needs a LOSS_OUTPUT and GRADIENT_TO_PARAMETER "
+                       "outputs; torch.export.experimental._export_forward_backward makes one)");
+  return out;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> joint_parameters(Program& program) {
+  std::vector<at::Tensor> out;
+  for (const auto& [index, name] : joint_outputs(program).gradients) out.push_back(program.state.at(name).tensor());
+  return out;
+}
+
+at::Tensor joint_step(Program& program, const std::vector<c10::IValue>& user_inputs, const RunOptions& options, RunStats* stats) {
+  const JointOutputs layout = joint_outputs(program);
+  const std::vector<c10::IValue> outputs = run(program, user_inputs, options, stats);
+  for (const auto& [index, name] : layout.gradients) {
+    at::Tensor parameter = program.state.at(name).tensor();
+    parameter.mutable_grad() = outputs.at(index).toTensor();
+  }
+  return outputs.at(layout.loss).toTensor();
+}
+
+}  // namespace dtensor::graph
