@@ -9,6 +9,7 @@
 #include "../sharding/propagation.h"
 #include "../sharding/registry.h"
 #include "dtensor/errors.h"
+#include "batched_matmul.h"
 #include "lowerings.h"
 #include "reshard.h"
 #include "strategy_choice.h"
@@ -151,6 +152,26 @@ std::string placements_of(const std::vector<Value*>& inputs) {
   return out;
 }
 
+// Every strategy of the node's rule. Mesh rules (views) offer those that fit the inputs' current
+// placements; what they offer for Replicate inputs is added, so that a whole-graph choice can also run
+// the node replicated when its producer's choice changes.
+std::vector<OutputSharding> options_for(const c10::OperatorHandle& op, const Call& c, const MeshPtr& mesh) {
+  std::vector<OutputSharding> out = dtensor::detail::every_decision(op, c.args, c.inputs, mesh);
+  std::vector<TensorInput> replicated = c.inputs;
+  bool differs = false;
+  for (TensorInput& in : replicated) {
+    if (all_replicate(in.spec->placements)) continue;
+    in.spec = std::make_shared<const DTensorSpec>(DTensorSpec{mesh, Placements(mesh->ndim(), Replicate()), in.spec->meta});
+    differs = true;
+  }
+  if (!differs) return out;
+  std::set<std::string> known;
+  for (const OutputSharding& d : out) known.insert(d.chosen.str());
+  for (OutputSharding& d : dtensor::detail::every_decision(op, c.args, replicated, mesh))
+    if (known.insert(d.chosen.str()).second) out.push_back(std::move(d));
+  return out;
+}
+
 // Drops the strategies the options rule out: ones placing anything off Replicate along mesh dims other
 // than `only_mesh_dim`, and ones moving state (parameters, buffers) with a collective. Should that
 // leave none, the state restriction is lifted for this node (the op needs its parameter elsewhere).
@@ -234,7 +255,7 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
     NodeOptions n{node, {}, outputs, {}};
     for (size_t k = 0; k < s.tensor_args.size(); ++k) n.inputs.push_back(s.list_index[k] == -2 ? nullptr : input_slot(*node, s, k));
     try {
-      n.options = dtensor::detail::every_decision(*node->op, c.args, c.inputs, mesh);
+      n.options = options_for(*node->op, c, mesh);
     } catch (const DTensorError& e) {
       throw DTensorError("graph: node '" + node->name + "': " + e.what());
     }
@@ -256,7 +277,23 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
   costs.node_by_node = costs.chosen = choice.total_cost(chosen, needed);
   costs.method = "greedy";
   if (options.search != MarkOptions::Search::Greedy) {
+    // Local search from two starts, node-by-node choice and Megatron's (Partial values all-reduced),
+    // keeping the cheaper: each start sits in a basin single changes cannot leave (a reduce-scatter
+    // feeding three gathers of views of one value needs four nodes changed at once).
     costs.chosen = choice.improve(chosen, needed).second;
+    std::vector<size_t> first;
+    for (const NodeOptions& n : chosen) first.push_back(n.chosen);
+    choice.choose_all_greedily(chosen, StrategyChoice::Greedy::PartialToReplicate);
+    const double second = choice.improve(chosen, needed).second;
+    if (second < costs.chosen) {
+      costs.chosen = second;
+    } else {
+      for (size_t i = 0; i < chosen.size(); ++i) {
+        NodeOptions& n = chosen[i];
+        n.chosen = first[i];
+        for (size_t k = 0; k < n.outputs.size(); ++k) n.outputs[k]->placements = n.options[n.chosen].chosen.outputs[k];
+      }
+    }
     costs.method = "local search";
   }
   if (options.search == MarkOptions::Search::Exact) {
@@ -280,6 +317,7 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
 
 void expand_marked(Program& program, const MeshPtr& mesh, const MarkOptions& options) {
   program.mesh = mesh;
+  lift_merged_batch_matmuls(program.graph);
   Marks marks = mark_sharding(program, mesh, options);
   partition(program, mesh, marks, options.output_targets);
   for (const InputSpec& spec : program.inputs) {

@@ -38,14 +38,24 @@ bool StrategyChoice::communicates(const Value* v, const Placements& from, const 
   return false;
 }
 
-void StrategyChoice::choose_greedily(NodeOptions& n) {
-  std::pair<bool, double> best{true, 0};
+void StrategyChoice::choose_greedily(NodeOptions& n, Greedy policy) {
+  // Lexicographic: anything moved at all, then (under PartialToReplicate) Partial entries scattered,
+  // then the cost.
+  std::tuple<bool, int, double> best{true, 0, 0};
   for (size_t o = 0; o < n.options.size(); ++o) {
     const PlacementStrategy& st = n.options[o].chosen;
     double moves = 0;
-    for (size_t k = 0; k < n.inputs.size(); ++k)
-      if (n.inputs[k]) moves += move_cost(n.inputs[k], *n.inputs[k]->placements, st.inputs[k]);
-    const std::pair<bool, double> cost{moves > 0, moves + st.kernel_cost};
+    bool moved = false;  // any input placed otherwise, a free local chunk included
+    int scattered = 0;
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      if (!n.inputs[k]) continue;
+      const Placements& from = *n.inputs[k]->placements;
+      moves += move_cost(n.inputs[k], from, st.inputs[k]);
+      moved = moved || from != st.inputs[k];
+      for (size_t m = 0; policy == Greedy::PartialToReplicate && m < from.size(); ++m)
+        scattered += from[m].is_partial() && st.inputs[k][m].is_shard();
+    }
+    const std::tuple<bool, int, double> cost{moved, scattered, moves + st.kernel_cost};
     if (o == 0 || cost < best) {
       best = cost;
       n.chosen = o;
@@ -53,6 +63,11 @@ void StrategyChoice::choose_greedily(NodeOptions& n) {
   }
   const PlacementStrategy& st = n.options[n.chosen].chosen;
   for (size_t k = 0; k < n.outputs.size() && k < st.outputs.size(); ++k) n.outputs[k]->placements = st.outputs[k];
+}
+
+void StrategyChoice::choose_all_greedily(std::vector<NodeOptions>& nodes, Greedy policy) {
+  for (NodeOptions& n : nodes)
+    if (!n.fixed) choose_greedily(n, policy);
 }
 
 namespace {

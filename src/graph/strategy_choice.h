@@ -46,9 +46,19 @@ class StrategyChoice {
  public:
   explicit StrategyChoice(MeshPtr mesh) : mesh_(std::move(mesh)) {}
 
-  // The cheapest option for the inputs' current placements, as eager propagation picks: one that
-  // moves nothing wins; otherwise the least moved. Sets the outputs' placements.
-  void choose_greedily(NodeOptions& n);
+  // How a node-by-node pass picks among options that move inputs.
+  enum class Greedy {
+    Cheapest,           // the least moved, as eager propagation picks
+    PartialToReplicate  // the least moved among those that reduce Partial inputs to Replicate rather
+                        // than reduce-scatter them (Megatron's choice; the cheapest only locally)
+  };
+
+  // The option for the inputs' current placements: one that moves nothing wins; otherwise as
+  // `policy` says. Sets the outputs' placements.
+  void choose_greedily(NodeOptions& n, Greedy policy = Greedy::Cheapest);
+
+  // Node-by-node choice of every node again, in order, under `policy`.
+  void choose_all_greedily(std::vector<NodeOptions>& nodes, Greedy policy);
 
   // Improves the choices of the whole graph (`nodes` in graph order); `needed` are values that must
   // end in given placements (the graph's outputs; nullopt: Replicate where Partial). Returns the total

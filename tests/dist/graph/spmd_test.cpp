@@ -270,3 +270,13 @@ TEST_F(DistTest, GraphSpmdRefusesAShardedInputToAnOpWithoutRule) {
 
 }  // namespace
 }  // namespace dtensor::testing
+namespace dtensor::testing {
+namespace {
+TEST_F(DistTest, GraphSpmdTmpReport) {
+  const Layout tp{"tp4", {4}, {"tp"}};
+  g::Program step = expanded_joint_gpt(tp, tp.make());
+  if (world()->rank() == 0 && getenv("GRAPH")) std::cout << step.graph.str();
+  if (world()->rank() == 0) std::cout << g::collectives_report(step);
+}
+}  // namespace
+}  // namespace dtensor::testing
