@@ -1,18 +1,24 @@
-// Forward time of the GPT demo model under tensor parallelism, three ways in the same processes:
-// graph-level TP (the model exported from Python, transformed per rank by dtensor::graph, run by its
-// interpreter), eager module-level TP (gpt::parallelize, DTensor dispatch per op), and hand-written
-// Megatron (bench/megatron_gpt.h, raw c10d). Each computes the whole logits [batch, seq, vocab] on
-// every rank from the same weights (the exported program's), checked equal before timing.
-// Rank 0 prints a markdown table; bench/graph.sh (./dev bench graph) runs TP = 2 and 4.
+// The GPT demo model under tensor parallelism, three ways in the same processes: from the exported
+// graph (dtensor::graph, run by its interpreter), eager module-level TP (gpt::parallelize, DTensor
+// dispatch per op), and hand-written Megatron (bench/megatron_gpt.h, raw c10d). All from the same
+// weights (the exported program's), checked against the single-process program before timing.
+//  - forward (--model gpt_train_ir_static.pt2): the whole logits [batch, seq, vocab] on every rank;
+//    the graph is tensor_parallel_transform's program.
+//  - training step (--train, --model gpt_joint.pt2): loss, gradients and an AdamW step; the graph is
+//    the joint forward+backward program expanded by spmd_expand from the plan's placements. Also the
+//    expanded step's peak of live activation bytes, with and without freeing after the last use.
+// Rank 0 prints markdown; bench/graph.sh (./dev bench graph) runs TP = 2 and 4.
 //
-//   dtensor_graph_bench --model PATH [--tp N] [--rounds R]
+//   dtensor_graph_bench --model PATH [--train] [--tp N] [--rounds R]
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/optim/adamw.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -20,7 +26,9 @@
 
 #include "dtensor/dtensor.h"
 #include "dtensor/graph/program.h"
+#include "dtensor/graph/spmd.h"
 #include "dtensor/graph/tensor_parallel.h"
+#include "dtensor/graph/training.h"
 #include "gpt/graph_plan.h"
 #include "gpt/training.h"
 #include "megatron_gpt.h"
@@ -32,23 +40,31 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kWarmup = 3;
 constexpr int kStepsPerRound = 5;
+constexpr double kLearningRate = 1e-3;
 
 struct Args {
   std::string model;
+  bool train = false;
   int tp = 2;
   int rounds = 20;
 };
 
 Args parse(int argc, char** argv) {
   Args args;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--train") {
+      args.train = true;
+      continue;
+    }
+    if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
+    const std::string value = argv[++i];
     if (flag == "--model") args.model = value;
     else if (flag == "--tp") args.tp = std::stoi(value);
     else if (flag == "--rounds") args.rounds = std::stoi(value);
-    else throw std::invalid_argument("unknown flag " + flag + " (use --model, --tp, --rounds)");
+    else throw std::invalid_argument("unknown flag " + flag + " (use --model, --train, --tp, --rounds)");
   }
-  if (args.model.empty()) throw std::invalid_argument("--model PATH (the exported GPT, gpt_train_ir_static.pt2) is required");
+  if (args.model.empty()) throw std::invalid_argument("--model PATH (gpt_train_ir_static.pt2, or gpt_joint.pt2 with --train) is required");
   return args;
 }
 
@@ -61,9 +77,10 @@ gpt::Gpt model_from(const g::Program& program, const gpt::Config& config) {
   return model;
 }
 
+// One implementation under test: `run` does one forward (or one training step).
 struct Contender {
   std::string name;
-  std::function<at::Tensor(const at::Tensor&)> logits;
+  std::function<void()> run;
   std::vector<double> ms;
 };
 
@@ -81,60 +98,142 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
-  at::set_num_threads(1);
-  torch::NoGradGuard no_grad;
-  auto mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"tp"}});
-  megatron::tp_group() = {mesh->group(0), world->rank(), world->size()};
-  const gpt::Config config = gpt::demo_config(gpt::load_corpus(GPT_CORPUS_PATH));
+// Rounds of kStepsPerRound runs each, the order rotating, a barrier before every run; a run's time
+// is the maximum over ranks.
+void time_rounds(std::vector<Contender>& contenders, int rounds) {
+  for (auto& c : contenders)
+    for (int i = 0; i < kWarmup; ++i) c.run();
+  for (int round = 0; round < rounds; ++round)
+    for (size_t k = 0; k < contenders.size(); ++k) {
+      Contender& c = contenders[(k + round) % contenders.size()];
+      for (int s = 0; s < kStepsPerRound; ++s) {
+        megatron::tp_group().backend->barrier()->wait();
+        const auto start = Clock::now();
+        c.run();
+        c.ms.push_back(max_over_ranks(std::chrono::duration<double, std::milli>(Clock::now() - start).count()));
+      }
+    }
+}
 
-  // Graph: the plan of examples/gpt/training.h by module path, the LM head's classes gathered at the end.
-  const dtensor::ParallelizePlan plan = gpt::graph_plan();
+void print_table(const std::vector<Contender>& contenders, const char* what) {
+  const double base = median(contenders.back().ms);  // hand-written, the last
+  std::printf("| implementation | %s (median, ms) | vs hand-written |\n|---|--:|--:|\n", what);
+  for (const auto& c : contenders) std::printf("| %s | %.2f | %.2f |\n", c.name.c_str(), median(c.ms), median(c.ms) / base);
+}
+
+void print_collectives(const g::Program& program, const char* what) {
+  std::map<std::string, int> count;
+  for (const g::CollectiveNote& c : g::collectives(program)) ++count[c.op.substr(c.op.find("::") + 2)];
+  std::printf("\nCollectives per %s, graph: ", what);
+  for (const auto& [op, n] : count) std::printf("%d %s; ", n, op.c_str());
+  std::printf("\n");
+}
+
+at::Tensor demo_tokens(const gpt::Config& config, int64_t length) {
+  return at::arange(8 * length, at::kLong).mul(7).remainder(config.vocab).view({8, length});
+}
+
+int run_forward(const dtensor::MeshPtr& mesh, const gpt::Config& config, const Args& args) {
+  torch::NoGradGuard no_grad;
   g::Program whole = g::load_program(args.model);
-  g::Program local = g::tensor_parallel_transform(g::load_program(args.model), mesh, plan);
+  g::Program local = g::tensor_parallel_transform(g::load_program(args.model), mesh, gpt::graph_plan());
   gpt::Gpt eager = model_from(whole, config);
   gpt::parallelize(eager, mesh);
   const megatron::MegatronGpt hand(model_from(whole, config), config);
 
-  std::vector<Contender> contenders;
-  contenders.push_back({"graph TP (dtensor::graph)", [&](const at::Tensor& t) { return g::run(local, {t})[0].toTensor(); }});
-  contenders.push_back({"eager module-level TP (dtensor)", [&](const at::Tensor& t) {
-                          at::Tensor logits = eager->logits(t);
-                          return dtensor::is_dtensor(logits) ? dtensor::full_tensor(logits) : logits;
-                        }});
-  contenders.push_back({"hand-written Megatron (raw c10d)", [&](const at::Tensor& t) { return hand.logits(t); }});
-
-  const at::Tensor tokens = at::arange(8 * config.seq_len, at::kLong).mul(7).remainder(config.vocab).view({8, config.seq_len});
+  const at::Tensor tokens = demo_tokens(config, config.seq_len);
+  std::vector<std::pair<std::string, std::function<at::Tensor()>>> logits = {
+      {"graph TP (dtensor::graph)", [&] { return g::run(local, {tokens})[0].toTensor(); }},
+      {"eager module-level TP (dtensor)",
+       [&] {
+         at::Tensor out = eager->logits(tokens);
+         return dtensor::is_dtensor(out) ? dtensor::full_tensor(out) : out;
+       }},
+      {"hand-written Megatron (raw c10d)", [&] { return hand.logits(tokens); }}};
   const at::Tensor expected = g::run(whole, {tokens})[0].toTensor();
-  for (auto& c : contenders)
-    if (!at::allclose(c.logits(tokens), expected, 1e-4, 1e-5))
-      throw std::runtime_error(c.name + ": logits differ from the single-process program's");
-
-  for (auto& c : contenders)
-    for (int i = 0; i < kWarmup; ++i) c.logits(tokens);
-  for (int round = 0; round < args.rounds; ++round)
-    for (size_t k = 0; k < contenders.size(); ++k) {
-      Contender& c = contenders[(k + round) % contenders.size()];  // rotate the order
-      for (int s = 0; s < kStepsPerRound; ++s) {
-        megatron::tp_group().backend->barrier()->wait();
-        const auto start = Clock::now();
-        c.logits(tokens);
-        c.ms.push_back(max_over_ranks(std::chrono::duration<double, std::milli>(Clock::now() - start).count()));
-      }
-    }
-  if (world->rank() == 0) {
-    const double base = median(contenders.back().ms);
-    std::printf("| implementation | forward (median, ms) | vs hand-written |\n|---|--:|--:|\n");
-    for (const auto& c : contenders) std::printf("| %s | %.2f | %.2f |\n", c.name.c_str(), median(c.ms), median(c.ms) / base);
-    std::printf("\nCollectives per forward, graph TP: ");
-    std::map<std::string, int> count;
-    for (const g::Node* n : local.graph.nodes())
-      if (n->target.find("_c10d_functional") != std::string::npos && n->target.find("wait_tensor") == std::string::npos)
-        ++count[n->op_name()];
-    for (const auto& [op, n] : count) std::printf("%d %s; ", n, op.c_str());
-    std::printf("\n");
+  std::vector<Contender> contenders;
+  for (auto& [name, f] : logits) {
+    if (!at::allclose(f(), expected, 1e-4, 1e-5)) throw std::runtime_error(name + ": logits differ from the single-process program's");
+    contenders.push_back({name, [f = f] { f(); }, {}});
+  }
+  time_rounds(contenders, args.rounds);
+  if (mesh->world()->rank() == 0) {
+    print_table(contenders, "forward");
+    print_collectives(local, "forward");
   }
   return 0;
+}
+
+int run_training(const dtensor::MeshPtr& mesh, const gpt::Config& config, const Args& args) {
+  g::Program whole = g::load_program(args.model);
+  g::SpmdPlacements where;
+  where.state = g::plan_placements(whole, *mesh, gpt::graph_plan());
+  g::Program step = g::spmd_expand(g::load_program(args.model), mesh, where);
+  gpt::Gpt eager = model_from(whole, config);
+  gpt::parallelize(eager, mesh);
+  auto hand = std::make_shared<megatron::MegatronGpt>(model_from(whole, config), config);
+
+  const at::Tensor text = demo_tokens(config, config.seq_len + 1);
+  const at::Tensor tokens = text.narrow(1, 0, config.seq_len).contiguous(), targets = text.narrow(1, 1, config.seq_len).contiguous();
+  const std::vector<c10::IValue> inputs = {tokens, targets};
+  const double expected = g::joint_step(whole, inputs).item<double>();
+
+  using torch::optim::AdamW, torch::optim::AdamWOptions;
+  auto graph_adamw = std::make_shared<AdamW>(g::joint_parameters(step), AdamWOptions(kLearningRate));
+  auto eager_adamw = std::make_shared<AdamW>(eager->parameters(), AdamWOptions(kLearningRate));
+  auto hand_adamw = std::make_shared<AdamW>(hand->parameters(), AdamWOptions(kLearningRate));
+  std::vector<std::pair<std::string, std::function<double()>>> steps = {
+      {"graph SPMD (dtensor::graph, expanded joint program)",
+       [&] {
+         const double loss = g::joint_step(step, inputs).item<double>();
+         graph_adamw->step();
+         return loss;
+       }},
+      {"eager module-level TP (dtensor)",
+       [&] {
+         at::Tensor loss = dtensor::call(eager, tokens, targets);
+         loss.backward();
+         eager_adamw->step();
+         eager_adamw->zero_grad();
+         return gpt::value_of(loss);
+       }},
+      {"hand-written Megatron (raw c10d)", [&] {
+         at::Tensor loss = hand->forward(tokens, targets);
+         loss.backward();
+         hand_adamw->step();
+         hand_adamw->zero_grad();
+         return loss.item<double>();
+       }}};
+  std::vector<Contender> contenders;
+  for (auto& [name, f] : steps) {
+    const double loss = f();
+    if (std::abs(loss - expected) > 1e-4 * std::abs(expected))
+      throw std::runtime_error(name + ": first loss " + std::to_string(loss) + " differs from the single-process program's " +
+                               std::to_string(expected));
+    contenders.push_back({name, [f = f] { f(); }, {}});
+  }
+  time_rounds(contenders, args.rounds);
+
+  g::RunStats freed, kept;
+  g::run(step, inputs, {.free_after_last_use = true}, &freed);
+  g::run(step, inputs, {.free_after_last_use = false}, &kept);
+  if (mesh->world()->rank() == 0) {
+    print_table(contenders, "training step");
+    print_collectives(step, "training step");
+    std::printf("\nPeak live activation bytes per rank in the expanded step (state excluded): %.2f MB freeing each value "
+                "after its last use, %.2f MB keeping every value (%.1fx)\n",
+                freed.peak_live_bytes / 1e6, kept.peak_live_bytes / 1e6,
+                static_cast<double>(kept.peak_live_bytes) / static_cast<double>(freed.peak_live_bytes));
+  }
+  return 0;
+}
+
+int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
+  at::set_num_threads(1);
+  auto mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"tp"}});
+  megatron::tp_group() = {mesh->group(0), world->rank(), world->size()};
+  const gpt::Config config = gpt::demo_config(gpt::load_corpus(GPT_CORPUS_PATH));
+  return args.train ? run_training(mesh, config, args) : run_forward(mesh, config, args);
 }
 
 }  // namespace

@@ -24,12 +24,12 @@ struct Builder {
 
 // embedding(weight Shard(0) over the vocabulary, indices): this rank looks up the indices in its rows
 // [lo, lo + rows) and gives zeros for the others, so the ranks' results add up (Partial(sum)).
-bool lower_row_sharded_embedding(Program& program, const DeviceMesh& mesh, Node* node, const GlobalMeta& global) {
+Replacements lower_row_sharded_embedding(Program& program, const DeviceMesh& mesh, Node* node, const GlobalMeta& global) {
   Value* weight = node->args[0].values[0];
   Value* indices = node->args[1].values[0];
   bool rows_sharded = false;
   for (const auto& p : *weight->placements) rows_sharded = rows_sharded || p.is_shard(0);
-  if (!rows_sharded) return false;
+  if (!rows_sharded) return {};
   const LocalLayout part = local_layout(global(weight).shape, mesh.shape(), *mesh.coordinate(), *weight->placements);
   const int64_t lo = part.offset[0], rows = part.shape[0];
   Builder b{program.graph, node, "vocabulary-sharded lookup: rows " + std::to_string(lo) + ".." + std::to_string(lo + rows)};
@@ -56,14 +56,14 @@ bool lower_row_sharded_embedding(Program& program, const DeviceMesh& mesh, Node*
   looked->placements = out->placements;
   program.graph.replace_all_uses(out, looked);
   program.graph.erase(node);
-  return true;
+  return {{out, looked}};
 }
 
 }  // namespace
 
-bool lower_local_kernel(Program& program, const DeviceMesh& mesh, Node* node, const GlobalMeta& global) {
+Replacements lower_local_kernel(Program& program, const DeviceMesh& mesh, Node* node, const GlobalMeta& global) {
   if (node->op_name() == "aten::embedding") return lower_row_sharded_embedding(program, mesh, node, global);
-  return false;
+  return {};
 }
 
 }  // namespace dtensor::graph::detail

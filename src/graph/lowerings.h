@@ -13,8 +13,11 @@ namespace dtensor::graph::detail {
 // The global meta of a value whose meta is already local.
 using GlobalMeta = std::function<const TensorMeta&(const Value*)>;
 
-// Replaces `node` (whose arguments are already local) by its local computation if a graph form exists;
-// returns false otherwise, leaving the node as it is.
-bool lower_local_kernel(Program& program, const DeviceMesh& mesh, Node* node, const GlobalMeta& global);
+// What replaced each output of a lowered node (the old value is gone from the graph).
+using Replacements = std::vector<std::pair<const Value*, Value*>>;
+
+// Replaces `node` (whose arguments are already local) by its local computation if a graph form exists
+// and returns what replaced its outputs; returns nothing otherwise, leaving the node as it is.
+Replacements lower_local_kernel(Program& program, const DeviceMesh& mesh, Node* node, const GlobalMeta& global);
 
 }  // namespace dtensor::graph::detail

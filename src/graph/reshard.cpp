@@ -173,6 +173,8 @@ struct Emitter {
 
   void run(const RedistributeStep& step) {
     this->step = &step;
+    // Along a mesh dim of one rank every step is the identity (a gather, reduction or chunk of one).
+    if (mesh->size(step.mesh_dim) == 1) return;
     switch (step.kind) {
       case StepKind::AllGather: all_gather(step); break;
       case StepKind::AllReduce: all_reduce(step); break;

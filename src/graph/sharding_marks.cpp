@@ -10,6 +10,7 @@
 #include "../sharding/registry.h"
 #include "dtensor/errors.h"
 #include "batched_matmul.h"
+#include "bucketing.h"
 #include "lowerings.h"
 #include "reshard.h"
 #include "strategy_choice.h"
@@ -126,6 +127,16 @@ c10::IValue global_hints(const Arg& a) {
   return a.kind == Arg::Kind::SymInts ? c10::IValue(sizes) : c10::IValue(sizes.at(0));
 }
 
+// A view-like op (permute, t, view, expand, ...) of a parameter, buffer or constant.
+bool is_view_of_state(const Node& node, const std::set<const Value*>& state) {
+  static const std::set<std::string> views = {"aten::permute", "aten::t", "aten::transpose.int", "aten::view",
+                                              "aten::_unsafe_view", "aten::reshape", "aten::expand", "aten::alias",
+                                              "aten::detach", "aten::unsqueeze", "aten::squeeze.dim"};
+  if (!views.count(node.op_name())) return false;
+  const auto inputs = node.inputs();
+  return !inputs.empty() && std::all_of(inputs.begin(), inputs.end(), [&](const Value* v) { return !v->is_tensor() || state.count(v); });
+}
+
 bool writes_an_input(const Node& node) {
   for (const auto& a : node.op->schema().arguments())
     if (a.alias_info() && a.alias_info()->isWrite()) return true;
@@ -152,23 +163,42 @@ std::string placements_of(const std::vector<Value*>& inputs) {
   return out;
 }
 
-// Every strategy of the node's rule. Mesh rules (views) offer those that fit the inputs' current
-// placements; what they offer for Replicate inputs is added, so that a whole-graph choice can also run
-// the node replicated when its producer's choice changes.
-std::vector<OutputSharding> options_for(const c10::OperatorHandle& op, const Call& c, const MeshPtr& mesh) {
+// The placements each value may take: those its producer's strategies give it (a graph input or a
+// node without options: the one it has).
+using PossiblePlacements = std::map<const Value*, std::vector<Placements>>;
+
+// Every strategy of the node's rule. Mesh rules (views) offer those that fit the inputs' placements
+// as they are; so that a whole-graph choice may change the producers, a node reading one value is
+// also asked for every placement that value may take, and any node for Replicate inputs.
+std::vector<OutputSharding> options_for(const c10::OperatorHandle& op, const Call& c, const std::vector<Value*>& inputs,
+                                        const PossiblePlacements& possible, const MeshPtr& mesh) {
   std::vector<OutputSharding> out = dtensor::detail::every_decision(op, c.args, c.inputs, mesh);
+  std::set<std::string> known, probed = {to_string(c.inputs.empty() ? Placements{} : c.inputs[0].spec->placements)};
+  for (const OutputSharding& d : out) known.insert(d.chosen.str());
+  auto probe = [&](std::vector<TensorInput> variant) {
+    for (OutputSharding& d : dtensor::detail::every_decision(op, c.args, variant, mesh))
+      if (known.insert(d.chosen.str()).second) out.push_back(std::move(d));
+  };
+  auto placed = [&](const TensorInput& in, const Placements& p) {
+    TensorInput moved = in;
+    moved.spec = std::make_shared<const DTensorSpec>(DTensorSpec{mesh, p, in.spec->meta});
+    return moved;
+  };
+  size_t values = 0;
+  for (const Value* v : inputs) values += v != nullptr;
+  if (values == 1 && c.inputs.size() == 1 && inputs[0]) {
+    if (auto it = possible.find(inputs[0]); it != possible.end())
+      for (const Placements& p : it->second)
+        if (probed.insert(to_string(p)).second) probe({placed(c.inputs[0], p)});
+  }
   std::vector<TensorInput> replicated = c.inputs;
   bool differs = false;
   for (TensorInput& in : replicated) {
     if (all_replicate(in.spec->placements)) continue;
-    in.spec = std::make_shared<const DTensorSpec>(DTensorSpec{mesh, Placements(mesh->ndim(), Replicate()), in.spec->meta});
+    in = placed(in, Placements(mesh->ndim(), Replicate()));
     differs = true;
   }
-  if (!differs) return out;
-  std::set<std::string> known;
-  for (const OutputSharding& d : out) known.insert(d.chosen.str());
-  for (OutputSharding& d : dtensor::detail::every_decision(op, c.args, replicated, mesh))
-    if (known.insert(d.chosen.str()).second) out.push_back(std::move(d));
+  if (differs) probe(replicated);
   return out;
 }
 
@@ -209,11 +239,12 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
   Marks result{{}, ShardedSizes(mesh)};
   auto& marks = result.nodes;
   const Placements replicate(mesh->ndim(), Replicate());
-  std::set<const Value*> state;  // parameters, buffers and constants
+  std::set<const Value*> state;  // parameters, buffers and constants, and views of them
   for (const InputSpec& spec : program.inputs)
     if (spec.kind != InputSpec::Kind::UserInput) state.insert(spec.value);
   const std::set<const Value*> written = written_values(program.graph);
   StrategyChoice choice(mesh);
+  PossiblePlacements possible;
   std::vector<NodeOptions> chosen;
   for (Node* node : program.graph.nodes()) {
     if (!node->op) {  // integer operators on sizes
@@ -255,7 +286,7 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
     NodeOptions n{node, {}, outputs, {}};
     for (size_t k = 0; k < s.tensor_args.size(); ++k) n.inputs.push_back(s.list_index[k] == -2 ? nullptr : input_slot(*node, s, k));
     try {
-      n.options = options_for(*node->op, c, mesh);
+      n.options = options_for(*node->op, c, n.inputs, possible, mesh);
     } catch (const DTensorError& e) {
       throw DTensorError("graph: node '" + node->name + "': " + e.what());
     }
@@ -264,6 +295,14 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
       throw DTensorError("graph: node '" + node->name + "' (" + node->op_name() + "): its sharding rule offers no strategy for inputs placed " +
                          placements_of(n.inputs));
     n.fixed = writes_an_input(*node) || std::any_of(outputs.begin(), outputs.end(), [&](Value* v) { return written.count(v) > 0; });
+    // A transposed or reshaped weight is still the weight (linear's decomposition reads t(W)).
+    if (is_view_of_state(*node, state))
+      for (Value* v : outputs) state.insert(v);
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      std::set<std::string> seen;
+      for (const OutputSharding& d : n.options)
+        if (k < d.chosen.outputs.size() && seen.insert(to_string(d.chosen.outputs[k])).second) possible[outputs[k]].push_back(d.chosen.outputs[k]);
+    }
     choice.choose_greedily(n);
     chosen.push_back(std::move(n));
   }
@@ -320,6 +359,7 @@ void expand_marked(Program& program, const MeshPtr& mesh, const MarkOptions& opt
   lift_merged_batch_matmuls(program.graph);
   Marks marks = mark_sharding(program, mesh, options);
   partition(program, mesh, marks, options.output_targets);
+  coalesce_output_all_reduces(program);
   for (const InputSpec& spec : program.inputs) {
     if (spec.kind == InputSpec::Kind::UserInput) continue;
     auto& state = program.state.at(spec.target);
@@ -368,7 +408,11 @@ void partition(Program& program, const MeshPtr& mesh, Marks& all_marks, const st
     for (size_t index = 0; index < node->args.size(); ++index)
       if (!localized.count(index) && has_symbol(node->args[index]))
         all_marks.sizes.localize_argument(program.graph, node, index, global_hints(node->args[index]));
-    if (s.local_kernel && !only_checks(*node) && !lower_local_kernel(program, *mesh, node, [&](const Value* v) -> const TensorMeta& { return global.at(v); })) {
+    if (!s.local_kernel || only_checks(*node)) continue;
+    const auto global_of = [&](const Value* v) -> const TensorMeta& { return global.at(v); };
+    const Replacements lowered = lower_local_kernel(program, *mesh, node, global_of);
+    for (const auto& [old_value, by] : lowered) global[by] = global.at(old_value);
+    if (lowered.empty()) {
       node->local_kernel = s.local_kernel;
       node->note += std::string(node->note.empty() ? "" : "; ") + "runs dtensor's local kernel";
     }

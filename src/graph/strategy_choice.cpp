@@ -29,6 +29,18 @@ double StrategyChoice::move_cost(const Value* v, const Placements& from, const P
   return costs_[key] = dtensor::detail::redistribute_cost(DTensorSpec{mesh_, from, v->meta}, to);
 }
 
+double StrategyChoice::output_move_cost(const Value* v, const Placements& from, const Placements& to) {
+  const double cost = move_cost(v, from, to);
+  if (cost == 0) return 0;
+  const auto key = std::make_tuple(v, to_string(from), to_string(to));
+  if (auto it = output_costs_.find(key); it != output_costs_.end()) return it->second;
+  const auto plan = plan_redistribute(v->meta.shape, static_cast<int64_t>(c10::elementSize(v->meta.dtype)), mesh_->shape(),
+                                      *mesh_->coordinate(), from, to);
+  double latencies = 0;
+  for (const auto& step : plan.steps) latencies += step.kind == StepKind::AllReduce ? kCollectiveLatencyBytes : 0;
+  return output_costs_[key] = std::max(0.0, cost - latencies);
+}
+
 bool StrategyChoice::communicates(const Value* v, const Placements& from, const Placements& to) const {
   if (from == to) return false;
   const auto plan = plan_redistribute(v->meta.shape, static_cast<int64_t>(c10::elementSize(v->meta.dtype)), mesh_->shape(),
@@ -104,8 +116,12 @@ std::pair<double, double> StrategyChoice::improve(std::vector<NodeOptions>& node
     if (auto it = outputs.find(v); it != outputs.end())
       for (const NeededOutput* o : it->second) add_need(all, o->target_from(at), 1);
     double cost = 0;
-    for (const auto& [key, need] : all)
-      if (need.second > 0) cost += move_cost(v, at, need.first);
+    for (const auto& [key, need] : all) {
+      if (need.second <= 0) continue;
+      const auto consumer = of.find(key);
+      const bool only_outputs = consumer == of.end() || consumer->second.second <= 0;
+      cost += only_outputs ? output_move_cost(v, at, need.first) : move_cost(v, at, need.first);
+    }
     return cost;
   };
   auto total = [&] {
@@ -135,49 +151,75 @@ std::pair<double, double> StrategyChoice::improve(std::vector<NodeOptions>& node
   };
 
   const double before = total();
-  constexpr int kMaxSweeps = 16;  // each sweep strictly lowers the cost; in practice 2-3 suffice
+  // Partial entries among a strategy's outputs: fewer is "more resolved".
+  auto partials = [](const PlacementStrategy& st) {
+    int n = 0;
+    for (const auto& p : st.outputs)
+      for (const auto& x : p) n += x.is_partial();
+    return n;
+  };
+  auto apply = [&](NodeOptions& n, size_t o) {
+    const PlacementStrategy& now = n.options[n.chosen].chosen;
+    const PlacementStrategy& alt = n.options[o].chosen;
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      if (!n.inputs[k]) continue;
+      add_need(needs[n.inputs[k]], now.inputs[k], -1);
+      add_need(needs[n.inputs[k]], alt.inputs[k], 1);
+    }
+    for (size_t k = 0; k < n.outputs.size(); ++k) n.outputs[k]->placements = alt.outputs[k];
+    n.chosen = o;
+  };
+  // Sweeps of strict improvements. Where none is left, one sweep of free changes that resolve a
+  // Partial output (a backward pass recomputing from a value already all-reduced for the forward
+  // can then take the reduced copy: two changes, the first of which alone saves nothing); they only
+  // ever lower the count of Partial outputs, so they cannot cycle.
+  constexpr int kMaxSweeps = 32;
+  bool plateau = false;
   for (int sweep = 0; sweep < kMaxSweeps; ++sweep) {
     bool changed = false;
     for (NodeOptions& n : nodes) {
       if (n.fixed) continue;
       std::optional<size_t> best;
-      double best_delta = -1e-6;  // only real improvements: ties keep the greedy choice
+      double best_delta = plateau ? 1e-6 : -1e-6;
       for (size_t o = 0; o < n.options.size(); ++o) {
         if (o == n.chosen) continue;
+        if (plateau && partials(n.options[o].chosen) >= partials(n.options[n.chosen].chosen)) continue;
         if (const double d = delta_of(n, o); d < best_delta) {
           best_delta = d;
           best = o;
         }
       }
       if (!best) continue;
-      const PlacementStrategy& now = n.options[n.chosen].chosen;
-      const PlacementStrategy& alt = n.options[*best].chosen;
-      for (size_t k = 0; k < n.inputs.size(); ++k) {
-        if (!n.inputs[k]) continue;
-        add_need(needs[n.inputs[k]], now.inputs[k], -1);
-        add_need(needs[n.inputs[k]], alt.inputs[k], 1);
-      }
-      for (size_t k = 0; k < n.outputs.size(); ++k) n.outputs[k]->placements = alt.outputs[k];
-      n.chosen = *best;
+      apply(n, *best);
       changed = true;
     }
-    if (!changed) break;
+    if (plateau) {
+      plateau = false;
+      if (!changed) break;
+    } else if (!changed) {
+      plateau = true;
+    }
   }
   return {before, total()};
 }
 
 double StrategyChoice::total_cost(const std::vector<NodeOptions>& nodes, const std::vector<NeededOutput>& needed) {
-  std::map<const Value*, std::map<std::string, Placements>> targets;  // per value: the distinct targets
+  // Per value: the distinct targets, and whether a node (not only the graph's outputs) needs each.
+  std::map<const Value*, std::map<std::string, std::pair<Placements, bool>>> targets;
   for (const NodeOptions& n : nodes)
     for (size_t k = 0; k < n.inputs.size(); ++k)
-      if (n.inputs[k]) targets[n.inputs[k]].emplace(to_string(n.options[n.chosen].chosen.inputs[k]), n.options[n.chosen].chosen.inputs[k]);
+      if (n.inputs[k]) {
+        const Placements& t = n.options[n.chosen].chosen.inputs[k];
+        targets[n.inputs[k]][to_string(t)] = {t, true};
+      }
   for (const NeededOutput& o : needed) {
     const Placements t = o.target_from(*o.value->placements);
-    targets[o.value].emplace(to_string(t), t);
+    targets[o.value].emplace(to_string(t), std::make_pair(t, false));
   }
   double cost = 0;
   for (const auto& [v, of] : targets)
-    for (const auto& [key, to] : of) cost += move_cost(v, *v->placements, to);
+    for (const auto& [key, target] : of)
+      cost += target.second ? move_cost(v, *v->placements, target.first) : output_move_cost(v, *v->placements, target.first);
   for (const NodeOptions& n : nodes) cost += n.options[n.chosen].chosen.kernel_cost;
   return cost;
 }
@@ -213,7 +255,7 @@ class ExactSearch {
     if (i == nodes_.size()) {
       double cost = 0;
       std::vector<std::pair<const Value*, std::string>> paid;
-      for (const NeededOutput& o : needed_) cost += pay(o.value, o.target_from(*o.value->placements), paid);
+      for (const NeededOutput& o : needed_) cost += pay(o.value, o.target_from(*o.value->placements), paid, /*output=*/true);
       for (const auto& [v, target] : paid) paid_[v].erase(target);
       return cost;
     }
@@ -268,11 +310,12 @@ class ExactSearch {
 
  private:
   // The cost of moving v to `to` unless already paid; records the payment (in `paid`, to undo).
-  double pay(const Value* v, const Placements& to, std::vector<std::pair<const Value*, std::string>>& paid) {
+  // (`output`: for a graph output, whose all-reduces are bucketed.)
+  double pay(const Value* v, const Placements& to, std::vector<std::pair<const Value*, std::string>>& paid, bool output = false) {
     std::string target = to_string(to);
     if (!paid_[v].insert(target).second) return 0;
     paid.emplace_back(v, std::move(target));
-    return choice_.move_cost(v, *v->placements, to);
+    return output ? choice_.output_move_cost(v, *v->placements, to) : choice_.move_cost(v, *v->placements, to);
   }
 
   std::string state_key(size_t i) {

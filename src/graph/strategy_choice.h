@@ -76,12 +76,15 @@ class StrategyChoice {
 
   // What moving `v` from `from` to `to` costs (0 when equal).
   double move_cost(const Value* v, const Placements& from, const Placements& to);
+  // The same for a graph output, whose all-reduces join one bucket at the end (bucketing.h): they
+  // pay no latency of their own.
+  double output_move_cost(const Value* v, const Placements& from, const Placements& to);
   // Whether that move needs a collective (a chunk or a partition of local data does not).
   bool communicates(const Value* v, const Placements& from, const Placements& to) const;
 
  private:
   MeshPtr mesh_;
-  std::map<std::tuple<const Value*, std::string, std::string>, double> costs_;
+  std::map<std::tuple<const Value*, std::string, std::string>, double> costs_, output_costs_;
 };
 
 }  // namespace dtensor::graph::detail

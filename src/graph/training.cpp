@@ -1,6 +1,7 @@
 #include "dtensor/graph/training.h"
 
 #include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
 
 #include "dtensor/errors.h"
 
@@ -50,6 +51,16 @@ at::Tensor joint_step(Program& program, const std::vector<c10::IValue>& user_inp
     parameter.mutable_grad() = outputs.at(index).toTensor();
   }
   return outputs.at(layout.loss).toTensor();
+}
+
+std::vector<double> train_steps(Program& program, torch::optim::Optimizer& optimizer, const std::vector<c10::IValue>& user_inputs,
+                                int steps) {
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    losses.push_back(joint_step(program, user_inputs).item<double>());
+    optimizer.step();
+  }
+  return losses;
 }
 
 }  // namespace dtensor::graph

@@ -12,6 +12,10 @@
 
 #include "dtensor/graph/program.h"
 
+namespace torch::optim {
+class Optimizer;
+}
+
 namespace dtensor::graph {
 
 // The parameters the program outputs gradients for (its state tensors: this rank's parts of them in
@@ -23,5 +27,10 @@ std::vector<at::Tensor> joint_parameters(Program& program);
 // the previous one) and returns the loss.
 at::Tensor joint_step(Program& program, const std::vector<c10::IValue>& user_inputs, const RunOptions& options = {},
                       RunStats* stats = nullptr);
+
+// `steps` training steps on the same inputs (joint_step, then optimizer.step() on the parameters it
+// was built over, joint_parameters(program)); returns each step's loss.
+std::vector<double> train_steps(Program& program, torch::optim::Optimizer& optimizer, const std::vector<c10::IValue>& user_inputs,
+                                int steps);
 
 }  // namespace dtensor::graph

@@ -1,0 +1,116 @@
+#include "bucketing.h"
+
+#include <map>
+#include <tuple>
+
+#include "reshard.h"
+
+namespace dtensor::graph::detail {
+namespace {
+
+// A chain of all-reduces (each waited for; one per mesh dim of a Partial over several) whose result
+// only graph outputs use.
+struct OutputAllReduce {
+  std::vector<Node*> nodes;  // all_reduce, wait_tensor, all_reduce, wait_tensor, ...
+  Value* input() const { return nodes.front()->args[0].values[0]; }
+  Value* result() const { return nodes.back()->outputs[0]; }
+};
+
+// The wait_tensor of an all-reduce, if it is its only user.
+Node* wait_of(const Graph& graph, const Node* all_reduce) {
+  const auto users = graph.users(all_reduce->outputs[0]);
+  return users.size() == 1 && users[0]->op_name() == "_c10d_functional::wait_tensor" ? users[0] : nullptr;
+}
+
+bool is_all_reduce(const Node* n) { return n && n->op_name() == "_c10d_functional::all_reduce"; }
+
+bool only_outputs_use(const Program& program, const Value* v) {
+  if (!program.graph.users(v).empty()) return false;
+  for (const Arg& a : program.graph.outputs())
+    if (std::find(a.values.begin(), a.values.end(), v) != a.values.end()) return true;
+  return false;
+}
+
+int64_t numel_of(const Value* v) {
+  int64_t n = 1;
+  for (int64_t s : v->meta.shape) n *= s;
+  return n;
+}
+
+}  // namespace
+
+int coalesce_output_all_reduces(Program& program) {
+  Graph& graph = program.graph;
+  // By the chain's (reduce op, group) pairs and dtype, in graph order.
+  std::map<std::pair<std::vector<std::string>, int>, std::vector<OutputAllReduce>> buckets;
+  for (Node* n : graph.nodes()) {
+    // Chains start at an all-reduce that no other all-reduce feeds.
+    if (!is_all_reduce(n) || (n->args[0].values[0]->producer && n->args[0].values[0]->producer->op_name() == "_c10d_functional::wait_tensor" &&
+                              is_all_reduce(n->args[0].values[0]->producer->args[0].values[0]->producer)))
+      continue;
+    OutputAllReduce chain;
+    std::vector<std::string> key;
+    for (Node* reduce = n; reduce;) {
+      Node* wait = wait_of(graph, reduce);
+      if (!wait) break;
+      chain.nodes.insert(chain.nodes.end(), {reduce, wait});
+      key.push_back(reduce->args[1].constant.toStringRef() + "@" + reduce->args[2].constant.toStringRef());
+      const auto users = graph.users(wait->outputs[0]);
+      reduce = users.size() == 1 && is_all_reduce(users[0]) ? users[0] : nullptr;
+    }
+    if (chain.nodes.empty() || !only_outputs_use(program, chain.result())) continue;
+    buckets[{key, static_cast<int>(chain.input()->meta.dtype)}].push_back(chain);
+  }
+  int folded = 0;
+  for (auto& [key, members] : buckets) {
+    if (members.size() < 2) continue;
+    std::vector<Value*> flat;
+    std::string why;
+    int64_t total = 0;
+    for (const OutputAllReduce& m : members) {
+      Value* x = m.input();
+      Node* f = graph.insert(nullptr, "aten::reshape", {Arg::tensor(x), Arg::ints({-1})}, x->name + "_flat");
+      infer_local_metas(*f);
+      flat.push_back(f->outputs[0]);
+      total += numel_of(x);
+      why += (why.empty() ? "" : ", ") + m.nodes.front()->note.substr(0, m.nodes.front()->note.find(';'));
+    }
+    Arg list{Arg::Kind::Tensors};
+    list.values = flat;
+    Node* cat = graph.insert(nullptr, "aten::cat", {list, Arg::of(int64_t{0})}, "bucket");
+    cat->outputs[0]->meta = TensorMeta{{total}, {1}, flat[0]->meta.dtype};
+    Value* current = cat->outputs[0];
+    const std::string note = "bucket of " + std::to_string(members.size()) + " all-reduces: " + why;
+    // The same chain of all-reduces as each member's, once for the bucket.
+    for (size_t k = 0; k < members[0].nodes.size(); k += 2) {
+      const Node* like = members[0].nodes[k];
+      Node* reduce = graph.insert(nullptr, "_c10d_functional::all_reduce", {Arg::tensor(current), like->args[1], like->args[2]},
+                                  "bucket_all_reduce");
+      reduce->outputs[0]->meta = cat->outputs[0]->meta;
+      for (const OutputAllReduce& m : members) reduce->bytes_per_rank += m.nodes[k]->bytes_per_rank;
+      reduce->note = note;
+      Node* wait = graph.insert(nullptr, "_c10d_functional::wait_tensor", {Arg::tensor(reduce->outputs[0])}, "wait_bucket");
+      wait->outputs[0]->meta = cat->outputs[0]->meta;
+      wait->note = note;
+      current = wait->outputs[0];
+    }
+    int64_t offset = 0;
+    for (const OutputAllReduce& m : members) {
+      Value* before = m.result();
+      const int64_t n = numel_of(before);
+      Node* piece = graph.insert(nullptr, "aten::slice.Tensor", {Arg::tensor(current), Arg::of(int64_t{0}), Arg::of(offset), Arg::of(offset + n)},
+                                 before->name + "_piece");
+      infer_local_metas(*piece);
+      Node* shaped = graph.insert(nullptr, "aten::view", {Arg::tensor(piece->outputs[0]), Arg::ints(before->meta.shape)}, before->name + "_bucketed");
+      infer_local_metas(*shaped);
+      shaped->outputs[0]->placements = before->placements;
+      graph.replace_all_uses(before, shaped->outputs[0]);
+      for (auto it = m.nodes.rbegin(); it != m.nodes.rend(); ++it) graph.erase(*it);
+      offset += n;
+    }
+    folded += static_cast<int>(members.size());
+  }
+  return folded;
+}
+
+}  // namespace dtensor::graph::detail
