@@ -23,6 +23,11 @@ struct Emitter {
   std::string why;
   Value* current;
   const RedistributeStep* step = nullptr;  // the planner's step being emitted
+  const Value* source = nullptr;           // the value resharded (its dynamic dims)
+
+  bool dynamic_dim(int64_t d) const {
+    return static_cast<size_t>(d) < source->symbolic_sizes.size() && !source->symbolic_sizes[d].empty();
+  }
 
   Node* emit(const std::string& op, std::vector<Arg> args, const std::string& name) {
     Node* n = program.graph.insert(before, op, std::move(args), name);
@@ -124,13 +129,16 @@ struct Emitter {
   void all_gather(const RedistributeStep& step) {
     const int64_t d = step.from.dim(), n = mesh->size(step.mesh_dim), length = step.logical_shape[d];
     const int64_t padded = padded_chunk_size(length, n);
+    // A dynamic dim is sharded evenly: no padding to add, none to trim (either would fix its size).
+    const bool even = dynamic_dim(d);
     rows_first(d);
-    pad_rows(padded);
+    if (even) contiguous();
+    else pad_rows(padded);
     Shape shape = current->meta.shape;
     shape[0] = padded * n;
     collective("_c10d_functional::all_gather_into_tensor",
                {Arg::tensor(current), Arg::of(n), Arg::of(group(step.mesh_dim))}, shape, "all_gather");
-    keep_rows(0, length);  // chunks are full-size before the short and empty ones
+    if (!even) keep_rows(0, length);  // chunks are full-size before the short and empty ones
     rows_back(d);
   }
 
@@ -234,7 +242,21 @@ Value* insert_reshard(Program& program, const MeshPtr& mesh, Node* before, Value
                       const Placements& to, const std::string& why) {
   const auto plan = plan_redistribute(global.shape, static_cast<int64_t>(c10::elementSize(global.dtype)), mesh->shape(),
                                       *mesh->coordinate(), *value->placements, to);
-  Emitter e{program, mesh, before, why, value};
+  // A step that cuts a dim whose size is dynamic would bake the example's size into the program
+  // (chunk bounds): refused rather than wrong at another size. Gathering one is fine: dynamic dims are
+  // sharded evenly (spmd.h), so the pieces need no padding and the whole no trimming.
+  auto dynamic = [&](const Placement& p) {
+    return p.is_shard() && static_cast<size_t>(p.dim()) < value->symbolic_sizes.size() && !value->symbolic_sizes[p.dim()].empty();
+  };
+  for (const auto& step : plan.steps) {
+    if (mesh->size(step.mesh_dim) == 1 || (step.kind == StepKind::AllGather && !dynamic(step.to))) continue;
+    for (const Placement& p : {step.from, step.to})
+      if (dynamic(p))
+        throw DTensorError("graph: " + why + ": %" + value->name + " would be cut along its dim " + std::to_string(p.dim()) +
+                           ", whose size is dynamic (" + value->symbolic_sizes[p.dim()] +
+                           "); keep a dynamic dim sharded from the inputs on (or gathered), or export it static");
+  }
+  Emitter e{program, mesh, before, why, value, nullptr, value};
   for (const auto& step : plan.steps) e.run(step);
   if (e.current == value) return value;  // nothing to do on this rank (a partition it keeps whole)
   e.current->placements = to;

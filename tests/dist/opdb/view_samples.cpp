@@ -14,6 +14,7 @@ using In = const std::vector<at::Tensor>&;
 // the indexed dim (1 here): self is tried Replicate and Shard(0) only.
 const std::vector<Placement> kAny2d = {Replicate(), Shard(0), Shard(1)};
 const std::vector<std::vector<Placement>> kInPlaceIndexing = {{Replicate(), Shard(0)}, kAny2d, kAny2d};
+const std::vector<std::vector<Placement>> kInPlaceIndexPut = {{Replicate(), Shard(1)}, {Replicate()}, {Replicate(), Shard(1)}};
 const std::vector<std::vector<Placement>> kInPlaceIndexAdd = {
     {Replicate(), Shard(0)}, {Replicate(), Shard(0)}, kAny2d};
 
@@ -132,6 +133,18 @@ const bool registered = add_op_samples({
      .two_d = true},
     {.name = "index_put_rows_3d", .shapes = {{5, 3}, {2, 3}, {2, 3, 3}},
      .run = [](In x) { return outputs(x[0].index_put({x[1]}, x[2], true)); }, .make_input = index_input(1, 5)},
+    // In place, self keeps its placement: sharded off the indexed dim, or replicated.
+    {.name = "index_put_", .shapes = {{5, 4}, {6}, {6, 4}},
+     .run = [](In x) { return outputs(x[0].clone().index_put_({x[1]}, x[2], true)); }, .make_input = index_input(1, 5),
+     .placements = kInPlaceIndexPut},
+    {.name = "_index_put_impl_", .shapes = {{5, 4}, {6}, {6, 4}},
+     .run =
+         [](In x) {
+           at::Tensor self = x[0].clone();
+           at::_index_put_impl_(self, {x[1]}, x[2], /*accumulate=*/true, /*unsafe=*/false);
+           return outputs(self);
+         },
+     .make_input = index_input(1, 5), .placements = kInPlaceIndexPut},
     // The accumulating samples above check index_put's gradients.
     {.name = "index_put", .shapes = {{5, 4}, {3}, {3, 4}},
      .run = [](In x) { return outputs(x[0].index_put({x[1]}, x[2])); }, .make_input = index_input(1, 5), .backward = false},
