@@ -145,6 +145,12 @@ const bool registered = add_op_samples({
            return outputs(self);
          },
      .make_input = index_input(1, 5), .placements = kInPlaceIndexPut},
+    {.name = "_index_put_impl", .shapes = {{5, 4}, {6}, {6, 4}},
+     .run =
+         [](In x) {
+           return outputs(at::_index_put_impl(x[0], c10::List<std::optional<at::Tensor>>({x[1]}), x[2], /*accumulate=*/true));
+         },
+     .make_input = index_input(1, 5)},
     // The accumulating samples above check index_put's gradients.
     {.name = "index_put", .shapes = {{5, 4}, {3}, {3, 4}},
      .run = [](In x) { return outputs(x[0].index_put({x[1]}, x[2])); }, .make_input = index_input(1, 5), .backward = false},
