@@ -1,5 +1,6 @@
 #include "strategy_choice.h"
 
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -169,6 +170,59 @@ std::pair<double, double> StrategyChoice::improve(std::vector<NodeOptions>& node
     for (size_t k = 0; k < n.outputs.size(); ++k) n.outputs[k]->placements = alt.outputs[k];
     n.chosen = o;
   };
+  // The views that only pass a node's output on (one input, a view-like op): a change of the node
+  // drags them along, each to its option that takes its input as it now is. A chain of views from a
+  // gradient to its graph output changes only as a whole: one view alone just moves the collective.
+  static const std::set<std::string> view_ops = {"aten::permute", "aten::t", "aten::transpose.int", "aten::view",
+                                                 "aten::_unsafe_view", "aten::reshape", "aten::expand", "aten::alias",
+                                                 "aten::unsqueeze", "aten::squeeze.dim", "aten::clone"};
+  std::map<const Value*, NodeOptions*> producer;
+  for (NodeOptions& n : nodes)
+    for (Value* v : n.outputs) producer[v] = &n;
+  std::map<const NodeOptions*, std::vector<NodeOptions*>> followers;
+  for (NodeOptions& n : nodes) {
+    if (n.fixed || n.inputs.size() != 1 || !n.inputs[0] || !n.node || !n.node->op || !view_ops.count(n.node->op_name())) continue;
+    if (auto it = producer.find(n.inputs[0]); it != producer.end()) followers[it->second].push_back(&n);
+  }
+  // Switches `n` to `o` and drags its followers; returns the change in total cost, `undo` records the
+  // previous choices (in the order made).
+  std::function<double(NodeOptions&, size_t, std::vector<std::pair<NodeOptions*, size_t>>&)> switch_with_followers =
+      [&](NodeOptions& n, size_t o, std::vector<std::pair<NodeOptions*, size_t>>& undo) {
+        double delta = delta_of(n, o);
+        undo.emplace_back(&n, n.chosen);
+        apply(n, o);
+        for (NodeOptions* f : followers[&n]) {
+          std::optional<size_t> fit;
+          double fit_delta = 0;
+          for (size_t k = 0; k < f->options.size(); ++k) {
+            if (f->options[k].chosen.inputs[0] != *f->inputs[0]->placements) continue;
+            if (const double d = k == f->chosen ? 0.0 : delta_of(*f, k); !fit || d < fit_delta) {
+              fit = k;
+              fit_delta = d;
+            }
+          }
+          if (fit && *fit != f->chosen) delta += switch_with_followers(*f, *fit, undo);
+        }
+        return delta;
+      };
+  // Whether a reshard touches the node: it takes an input moved, or a consumer (or the graph's
+  // output) needs one of its outputs elsewhere. Only then can moving it with its views help.
+  auto reshards_around = [&](const NodeOptions& n) {
+    const PlacementStrategy& now = n.options[n.chosen].chosen;
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      if (n.inputs[k] && now.inputs[k] != *n.inputs[k]->placements) return true;
+    for (const Value* v : n.outputs) {
+      for (const auto& [key, need] : needs[v])
+        if (need.second > 0 && need.first != *v->placements) return true;
+      if (auto it = outputs.find(v); it != outputs.end())
+        for (const NeededOutput* o : it->second)
+          if (o->target_from(*v->placements) != *v->placements) return true;
+    }
+    return false;
+  };
+  auto revert = [&](std::vector<std::pair<NodeOptions*, size_t>>& undo) {
+    for (auto it = undo.rbegin(); it != undo.rend(); ++it) apply(*it->first, it->second);
+  };
   // Sweeps of strict improvements. Where none is left, one sweep of free changes that resolve a
   // Partial output (a backward pass recomputing from a value already all-reduced for the forward
   // can then take the reduced copy: two changes, the first of which alone saves nothing); they only
@@ -180,7 +234,8 @@ std::pair<double, double> StrategyChoice::improve(std::vector<NodeOptions>& node
     for (NodeOptions& n : nodes) {
       if (n.fixed) continue;
       std::optional<size_t> best;
-      double best_delta = plateau ? 1e-6 : -1e-6;
+      // (Local steps cost a byte each in the model, to break ties: a plateau allows a few.)
+      double best_delta = plateau ? 4.5 : -1e-6;
       for (size_t o = 0; o < n.options.size(); ++o) {
         if (o == n.chosen) continue;
         if (plateau && partials(n.options[o].chosen) >= partials(n.options[n.chosen].chosen)) continue;
@@ -189,9 +244,21 @@ std::pair<double, double> StrategyChoice::improve(std::vector<NodeOptions>& node
           best = o;
         }
       }
-      if (!best) continue;
-      apply(n, *best);
-      changed = true;
+      if (best) {
+        apply(n, *best);
+        changed = true;
+        continue;
+      }
+      if (plateau || followers[&n].empty() || !reshards_around(n)) continue;
+      for (size_t o = 0; o < n.options.size(); ++o) {
+        if (o == n.chosen) continue;
+        std::vector<std::pair<NodeOptions*, size_t>> undo;
+        if (switch_with_followers(n, o, undo) < -1e-6) {
+          changed = true;
+          break;
+        }
+        revert(undo);
+      }
     }
     if (plateau) {
       plateau = false;

@@ -5,7 +5,9 @@
 // reshard shared by all consumers of a value that need the same target counted once, plus what local
 // kernels communicate. Greedy reduce-scatters a Partial activation (cheaper than an all-reduce) and
 // then all-gathers it for the next matmul; the whole-graph view sees that one all-reduce costs less.
-//  - improve(): local search from the greedy choice, one node at a time, while the total drops.
+//  - improve(): local search from the greedy choice: one node at a time, or a node with the chain of
+//    views that only pass its output on, while the total drops; where nothing drops, changes of about
+//    zero cost that resolve a Partial output (they set up the next drop, and cannot cycle).
 //  - search_exactly(): dynamic programming over the graph in order. What is still to pay after node
 //    i depends only on the placements of the values live across i and which reshards of them are
 //    already paid for, so the best completion is computed once per such state; branch and bound
