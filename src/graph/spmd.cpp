@@ -132,6 +132,16 @@ void check_joint_graph(const Program& program) {
                        "torch.export.experimental._export_forward_backward(ep, joint_loss_index=...)");
 }
 
+using Search = detail::MarkOptions::Search;
+Search search_of(SpmdOptions::Search s) {
+  switch (s) {
+    case SpmdOptions::Search::Greedy: return Search::Greedy;
+    case SpmdOptions::Search::LocalSearch: return Search::LocalSearch;
+    case SpmdOptions::Search::Exact: return Search::Exact;
+  }
+  return Search::Exact;
+}
+
 }  // namespace
 
 Program spmd_expand(Program program, const MeshPtr& mesh, const SpmdPlacements& placements, const SpmdOptions& options) {
@@ -141,7 +151,7 @@ Program spmd_expand(Program program, const MeshPtr& mesh, const SpmdPlacements& 
   check_joint_graph(program);
   mark_inputs(program, *mesh, placements);
   detail::MarkOptions mark{.fail_without_rule = true, .keep_state_in_place = true};
-  mark.search = static_cast<detail::MarkOptions::Search>(options.search);
+  mark.search = search_of(options.search);
   mark.output_targets = output_targets(program, *mesh, placements);
   detail::expand_marked(program, mesh, mark);
   return program;
