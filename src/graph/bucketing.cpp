@@ -3,6 +3,7 @@
 #include <map>
 #include <tuple>
 
+#include "dtensor/layout.h"
 #include "reshard.h"
 
 namespace dtensor::graph::detail {
@@ -29,12 +30,6 @@ bool only_outputs_use(const Program& program, const Value* v) {
   for (const Arg& a : program.graph.outputs())
     if (std::find(a.values.begin(), a.values.end(), v) != a.values.end()) return true;
   return false;
-}
-
-int64_t numel_of(const Value* v) {
-  int64_t n = 1;
-  for (int64_t s : v->meta.shape) n *= s;
-  return n;
 }
 
 }  // namespace
@@ -72,7 +67,7 @@ int coalesce_output_all_reduces(Program& program) {
       Node* f = graph.insert(nullptr, "aten::reshape", {Arg::tensor(x), Arg::ints({-1})}, x->name + "_flat");
       infer_local_metas(*f);
       flat.push_back(f->outputs[0]);
-      total += numel_of(x);
+      total += numel(x->meta.shape);
       why += (why.empty() ? "" : ", ") + m.nodes.front()->note.substr(0, m.nodes.front()->note.find(';'));
     }
     Arg list{Arg::Kind::Tensors};
@@ -97,7 +92,7 @@ int coalesce_output_all_reduces(Program& program) {
     int64_t offset = 0;
     for (const OutputAllReduce& m : members) {
       Value* before = m.result();
-      const int64_t n = numel_of(before);
+      const int64_t n = numel(before->meta.shape);
       Node* piece = graph.insert(nullptr, "aten::slice.Tensor", {Arg::tensor(current), Arg::of(int64_t{0}), Arg::of(offset), Arg::of(offset + n)},
                                  before->name + "_piece");
       infer_local_metas(*piece);

@@ -127,12 +127,9 @@ c10::IValue global_hints(const Arg& a) {
   return a.kind == Arg::Kind::SymInts ? c10::IValue(sizes) : c10::IValue(sizes.at(0));
 }
 
-// A view-like op (permute, t, view, expand, ...) of a parameter, buffer or constant.
+// A view-like op (permute, t, view, expand, ...; see is_view_like) of a parameter, buffer or constant.
 bool is_view_of_state(const Node& node, const std::set<const Value*>& state) {
-  static const std::set<std::string> views = {"aten::permute", "aten::t", "aten::transpose.int", "aten::view",
-                                              "aten::_unsafe_view", "aten::reshape", "aten::expand", "aten::alias",
-                                              "aten::detach", "aten::unsqueeze", "aten::squeeze.dim"};
-  if (!views.count(node.op_name())) return false;
+  if (!is_view_like(node)) return false;
   const auto inputs = node.inputs();
   return !inputs.empty() && std::all_of(inputs.begin(), inputs.end(), [&](const Value* v) { return !v->is_tensor() || state.count(v); });
 }

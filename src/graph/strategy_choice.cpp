@@ -94,6 +94,13 @@ std::map<const Value*, std::vector<const NeededOutput*>> outputs_by_value(const 
 
 }  // namespace
 
+bool is_view_like(const Node& node) {
+  static const std::set<std::string> views = {"aten::permute", "aten::t",      "aten::transpose.int", "aten::view",
+                                              "aten::_unsafe_view", "aten::reshape", "aten::expand", "aten::alias",
+                                              "aten::detach", "aten::unsqueeze", "aten::squeeze.dim", "aten::clone"};
+  return node.op && views.count(node.op_name()) > 0;
+}
+
 Placements NeededOutput::target_from(const Placements& at) const {
   if (target) return *target;
   Placements p = at;
@@ -173,15 +180,12 @@ std::pair<double, double> StrategyChoice::improve(std::vector<NodeOptions>& node
   // The views that only pass a node's output on (one input, a view-like op): a change of the node
   // drags them along, each to its option that takes its input as it now is. A chain of views from a
   // gradient to its graph output changes only as a whole: one view alone just moves the collective.
-  static const std::set<std::string> view_ops = {"aten::permute", "aten::t", "aten::transpose.int", "aten::view",
-                                                 "aten::_unsafe_view", "aten::reshape", "aten::expand", "aten::alias",
-                                                 "aten::unsqueeze", "aten::squeeze.dim", "aten::clone"};
   std::map<const Value*, NodeOptions*> producer;
   for (NodeOptions& n : nodes)
     for (Value* v : n.outputs) producer[v] = &n;
   std::map<const NodeOptions*, std::vector<NodeOptions*>> followers;
   for (NodeOptions& n : nodes) {
-    if (n.fixed || n.inputs.size() != 1 || !n.inputs[0] || !n.node || !n.node->op || !view_ops.count(n.node->op_name())) continue;
+    if (n.fixed || n.inputs.size() != 1 || !n.inputs[0] || !n.node || !is_view_like(*n.node)) continue;
     if (auto it = producer.find(n.inputs[0]); it != producer.end()) followers[it->second].push_back(&n);
   }
   // Switches `n` to `o` and drags its followers; returns the change in total cost, `undo` records the

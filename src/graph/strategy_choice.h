@@ -27,6 +27,10 @@
 
 namespace dtensor::graph::detail {
 
+// Ops that only pass their one input on, reshaped or reordered (view, permute, t, expand, clone, ...):
+// a weight seen through one is still the weight, and a chain of them moves as a whole.
+bool is_view_like(const Node& node);
+
 // One node's strategies as the choice sees them.
 struct NodeOptions {
   Node* node = nullptr;

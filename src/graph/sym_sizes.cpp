@@ -7,7 +7,22 @@
 namespace dtensor::graph::detail {
 namespace {
 
-bool is_size_query(const Node& node, const char* name) { return node.op && node.op_name() == name; }
+// What a node reads of a tensor's size, if it is a size query.
+enum class SizeQuery { None, Size, Numel, Stride };
+SizeQuery size_query(const Node& node) {
+  if (!node.op) return SizeQuery::None;
+  const std::string name = node.op_name();
+  if (name == "aten::sym_size.int") return SizeQuery::Size;
+  if (name == "aten::sym_numel") return SizeQuery::Numel;
+  if (name == "aten::sym_stride.int") return SizeQuery::Stride;
+  return SizeQuery::None;
+}
+
+// The dim a sym_size / sym_stride node reads, normalised against `ndim`.
+int64_t queried_dim(const Node& node, int64_t ndim) {
+  const int64_t d = node.args[1].constant.toInt();
+  return d < 0 ? d + ndim : d;
+}
 
 std::string list_str(const std::vector<int64_t>& v) {
   std::string out;
@@ -26,12 +41,11 @@ void ShardedSizes::record(const Node& node) {
   if (node.outputs.size() != 1 || node.outputs[0]->is_tensor()) return;
   Value* out = node.outputs[0];
   if (node.op) {
-    const bool size = is_size_query(node, "aten::sym_size.int"), numel = is_size_query(node, "aten::sym_numel"),
-               stride = is_size_query(node, "aten::sym_stride.int");
-    if (!size && !numel && !stride) return;
+    const SizeQuery query = size_query(node);
+    if (query == SizeQuery::None) return;
+    const bool numel = query == SizeQuery::Numel;
     const Value& source = *node.args[0].values[0];
-    const auto ndim = static_cast<int64_t>(source.meta.shape.size());
-    const int64_t dim = numel ? -1 : [&] { const int64_t d = node.args[1].constant.toInt(); return d < 0 ? d + ndim : d; }();
+    const int64_t dim = numel ? -1 : queried_dim(node, static_cast<int64_t>(source.meta.shape.size()));
     Info i;
     for (int64_t m = 0; m < mesh_->ndim(); ++m) {
       const Placement& p = (*source.placements)[m];
@@ -41,7 +55,7 @@ void ShardedSizes::record(const Node& node) {
       }
     }
     // A local stride is not a chunk of the global one.
-    i.scalable = !stride;
+    i.scalable = query != SizeQuery::Stride;
     if (!i.mesh_dims.empty()) sharded_[out] = i;
     return;
   }
@@ -102,19 +116,13 @@ void ShardedSizes::compute_local_hints(const Graph& graph) {
       local_hint_[out] = apply_integer_operator(node->target, operands, node->name);
       continue;
     }
-    const bool size = is_size_query(*node, "aten::sym_size.int"), numel = is_size_query(*node, "aten::sym_numel"),
-               stride = is_size_query(*node, "aten::sym_stride.int");
-    if (!size && !numel && !stride) continue;
+    const SizeQuery query = size_query(*node);
+    if (query == SizeQuery::None) continue;
     const TensorMeta& local = node->args[0].values[0]->meta;
-    const auto ndim = static_cast<int64_t>(local.shape.size());
-    if (numel) {
-      int64_t n = 1;
-      for (int64_t s : local.shape) n *= s;
-      local_hint_[out] = n;
-    } else {
-      int64_t d = node->args[1].constant.toInt();
-      d = d < 0 ? d + ndim : d;
-      local_hint_[out] = size ? local.shape.at(d) : local.stride.at(d);
+    if (query == SizeQuery::Numel) local_hint_[out] = numel(local.shape);
+    else {
+      const int64_t d = queried_dim(*node, static_cast<int64_t>(local.shape.size()));
+      local_hint_[out] = query == SizeQuery::Size ? local.shape.at(d) : local.stride.at(d);
     }
   }
 }
