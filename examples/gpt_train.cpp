@@ -3,7 +3,12 @@
 // then trains the same model on the same batches from the same seed in one process and compares the
 // loss trajectories: PASS when every step's loss is within a relative 1e-4.
 //
-//   gpt_train [--steps K] [--modes tp,dp-tp] [--corpus PATH]
+//   gpt_train [--steps K] [--modes tp,dp-tp] [--corpus PATH] [--save DIR] [--resume DIR]
+//
+// --save DIR writes the first mode's model and optimizer state after its last step (a dtensor
+// checkpoint: safetensors files, one per rank that owns shards). --resume DIR starts every mode from such
+// a checkpoint, saved on any mesh: it continues at the saved step for K more steps, and the
+// single-process oracle then trains uninterrupted from the start and is compared on those K steps.
 
 #include <ATen/Parallel.h>
 
@@ -13,6 +18,7 @@
 #include <iomanip>
 #include <iostream>
 
+#include "dtensor/training_state.h"
 #include "gpt/training.h"
 
 namespace {
@@ -21,6 +27,7 @@ struct Args {
   int steps = 50;
   std::vector<std::string> modes = {"tp", "dp-tp"};
   std::string corpus = GPT_CORPUS_PATH;
+  std::string save, resume;
 };
 
 Args parse(int argc, char** argv) {
@@ -31,6 +38,10 @@ Args parse(int argc, char** argv) {
       args.steps = std::stoi(value);
     } else if (flag == "--corpus") {
       args.corpus = value;
+    } else if (flag == "--save") {
+      args.save = value;
+    } else if (flag == "--resume") {
+      args.resume = value;
     } else if (flag == "--modes") {
       args.modes.clear();
       for (size_t start = 0; start <= value.size();) {
@@ -39,7 +50,7 @@ Args parse(int argc, char** argv) {
         start = comma + 1;
       }
     } else {
-      throw std::invalid_argument("unknown flag " + flag + " (use --steps, --modes, --corpus)");
+      throw std::invalid_argument("unknown flag " + flag + " (use --steps, --modes, --corpus, --save, --resume)");
     }
   }
   return args;
@@ -48,9 +59,20 @@ Args parse(int argc, char** argv) {
 constexpr uint64_t kSeed = 1234;
 constexpr int64_t kBatch = 8;
 
-// Trains K steps; `mesh` null means one process. `dp_rank`/`dp_size` pick this rank's rows of each batch.
-std::vector<double> train(const gpt::Corpus& corpus, const dtensor::MeshPtr& mesh, int steps, const std::string& label,
-                          bool print) {
+// Where a run starts and what it keeps: `resume` and `save` are checkpoint directories (or empty).
+struct Checkpointing {
+  std::string resume, save;
+};
+
+struct Run {
+  int first_step = 1;  // after a resume: the saved step + 1
+  std::vector<double> losses;
+};
+
+// Trains `steps` steps (after the resumed ones); `mesh` null means one process. `dp_rank`/`dp_size` pick
+// this rank's rows of each batch.
+Run train(const gpt::Corpus& corpus, const dtensor::MeshPtr& mesh, int steps, const std::string& label, bool print,
+          const Checkpointing& checkpointing = {}) {
   torch::manual_seed(kSeed);
   gpt::Gpt model(gpt::demo_config(corpus));
   int64_t dp_rank = 0, dp_size = 1;
@@ -63,23 +85,33 @@ std::vector<double> train(const gpt::Corpus& corpus, const dtensor::MeshPtr& mes
   }
   const gpt::TrainOptions options;
   auto optimizer = gpt::make_optimizer(model, options);
+  dtensor::checkpoint::TrainingState state(*model, &optimizer);
+  state.tensors()["train.step"] = at::zeros({}, at::kLong);
+  const auto world = mesh ? mesh->world() : nullptr;
   gpt::Batches batches(corpus, kBatch, model->pos_emb.size(0), kSeed);
-  std::vector<double> losses;
+  Run run;
+  if (!checkpointing.resume.empty()) {
+    state.load(checkpointing.resume, {.world = world});
+    run.first_step = static_cast<int>(state.tensors()["train.step"].item<int64_t>()) + 1;
+    for (int step = 1; step < run.first_step; ++step) batches.next();  // the batches those steps used
+  }
   if (print) std::cout << "\n== " << label << " ==\n";
+  if (print && run.first_step > 1) std::cout << "  resumed from " << checkpointing.resume << " at step " << run.first_step << "\n";
   const auto start = std::chrono::steady_clock::now();
   auto last = start;
-  for (int step = 1; step <= steps; ++step) {
+  const int last_step = run.first_step + steps - 1;
+  for (int step = run.first_step; step <= last_step; ++step) {
     gpt::Batch batch = batches.next();
     const int64_t rows = kBatch / dp_size;
     batch.tokens = batch.tokens.slice(0, dp_rank * rows, (dp_rank + 1) * rows);
     batch.targets = batch.targets.slice(0, dp_rank * rows, (dp_rank + 1) * rows);
-    losses.push_back(gpt::train_step(model, optimizer, batch, options));
-    if (print && (step == 1 || step % 5 == 0 || step == steps)) {
+    run.losses.push_back(gpt::train_step(model, optimizer, batch, options));
+    if (print && (step == run.first_step || step % 5 == 0 || step == last_step)) {
       const auto now = std::chrono::steady_clock::now();
       const double seconds = std::chrono::duration<double>(now - last).count();
-      const int done = step == 1 ? 1 : (step % 5 == 0 ? std::min(5, step - 1) : step % 5);
+      const int done = step == run.first_step ? 1 : std::min(step - run.first_step, step % 5 == 0 ? 5 : step % 5);
       const double tokens_per_s = done * kBatch * batch.tokens.size(1) / seconds;
-      std::cout << "  step " << std::setw(3) << step << "  loss " << std::fixed << std::setprecision(5) << losses.back()
+      std::cout << "  step " << std::setw(3) << step << "  loss " << std::fixed << std::setprecision(5) << run.losses.back()
                 << "  " << std::setprecision(0) << tokens_per_s << " tokens/s\n";
       last = now;
     }
@@ -87,7 +119,12 @@ std::vector<double> train(const gpt::Corpus& corpus, const dtensor::MeshPtr& mes
   if (print)
     std::cout << "  " << steps << " steps in " << std::setprecision(2)
               << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s\n";
-  return losses;
+  if (!checkpointing.save.empty()) {
+    state.tensors()["train.step"].fill_(last_step);
+    const auto saved = state.save(checkpointing.save, {.overwrite = true, .world = world});
+    if (print) std::cout << "  saved step " << last_step << " to " << checkpointing.save << " (rank 0 wrote " << saved.bytes_written << " bytes)\n";
+  }
+  return run;
 }
 
 double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
@@ -108,7 +145,7 @@ int main(int argc, char** argv) {
       std::cout << "GPT training: " << world->size() << " ranks (" << world->launcher() << "), vocabulary "
                 << corpus.vocabulary.size() << ", corpus " << corpus.tokens.size(0) << " characters, " << args.steps
                 << " steps, batch " << kBatch << "\n";
-    std::vector<std::pair<std::string, std::vector<double>>> runs;
+    std::vector<std::pair<std::string, Run>> runs;
     for (const std::string& mode : args.modes) {
       dtensor::MeshPtr mesh;
       std::string label;
@@ -122,19 +159,25 @@ int main(int argc, char** argv) {
       } else {
         throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp)");
       }
-      runs.emplace_back(label, train(corpus, mesh, args.steps, label, print));
+      // The first mode saves; every mode resumes.
+      const Checkpointing checkpointing{args.resume, runs.empty() ? args.save : std::string()};
+      runs.emplace_back(label, train(corpus, mesh, args.steps, label, print, checkpointing));
     }
     // Rank 0 runs the oracle; every rank then exits with its verdict.
     if (!print) return world->sum_across_ranks(0) == 0 ? 0 : 1;
-    const std::vector<double> reference = train(corpus, nullptr, args.steps, "single process (the oracle)", true);
+    // The oracle trains uninterrupted from step 1 to the runs' last step; they are compared on their steps.
+    const int first = runs.empty() ? 1 : runs.front().second.first_step;
+    const std::vector<double> all = train(corpus, nullptr, first - 1 + args.steps, "single process (the oracle)", true).losses;
+    const std::vector<double> reference(all.begin() + (first - 1), all.end());
     bool pass = true;
     std::cout << "\n";
-    for (const auto& [label, losses] : runs) {
+    for (const auto& [label, run] : runs) {
+      const std::vector<double>& losses = run.losses;
       const double diff = max_relative_difference(losses, reference);
       const bool ok = diff <= 1e-4;
       pass = pass && ok;
       std::cout << (ok ? "ok   " : "FAIL ") << label << ": largest relative loss difference " << std::scientific
-                << std::setprecision(2) << diff << " over " << losses.size() << " steps (loss " << std::fixed
+                << std::setprecision(2) << diff << " over steps " << run.first_step << ".." << run.first_step + static_cast<int>(losses.size()) - 1 << " (loss " << std::fixed
                 << std::setprecision(4) << losses.front() << " -> " << losses.back() << ")\n";
     }
     std::cout << (pass ? "\nPASS: every loss trajectory matches the single-process run\n"

@@ -40,8 +40,13 @@ at::Tensor from_local(const at::Tensor& local, const MeshPtr& mesh, const Placem
 // gradient of the local tensor has (default: the DTensor's own placements).
 at::Tensor to_local(const at::Tensor& dtensor, std::optional<Placements> grad_placements = std::nullopt);
 
-// The same tensor with other placements on its mesh (`mesh` may be null or must be the same mesh).
-// Partial targets are refused unless the mesh dim is already that Partial. Differentiable.
+// The same tensor with other placements on its mesh (`mesh` null or the same mesh), or on another mesh
+// of the same world whose ranks overlap this one's or not (pipeline stages, a training mesh to a serving
+// mesh): there only the overlapping index ranges move, from the ranks holding them to the ranks needing
+// them (one all-to-all over the union of both meshes' ranks; Partial mesh dims are reduced on the source
+// mesh first). Every rank of both meshes must call it (ranks outside the target get an empty shard),
+// and, when differentiated, run the backward through it. Partial targets are refused unless the mesh
+// dim is already that Partial on the same mesh. Differentiable.
 at::Tensor redistribute(const at::Tensor& dtensor, const MeshPtr& mesh, const Placements& placements);
 inline at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements) {
   return redistribute(dtensor, nullptr, placements);

@@ -8,7 +8,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -83,6 +85,11 @@ class DeviceMesh {
   // The sub-mesh over several named dims (kept in the given order) through this rank.
   MeshPtr slice(const std::vector<std::string>& names) const;
 
+  // A 1-d mesh over the union of this mesh's ranks and `other`'s (sorted), through which tensors move
+  // between the two (cross-mesh redistribution), either way. Made on first use, when every rank of the
+  // union must ask for it in the same order, and kept by both meshes (so it goes with them).
+  MeshPtr bridge_to(const DeviceMesh& other) const;
+
   // Same ranks, shape and names.
   bool operator==(const DeviceMesh& other) const;
   bool operator!=(const DeviceMesh& other) const { return !(*this == other); }
@@ -102,6 +109,8 @@ class DeviceMesh {
   std::optional<Shape> coordinate_;
   std::vector<std::shared_ptr<detail::MeshGroup>> groups_;
   uint64_t id_;
+  mutable std::mutex bridges_mutex_;
+  mutable std::map<std::vector<int64_t>, MeshPtr> bridges_;  // by the union's ranks
 };
 
 bool same_mesh(const MeshPtr& a, const MeshPtr& b);

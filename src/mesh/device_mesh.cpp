@@ -178,6 +178,27 @@ MeshPtr DeviceMesh::slice(const std::vector<std::string>& names) const {
   return sub;
 }
 
+MeshPtr DeviceMesh::bridge_to(const DeviceMesh& other) const {
+  if (other.world_ != world_)
+    throw DTensorError(str() + " and " + other.str() + " belong to different worlds; tensors cannot move between them");
+  std::set<int64_t> members(ranks_.begin(), ranks_.end());
+  members.insert(other.ranks_.begin(), other.ranks_.end());
+  const std::vector<int64_t> ranks(members.begin(), members.end());
+  const auto cached = [&ranks](const DeviceMesh& mesh) -> MeshPtr {
+    std::lock_guard<std::mutex> lock(mesh.bridges_mutex_);
+    const auto it = mesh.bridges_.find(ranks);
+    return it == mesh.bridges_.end() ? nullptr : it->second;
+  };
+  MeshPtr bridge = cached(*this);
+  if (!bridge) bridge = cached(other);
+  if (!bridge) bridge = create(world_, {static_cast<int64_t>(ranks.size())}, ranks, MeshOptions{{}, device_type_, timeout_});
+  for (const DeviceMesh* mesh : {this, &other}) {
+    std::lock_guard<std::mutex> lock(mesh->bridges_mutex_);
+    mesh->bridges_[ranks] = bridge;
+  }
+  return bridge;
+}
+
 bool DeviceMesh::operator==(const DeviceMesh& other) const {
   return this == &other || (shape_ == other.shape_ && ranks_ == other.ranks_ && dim_names_ == other.dim_names_ &&
                             device_type_ == other.device_type_);

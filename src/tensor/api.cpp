@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "../mesh/collectives.h"
+#include "../redistribute/cross_mesh.h"
 #include "../redistribute/executor.h"
 #include "autograd_nodes.h"
 #include "dtensor/errors.h"
@@ -224,19 +225,35 @@ RedistributePlan redistribute_plan(const at::Tensor& dtensor, const Placements& 
 
 namespace {
 
-// `placements` checked as a redistribute target for `spec`.
+// `placements` checked as a redistribute target for `spec` on `mesh` (its own when null).
 Placements redistribute_target(const DTensorSpec& spec, const MeshPtr& mesh, const Placements& placements) {
-  if (mesh && !same_mesh(mesh, spec.mesh))
-    throw DTensorError("redistribute: the DTensor lives on " + spec.mesh->str() + "; moving it to " + mesh->str() +
-                       " is not supported yet (full_tensor, then distribute_tensor on the other mesh)");
-  Placements target = validate_placements(placements, spec.mesh->ndim(), spec.ndim(), "redistribute");
+  const DeviceMesh& target_mesh = mesh ? *mesh : *spec.mesh;
+  Placements target = validate_placements(placements, target_mesh.ndim(), spec.ndim(), "redistribute");
+  const bool same = !mesh || same_mesh(mesh, spec.mesh);
   for (size_t m = 0; m < target.size(); ++m) {
-    if (target[m].is_partial() && target[m] != spec.placements[m])
-      throw DTensorError("redistribute: cannot move " + spec.mesh->dim_label(static_cast<int64_t>(m)) + " from " +
-                         spec.placements[m].str() + " to " + target[m].str() +
+    if (target[m].is_partial() && (!same || target[m] != spec.placements[m]))
+      throw DTensorError("redistribute: cannot move " + target_mesh.dim_label(static_cast<int64_t>(m)) +
+                         (same ? " from " + spec.placements[m].str() + " to " + target[m].str()
+                               : " to " + target[m].str() + " on another mesh") +
                          ": Partial is a state ops produce, not a target; choose Shard or Replicate");
   }
   return target;
+}
+
+// To a mesh with other ranks or another shape: Partial mesh dims are reduced on the source mesh, then
+// exactly the overlapping index ranges move between the ranks of both.
+at::Tensor redistribute_across_meshes(const at::Tensor& dtensor, const MeshPtr& mesh, const Placements& target) {
+  const DTensorSpec& spec = dtensor_impl(dtensor).spec();
+  Placements reduced = spec.placements;
+  for (auto& p : reduced)
+    if (p.is_partial()) p = Replicate();
+  const at::Tensor source = reduced == spec.placements ? dtensor : redistribute(dtensor, nullptr, reduced);
+  const auto& impl = dtensor_impl(source);
+  const DTensorSpec to{mesh, target, impl.spec().meta};
+  at::Tensor local = detail::move_across_meshes(impl.local(), impl.spec(), to);
+  at::Tensor out = make_dtensor(in_global_layout(local, to.meta), to);
+  detail::record(c10::make_intrusive<detail::CrossMeshRedistributeBackward>(impl.spec()), source, out);
+  return out;
 }
 
 // True when overwriting the DTensor's local buffer cannot be observed: this handle is the only one to
@@ -263,6 +280,7 @@ at::Tensor redistribute_to(const at::Tensor& dtensor, const Placements& target, 
 at::Tensor redistribute(const at::Tensor& dtensor, const MeshPtr& mesh, const Placements& placements) {
   const DTensorSpec& spec = dtensor_impl(dtensor, "redistribute").spec();
   const Placements target = redistribute_target(spec, mesh, placements);
+  if (mesh && !same_mesh(mesh, spec.mesh)) return redistribute_across_meshes(dtensor, mesh, target);
   if (target == spec.placements) return dtensor;
   return redistribute_to(dtensor, target, detail::Ownership::Borrowed);
 }
@@ -270,6 +288,7 @@ at::Tensor redistribute(const at::Tensor& dtensor, const MeshPtr& mesh, const Pl
 at::Tensor redistribute(at::Tensor&& dtensor, const MeshPtr& mesh, const Placements& placements) {
   const DTensorSpec& spec = dtensor_impl(dtensor, "redistribute").spec();
   const Placements target = redistribute_target(spec, mesh, placements);
+  if (mesh && !same_mesh(mesh, spec.mesh)) return redistribute_across_meshes(std::move(dtensor), mesh, target);
   if (target == spec.placements) return std::move(dtensor);
   const at::Tensor owned = std::move(dtensor);  // consumed whether or not it can be donated
   return redistribute_to(owned, target, donatable(owned) ? detail::Ownership::Donated : detail::Ownership::Borrowed);

@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "../redistribute/cross_mesh.h"
 #include "../redistribute/executor.h"
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/errors.h"
@@ -55,6 +56,17 @@ torch::autograd::variable_list RedistributeBackward::apply(torch::autograd::vari
   DTensorSpec spec{input_spec.mesh, target, input_spec.meta};
   spec.meta.dtype = grad.spec().meta.dtype;
   at::Tensor local = in_global_layout(redistribute_local(grad.local(), grad.spec(), target), spec.meta);
+  return {make_dtensor(local, std::move(spec))};
+}
+
+torch::autograd::variable_list CrossMeshRedistributeBackward::apply(torch::autograd::variable_list&& grads) {
+  if (!grads[0].defined()) return {at::Tensor()};
+  const auto& grad = dtensor_impl(grads[0], "the gradient flowing back into a cross-mesh redistribute");
+  const DTensorSpec reduced = grad.spec().with_placements(partial_as_replicate(grad.spec().placements));
+  const at::Tensor grad_local = redistribute_local(grad.local(), grad.spec(), reduced.placements);
+  DTensorSpec spec{input_spec.mesh, partial_as_replicate(input_spec.placements), input_spec.meta};
+  spec.meta.dtype = grad.spec().meta.dtype;
+  at::Tensor local = in_global_layout(move_across_meshes(grad_local, reduced, spec), spec.meta);
   return {make_dtensor(local, std::move(spec))};
 }
 

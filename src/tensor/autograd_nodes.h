@@ -32,6 +32,15 @@ struct RedistributeBackward : torch::autograd::Node {
   DTensorSpec input_spec;
 };
 
+// Gradient of a redistribution to another mesh: the gradient moved back to the input's mesh and
+// placements (Partial as Replicate). Every rank of both meshes runs it.
+struct CrossMeshRedistributeBackward : torch::autograd::Node {
+  explicit CrossMeshRedistributeBackward(DTensorSpec input_spec) : input_spec(std::move(input_spec)) {}
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override;
+  std::string name() const override { return "dtensor::CrossMeshRedistributeBackward"; }
+  DTensorSpec input_spec;
+};
+
 // Connects `output` to `inputs` through `node` when grad mode is on and an input requires grad.
 void record(const c10::intrusive_ptr<torch::autograd::Node>& node, const at::Tensor& input, at::Tensor& output);
 

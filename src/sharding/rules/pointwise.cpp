@@ -138,6 +138,8 @@ const bool registered = [] {
   detail::register_overloads({"aten::add.out", "aten::sub.out"}, rule(Linearity::Additive));
   detail::register_overloads({"aten::mul.out"}, rule(Linearity::Scaling));
   detail::register_overloads({"aten::div.out", "aten::div.out_mode"}, rule(Linearity::FirstLinear));
+  // AdamW with amsgrad keeps its running maximum with torch::max_out.
+  detail::register_overloads({"aten::maximum.out", "aten::minimum.out"}, rule(Linearity::None));
   // attention's math path with a mask (_safe_softmax) writes where's result into a preallocated output
   detail::register_overloads({"aten::where.self_out"}, rule(Linearity::None));
   register_family({"aten::div", "aten::threshold_backward", "aten::sigmoid_backward", "aten::tanh_backward",

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Checkpoint throughput per rank against plain file I/O, and a whole safetensors file loaded into TP=4;
+# writes bench/results/checkpoint.md.
+#   bench/checkpoint.sh <build-dir> [--mb M] [--rounds R] [--dir DIR]     (what `./dev bench checkpoint` calls)
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${1:?usage: bench/checkpoint.sh <build-dir> [--mb M] [--rounds R] [--dir DIR]}
+shift
+RESULTS=$ROOT/bench/results/checkpoint.md
+{
+  cat <<EOT
+# Checkpoints: dtensor save/load against plain file I/O of the same bytes (4 ranks, CPU)
+
+Command: \`./dev bench checkpoint${*:+ $*}\` (runs \`bench/checkpoint.sh\`, which runs \`dtensor_checkpoint_bench${*:+ $*}\`)
+
+- Date: $(date -u '+%Y-%m-%d %H:%M UTC')
+- Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), load average $(cut -d' ' -f1-3 /proc/loadavg); files under $(df -h --output=source,fstype "${TMPDIR:-/tmp}" | tail -1).
+
+Method: 4 local ranks; a time runs from a barrier all ranks leave together until the closing barrier
+(a job goes on once every rank is done), the mean over ranks, medians over rounds. Every round writes
+new files (a new checkpoint directory, new plain files), as a job saving step after step does; the
+previous round's are removed outside the timing. *save*: \`checkpoint::save\` (each rank's shards into its safetensors file under a
+temporary name, fsync, rename, directory fsync, the ranks' agreement, rank 0's index and commit marker).
+Its baseline: the same bytes written with write(2) into one file and fsync'd. *load*:
+\`checkpoint::load\` (every file's header, then only this rank's byte ranges with pread straight into
+the shards). Its baseline: pread of the same bytes from the plain file. Reads come from the page cache
+in both. Goal: dtensor >= 0.8x plain file I/O.
+
+EOT
+  "$BUILD/bench/dtensor_checkpoint_bench" "$@"
+} > "$RESULTS.tmp"
+mv "$RESULTS.tmp" "$RESULTS"
+cat "$RESULTS"

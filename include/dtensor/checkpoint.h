@@ -1,0 +1,81 @@
+#pragma once
+// Distributed checkpoints: a state of named tensors saved from any mesh and placements and loaded onto
+// any other (another TP degree, a DP x TP mesh, one process), in the safetensors format.
+//
+// On disk (one directory):
+//  - model-RRRRR-of-WWWWW.safetensors: what rank RRRRR-1 owns. A DTensor's shard is written by the first
+//    rank holding it (a Replicate piece once, a Partial one reduced first), a plain tensor by rank 0. Each
+//    file's "__metadata__" carries PyTorch DCP's sharding info (DCP_SHARDING_INFO: each tensor's
+//    saved_offsets in the global tensor), so DCP's HuggingFaceStorageReader reads these checkpoints too,
+//    and dtensor's own ("dtensor": each tensor's global shape).
+//  - model.safetensors.index.json: Hugging Face's index ("weight_map": tensor -> the file holding its
+//    first piece; "metadata.total_size") plus a "dtensor" section listing every file and tensor.
+//  - dtensor.commit: written last, after every rank's file is durable. A directory without it is an
+//    unfinished save and is refused.
+// Every file is written under a temporary name, fsync'd and renamed, so a crash leaves either the old
+// file or the new one.
+//
+// Loading reads every file's header, then only the byte ranges this rank's shards need, straight from
+// the files: no rank ever holds a whole tensor it does not hold a whole shard of. It also loads
+// checkpoints written by PyTorch: `safetensors.torch.save_file` of whole tensors (one file or a Hugging
+// Face index of several) and DCP's HuggingFaceStorageWriter (whole or sharded).
+//
+// Both are collective over the world of the state's DTensors: every rank calls them with the same
+// names, shapes, dtypes and placements (plain tensors are taken to hold the same value on every rank).
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dtensor {
+class World;
+}
+
+namespace dtensor::checkpoint {
+
+// Tensor handles by name. Loading writes into them in place (a DTensor's local shard, a plain tensor's
+// data), so a state made of a module's parameters loads the module.
+using State = std::map<std::string, at::Tensor>;
+
+struct SaveOptions {
+  // Replace a checkpoint already in the directory: its commit marker is removed first, so a crash
+  // during the new save leaves a refused directory, never a mix of the two. Without it, saving into a
+  // directory that holds a checkpoint is an error.
+  bool overwrite = false;
+  // The job's world for a state of plain tensors only (DTensors bring their mesh's world). Without
+  // either, the save runs as one process.
+  std::shared_ptr<World> world;
+};
+
+struct SaveResult {
+  int64_t bytes_written = 0;  // by this rank, headers included
+  std::string file;           // this rank's file, empty when it owns nothing
+};
+
+SaveResult save(const State& state, const std::string& dir, const SaveOptions& options = {});
+
+struct LoadOptions {
+  // Every state tensor must be in the checkpoint and every checkpoint tensor in the state; otherwise the
+  // error lists what is missing and unexpected. Non-strict: missing tensors are left as they are and
+  // both lists are returned.
+  bool strict = true;
+  std::shared_ptr<World> world;  // as for save
+};
+
+struct LoadResult {
+  std::vector<std::string> missing;     // in the state, not in the checkpoint
+  std::vector<std::string> unexpected;  // in the checkpoint, not in the state
+  int64_t bytes_read = 0;               // tensor data this rank read
+};
+
+// Shape and dtype must match the checkpoint's (an error names the tensor, the file and both values).
+LoadResult load(const State& state, const std::string& dir, const LoadOptions& options = {});
+
+// Whether `dir` holds a finished dtensor checkpoint (its commit marker is present).
+bool is_committed(const std::string& dir);
+
+}  // namespace dtensor::checkpoint

@@ -1,0 +1,15 @@
+#pragma once
+// LibTorch dtypes as safetensors names them.
+
+#include <c10/core/ScalarType.h>
+
+#include <string>
+
+namespace dtensor::checkpoint::detail {
+
+// Throws DTensorError naming `tensor` for a dtype safetensors cannot store.
+std::string safetensors_dtype(c10::ScalarType dtype, const std::string& tensor);
+// The LibTorch dtype of a safetensors dtype name; throws naming `tensor` and `file` for others.
+c10::ScalarType scalar_type_of(const std::string& dtype, const std::string& tensor, const std::string& file);
+
+}  // namespace dtensor::checkpoint::detail

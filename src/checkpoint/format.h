@@ -1,0 +1,51 @@
+#pragma once
+// The names and metadata keys of dtensor's checkpoint directories, and the catalog of a directory
+// (dtensor's, or one PyTorch wrote): for every tensor its dtype, global shape and saved pieces.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtensor/pieces.h"
+#include "safetensors.h"
+
+namespace dtensor::checkpoint::detail {
+
+inline constexpr const char* kIndexFile = "model.safetensors.index.json";  // Hugging Face's name
+inline constexpr const char* kCommitFile = "dtensor.commit";
+// Keys of a file's "__metadata__": PyTorch DCP's (HuggingFaceStorageWriter) and dtensor's own.
+inline constexpr const char* kDcpShardingKey = "DCP_SHARDING_INFO";  // {"name": {"saved_offsets": [...]}}
+inline constexpr const char* kDcpVersionKey = "DCP_VERSION";
+inline constexpr const char* kDtensorKey = "dtensor";  // {"version": 1, "global_shapes": {"name": [...]}}
+inline constexpr int kFormatVersion = 1;
+
+// "model-00002-of-00004.safetensors" for rank 1 of 4 (Hugging Face's and DCP's numbering from 1).
+std::string rank_file_name(int rank, int world_size);
+
+struct SavedPiece {
+  const SafetensorsFile* file;
+  Box box;        // in the global tensor
+  int64_t begin;  // its first byte in the file
+};
+
+struct SavedTensor {
+  std::string dtype;  // safetensors dtype
+  Shape global_shape;
+  std::vector<SavedPiece> pieces;
+};
+
+class Catalog {
+ public:
+  // Reads the directory's index (when present) and every listed file's header. A dtensor checkpoint
+  // without its commit marker, a missing file, a corrupt header or pieces that do not cover their
+  // tensor is an error naming the directory, file or tensor.
+  explicit Catalog(const std::string& dir);
+  const std::map<std::string, SavedTensor>& tensors() const { return tensors_; }
+
+ private:
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, SavedTensor> tensors_;
+};
+
+}  // namespace dtensor::checkpoint::detail

@@ -1,0 +1,111 @@
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <nlohmann/json.hpp>
+
+#include "dtensor/api.h"
+#include "dtensor/checkpoint.h"
+#include "dtensor/errors.h"
+#include "dtensor/pieces.h"
+#include "dtypes.h"
+#include "format.h"
+#include "job.h"
+
+namespace dtensor::checkpoint {
+namespace {
+
+using detail::Job;
+using detail::SavedPiece;
+using detail::SavedTensor;
+
+std::string list(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < 20; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > 20) out += ", ... (" + std::to_string(names.size()) + " in all)";
+  return out;
+}
+
+// This rank's box of `tensor` and the tensor its data goes into; nothing for ranks outside its mesh.
+std::optional<std::pair<Box, at::Tensor>> target_of(const std::string& name, const at::Tensor& tensor) {
+  const Shape global = tensor.sizes().vec();
+  if (!is_dtensor(tensor)) return std::make_pair(Box{Shape(global.size(), 0), global}, tensor);
+  const DTensorSpec& spec = spec_of(tensor);
+  if (spec.has_partial())
+    throw DTensorError("checkpoint::load: tensor '" + name + "' is " + to_string(spec.placements) +
+                       "; a Partial tensor has no single value to load into; redistribute it to Replicate or Shard first");
+  if (!spec.mesh->contains_this_rank()) return std::nullopt;
+  const LocalLayout l = local_layout(global, spec.mesh->shape(), *spec.mesh->coordinate(), spec.placements);
+  return std::make_pair(Box{l.offset, l.shape}, local_tensor_of(tensor));
+}
+
+void check_matches(const std::string& name, const at::Tensor& tensor, const SavedTensor& saved) {
+  const std::string where = saved.pieces.empty() ? std::string("the checkpoint") : saved.pieces.front().file->path();
+  const Shape shape = tensor.sizes().vec();
+  if (shape != saved.global_shape)
+    throw DTensorError("checkpoint::load: tensor '" + name + "' has shape " + shape_str(shape) + " but " + where +
+                       " holds it with shape " + shape_str(saved.global_shape) +
+                       "; build the model with the checkpoint's sizes or leave this tensor out (strict = false)");
+  const c10::ScalarType stored = detail::scalar_type_of(saved.dtype, name, where);
+  if (tensor.scalar_type() != stored)
+    throw DTensorError("checkpoint::load: tensor '" + name + "' is " + c10::toString(tensor.scalar_type()) + " but " +
+                       where + " holds it as " + c10::toString(stored) + " (" + saved.dtype +
+                       "); load into a tensor of that dtype and convert");
+}
+
+// Copies `part` of `piece` into `destination` (which holds `target`), reading only its bytes.
+int64_t read_part(const std::string& name, const SavedPiece& piece, const Box& part, const Box& target,
+                  at::Tensor& destination) {
+  at::Tensor region = destination;
+  for (size_t d = 0; d < part.shape.size(); ++d)
+    region = region.narrow(static_cast<int64_t>(d), part.offset[d] - target.offset[d], part.shape[d]);
+  const bool direct = region.is_contiguous() && region.device().is_cpu();
+  at::Tensor buffer = direct ? region : at::empty(part.shape, destination.options().device(at::kCPU));
+  const int64_t element = static_cast<int64_t>(buffer.element_size());
+  char* out = static_cast<char*>(buffer.data_ptr());
+  int64_t bytes = 0;
+  for (const ContiguousRun& run : runs_within(piece.box, part)) {
+    piece.file->read(piece.begin + run.piece_offset * element, run.length * element, out + run.part_offset * element,
+                     "tensor '" + name + "'");
+    bytes += run.length * element;
+  }
+  if (!direct) region.copy_(buffer);
+  return bytes;
+}
+
+}  // namespace
+
+LoadResult load(const State& state, const std::string& dir, const LoadOptions& options) {
+  const Job job = Job::of(state, options.world, "load");
+  LoadResult result;
+  std::exception_ptr error;
+  try {
+    const detail::Catalog catalog(dir);
+    for (const auto& [name, tensor] : state)
+      if (!catalog.tensors().count(name)) result.missing.push_back(name);
+    for (const auto& [name, saved] : catalog.tensors())
+      if (!state.count(name)) result.unexpected.push_back(name);
+    if (options.strict && (!result.missing.empty() || !result.unexpected.empty()))
+      throw DTensorError("checkpoint::load: " + dir + " does not match the state (strict): " +
+                         (result.missing.empty() ? "" : "missing from the checkpoint: " + list(result.missing)) +
+                         (result.missing.empty() || result.unexpected.empty() ? "" : "; ") +
+                         (result.unexpected.empty() ? "" : "not in the state: " + list(result.unexpected)) +
+                         "; load with strict = false to load the rest and get both lists");
+    at::NoGradGuard no_grad;
+    for (const auto& [name, tensor] : state) {
+      const auto found = catalog.tensors().find(name);
+      if (found == catalog.tensors().end()) continue;
+      check_matches(name, tensor, found->second);
+      auto target = target_of(name, tensor);
+      if (!target) continue;
+      auto& [box, destination] = *target;
+      for (const SavedPiece& piece : found->second.pieces)
+        if (const auto part = intersect(piece.box, box)) result.bytes_read += read_part(name, piece, *part, box, destination);
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  job.agree(error, "loading " + dir);
+  return result;
+}
+
+}  // namespace dtensor::checkpoint

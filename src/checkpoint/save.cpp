@@ -1,0 +1,215 @@
+#include <ATen/ATen.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "dtensor/api.h"
+#include "dtensor/checkpoint.h"
+#include "dtensor/errors.h"
+#include "dtensor/pieces.h"
+#include "dtypes.h"
+#include "durable_file.h"
+#include "format.h"
+#include "job.h"
+
+namespace dtensor::checkpoint {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+using detail::Job;
+
+// One tensor of the state as it will be saved.
+struct Saved {
+  std::string name;
+  std::string dtype;
+  Shape global_shape;
+  std::vector<Piece> pieces;  // writer: holders[0]
+  at::Tensor local;           // this rank's data (a DTensor's shard, reduced if Partial; a plain tensor)
+};
+
+Placements without_partial(const Placements& placements) {
+  Placements out = placements;
+  for (auto& p : out)
+    if (p.is_partial()) p = Replicate();
+  return out;
+}
+
+std::vector<Saved> plan(const State& state, const Job& job, std::string& fingerprint) {
+  std::vector<Saved> out;
+  for (const auto& [name, tensor] : state) {
+    Saved s;
+    s.name = name;
+    s.dtype = detail::safetensors_dtype(tensor.scalar_type(), name);
+    s.global_shape = tensor.sizes().vec();
+    fingerprint += name + ":" + s.dtype + ":" + shape_str(s.global_shape);
+    if (is_dtensor(tensor)) {
+      const DTensorSpec& spec = spec_of(tensor);
+      const Placements placements = without_partial(spec.placements);
+      s.pieces = pieces_of(s.global_shape, spec.mesh->shape(), spec.mesh->ranks(), placements);
+      fingerprint += ":" + spec.mesh->str() + ":" + to_string(spec.placements);
+    } else {
+      const Box whole{Shape(s.global_shape.size(), 0), s.global_shape};
+      if (!whole.empty()) s.pieces.push_back(Piece{whole, {0}});
+    }
+    // A tensor with no elements is still recorded, as one empty piece from rank 0.
+    if (s.pieces.empty()) s.pieces.push_back(Piece{Box{Shape(s.global_shape.size(), 0), s.global_shape}, {0}});
+    fingerprint += ";";
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// A rank is the first holder of at most one piece of a tensor: its own shard.
+bool writes(const Piece& p, int rank) { return p.holders.front() == rank; }
+
+// Rank 0: the directory exists and holds no checkpoint (or, with overwrite, no longer does: the commit
+// marker goes first, so a crash from here on leaves a directory that is refused).
+void prepare_directory(const fs::path& dir, bool overwrite) {
+  fs::create_directories(dir);
+  std::vector<fs::path> old;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name == detail::kCommitFile || name == detail::kIndexFile || entry.path().extension() == ".safetensors" ||
+        (name.front() == '.' && entry.path().extension() == ".tmp"))
+      old.push_back(entry.path());
+  }
+  if (old.empty()) return;
+  if (!overwrite)
+    throw DTensorError("checkpoint::save: " + dir.string() + " already holds a checkpoint (" +
+                       old.front().filename().string() + ", ...); save into a new directory or pass overwrite");
+  if (fs::exists(dir / detail::kCommitFile)) {
+    fs::remove(dir / detail::kCommitFile);
+    detail::sync_directory(dir.string());  // gone for good before any new file appears
+  }
+  // Old files that come back after a crash do no harm: without a marker the directory is refused.
+  for (const auto& path : old) fs::remove(path);
+}
+
+// For the crash tests: DTENSOR_CHECKPOINT_FAULT=kill-after-write:R kills rank R (SIGKILL) right after its
+// file is written, before the ranks agree and the commit marker is written.
+void maybe_die_after_write(int rank) {
+  const char* fault = std::getenv("DTENSOR_CHECKPOINT_FAULT");
+  const std::string prefix = "kill-after-write:";
+  if (fault && std::string(fault).rfind(prefix, 0) == 0 && std::stoi(std::string(fault).substr(prefix.size())) == rank)
+    std::raise(SIGKILL);
+}
+
+int64_t write_rank_file(const std::vector<Saved>& saved, const Job& job, const fs::path& path) {
+  std::vector<detail::TensorToWrite> tensors;
+  json offsets = json::object(), global_shapes = json::object();
+  std::vector<at::Tensor> keep_alive;
+  for (const Saved& s : saved)
+    for (const Piece& p : s.pieces) {
+      if (!writes(p, job.rank)) continue;
+      at::Tensor data = p.box.empty() ? at::empty(p.box.shape, s.local.options()) : s.local;
+      data = data.to(at::kCPU).contiguous();
+      keep_alive.push_back(data);
+      tensors.push_back({s.name, s.dtype, p.box.shape, data.data_ptr()});
+      offsets[s.name] = {{"saved_offsets", p.box.offset}};
+      global_shapes[s.name] = s.global_shape;
+    }
+  if (tensors.empty()) return 0;
+  const std::map<std::string, std::string> metadata = {
+      {"format", "pt"},
+      {detail::kDcpVersionKey, "1.0"},
+      {detail::kDcpShardingKey, offsets.dump()},
+      {detail::kDtensorKey, json{{"version", detail::kFormatVersion}, {"global_shapes", global_shapes}}.dump()}};
+  return detail::write_safetensors(path.string(), tensors, metadata);
+}
+
+// The Hugging Face index (with dtensor's list of files and tensors), written by rank 0 with its file:
+// pure layout math says what every rank writes. Without the commit marker it counts for nothing.
+void write_index(const std::vector<Saved>& saved, const Job& job, const fs::path& dir) {
+  json weight_map = json::object(), tensors = json::object();
+  std::set<std::string> files;
+  int64_t total = 0;
+  for (const Saved& s : saved) {
+    for (const Piece& p : s.pieces) {
+      const std::string file = detail::rank_file_name(static_cast<int>(p.holders.front()), job.size);
+      files.insert(file);
+      if (!weight_map.contains(s.name)) weight_map[s.name] = file;
+      total += numel(p.box.shape) * c10::elementSize(detail::scalar_type_of(s.dtype, s.name, file));
+    }
+    tensors[s.name] = {{"dtype", s.dtype}, {"global_shape", s.global_shape}};
+  }
+  const json index = {{"metadata", {{"total_size", total}}},
+                      {"weight_map", weight_map},
+                      {detail::kDtensorKey,
+                       {{"version", detail::kFormatVersion}, {"world_size", job.size}, {"files", files}, {"tensors", tensors}}}};
+  detail::write_durably((dir / detail::kIndexFile).string(), index.dump(2));
+}
+
+// Rank 0, once every rank's file is fsync'd and renamed: those renames made durable, then the commit
+// marker, made durable too.
+void commit(const fs::path& dir) {
+  detail::sync_directory(dir.string());
+  detail::write_durably((dir / detail::kCommitFile).string(), json{{"version", detail::kFormatVersion}}.dump() + "\n");
+  detail::sync_directory(dir.string());
+}
+
+}  // namespace
+
+SaveResult save(const State& state, const std::string& dir_name, const SaveOptions& options) {
+  const Job job = Job::of(state, options.world, "save");
+  const fs::path dir(dir_name);
+  std::string fingerprint;
+  std::vector<Saved> saved;
+  std::exception_ptr error;
+  try {
+    saved = plan(state, job, fingerprint);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  job.agree(error, "planning the save");
+  job.check_same(fingerprint, "save");
+
+  // Partial shards are reduced first: a collective every rank runs in the same order.
+  for (Saved& s : saved) {
+    const at::Tensor& tensor = state.at(s.name);
+    if (!is_dtensor(tensor)) {
+      s.local = tensor.detach();
+      continue;
+    }
+    const DTensorSpec& spec = spec_of(tensor);
+    at::Tensor whole_pieces = spec.has_partial() ? redistribute(tensor.detach(), without_partial(spec.placements)) : tensor;
+    s.local = local_tensor_of(whole_pieces);
+  }
+
+  error = nullptr;
+  if (job.rank == 0) try {
+      prepare_directory(dir, options.overwrite);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  job.agree(error, "preparing " + dir.string());
+
+  SaveResult result;
+  error = nullptr;
+  try {
+    const std::string file = detail::rank_file_name(job.rank, job.size);
+    result.bytes_written = write_rank_file(saved, job, dir / file);
+    if (result.bytes_written > 0) result.file = (dir / file).string();
+    if (job.rank == 0) write_index(saved, job, dir);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  maybe_die_after_write(job.rank);
+  job.agree(error, "writing " + dir.string());
+
+  error = nullptr;
+  if (job.rank == 0) try {
+      commit(dir);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  job.agree(error, "committing " + dir.string());
+  return result;
+}
+
+bool is_committed(const std::string& dir) { return fs::exists(fs::path(dir) / detail::kCommitFile); }
+
+}  // namespace dtensor::checkpoint

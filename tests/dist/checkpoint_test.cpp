@@ -1,0 +1,214 @@
+// Checkpoints saved under one layout and loaded under another, for every pair of {one process, TP=4
+// S(0), TP=4 S(1), DP2xTP2, uneven on 3 of the 4 ranks}, against the whole tensors bit for bit; what
+// each rank writes and reads; crash safety and the errors for damaged or mismatched checkpoints.
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "dtensor/checkpoint.h"
+#include "harness.h"
+
+namespace dtensor::testing {
+namespace {
+
+namespace fs = std::filesystem;
+namespace ckpt = dtensor::checkpoint;
+
+// A directory every rank names alike (the ranks share their launcher as parent), emptied by rank 0.
+fs::path shared_directory(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("dtensor-checkpoint-test-" + std::to_string(getppid())) / name;
+  if (world()->rank() == 0) {
+    fs::remove_all(dir);
+    fs::create_directories(dir.parent_path());
+  }
+  world()->sum_across_ranks(0);
+  return dir;
+}
+
+struct Layout {
+  std::string name;
+  MeshPtr mesh;          // null: plain tensors, as one process holds them
+  Placements weight;     // for "w" [10, 7]
+  Placements bias;       // for "b" [9]
+};
+
+std::vector<Layout> layouts() {
+  return {
+      {"one_process", nullptr, {}, {}},
+      {"tp4_s0", mesh({4}), {Shard(0)}, {Shard(0)}},
+      {"tp4_s1", mesh({4}), {Shard(1)}, {Replicate()}},
+      {"dp2xtp2", mesh({2, 2}), {Replicate(), Shard(0)}, {Shard(0), Replicate()}},
+      {"uneven", mesh({3}, {1, 2, 3}), {Shard(1)}, {Shard(0)}},  // rank 0 holds nothing
+  };
+}
+
+// The whole tensors the state holds: integer-valued, so every dtype stores them exactly.
+std::map<std::string, at::Tensor> whole_tensors() {
+  return {{"w", test_tensor({10, 7}, at::kFloat, 1)},
+          {"b", test_tensor({9}, at::kBFloat16, 2)},
+          {"step", at::tensor(int64_t{41})},
+          {"rows.int", test_tensor({5, 3}, at::kLong, 3)}};
+}
+
+at::Tensor laid_out(const at::Tensor& whole, const Layout& layout, const Placements& placements) {
+  if (!layout.mesh) return whole.clone();
+  return make_dtensor_holding(whole, layout.mesh, placements);
+}
+
+ckpt::State state_in(const Layout& layout, bool zeros) {
+  ckpt::State state;
+  for (const auto& [name, whole] : whole_tensors()) {
+    const at::Tensor value = zeros ? at::zeros_like(whole) : whole;
+    if (name == "w") state[name] = laid_out(value, layout, layout.weight);
+    else if (name == "b") state[name] = laid_out(value, layout, layout.bias);
+    else if (name == "rows.int" && layout.mesh) state[name] = laid_out(value, layout, Placements(layout.mesh->ndim(), Shard(0)));
+    else state[name] = value.clone();  // the step: a plain tensor in every layout
+  }
+  return state;
+}
+
+::testing::AssertionResult holds_whole(const ckpt::State& state, const Layout& layout) {
+  for (const auto& [name, whole] : whole_tensors()) {
+    const at::Tensor& t = state.at(name);
+    if (!is_dtensor(t)) {
+      if (auto r = tensors_equal(t, whole); !r) return r << " (" << name << ")";
+      continue;
+    }
+    if (!mesh_of(t)->contains_this_rank()) {  // a rank outside the mesh holds (and reads) nothing
+      if (local_tensor_of(t).numel() != 0) return ::testing::AssertionFailure() << name << " holds data off its mesh";
+      continue;
+    }
+    if (auto r = tensors_equal(local_tensor_of(t), expected_shard(whole, mesh_of(t), placements_of(t))); !r)
+      return r << " (" << name << " under " << layout.name << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+int64_t local_bytes(const ckpt::State& state) {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : state) {
+    const at::Tensor& local = is_dtensor(t) ? local_tensor_of(t) : t;
+    bytes += local.numel() * static_cast<int64_t>(local.element_size());
+  }
+  return bytes;
+}
+
+int64_t whole_bytes() {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : whole_tensors()) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  return bytes;
+}
+
+class CheckpointTest : public DistTest {};
+
+TEST_F(CheckpointTest, EveryPairOfLayoutsLoadsBitForBit) {
+  const fs::path root = shared_directory("layouts");
+  for (const Layout& from : layouts()) {
+    const fs::path dir = root / from.name;
+    ckpt::save(state_in(from, false), dir.string(), {.world = world()});
+    ASSERT_TRUE(ckpt::is_committed(dir.string()));
+    // Every element is written once: Replicate pieces by one rank, plain tensors by rank 0.
+    std::ifstream in(dir / "model.safetensors.index.json");
+    const auto index = nlohmann::json::parse(in);
+    EXPECT_EQ(index["metadata"]["total_size"].get<int64_t>(), whole_bytes()) << from.name;
+    EXPECT_EQ(index["weight_map"].size(), whole_tensors().size());
+    for (const Layout& to : layouts()) {
+      SCOPED_TRACE(from.name + " -> " + to.name);
+      ckpt::State target = state_in(to, true);
+      const ckpt::LoadResult result = ckpt::load(target, dir.string(), {.world = world()});
+      EXPECT_TRUE(holds_whole(target, to));
+      // Only the bytes of this rank's own shards are read.
+      EXPECT_EQ(result.bytes_read, local_bytes(target));
+    }
+  }
+}
+
+TEST_F(CheckpointTest, PartialTensorsAreSavedReduced) {
+  const fs::path dir = shared_directory("partial");
+  const at::Tensor whole = test_tensor({6, 5}, at::kFloat, 7);
+  ckpt::State state = {{"p", make_dtensor_holding(whole, mesh({2, 2}), {Partial(ReduceOp::Sum), Shard(1)}, 3)}};
+  ckpt::save(state, dir.string());
+  ckpt::State target = {{"p", at::zeros({6, 5})}};
+  ckpt::load(target, dir.string(), {.world = world()});
+  EXPECT_TRUE(tensors_equal(target.at("p"), whole));
+}
+
+// Rank 0 changes the saved files; every rank waits for it.
+template <typename F>
+void on_rank_zero(F&& f) {
+  if (world()->rank() == 0) f();
+  world()->sum_across_ranks(0);
+}
+
+void overwrite_bytes(const fs::path& file, std::streamoff at, const std::string& bytes) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(at);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+TEST_F(CheckpointTest, DamagedOrMismatchedCheckpointsGiveClearErrors) {
+  const fs::path root = shared_directory("errors");
+  const Layout tp = layouts()[1];
+  const auto saved = [&](const std::string& name) {
+    const fs::path dir = root / name;
+    ckpt::save(state_in(tp, false), dir.string(), {.world = world()});
+    return dir;
+  };
+  const auto load_error = [&](const fs::path& dir, ckpt::State state, ckpt::LoadOptions options = {}) {
+    options.world = world();
+    return error_of([&] { ckpt::load(state, dir.string(), options); });
+  };
+
+  const fs::path truncated = saved("truncated");
+  const fs::path second = truncated / "model-00002-of-00004.safetensors";
+  on_rank_zero([&] { fs::resize_file(second, fs::file_size(second) - 5); });
+  EXPECT_THAT(load_error(truncated, state_in(tp, true)),
+              ::testing::AllOf(::testing::HasSubstr(second.string()), ::testing::HasSubstr("the file is truncated"),
+                               ::testing::HasSubstr("tensor '")));
+
+  const fs::path corrupted = saved("corrupted");
+  on_rank_zero([&] { overwrite_bytes(corrupted / "model-00003-of-00004.safetensors", 8, "#"); });
+  EXPECT_THAT(load_error(corrupted, state_in(tp, true)),
+              ::testing::AllOf(::testing::HasSubstr("model-00003-of-00004.safetensors"),
+                               ::testing::HasSubstr("not valid JSON, the file is corrupted")));
+
+  const fs::path uncommitted = saved("uncommitted");
+  on_rank_zero([&] { fs::remove(uncommitted / "dtensor.commit"); });
+  EXPECT_THAT(load_error(uncommitted, state_in(tp, true)), ::testing::HasSubstr("its save did not finish"));
+  EXPECT_FALSE(ckpt::is_committed(uncommitted.string()));
+
+  const fs::path good = saved("good");
+  ckpt::State more = state_in(tp, true);
+  more["extra"] = at::zeros({2});
+  more.erase("b");
+  EXPECT_THAT(load_error(good, more), ::testing::AllOf(::testing::HasSubstr("missing from the checkpoint: extra"),
+                                                       ::testing::HasSubstr("not in the state: b")));
+  const ckpt::LoadResult partial = ckpt::load(more, good.string(), {.strict = false, .world = world()});
+  EXPECT_EQ(partial.missing, std::vector<std::string>{"extra"});
+  EXPECT_EQ(partial.unexpected, std::vector<std::string>{"b"});
+  EXPECT_TRUE(tensors_equal(more.at("extra"), at::zeros({2})));
+  EXPECT_TRUE(tensors_equal(local_tensor_of(more.at("w")), expected_shard(whole_tensors().at("w"), tp.mesh, tp.weight)));
+
+  ckpt::State wrong_shape = state_in(tp, true);
+  wrong_shape["w"] = distribute_tensor(at::zeros({10, 8}), tp.mesh, tp.weight);
+  EXPECT_THAT(load_error(good, wrong_shape),
+              ::testing::AllOf(::testing::HasSubstr("tensor 'w' has shape [10, 8]"),
+                               ::testing::HasSubstr("holds it with shape [10, 7]"),
+                               ::testing::HasSubstr("model-00001-of-00004.safetensors")));
+  ckpt::State wrong_dtype = state_in(tp, true);
+  wrong_dtype["w"] = distribute_tensor(at::zeros({10, 7}, at::kDouble), tp.mesh, tp.weight);
+  EXPECT_THAT(load_error(good, wrong_dtype), ::testing::HasSubstr("tensor 'w' is Double but"));
+
+  EXPECT_THAT(error_of([&] { ckpt::save(state_in(tp, false), good.string(), {.world = world()}); }),
+              ::testing::HasSubstr("already holds a checkpoint"));
+  ckpt::save(state_in(layouts()[3], false), good.string(), {.overwrite = true, .world = world()});
+  ckpt::State reloaded = state_in(tp, true);
+  ckpt::load(reloaded, good.string(), {.world = world()});
+  EXPECT_TRUE(holds_whole(reloaded, tp));
+}
+
+}  // namespace
+}  // namespace dtensor::testing
