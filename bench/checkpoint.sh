@@ -21,13 +21,23 @@ Method: 4 local ranks; a time runs from a barrier all ranks leave together until
 new files (a new checkpoint directory, new plain files), as a job saving step after step does; the
 previous round's are removed outside the timing. *save*: \`checkpoint::save\` (each rank's shards into its safetensors file under a
 temporary name, fsync, rename, directory fsync, the ranks' agreement, rank 0's index and commit marker).
-Its baseline: the same bytes written with write(2) into one file and fsync'd. *load*:
-\`checkpoint::load\` (every file's header, then only this rank's byte ranges with pread straight into
-the shards). Its baseline: pread of the same bytes from the plain file. Reads come from the page cache
-in both. Goal: dtensor >= 0.8x plain file I/O.
+Its baseline: the same bytes written with write(2) into one file and fsync'd; which of the two goes
+first alternates by round. *load*: \`checkpoint::load\` (every file's header, the ranks' agreement,
+then only this rank's byte ranges: pread straight into the shard for long runs, copies from the
+file's mapping for short ones). Its baseline: pread of the same bytes from the plain file. Reads come
+from the page cache in both. Goal: dtensor >= 0.8x plain file I/O.
 
 EOT
-  "$BUILD/bench/dtensor_checkpoint_bench" "$@"
+  if [[ $# -gt 0 ]]; then
+    "$BUILD/bench/dtensor_checkpoint_bench" "$@"
+  else
+    for mb in 256 1024; do
+      echo "## $mb MiB in all"
+      echo
+      "$BUILD/bench/dtensor_checkpoint_bench" --mb "$mb"
+      echo
+    done
+  fi
 } > "$RESULTS.tmp"
 mv "$RESULTS.tmp" "$RESULTS"
 cat "$RESULTS"

@@ -58,7 +58,12 @@ void Job::agree(const std::exception_ptr& mine, const std::string& step) const {
     world->store()->set(key + std::to_string(rank), std::vector<uint8_t>(what.begin(), what.end()));
   }
   // One bit per failed rank (ranks past 61 share the top bit).
-  const int64_t failed = world->sum_across_ranks(mine ? int64_t{1} << std::min(rank, 62) : 0);
+  int64_t failed = 0;
+  try {
+    failed = world->sum_across_ranks(mine ? int64_t{1} << std::min(rank, 62) : 0);
+  } catch (const DTensorError& e) {  // a rank died or hangs: say in which step
+    throw DTensorError("checkpoint: " + step + ": the ranks could not agree (" + e.what() + ")");
+  }
   if (mine) std::rethrow_exception(mine);
   if (failed == 0) return;
   int first = 0;

@@ -195,8 +195,12 @@ int64_t World::sum_across_ranks(int64_t value) {
     try {
       store->wait({key}, timeout_);
     } catch (const std::exception& e) {
+      const bool exited = !exited_ranks({r}).empty();
+      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
       throw DTensorError("rank " + std::to_string(rank_) + ": sum_across_ranks: rank " + std::to_string(r) +
-                         " did not report within the world's timeout (" + e.what() + ")");
+                         (exited ? " did not report: its process has exited"
+                                 : " did not report within the world's timeout (" +
+                                       std::string(c10_error ? c10_error->what_without_backtrace() : e.what()) + ")"));
     }
     const auto bytes = store->get(key);
     total += std::stoll(std::string(bytes.begin(), bytes.end()));
