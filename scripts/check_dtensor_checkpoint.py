@@ -4,7 +4,7 @@
 DIR holds the interop state (scripts/checkpoint_values.py) saved by dtensor from sharded layouts. Checks:
   1. safetensors.safe_open reads every file; each piece, placed at its DCP_SHARDING_INFO offsets, rebuilds
      exactly the expected tensors, every element written once;
-  2. the Hugging Face index names every tensor and only files that exist;
+  2. the Hugging Face index's weight_map names exactly the tensors saved whole, in files holding them;
   3. torch.distributed.checkpoint.load with HuggingFaceStorageReader (one process) loads the same values.
 """
 import json
@@ -27,6 +27,7 @@ def main(directory):
     expected = state()
     rebuilt = {name: torch.zeros_like(t) for name, t in expected.items()}
     written = {name: torch.zeros(t.shape, dtype=torch.int64) for name, t in expected.items()}
+    pieces = {name: [] for name in expected}
     files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
     assert files, f"no safetensors files in {directory}"
     for file in files:
@@ -37,13 +38,19 @@ def main(directory):
                 where = tuple(slice(o, o + s) for o, s in zip(offsets[name]["saved_offsets"], piece.shape))
                 rebuilt[name][where] = piece
                 written[name][where] += 1
+                pieces[name].append(piece.shape)
     for name, t in expected.items():
         assert torch.equal(rebuilt[name], t), f"{name}: the pieces do not rebuild the tensor"
         assert bool((written[name] == 1).all()), f"{name}: an element is written {written[name].max()} times"
     with open(os.path.join(directory, "model.safetensors.index.json")) as f:
         index = json.load(f)
-    assert set(index["weight_map"]) == set(expected), "the index's weight_map does not name every tensor"
-    assert set(index["weight_map"].values()) <= set(files), "the index names a file that does not exist"
+    # Hugging Face's weight_map: every tensor saved whole (one piece), in the file that holds it.
+    whole = {name for name, t in expected.items() if int(written[name].numel()) == 0 or pieces[name] == [t.shape]}
+    assert set(index["weight_map"]) == whole, f"weight_map names {set(index['weight_map'])}, not the whole tensors {whole}"
+    for name, file in index["weight_map"].items():
+        with safe_open(os.path.join(directory, file), framework="pt") as f:
+            assert torch.equal(f.get_tensor(name), expected[name]), f"weight_map: {file} does not hold all of {name}"
+    assert set(index["dtensor"]["files"]) == set(files), "the index's dtensor section does not list the files"
     loaded = {name: torch.zeros_like(t) for name, t in expected.items()}
     dcp.load(loaded, storage_reader=HuggingFaceStorageReader(directory), no_dist=True)
     for name, t in expected.items():

@@ -8,8 +8,8 @@
 //    file's "__metadata__" carries PyTorch DCP's sharding info (DCP_SHARDING_INFO: each tensor's
 //    saved_offsets in the global tensor), so DCP's HuggingFaceStorageReader reads these checkpoints too,
 //    and dtensor's own ("dtensor": each tensor's global shape).
-//  - model.safetensors.index.json: Hugging Face's index ("weight_map": tensor -> the file holding its
-//    first piece; "metadata.total_size") plus a "dtensor" section listing every file and tensor.
+//  - model.safetensors.index.json: Hugging Face's index ("weight_map": tensor -> its file, for tensors
+//    saved whole; "metadata.total_size") plus a "dtensor" section listing every file and tensor.
 //  - dtensor.commit: written last, after every rank's file is durable. A directory without it is an
 //    unfinished save and is refused.
 // Every file is written under a temporary name, fsync'd and renamed, so a crash leaves either the old
@@ -21,7 +21,12 @@
 // Face index of several) and DCP's HuggingFaceStorageWriter (whole or sharded).
 //
 // Both are collective over the world of the state's DTensors: every rank calls them with the same
-// names, shapes, dtypes and placements (plain tensors are taken to hold the same value on every rank).
+// names, shapes, dtypes and placements (plain tensors are taken to hold the same value on every rank),
+// and every rank sees the directory (a local or shared file system). Pipeline stages holding different
+// tensors save into one directory per stage.
+//
+// The index's weight_map names only the tensors saved whole (plain, or Replicate on every mesh dim):
+// Hugging Face's loaders take an entry for the whole tensor, and a sharded one is in several files.
 
 #include <ATen/core/Tensor.h>
 
@@ -77,5 +82,14 @@ LoadResult load(const State& state, const std::string& dir, const LoadOptions& o
 
 // Whether `dir` holds a finished dtensor checkpoint (its commit marker is present).
 bool is_committed(const std::string& dir);
+
+struct StoredTensorInfo {
+  c10::ScalarType dtype;
+  std::vector<int64_t> shape;  // global
+};
+
+// What a checkpoint directory holds, from its files' headers alone (one process, no data read): the
+// same checks as load, so an unfinished or damaged checkpoint is an error here too.
+std::map<std::string, StoredTensorInfo> contents(const std::string& dir);
 
 }  // namespace dtensor::checkpoint

@@ -13,25 +13,38 @@ namespace dtensor::checkpoint {
 class TrainingState {
  public:
   // Names: "model.<fqn>" for parameters and buffers; for Adam and AdamW "optim.<fqn>.exp_avg",
-  // ".exp_avg_sq" (".max_exp_avg_sq" with amsgrad) and ".step", for SGD with momentum
-  // "optim.<fqn>.momentum_buffer". Optimizer state not made yet (before the first step) is made as the
-  // first step would make it, so a fresh job can load into it. Other optimizers are refused.
+  // ".exp_avg_sq" (".max_exp_avg_sq" with amsgrad) and ".step"; for SGD with momentum
+  // "optim.<fqn>.momentum_buffer". The optimizer is read at each save and load (its state appears at
+  // its first step), never changed by building this. Optimizers other than Adam, AdamW and SGD are
+  // refused.
   explicit TrainingState(torch::nn::Module& module, torch::optim::Optimizer* optimizer = nullptr);
 
-  // The named tensors; add the job's own (a step counter, an RNG state) before saving or loading.
+  // The module's tensors and any the job adds (a step counter, an RNG state); "optim." names are the
+  // optimizer's.
   State& tensors() { return tensors_; }
 
+  // Adam/AdamW state not made yet is saved as the first step would make it (zero moments, step 0); SGD
+  // momentum not made yet is left out (LibTorch starts it from the first gradient, not from zero).
   SaveResult save(const std::string& dir, const SaveOptions& options = {});
-  // Loads in place, then hands the optimizer its step counters (LibTorch keeps them as integers).
+  // Loads in place; optimizer state the checkpoint holds but the optimizer has not made yet is made
+  // from it, and the step counters are handed back (LibTorch keeps them as integers).
   LoadResult load(const std::string& dir, const LoadOptions& options = {});
 
  private:
-  void steps_to_tensors();
-  void steps_from_tensors();
+  enum class Kind { Adam, AdamW, SGD };
+  struct Slot {
+    std::string name;  // the parameter's fqn
+    at::Tensor param;
+    Kind kind;
+    bool amsgrad = false;
+  };
+  // tensors_ plus the optimizer's entries; `stored` (for a load) says which SGD buffers to expect.
+  State with_optimizer(const std::map<std::string, StoredTensorInfo>* stored) const;
+  void adopt_loaded(const State& state, const LoadResult& result);
 
   torch::optim::Optimizer* optimizer_;
   State tensors_;
-  std::vector<std::pair<void*, std::string>> step_keys_;  // optimizer state key -> its ".step" name
+  std::vector<Slot> slots_;
 };
 
 }  // namespace dtensor::checkpoint

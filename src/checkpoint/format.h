@@ -2,6 +2,7 @@
 // The names and metadata keys of dtensor's checkpoint directories, and the catalog of a directory
 // (dtensor's, or one PyTorch wrote): for every tensor its dtype, global shape and saved pieces.
 
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -44,6 +45,9 @@ class Catalog {
   const std::map<std::string, SavedTensor>& tensors() const { return tensors_; }
 
  private:
+  // The pieces one file holds, at their offsets (DCP's sharding info, else whole tensors).
+  void add_pieces(const SafetensorsFile& file, bool committed, const std::filesystem::path& dir);
+
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, SavedTensor> tensors_;
 };

@@ -2,8 +2,9 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <atomic>
+#include <cstdlib>
 #include <functional>
+#include <random>
 
 #include "dtensor/api.h"
 #include "dtensor/dtensor_impl.h"
@@ -11,6 +12,26 @@
 #include "dtensor/world.h"
 
 namespace dtensor::checkpoint::detail {
+namespace {
+
+std::string message_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an unknown exception";
+  }
+}
+
+// How many processes the launcher started, from the variables dtensor's launcher, torchrun and mpirun set.
+int launched_ranks() {
+  for (const char* name : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"})
+    if (const char* value = std::getenv(name)) return std::atoi(value);
+  return 1;
+}
+
+}  // namespace
 
 Job Job::of(const State& state, const std::shared_ptr<World>& given, const char* what) {
   Job job;
@@ -27,57 +48,56 @@ Job Job::of(const State& state, const std::shared_ptr<World>& given, const char*
   if (job.world) {
     job.rank = job.world->rank();
     job.size = job.world->size();
+  } else if (launched_ranks() > 1) {
+    // Every process would act as the only one (and write the same files at once).
+    throw DTensorError(std::string("checkpoint::") + what + ": the state holds no DTensor and no world was given, but " +
+                       std::to_string(launched_ranks()) + " ranks were launched; pass the job's world (options.world)");
   }
   return job;
 }
-
-namespace {
-
-std::string message_of(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "an unknown exception";
-  }
-}
-
-}  // namespace
 
 void Job::agree(const std::exception_ptr& mine, const std::string& step) const {
   if (!world) {
     if (mine) std::rethrow_exception(mine);
     return;
   }
-  // Every rank agrees as often as the others, so this count names the same agreement everywhere.
-  static std::atomic<int64_t> agreements{0};
-  const std::string key = "dtensor/checkpoint/agreement/" + std::to_string(agreements++) + "/";
-  if (mine) {
-    const std::string what = message_of(mine);
-    world->store()->set(key + std::to_string(rank), std::vector<uint8_t>(what.begin(), what.end()));
-  }
-  // One bit per failed rank (ranks past 61 share the top bit).
-  int64_t failed = 0;
+  std::string failure;  // what the ranks that did not fail throw
   try {
-    failed = world->sum_across_ranks(mine ? int64_t{1} << std::min(rank, 62) : 0);
-  } catch (const DTensorError& e) {  // a rank died or hangs: say in which step
-    throw DTensorError("checkpoint: " + step + ": the ranks could not agree (" + e.what() + ")");
+    if (world->sum_across_ranks(mine ? 1 : 0) == 0) return;
+    // Some rank failed. Rank 0 draws a key every rank learns; the failing ranks publish their errors
+    // under it, and after one more round every other rank reads the first of them.
+    const int64_t nonce = world->sum_across_ranks(rank == 0 ? static_cast<int64_t>(std::random_device{}() & 0x3fffffff) : 0);
+    const std::string prefix = "dtensor/checkpoint/failure/" + std::to_string(nonce) + "/";
+    if (mine) {
+      const std::string what = message_of(mine);
+      world->store()->set(prefix + std::to_string(rank), std::vector<uint8_t>(what.begin(), what.end()));
+    }
+    world->sum_across_ranks(0);
+    failure = "checkpoint: " + step + " failed on another rank (rank " + std::to_string(rank) + " stops too)";
+    for (int r = 0; r < size && !mine; ++r) {
+      const std::string key = prefix + std::to_string(r);
+      if (!world->store()->check({key})) continue;
+      const auto bytes = world->store()->get(key);
+      failure = "checkpoint: " + step + " failed on rank " + std::to_string(r) + " (rank " + std::to_string(rank) +
+                " stops too): " + std::string(bytes.begin(), bytes.end());
+      break;
+    }
+  } catch (const c10::Error& e) {  // the store itself failed
+    failure = "checkpoint: " + step + ": the ranks could not agree (" + e.what_without_backtrace() + ")";
+  } catch (const DTensorError& e) {  // a rank died or hangs (sum_across_ranks says which)
+    failure = "checkpoint: " + step + ": the ranks could not agree (" + e.what() + ")";
   }
   if (mine) std::rethrow_exception(mine);
-  if (failed == 0) return;
-  int first = 0;
-  while (!(failed & (int64_t{1} << first))) ++first;
-  const auto bytes = world->store()->get(key + std::to_string(first));
-  throw DTensorError("checkpoint: " + step + " failed on rank " + std::to_string(first) + " (rank " +
-                     std::to_string(rank) + " stops too): " + std::string(bytes.begin(), bytes.end()));
+  throw DTensorError(failure);
 }
 
 void Job::check_same(const std::string& fingerprint, const char* what) const {
   if (!world) return;
-  const int64_t mine = static_cast<int64_t>(std::hash<std::string>{}(fingerprint) & 0x3fffffff);
-  const int64_t total = world->sum_across_ranks(mine);
-  if (total != mine * size)
+  // Equal hashes everywhere exactly when both the sum and the sum of squares are size times this rank's.
+  const int64_t h = static_cast<int64_t>(std::hash<std::string>{}(fingerprint) & 0xfffff);
+  const int64_t sum = world->sum_across_ranks(h);
+  const int64_t squares = world->sum_across_ranks(h * h);
+  if (sum != h * size || squares != h * h * size)
     throw DTensorError(std::string("checkpoint::") + what + ": rank " + std::to_string(rank) +
                        "'s state differs from another rank's (names, shapes, dtypes or placements); every rank must " +
                        what + " the same state");

@@ -58,7 +58,7 @@ int64_t read_part(const std::string& name, const SavedPiece& piece, const Box& p
   at::Tensor region = destination;
   for (size_t d = 0; d < part.shape.size(); ++d)
     region = region.narrow(static_cast<int64_t>(d), part.offset[d] - target.offset[d], part.shape[d]);
-  const bool direct = region.is_contiguous() && region.device().is_cpu();
+  const bool direct = region.is_contiguous() && region.device().is_cpu() && !region.is_conj() && !region.is_neg();
   at::Tensor buffer = direct ? region : at::empty(part.shape, destination.options().device(at::kCPU));
   const int64_t element = static_cast<int64_t>(buffer.element_size());
   char* out = static_cast<char*>(buffer.data_ptr());
@@ -68,7 +68,8 @@ int64_t read_part(const std::string& name, const SavedPiece& piece, const Box& p
                      "tensor '" + name + "'");
     bytes += run.length * element;
   }
-  if (!direct) region.copy_(buffer);
+  if (direct) destination.unsafeGetTensorImpl()->bump_version();  // as copy_ would: autograd sees the change
+  else region.copy_(buffer);
   return bytes;
 }
 
@@ -106,6 +107,16 @@ LoadResult load(const State& state, const std::string& dir, const LoadOptions& o
   }
   job.agree(error, "loading " + dir);
   return result;
+}
+
+std::map<std::string, StoredTensorInfo> contents(const std::string& dir) {
+  const detail::Catalog catalog(dir);
+  std::map<std::string, StoredTensorInfo> out;
+  for (const auto& [name, saved] : catalog.tensors()) {
+    const std::string file = saved.pieces.empty() ? dir : saved.pieces.front().file->path();
+    out[name] = StoredTensorInfo{detail::scalar_type_of(saved.dtype, name, file), saved.global_shape};
+  }
+  return out;
 }
 
 }  // namespace dtensor::checkpoint

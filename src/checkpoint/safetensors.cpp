@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -37,10 +38,10 @@ int64_t safetensors_element_size(const std::string& dtype) {
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) throw DTensorError(error_in(path_, std::string("cannot open it: ") + std::strerror(errno)));
-  struct stat st{};
-  if (::fstat(fd_, &st) != 0) throw DTensorError(error_in(path_, std::string("cannot stat it: ") + std::strerror(errno)));
-  file_size_ = st.st_size;
   try {
+    struct stat st{};
+    if (::fstat(fd_, &st) != 0) throw DTensorError(error_in(path_, std::string("cannot stat it: ") + std::strerror(errno)));
+    file_size_ = st.st_size;
     if (file_size_ < 8)
       throw DTensorError(error_in(path_, "the file is truncated: " + std::to_string(file_size_) +
                                              " bytes, not even the 8-byte header length"));
@@ -80,7 +81,15 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
         throw DTensorError(error_in(path_, "tensor '" + key + "' has a malformed header entry (" + e.what() +
                                                "): the file is corrupted"));
       }
-      const int64_t expected = numel(t.shape) * safetensors_element_size(t.dtype);
+      if (std::any_of(t.shape.begin(), t.shape.end(), [](int64_t d) { return d < 0 || d > (int64_t{1} << 40); }))
+        throw DTensorError(error_in(path_, "tensor '" + key + "' has shape " + shape_text(t.shape) + ": the file is corrupted"));
+      int64_t element = 0;
+      try {
+        element = safetensors_element_size(t.dtype);
+      } catch (const DTensorError&) {
+        throw DTensorError(error_in(path_, "tensor '" + key + "' has dtype '" + t.dtype + "', which dtensor cannot load"));
+      }
+      const int64_t expected = numel(t.shape) * element;
       if (t.end - t.begin != expected || t.begin < data_start)
         throw DTensorError(error_in(path_, "tensor '" + key + "' spans bytes [" + std::to_string(t.begin) + ", " +
                                                std::to_string(t.end) + ") but its shape " + shape_text(t.shape) + " of " +

@@ -41,6 +41,8 @@ Placements without_partial(const Placements& placements) {
 std::vector<Saved> plan(const State& state, const Job& job, std::string& fingerprint) {
   std::vector<Saved> out;
   for (const auto& [name, tensor] : state) {
+    if (name == "__metadata__")
+      throw DTensorError("checkpoint::save: '__metadata__' is the safetensors header's own key; rename that tensor");
     Saved s;
     s.name = name;
     s.dtype = detail::safetensors_dtype(tensor.scalar_type(), name);
@@ -106,7 +108,7 @@ int64_t write_rank_file(const std::vector<Saved>& saved, const Job& job, const f
     for (const Piece& p : s.pieces) {
       if (!writes(p, job.rank)) continue;
       at::Tensor data = p.box.empty() ? at::empty(p.box.shape, s.local.options()) : s.local;
-      data = data.to(at::kCPU).contiguous();
+      data = data.to(at::kCPU).resolve_conj().resolve_neg().contiguous();  // the values, not a lazy view's bits
       keep_alive.push_back(data);
       tensors.push_back({s.name, s.dtype, p.box.shape, data.data_ptr()});
       offsets[s.name] = {{"saved_offsets", p.box.offset}};
@@ -131,7 +133,8 @@ void write_index(const std::vector<Saved>& saved, const Job& job, const fs::path
     for (const Piece& p : s.pieces) {
       const std::string file = detail::rank_file_name(static_cast<int>(p.holders.front()), job.size);
       files.insert(file);
-      if (!weight_map.contains(s.name)) weight_map[s.name] = file;
+      // Hugging Face's loaders take a weight_map entry for the whole tensor: only tensors saved whole get one.
+      if (s.pieces.size() == 1 && p.box.shape == s.global_shape) weight_map[s.name] = file;
       total += numel(p.box.shape) * c10::elementSize(detail::scalar_type_of(s.dtype, s.name, file));
     }
     tensors[s.name] = {{"dtype", s.dtype}, {"global_shape", s.global_shape}};

@@ -5,38 +5,44 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
+
 #include "dtensor/errors.h"
 
 namespace dtensor::checkpoint {
 namespace {
 
-// The optimizer's state for `p`, made as its first step would when it does not exist yet.
-template <typename ParamState, typename Options>
-ParamState& state_for(torch::optim::Optimizer& optimizer, const at::Tensor& p, const Options& options) {
-  auto& states = optimizer.state();
-  auto& slot = states[p.unsafeGetTensorImpl()];
-  if (!slot) {
-    auto made = std::make_unique<ParamState>();
-    if constexpr (std::is_same_v<ParamState, torch::optim::SGDParamState>) {
-      made->momentum_buffer(at::zeros_like(p));
-    } else {
-      made->step(0);
-      made->exp_avg(at::zeros_like(p));
-      made->exp_avg_sq(at::zeros_like(p));
-      if (options.amsgrad()) made->max_exp_avg_sq(at::zeros_like(p));
-    }
-    slot = std::move(made);
-  }
-  return static_cast<ParamState&>(*slot);
+std::string entry(const std::string& param, const char* what) { return "optim." + param + "." + what; }
+
+// The optimizer's state for `p`, or null before its first step.
+torch::optim::OptimizerParamState* state_of(torch::optim::Optimizer& optimizer, const at::Tensor& p) {
+  const auto it = optimizer.state().find(p.unsafeGetTensorImpl());
+  return it == optimizer.state().end() ? nullptr : it->second.get();
 }
 
-template <typename ParamState, typename Options>
-void add_adam_state(torch::optim::Optimizer& optimizer, const std::string& name, const at::Tensor& p,
-                    const Options& options, State& out) {
-  auto& s = state_for<ParamState>(optimizer, p, options);
-  out["optim." + name + ".exp_avg"] = s.exp_avg();
-  out["optim." + name + ".exp_avg_sq"] = s.exp_avg_sq();
-  if (options.amsgrad()) out["optim." + name + ".max_exp_avg_sq"] = s.max_exp_avg_sq();
+// Adam's and AdamW's states have the same fields but no common base: one template serves both.
+template <typename S>
+void add_adam_entries(S* live, const at::Tensor& p, const std::string& name, bool amsgrad, State& out) {
+  out[entry(name, "exp_avg")] = live ? live->exp_avg() : at::zeros_like(p);
+  out[entry(name, "exp_avg_sq")] = live ? live->exp_avg_sq() : at::zeros_like(p);
+  if (amsgrad) out[entry(name, "max_exp_avg_sq")] = live ? live->max_exp_avg_sq() : at::zeros_like(p);
+  out[entry(name, "step")] = at::tensor(live ? live->step() : int64_t{0});
+}
+
+template <typename S>
+void adopt_adam(torch::optim::Optimizer& optimizer, S* live, const at::Tensor& p, const std::string& name, bool amsgrad,
+                const State& loaded) {
+  const int64_t step = loaded.at(entry(name, "step")).template item<int64_t>();
+  if (live) {
+    live->step(step);  // the moments were loaded in place
+    return;
+  }
+  auto made = std::make_unique<S>();
+  made->step(step);
+  made->exp_avg(loaded.at(entry(name, "exp_avg")));
+  made->exp_avg_sq(loaded.at(entry(name, "exp_avg_sq")));
+  if (amsgrad) made->max_exp_avg_sq(loaded.at(entry(name, "max_exp_avg_sq")));
+  optimizer.state()[p.unsafeGetTensorImpl()] = std::move(made);
 }
 
 }  // namespace
@@ -53,53 +59,76 @@ TrainingState::TrainingState(torch::nn::Module& module, torch::optim::Optimizer*
       if (found == names.end())
         throw DTensorError("checkpoint::TrainingState: the optimizer steps a parameter that is not in the module; "
                            "give the module that owns every parameter it steps");
-      const std::string& name = found->second;
+      Slot slot{found->second, p, Kind::SGD};
       if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&group.options())) {
-        add_adam_state<torch::optim::AdamWParamState>(*optimizer_, name, p, *adamw, tensors_);
+        slot.kind = Kind::AdamW;
+        slot.amsgrad = adamw->amsgrad();
       } else if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&group.options())) {
-        add_adam_state<torch::optim::AdamParamState>(*optimizer_, name, p, *adam, tensors_);
+        slot.kind = Kind::Adam;
+        slot.amsgrad = adam->amsgrad();
       } else if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&group.options())) {
-        if (sgd->momentum() != 0)
-          tensors_["optim." + name + ".momentum_buffer"] =
-              state_for<torch::optim::SGDParamState>(*optimizer_, p, *sgd).momentum_buffer();
-        continue;
+        if (sgd->momentum() == 0) continue;  // no state
       } else {
         throw DTensorError("checkpoint::TrainingState: only Adam, AdamW and SGD optimizers are supported");
       }
-      tensors_["optim." + name + ".step"] = at::zeros({}, at::kLong);
-      step_keys_.emplace_back(p.unsafeGetTensorImpl(), "optim." + name + ".step");
+      slots_.push_back(std::move(slot));
     }
   }
 }
 
-void TrainingState::steps_to_tensors() {
-  for (const auto& [key, name] : step_keys_) {
-    const auto& s = optimizer_->state().at(key);
-    const int64_t step = dynamic_cast<torch::optim::AdamWParamState*>(s.get())
-                             ? static_cast<torch::optim::AdamWParamState&>(*s).step()
-                             : static_cast<torch::optim::AdamParamState&>(*s).step();
-    tensors_.at(name).fill_(step);
+State TrainingState::with_optimizer(const std::map<std::string, StoredTensorInfo>* stored) const {
+  State out = tensors_;
+  for (const Slot& s : slots_) {
+    auto* live = state_of(*optimizer_, s.param);
+    switch (s.kind) {
+      case Kind::AdamW:
+        add_adam_entries(static_cast<torch::optim::AdamWParamState*>(live), s.param, s.name, s.amsgrad, out);
+        break;
+      case Kind::Adam:
+        add_adam_entries(static_cast<torch::optim::AdamParamState*>(live), s.param, s.name, s.amsgrad, out);
+        break;
+      case Kind::SGD:
+        if (live) out[entry(s.name, "momentum_buffer")] = static_cast<torch::optim::SGDParamState*>(live)->momentum_buffer();
+        else if (stored && stored->count(entry(s.name, "momentum_buffer")))
+          out[entry(s.name, "momentum_buffer")] = at::zeros_like(s.param);
+        break;
+    }
   }
+  return out;
 }
 
-void TrainingState::steps_from_tensors() {
-  for (const auto& [key, name] : step_keys_) {
-    const int64_t step = tensors_.at(name).item<int64_t>();
-    auto& s = optimizer_->state().at(key);
-    if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(s.get())) adamw->step(step);
-    else static_cast<torch::optim::AdamParamState&>(*s).step(step);
+void TrainingState::adopt_loaded(const State& state, const LoadResult& result) {
+  const auto loaded = [&](const std::string& name) {
+    return state.count(name) && std::find(result.missing.begin(), result.missing.end(), name) == result.missing.end();
+  };
+  for (const Slot& s : slots_) {
+    auto* live = state_of(*optimizer_, s.param);
+    if (s.kind == Kind::SGD) {
+      if (!live && loaded(entry(s.name, "momentum_buffer"))) {
+        auto made = std::make_unique<torch::optim::SGDParamState>();
+        made->momentum_buffer(state.at(entry(s.name, "momentum_buffer")));
+        optimizer_->state()[s.param.unsafeGetTensorImpl()] = std::move(made);
+      }
+      continue;
+    }
+    if (!loaded(entry(s.name, "step"))) continue;
+    if (s.kind == Kind::AdamW)
+      adopt_adam(*optimizer_, static_cast<torch::optim::AdamWParamState*>(live), s.param, s.name, s.amsgrad, state);
+    else
+      adopt_adam(*optimizer_, static_cast<torch::optim::AdamParamState*>(live), s.param, s.name, s.amsgrad, state);
   }
 }
 
 SaveResult TrainingState::save(const std::string& dir, const SaveOptions& options) {
-  steps_to_tensors();
-  return checkpoint::save(tensors_, dir, options);
+  return checkpoint::save(optimizer_ ? with_optimizer(nullptr) : tensors_, dir, options);
 }
 
 LoadResult TrainingState::load(const std::string& dir, const LoadOptions& options) {
-  steps_to_tensors();  // a tensor left out of a non-strict load keeps the current step
-  LoadResult result = checkpoint::load(tensors_, dir, options);
-  steps_from_tensors();
+  if (!optimizer_) return checkpoint::load(tensors_, dir, options);
+  const auto stored = contents(dir);
+  const State state = with_optimizer(&stored);
+  const LoadResult result = checkpoint::load(state, dir, options);
+  adopt_loaded(state, result);
   return result;
 }
 

@@ -181,6 +181,10 @@ MeshPtr DeviceMesh::slice(const std::vector<std::string>& names) const {
 MeshPtr DeviceMesh::bridge_to(const DeviceMesh& other) const {
   if (other.world_ != world_)
     throw DTensorError(str() + " and " + other.str() + " belong to different worlds; tensors cannot move between them");
+  if (other.device_type_ != device_type_)
+    throw DTensorError(str() + " is a " + c10::DeviceTypeName(device_type_) + " mesh and " + other.str() + " a " +
+                       c10::DeviceTypeName(other.device_type_) +
+                       " one; move the tensor between meshes of one device type, then to the device");
   std::set<int64_t> members(ranks_.begin(), ranks_.end());
   members.insert(other.ranks_.begin(), other.ranks_.end());
   const std::vector<int64_t> ranks(members.begin(), members.end());

@@ -1,5 +1,6 @@
 // Checkpoints saved under one layout and loaded under another, for every pair of {one process, TP=4
-// S(0), TP=4 S(1), DP2xTP2, uneven on 3 of the 4 ranks}, against the whole tensors bit for bit; what
+// S(0), TP=4 S(1), DP2xTP2, uneven on 3 of the 4 ranks}, against the whole tensors bit for bit (0-d and
+// zero-size tensors among them); what
 // each rank writes and reads; crash safety and the errors for damaged or mismatched checkpoints.
 
 #include <unistd.h>
@@ -50,7 +51,8 @@ std::map<std::string, at::Tensor> whole_tensors() {
   return {{"w", test_tensor({10, 7}, at::kFloat, 1)},
           {"b", test_tensor({9}, at::kBFloat16, 2)},
           {"step", at::tensor(int64_t{41})},
-          {"rows.int", test_tensor({5, 3}, at::kLong, 3)}};
+          {"rows.int", test_tensor({5, 3}, at::kLong, 3)},
+          {"empty", at::zeros({0, 4})}};
 }
 
 at::Tensor laid_out(const at::Tensor& whole, const Layout& layout, const Placements& placements) {
@@ -62,7 +64,7 @@ ckpt::State state_in(const Layout& layout, bool zeros) {
   ckpt::State state;
   for (const auto& [name, whole] : whole_tensors()) {
     const at::Tensor value = zeros ? at::zeros_like(whole) : whole;
-    if (name == "w") state[name] = laid_out(value, layout, layout.weight);
+    if (name == "w" || name == "empty") state[name] = laid_out(value, layout, layout.weight);
     else if (name == "b") state[name] = laid_out(value, layout, layout.bias);
     else if (name == "rows.int" && layout.mesh) state[name] = laid_out(value, layout, Placements(layout.mesh->ndim(), Shard(0)));
     else state[name] = value.clone();  // the step: a plain tensor in every layout
@@ -114,7 +116,11 @@ TEST_F(CheckpointTest, EveryPairOfLayoutsLoadsBitForBit) {
     std::ifstream in(dir / "model.safetensors.index.json");
     const auto index = nlohmann::json::parse(in);
     EXPECT_EQ(index["metadata"]["total_size"].get<int64_t>(), whole_bytes()) << from.name;
-    EXPECT_EQ(index["weight_map"].size(), whole_tensors().size());
+    // Hugging Face's weight_map: the tensors saved whole (plain or Replicate everywhere).
+    size_t saved_whole = 0;
+    for (const auto& [name, t] : state_in(from, true))
+      saved_whole += !is_dtensor(t) || t.numel() == 0 || placements_of(t) == Placements(mesh_of(t)->ndim(), Replicate());
+    EXPECT_EQ(index["weight_map"].size(), saved_whole) << from.name;
     for (const Layout& to : layouts()) {
       SCOPED_TRACE(from.name + " -> " + to.name);
       ckpt::State target = state_in(to, true);
@@ -204,6 +210,11 @@ TEST_F(CheckpointTest, DamagedOrMismatchedCheckpointsGiveClearErrors) {
 
   EXPECT_THAT(error_of([&] { ckpt::save(state_in(tp, false), good.string(), {.world = world()}); }),
               ::testing::HasSubstr("already holds a checkpoint"));
+  // Plain tensors alone carry no world: every rank would save as the only one.
+  EXPECT_THAT(error_of([&] { ckpt::save({{"x", at::zeros({2})}}, (root / "no_world").string()); }),
+              ::testing::HasSubstr("no world was given, but 4 ranks were launched; pass the job's world"));
+  EXPECT_THAT(error_of([&] { ckpt::save({{"__metadata__", at::zeros({2})}}, (root / "bad_name").string(), {.world = world()}); }),
+              ::testing::HasSubstr("'__metadata__' is the safetensors header's own key"));
   ckpt::save(state_in(layouts()[3], false), good.string(), {.overwrite = true, .world = world()});
   ckpt::State reloaded = state_in(tp, true);
   ckpt::load(reloaded, good.string(), {.world = world()});

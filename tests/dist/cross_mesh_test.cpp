@@ -36,6 +36,7 @@ TEST_F(CrossMeshTest, DisjointMeshes) {
   EXPECT_TRUE(moves_exactly(whole, mesh({2}, {0, 1}), {Shard(1)}, mesh({2}, {2, 3}), {Shard(0)}));
   EXPECT_TRUE(moves_exactly(whole, mesh({2}, {0, 1}), {Replicate()}, mesh({2}, {2, 3}), {Shard(1)}));
   EXPECT_TRUE(moves_exactly(test_tensor({}, at::kLong, 3), mesh({1}, {0}), {Replicate()}, mesh({1}, {3}), {Replicate()}));
+  EXPECT_TRUE(moves_exactly(at::zeros({0, 4}), mesh({4}), {Shard(1)}, mesh({2}, {2, 3}), {Shard(0)}));
 }
 
 TEST_F(CrossMeshTest, TwoDimensionalMeshesAndReplicas) {
