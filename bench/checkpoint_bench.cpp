@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
     const ckpt::State other_target = make_state(mesh, dtensor::Shard(1), args.mb, true);
     const auto data = local_data(state), into = local_data(target);
     const double mib = bytes_of(data) / double(1 << 20);
-    std::vector<double> w_plain, w_ckpt, r_plain, r_ckpt, r_other;
+    std::vector<double> w_plain, w_ckpt, w_whole, r_plain, r_ckpt, r_other;
     int64_t other_bytes = 0;
     // Each round writes new files (as a job saves step after step); the last round's go untimed.
     for (int round = 0; round < args.rounds; ++round) {
@@ -145,9 +145,10 @@ int main(int argc, char** argv) {
       r_plain.push_back(timed(*world, [&] { plain_read(plain, into); }));
       r_ckpt.push_back(timed(*world, [&] { ckpt::load(target, saved); }));
       r_other.push_back(timed(*world, [&] { other_bytes = ckpt::load(other_target, saved).bytes_read; }));
+      w_whole.push_back(timed(*world, [&] { ckpt::save(state, saved + "-whole", {.whole_tensors = true}); }));
       fs::remove(plain);
       world->sum_across_ranks(0);
-      if (rank == 0) fs::remove_all(saved);
+      if (rank == 0) fs::remove_all(saved), fs::remove_all(saved + "-whole");
     }
     // One whole safetensors file (plain tensors: rank 0 writes them all), loaded into TP=4 Shard(0).
     const ckpt::State whole = make_state(mesh, std::nullopt, args.mb, false);
@@ -173,6 +174,7 @@ int main(int argc, char** argv) {
                   mib, static_cast<long long>(args.mb), world->size(), args.rounds);
       std::printf("| operation | bytes per rank | dtensor | plain file I/O | ratio (plain / dtensor) |\n| --- | --- | --- | --- | --- |\n");
       row("save (safetensors, fsync, rename, commit)", mib, median(w_ckpt), median(w_plain));
+      row("save as whole tensors (each gathered on one rank, 2 of 8 per rank)", mib, median(w_whole), median(w_plain));
       row("load into the same layout", mib, median(r_ckpt), median(r_plain));
       row("load into Shard(1) (row pieces of every saved shard)", other_sum / 4.0 / (1 << 20), median(r_other), median(r_plain));
       std::printf("\nWhole safetensors file (%.1f MiB, written by rank 0 from plain tensors) loaded into TP=4 Shard(0):\n\n", file_mib);

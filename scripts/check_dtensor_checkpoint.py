@@ -1,11 +1,14 @@
 """PyTorch and the safetensors library read a checkpoint dtensor wrote (tests/dist/checkpoint_interop_test.cpp).
 
-  check_dtensor_checkpoint.py DIR
-DIR holds the interop state (scripts/checkpoint_values.py) saved by dtensor from sharded layouts. Checks:
+  check_dtensor_checkpoint.py DIR WHOLE_DIR
+DIR holds the interop state (scripts/checkpoint_values.py) saved by dtensor from sharded layouts, WHOLE_DIR
+the same saved with whole_tensors. Checks, for each:
   1. safetensors.safe_open reads every file; each piece, placed at its DCP_SHARDING_INFO offsets, rebuilds
      exactly the expected tensors, every element written once;
   2. the Hugging Face index's weight_map names exactly the tensors saved whole, in files holding them;
-  3. torch.distributed.checkpoint.load with HuggingFaceStorageReader (one process) loads the same values.
+  3. torch.distributed.checkpoint.load with HuggingFaceStorageReader (one process) loads the same values;
+and in WHOLE_DIR, that the weight_map names every tensor and safetensors.torch.load_file of its files
+gives the whole state (what Hugging Face's loaders do).
 """
 import json
 import os
@@ -15,6 +18,7 @@ import warnings
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
+from safetensors.torch import load_file
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -23,7 +27,7 @@ from checkpoint_values import state  # noqa: E402
 warnings.filterwarnings("ignore")
 
 
-def main(directory):
+def check(directory):
     expected = state()
     rebuilt = {name: torch.zeros_like(t) for name, t in expected.items()}
     written = {name: torch.zeros(t.shape, dtype=torch.int64) for name, t in expected.items()}
@@ -56,7 +60,21 @@ def main(directory):
     for name, t in expected.items():
         assert torch.equal(loaded[name], t), f"{name}: DCP's HuggingFaceStorageReader loads other values"
     print(f"OK: safetensors and DCP read {len(files)} files of {directory}: {len(expected)} tensors exact")
+    return index
+
+
+def main(directory, whole_directory):
+    check(directory)
+    index = check(whole_directory)
+    expected = state()
+    assert set(index["weight_map"]) == set(expected), "whole tensors: the weight_map does not name every tensor"
+    merged = {}
+    for file in sorted(set(index["weight_map"].values())):
+        merged.update(load_file(os.path.join(whole_directory, file)))
+    assert set(merged) == set(expected) and all(torch.equal(merged[n], t) for n, t in expected.items()), \
+        "whole tensors: load_file of the weight_map's files does not give the state"
+    print(f"OK: load_file of {whole_directory}'s {len(set(index['weight_map'].values()))} files gives the whole state")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])

@@ -4,7 +4,8 @@
 //
 // On disk (one directory):
 //  - model-RRRRR-of-WWWWW.safetensors: what rank RRRRR-1 owns. A DTensor's shard is written by the first
-//    rank holding it (a Replicate piece once, a Partial one reduced first), a plain tensor by rank 0. Each
+//    rank holding it (a Replicate piece once, a Partial one reduced first), a plain tensor by rank 0
+//    (SaveOptions::whole_tensors writes whole tensors instead, spread over the ranks). Each
 //    file's "__metadata__" carries PyTorch DCP's sharding info (DCP_SHARDING_INFO: each tensor's
 //    saved_offsets in the global tensor), so DCP's HuggingFaceStorageReader reads these checkpoints too,
 //    and dtensor's own ("dtensor": each tensor's global shape).
@@ -54,6 +55,11 @@ struct SaveOptions {
   // The job's world for a state of plain tensors only (DTensors bring their mesh's world). Without
   // either, the save runs as one process.
   std::shared_ptr<World> world;
+  // Write every tensor whole, each by one rank of its mesh (in turn, so the files share the bytes),
+  // which gathers exactly its shards from the others (cross-mesh redistribute to that one rank). Every
+  // file is then an ordinary Hugging Face shard: the weight_map names every tensor, and
+  // transformers' from_pretrained or safetensors' load_file read them as they are. Costs the gathers.
+  bool whole_tensors = false;
 };
 
 struct SaveResult {

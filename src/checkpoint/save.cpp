@@ -38,7 +38,15 @@ Placements without_partial(const Placements& placements) {
   return out;
 }
 
-std::vector<Saved> plan(const State& state, const Job& job, std::string& fingerprint) {
+// The rank that writes tensor number `index` whole: one of its mesh's ranks (so the gather's bridge
+// is the mesh's own group), or for a plain tensor one of the world's, in turn.
+int64_t whole_writer(const at::Tensor& tensor, size_t index, const Job& job) {
+  if (!is_dtensor(tensor)) return static_cast<int64_t>(index % static_cast<size_t>(job.size));
+  const auto& ranks = mesh_of(tensor)->ranks();
+  return ranks[index % ranks.size()];
+}
+
+std::vector<Saved> plan(const State& state, const Job& job, bool whole_tensors, std::string& fingerprint) {
   std::vector<Saved> out;
   for (const auto& [name, tensor] : state) {
     if (name == "__metadata__")
@@ -57,6 +65,7 @@ std::vector<Saved> plan(const State& state, const Job& job, std::string& fingerp
       const Box whole{Shape(s.global_shape.size(), 0), s.global_shape};
       if (!whole.empty()) s.pieces.push_back(Piece{whole, {0}});
     }
+    if (whole_tensors) s.pieces = {Piece{Box{Shape(s.global_shape.size(), 0), s.global_shape}, {whole_writer(tensor, out.size(), job)}}};
     // A tensor with no elements is still recorded, as one empty piece from rank 0.
     if (s.pieces.empty()) s.pieces.push_back(Piece{Box{Shape(s.global_shape.size(), 0), s.global_shape}, {0}});
     fingerprint += ";";
@@ -163,14 +172,17 @@ SaveResult save(const State& state, const std::string& dir_name, const SaveOptio
   std::vector<Saved> saved;
   std::exception_ptr error;
   try {
-    saved = plan(state, job, fingerprint);
+    saved = plan(state, job, options.whole_tensors, fingerprint);
+    fingerprint += options.whole_tensors ? "whole" : "shards";
   } catch (...) {
     error = std::current_exception();
   }
   job.agree(error, "planning the save");
   job.check_same(fingerprint, "save");
 
-  // Partial shards are reduced first: a collective every rank runs in the same order.
+  // Partial shards are reduced first, or whole tensors gathered on their writers: collectives every
+  // rank runs in the same order.
+  std::map<int64_t, MeshPtr> writer_meshes;  // a mesh of one rank per writer, made in the order of use
   for (Saved& s : saved) {
     const at::Tensor& tensor = state.at(s.name);
     if (!is_dtensor(tensor)) {
@@ -178,8 +190,16 @@ SaveResult save(const State& state, const std::string& dir_name, const SaveOptio
       continue;
     }
     const DTensorSpec& spec = spec_of(tensor);
-    at::Tensor whole_pieces = spec.has_partial() ? redistribute(tensor.detach(), without_partial(spec.placements)) : tensor;
-    s.local = local_tensor_of(whole_pieces);
+    at::Tensor placed = tensor.detach();
+    if (options.whole_tensors) {
+      const int64_t writer = s.pieces.front().holders.front();
+      MeshPtr& one = writer_meshes[writer];
+      if (!one) one = DeviceMesh::create(job.world, {1}, {writer}, MeshOptions{{}, spec.mesh->device_type(), spec.mesh->timeout()});
+      placed = redistribute(placed, one, {Replicate()});
+    } else if (spec.has_partial()) {
+      placed = redistribute(placed, without_partial(spec.placements));
+    }
+    s.local = local_tensor_of(placed);
   }
 
   error = nullptr;

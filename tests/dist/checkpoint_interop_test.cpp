@@ -1,8 +1,8 @@
 // Checkpoints across the ecosystem: dtensor loads what PyTorch wrote (scripts/write_pytorch_checkpoints.py:
 // safetensors' save_file, a Hugging Face index over two files, DCP's HuggingFaceStorageWriter whole and
 // sharded from 2 ranks) into a tensor-parallel state, each rank reading only its slice; and writes one
-// from sharded layouts that scripts/check_dtensor_checkpoint.py (ctest checkpoint_read_by_pytorch) reads
-// with the safetensors library and DCP.
+// from sharded layouts (shards, and whole tensors) that scripts/check_dtensor_checkpoint.py (ctest
+// checkpoint_read_by_pytorch) reads with the safetensors library and DCP.
 
 #include <filesystem>
 
@@ -82,12 +82,16 @@ TEST_F(CheckpointInteropTest, LoadsWhatPyTorchWroteReadingOnlyEachRanksSlice) {
 
 TEST_F(CheckpointInteropTest, WritesWhatPyTorchReads) {
   // Read back by ctest checkpoint_read_by_pytorch. DP2 x TP2: replicas over dp are written once.
-  ckpt::save(tensor_parallel_state(mesh({2, 2}), true), (kInterop / "dtensor_written").string(), {.overwrite = true});
-  ckpt::State back = tensor_parallel_state(mesh({4}), false);
-  ckpt::load(back, (kInterop / "dtensor_written").string());
-  for (size_t i = 0; i < kTensors.size(); ++i) {
-    const at::Tensor& t = back.at(kTensors[i].name);
-    EXPECT_TRUE(tensors_equal(is_dtensor(t) ? full_tensor(t) : t, interop_value(i, kTensors[i])));
+  // Also as whole tensors (dtensor_written_whole): ordinary Hugging Face shards.
+  for (const bool whole : {false, true}) {
+    const std::string dir = (kInterop / (whole ? "dtensor_written_whole" : "dtensor_written")).string();
+    ckpt::save(tensor_parallel_state(mesh({2, 2}), true), dir, {.overwrite = true, .whole_tensors = whole});
+    ckpt::State back = tensor_parallel_state(mesh({4}), false);
+    ckpt::load(back, dir);
+    for (size_t i = 0; i < kTensors.size(); ++i) {
+      const at::Tensor& t = back.at(kTensors[i].name);
+      EXPECT_TRUE(tensors_equal(is_dtensor(t) ? full_tensor(t) : t, interop_value(i, kTensors[i])));
+    }
   }
 }
 

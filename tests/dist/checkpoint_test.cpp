@@ -132,14 +132,35 @@ TEST_F(CheckpointTest, EveryPairOfLayoutsLoadsBitForBit) {
   }
 }
 
+TEST_F(CheckpointTest, WholeTensorsMakeOrdinaryHuggingFaceShards) {
+  const fs::path root = shared_directory("whole");
+  for (const Layout& from : layouts()) {
+    const fs::path dir = root / from.name;
+    ckpt::save(state_in(from, false), dir.string(), {.world = world(), .whole_tensors = true});
+    std::ifstream in(dir / "model.safetensors.index.json");
+    const auto index = nlohmann::json::parse(in);
+    EXPECT_EQ(index["weight_map"].size(), whole_tensors().size()) << from.name;
+    EXPECT_EQ(index["metadata"]["total_size"].get<int64_t>(), whole_bytes()) << from.name;
+    for (const Layout& to : layouts()) {
+      SCOPED_TRACE(from.name + " -> " + to.name);
+      ckpt::State target = state_in(to, true);
+      EXPECT_EQ(ckpt::load(target, dir.string(), {.world = world()}).bytes_read, local_bytes(target));
+      EXPECT_TRUE(holds_whole(target, to));
+    }
+  }
+}
+
 TEST_F(CheckpointTest, PartialTensorsAreSavedReduced) {
   const fs::path dir = shared_directory("partial");
   const at::Tensor whole = test_tensor({6, 5}, at::kFloat, 7);
   ckpt::State state = {{"p", make_dtensor_holding(whole, mesh({2, 2}), {Partial(ReduceOp::Sum), Shard(1)}, 3)}};
   ckpt::save(state, dir.string());
-  ckpt::State target = {{"p", at::zeros({6, 5})}};
-  ckpt::load(target, dir.string(), {.world = world()});
-  EXPECT_TRUE(tensors_equal(target.at("p"), whole));
+  ckpt::save(state, (dir / "whole").string(), {.whole_tensors = true});
+  for (const fs::path& saved : {dir, dir / "whole"}) {
+    ckpt::State target = {{"p", at::zeros({6, 5})}};
+    ckpt::load(target, saved.string(), {.world = world()});
+    EXPECT_TRUE(tensors_equal(target.at("p"), whole));
+  }
 }
 
 // Rank 0 changes the saved files; every rank waits for it.
