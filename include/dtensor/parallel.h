@@ -20,8 +20,8 @@
 // and a plain tensor entering a module is this rank's part of a batch split along dim 0 there.
 //
 // Cross-entropy over class-sharded logits (ColwiseParallel lm_head with output_layout Shard(-1) and
-// use_local_output = false) is loss parallel by itself: the sharding rules compute it with three small
-// all-reduces and never gather the logits. A plain target tensor may meet the DTensor logits under an
+// use_local_output = false) is loss parallel by itself: a fused cross-entropy computes it with two small
+// all-reduces forward and none backward, and never gathers the logits. A plain target tensor may meet the DTensor logits under an
 // ImplicitReplicationGuard (sharding.h), held over backward too (as PyTorch's loss_parallel context),
 // or be converted on the way in (PrepareModuleInput).
 

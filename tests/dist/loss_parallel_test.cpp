@@ -1,5 +1,6 @@
 // Loss parallelism: cross-entropy over class-sharded logits runs without gathering the logits (only
-// all-reduces of one value per row), and forward and backward equal single-device LibTorch's.
+// all-reduces of per-row values, none in backward), and forward and backward equal single-device
+// LibTorch's.
 
 #include <ATen/core/grad_mode.h>
 
@@ -53,12 +54,12 @@ TEST_P(LossParallelTest, ClassShardedCrossEntropyNeverGathersTheLogits) {
     {
       CommDebugMode debug;
       actual = cross_entropy(logits, target, weight, c);
-      // log_softmax: the row max and the row sum of exponentials; its backward: the row sum of the
-      // gradient. Nothing else, and nothing bigger than one value per row.
-      EXPECT_EQ(debug.count("all-reduce"), 3) << debug.summary();
-      EXPECT_EQ(debug.total_count(), 3) << debug.summary();
+      // The fused cross-entropy: the row max, then the row sums of exponentials with the target
+      // logits; backward none. Nothing else, and nothing bigger than two values per row.
+      EXPECT_EQ(debug.count("all-reduce"), 2) << debug.summary();
+      EXPECT_EQ(debug.total_count(), 2) << debug.summary();
       for (const auto& collective : debug.collectives())
-        EXPECT_LE(collective.bytes, rows * static_cast<int64_t>(sizeof(double))) << debug.summary();
+        EXPECT_LE(collective.bytes, 2 * rows * static_cast<int64_t>(sizeof(double))) << debug.summary();
     }
     EXPECT_EQ(placements_of(actual.grad), (Placements{Shard(1)}));
     at::NoGradGuard no_grad;
@@ -92,6 +93,47 @@ TEST_F(DistTest, LossParallelWithShardedBatchIsExact) {
   at::NoGradGuard no_grad;
   EXPECT_TRUE(tensors_close(full_tensor(actual.loss), expected.loss, 1e-12, 1e-12));
   EXPECT_TRUE(tensors_close(full_tensor(actual.grad), expected.grad, 1e-12, 1e-12));
+}
+
+// The fused path's other layouts and the decomposed fallback: a mesh over 3 of the 4 ranks (rank 0
+// outside it), per-row losses over a 2-d mesh with the batch sharded, bfloat16 logits (computed in
+// float, as Megatron does), and label smoothing (not fused: log_softmax + nll_loss rules).
+TEST_F(DistTest, FusedCrossEntropyLayoutsAndFallbackEqualOneDevice) {
+  const at::Tensor x = test_tensor({6, 7}, at::kDouble, 35) / 2;
+  const at::Tensor t = targets(7, -100).repeat({2}).slice(0, 0, 6);
+  struct Case {
+    std::string name;
+    MeshPtr mesh;
+    Placements logits, target;
+    int64_t reduction;
+    double label_smoothing;
+    at::ScalarType dtype;
+    double tolerance;
+  };
+  for (const Case& c : {Case{"3 of 4 ranks", mesh({3}, {1, 2, 3}), {Shard(1)}, {Replicate()}, at::Reduction::Mean, 0.0, at::kDouble, 1e-12},
+                        Case{"per row, batch sharded", mesh({2, 2}), {Shard(0), Shard(1)}, {Shard(0), Replicate()}, at::Reduction::None, 0.0, at::kDouble, 1e-12},
+                        Case{"bfloat16", mesh({4}), {Shard(1)}, {Replicate()}, at::Reduction::Mean, 0.0, at::kBFloat16, 2e-2},
+                        Case{"label smoothing", mesh({4}), {Shard(1)}, {Replicate()}, at::Reduction::Sum, 0.1, at::kDouble, 1e-12}}) {
+    SCOPED_TRACE(c.name);
+    const auto run = [&](const at::Tensor& logits, const at::Tensor& target) {
+      at::Tensor loss = at::cross_entropy_loss(logits, target, {}, c.reduction, -100, c.label_smoothing);
+      (c.reduction == at::Reduction::None ? loss.sum() : loss).backward();
+      return Result{loss, logits.grad()};
+    };
+    const Result expected = run(x.to(c.dtype).detach().clone().requires_grad_(), t);
+    at::Tensor logits = distribute_tensor(x.to(c.dtype).detach().clone().requires_grad_(), c.mesh, c.logits);
+    Result actual;
+    {
+      CommDebugMode debug;
+      actual = run(logits, distribute_tensor(t, c.mesh, c.target));
+      EXPECT_EQ(debug.count("all-gather"), 0) << debug.summary();
+    }
+    if (!c.mesh->contains_this_rank()) continue;
+    at::NoGradGuard no_grad;
+    EXPECT_EQ(placements_of(actual.grad), c.logits);
+    EXPECT_TRUE(tensors_close(full_tensor(actual.loss).to(at::kDouble), expected.loss.to(at::kDouble), c.tolerance, c.tolerance));
+    EXPECT_TRUE(tensors_close(full_tensor(actual.grad).to(at::kDouble), expected.grad.to(at::kDouble), c.tolerance, c.tolerance));
+  }
 }
 
 }  // namespace
