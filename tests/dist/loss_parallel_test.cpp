@@ -136,5 +136,15 @@ TEST_F(DistTest, FusedCrossEntropyLayoutsAndFallbackEqualOneDevice) {
   }
 }
 
+// A target outside the classes is an error, as in LibTorch, not a quiet loss of log-sum-exp alone.
+TEST_F(DistTest, FusedCrossEntropyRefusesTargetsOutOfBounds) {
+  const at::Tensor logits = distribute_tensor(test_tensor({3, 7}, at::kDouble, 36), mesh({4}), Placements{Shard(1)});
+  const at::Tensor target = distribute_tensor(at::tensor({1, 7, 2}, at::kLong), mesh({4}));
+  EXPECT_THAT(error_of([&] { at::cross_entropy_loss(logits, target); }),
+              ::testing::HasSubstr("aten::cross_entropy_loss: target 7 is out of bounds for 7 classes"));
+  const at::Tensor ignored = distribute_tensor(at::tensor({1, -100, 2}, at::kLong), mesh({4}));
+  EXPECT_NO_THROW(at::cross_entropy_loss(logits, ignored));
+}
+
 }  // namespace
 }  // namespace dtensor::testing

@@ -24,6 +24,7 @@
 #include "../../redistribute/executor.h"
 #include "dtensor/api.h"
 #include "dtensor/comm_debug.h"
+#include "dtensor/errors.h"
 #include "dtensor/sharding.h"
 
 namespace dtensor::rules {
@@ -129,6 +130,12 @@ at::Tensor fused_cross_entropy(const at::Tensor& self, const at::Tensor& target,
     const int64_t offset = local_layout(spec.meta.shape, mesh.shape(), *mesh.coordinate(), spec.placements).offset[1];
     const int64_t local_classes = logits.size(1);
     const at::Tensor valid = t.ne(ignore_index);
+    // LibTorch refuses a target outside [0, C); clamped below, it would give a quiet wrong loss.
+    const at::Tensor out_of_range = valid.logical_and(t.lt(0).logical_or(t.ge(classes)));
+    if (out_of_range.any().item<bool>())
+      throw DTensorError(std::string(kOp) + ": target " + std::to_string(t.masked_select(out_of_range)[0].item<int64_t>()) +
+                         " is out of bounds for " + std::to_string(classes) + " classes (and not ignore_index " +
+                         std::to_string(ignore_index) + ")");
     // The row max over all classes (a rank without classes offers -inf).
     at::Tensor row_max = local_classes > 0 ? std::get<0>(logits.max(1))
                                            : at::full({logits.size(0)}, -std::numeric_limits<double>::infinity(), logits.options());
