@@ -1,8 +1,6 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include <nlohmann/json.hpp>
-
 #include "dtensor/api.h"
 #include "dtensor/checkpoint.h"
 #include "dtensor/errors.h"

@@ -5,7 +5,6 @@
 #include <algorithm>
 
 #include "../mesh/collectives.h"
-#include "dtensor/errors.h"
 #include "dtensor/pieces.h"
 #include "dtensor/world.h"
 
