@@ -60,6 +60,8 @@ inline Placement Partial(ReduceOp op = ReduceOp::Sum) { return Placement::partia
 
 // "S(0),R" — the form plans and errors print.
 std::string to_string(const Placements& placements);
+// The same placements with every Partial replaced by Replicate: the layout of the reduced value.
+Placements partial_as_replicate(Placements placements);
 size_t hash_placements(const Placements& placements);
 std::ostream& operator<<(std::ostream& os, const Placement& p);
 std::ostream& operator<<(std::ostream& os, const Placements& p);

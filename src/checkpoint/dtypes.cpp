@@ -26,6 +26,12 @@ std::string safetensors_dtype(c10::ScalarType dtype, const std::string& tensor) 
                      ", which safetensors cannot store; convert it first");
 }
 
+int64_t safetensors_element_size(const std::string& dtype) {
+  for (const auto& [type, name] : table())
+    if (name == dtype) return static_cast<int64_t>(c10::elementSize(type));
+  throw DTensorError("checkpoint: unknown safetensors dtype '" + dtype + "'");
+}
+
 c10::ScalarType scalar_type_of(const std::string& dtype, const std::string& tensor, const std::string& file) {
   for (const auto& [type, name] : table())
     if (name == dtype) return type;

@@ -11,5 +11,7 @@ namespace dtensor::checkpoint::detail {
 std::string safetensors_dtype(c10::ScalarType dtype, const std::string& tensor);
 // The LibTorch dtype of a safetensors dtype name; throws naming `tensor` and `file` for others.
 c10::ScalarType scalar_type_of(const std::string& dtype, const std::string& tensor, const std::string& file);
+// Bytes per element of a safetensors dtype ("F32", "BF16", ...), from the same table; throws for others.
+int64_t safetensors_element_size(const std::string& dtype);
 
 }  // namespace dtensor::checkpoint::detail

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtensor/errors.h"
+#include "dtypes.h"
 #include "durable_file.h"
 
 namespace dtensor::checkpoint::detail {
@@ -25,15 +26,6 @@ std::string error_in(const std::string& path, const std::string& what) { return 
 std::string shape_text(const Shape& shape) { return json(shape).dump(); }
 
 }  // namespace
-
-int64_t safetensors_element_size(const std::string& dtype) {
-  static const std::map<std::string, int64_t> sizes = {
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I64", 8}, {"I32", 4},
-      {"I16", 2}, {"I8", 1},  {"U64", 8}, {"U32", 4},  {"U16", 2},     {"U8", 1},      {"BOOL", 1}, {"C64", 8}};
-  const auto it = sizes.find(dtype);
-  if (it == sizes.end()) throw DTensorError("checkpoint: unknown safetensors dtype '" + dtype + "'");
-  return it->second;
-}
 
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);

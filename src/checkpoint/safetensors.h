@@ -1,7 +1,7 @@
 #pragma once
 // The safetensors format (https://huggingface.co/docs/safetensors): an 8-byte little-endian header
 // length, a JSON header naming each tensor's dtype, shape and [begin, end) byte range in the data that
-// follows (packed in order, no gaps), and an optional "__metadata__" map of strings. No torch here.
+// follows (packed in order, no gaps), and an optional "__metadata__" map of strings.
 
 #include <cstdint>
 #include <map>
@@ -11,9 +11,6 @@
 #include "dtensor/layout.h"
 
 namespace dtensor::checkpoint::detail {
-
-// Bytes per element of a safetensors dtype ("F32", "BF16", "I64", "BOOL", ...); throws for others.
-int64_t safetensors_element_size(const std::string& dtype);
 
 struct StoredTensor {
   std::string name;

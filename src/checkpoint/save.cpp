@@ -31,13 +31,6 @@ struct Saved {
   at::Tensor local;           // this rank's data (a DTensor's shard, reduced if Partial; a plain tensor)
 };
 
-Placements without_partial(const Placements& placements) {
-  Placements out = placements;
-  for (auto& p : out)
-    if (p.is_partial()) p = Replicate();
-  return out;
-}
-
 // The rank that writes tensor number `index` whole: one of its mesh's ranks (so the gather's bridge
 // is the mesh's own group), or for a plain tensor one of the world's, in turn.
 int64_t whole_writer(const at::Tensor& tensor, size_t index, const Job& job) {
@@ -58,7 +51,7 @@ std::vector<Saved> plan(const State& state, const Job& job, bool whole_tensors, 
     fingerprint += name + ":" + s.dtype + ":" + shape_str(s.global_shape);
     if (is_dtensor(tensor)) {
       const DTensorSpec& spec = spec_of(tensor);
-      const Placements placements = without_partial(spec.placements);
+      const Placements placements = partial_as_replicate(spec.placements);
       s.pieces = pieces_of(s.global_shape, spec.mesh->shape(), spec.mesh->ranks(), placements);
       fingerprint += ":" + spec.mesh->str() + ":" + to_string(spec.placements);
     } else {
@@ -144,7 +137,7 @@ void write_index(const std::vector<Saved>& saved, const Job& job, const fs::path
       files.insert(file);
       // Hugging Face's loaders take a weight_map entry for the whole tensor: only tensors saved whole get one.
       if (s.pieces.size() == 1 && p.box.shape == s.global_shape) weight_map[s.name] = file;
-      total += numel(p.box.shape) * c10::elementSize(detail::scalar_type_of(s.dtype, s.name, file));
+      total += numel(p.box.shape) * detail::safetensors_element_size(s.dtype);
     }
     tensors[s.name] = {{"dtype", s.dtype}, {"global_shape", s.global_shape}};
   }
@@ -197,7 +190,7 @@ SaveResult save(const State& state, const std::string& dir_name, const SaveOptio
       if (!one) one = DeviceMesh::create(job.world, {1}, {writer}, MeshOptions{{}, spec.mesh->device_type(), spec.mesh->timeout()});
       placed = redistribute(placed, one, {Replicate()});
     } else if (spec.has_partial()) {
-      placed = redistribute(placed, without_partial(spec.placements));
+      placed = redistribute(placed, partial_as_replicate(spec.placements));
     }
     s.local = local_tensor_of(placed);
   }

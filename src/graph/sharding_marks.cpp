@@ -422,8 +422,7 @@ void partition(Program& program, const MeshPtr& mesh, Marks& all_marks, const st
       if (output_targets.empty()) target.assign(target.size(), Replicate());
       else if (output_targets.at(k)) target = *output_targets[k];
       else
-        for (auto& p : target)
-          if (p.is_partial()) p = Replicate();
+        target = partial_as_replicate(target);
       if (target != *v->placements)
         v = moved(nullptr, v, target, "graph output " + std::to_string(k) + ": " + to_string(*v->placements) + " -> " + to_string(target));
     }

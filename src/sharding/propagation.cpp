@@ -211,13 +211,6 @@ bool fits(const Placements& placements, int64_t mesh_ndim, int64_t tensor_ndim) 
   }
 }
 
-// `placements` with every Partial replaced by Replicate.
-Placements partials_reduced(Placements placements) {
-  for (auto& p : placements)
-    if (p.is_partial()) p = Replicate();
-  return placements;
-}
-
 struct WrittenInput {
   size_t input;
   std::optional<size_t> output;  // the output that returns it, if any
@@ -277,7 +270,7 @@ Candidates candidates_for(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVal
     for (size_t k = 0; ok && k < st.inputs.size(); ++k) ok = fits(st.inputs[k], mesh->ndim(), schema.input_ndim(k));
     for (const auto& w : written) {
       const Placements& current = schema.input(w.input).placements;
-      ok = ok && (st.inputs[w.input] == current || st.inputs[w.input] == partials_reduced(current));
+      ok = ok && (st.inputs[w.input] == current || st.inputs[w.input] == partial_as_replicate(current));
       ok = ok && (!w.output || inplace_view || st.outputs[*w.output] == st.inputs[w.input]);
     }
     if (ok) c.strategies.push_back(std::move(st));

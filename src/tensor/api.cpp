@@ -244,9 +244,7 @@ Placements redistribute_target(const DTensorSpec& spec, const MeshPtr& mesh, con
 // exactly the overlapping index ranges move between the ranks of both.
 at::Tensor redistribute_across_meshes(const at::Tensor& dtensor, const MeshPtr& mesh, const Placements& target) {
   const DTensorSpec& spec = dtensor_impl(dtensor).spec();
-  Placements reduced = spec.placements;
-  for (auto& p : reduced)
-    if (p.is_partial()) p = Replicate();
+  const Placements reduced = partial_as_replicate(spec.placements);
   const at::Tensor source = reduced == spec.placements ? dtensor : redistribute(dtensor, nullptr, reduced);
   const auto& impl = dtensor_impl(source);
   const DTensorSpec to{mesh, target, impl.spec().meta};

@@ -9,18 +9,8 @@
 #include "dtensor/errors.h"
 
 namespace dtensor::detail {
-namespace {
-
 // A gradient is never Partial where its tensor was: it is the same logical value, so the reduced
-// (Replicate) form is the one to hand back.
-Placements partial_as_replicate(const Placements& placements) {
-  Placements out = placements;
-  for (auto& p : out)
-    if (p.is_partial()) p = Placement::replicate();
-  return out;
-}
-
-}  // namespace
+// (Replicate) form (partial_as_replicate) is the one to hand back.
 
 torch::autograd::variable_list FromLocalBackward::apply(torch::autograd::variable_list&& grads) {
   if (!grads[0].defined()) return {at::Tensor()};

@@ -3,8 +3,6 @@
 // zero-size tensors among them); what
 // each rank writes and reads; crash safety and the errors for damaged or mismatched checkpoints.
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -17,17 +15,6 @@ namespace {
 
 namespace fs = std::filesystem;
 namespace ckpt = dtensor::checkpoint;
-
-// A directory every rank names alike (the ranks share their launcher as parent), emptied by rank 0.
-fs::path shared_directory(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("dtensor-checkpoint-test-" + std::to_string(getppid())) / name;
-  if (world()->rank() == 0) {
-    fs::remove_all(dir);
-    fs::create_directories(dir.parent_path());
-  }
-  world()->sum_across_ranks(0);
-  return dir;
-}
 
 struct Layout {
   std::string name;

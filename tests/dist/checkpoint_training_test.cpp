@@ -2,8 +2,6 @@
 // tensor parallelism over 4 ranks and loaded into a DP2 x TP2 job: every tensor arrives whole, and the
 // next step equals the uninterrupted job's.
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -36,9 +34,7 @@ void step(TwoLayer& model, torch::optim::Optimizer& optimizer, const at::Tensor&
 at::Tensor whole(const at::Tensor& t) { return is_dtensor(t) ? full_tensor(t) : t; }
 
 TEST_F(CheckpointTrainingTest, OptimizerStateMovesFromTensorParallelToDataTimesTensorParallel) {
-  const fs::path root = fs::temp_directory_path() / ("dtensor-checkpoint-test-" + std::to_string(getppid())) / "training";
-  if (world()->rank() == 0) fs::remove_all(root);
-  world()->sum_across_ranks(0);
+  const fs::path root = shared_directory("training");
   const at::Tensor x = test_tensor({4, 6}, at::kDouble, 3);
   for (const std::string kind : {"adamw", "sgd"}) {
     SCOPED_TRACE(kind);

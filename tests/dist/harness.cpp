@@ -6,6 +6,8 @@
 #include <ATen/record_function.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -68,6 +70,16 @@ void DistTest::TearDown() {
     const std::string outcome(bytes.begin(), bytes.end());
     if (outcome != "ok") ADD_FAILURE() << "rank " << r << " failed:\n" << outcome;
   }
+}
+
+std::filesystem::path shared_directory(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("dtensor-test-" + std::to_string(getppid())) / name;
+  if (world()->rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  world()->sum_across_ranks(0);
+  return dir;
 }
 
 at::Tensor test_tensor(const Shape& shape, at::ScalarType dtype, uint64_t seed) {

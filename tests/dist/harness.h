@@ -10,7 +10,9 @@
 
 #include <ATen/ATen.h>
 
+#include <filesystem>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "dtensor/dtensor.h"
@@ -27,6 +29,10 @@ class DistTest : public ::testing::Test {
  protected:
   void TearDown() override;
 };
+
+// An empty directory every rank names alike (the ranks share their launcher as parent), made anew by
+// rank 0 before every rank returns.
+std::filesystem::path shared_directory(const std::string& name);
 
 // A deterministic integer-valued tensor, the same on every rank for the same seed, so sums and
 // averages in any order are exact in every dtype tested (bfloat16 included).

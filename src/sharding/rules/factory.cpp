@@ -10,10 +10,7 @@ namespace dtensor::rules {
 namespace {
 
 OpStrategy like(const OpSchema& s) {
-  Placements out = s.input(0).placements;
-  for (auto& p : out)
-    if (p.is_partial()) p = Replicate();
-  return {PlacementStrategy{{out}, {s.input(0).placements}, {}}};
+  return {PlacementStrategy{{partial_as_replicate(s.input(0).placements)}, {s.input(0).placements}, {}}};
 }
 
 OpStrategy fresh(const OpSchema& s) {
