@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the tensor-parallel training-step benchmark for TP = 1, 2, 4 and writes bench/results/tp_step.md.
+# Runs the tensor-parallel training-step benchmark for TP = 1, then 2 and 4 on the MPI backend (when
+# dtensor has it) and on Gloo, and writes bench/results/tp_step.md.
 #   bench/tp_step.sh <build-dir> [--rounds R]      (what `./dev bench tp` calls)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -11,36 +12,46 @@ oversubscribed=""
 if ((CORES < 4)); then oversubscribed=" TP=4 runs 4 ranks on these $CORES cores (oversubscribed), so its times include ranks waiting for a core."; fi
 {
   cat <<EOF
-# GPT training step, tensor parallel: dtensor vs hand-written Megatron (CPU, Gloo)
+# GPT training step, tensor parallel: dtensor vs hand-written Megatron (CPU, MPI and Gloo)
 
-Command: \`./dev bench tp${*:+ $*}\` (runs \`bench/tp_step.sh\`, which runs \`dtensor_tp_step_bench --tp N${*:+ $*}\` for N = 1, 2, 4)
+Command: \`./dev bench tp${*:+ $*}\` (runs \`bench/tp_step.sh\`, which runs \`dtensor_tp_step_bench --tp N${*:+ $*}\` for N = 1, then 2 and 4 with the launcher's default backend (MPI through mpirun) and with \`DTENSOR_BACKEND=gloo\`)
 
 - Date: $(date -u '+%Y-%m-%d %H:%M UTC')
 - Machine: $CORES cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), load average $(cut -d' ' -f1-3 /proc/loadavg).$oversubscribed
 
 Method: the GPT demo model (examples/gpt: seq 32, dim 128, 8 heads, 2 layers, ffn 512, the corpus's
-vocabulary, batch 8), every model from the same seed, local ranks talking through Gloo over loopback,
-one intra-op thread per rank. A step is forward, backward, AdamW step and zero_grad, then reading the
+vocabulary, batch 8), every model from the same seed, local ranks talking through the MPI backend
+(Open MPI, shared memory) or Gloo (TCP over loopback), one intra-op thread per rank. A step is forward, backward, AdamW step and zero_grad, then reading the
 loss as a number (what a training loop logs); no gradient clipping. *dtensor*: \`gpt::parallelize\`
 on a 1-d mesh (the TP plan with local activations), \`dtensor::call(model, tokens, targets)\`.
 *hand-written Megatron*: the same GPT as plain per-rank shards of the same weights, Megatron's f/g
 autograd functions over the mesh's c10d process group (all-reduces in place, skipped on one rank as
 Megatron does), a vocabulary-parallel embedding and cross-entropy (all-reduces of the row max, the
-target logit and the sum of exponentials). *plain LibTorch* (TP=1 only): gpt::Gpt without dtensor.
+target logit and the sum of exponentials). *plain LibTorch*: gpt::Gpt without dtensor, in one process;
+at TP>1 rank 0 runs it alone, with one intra-op thread and with one per core, while the other ranks
+sleep in a store wait (they take no core), in the same rounds as the parallel runs.
 Before timing, both parallel runs' first-step losses must equal the single process's (relative 1e-5)
 and their warm-up losses after updates each other's (1e-4). After 5 warm-up steps each, the
 implementations alternate in rounds of 5 steps (the order rotating), 20 rounds by default. Every step
 starts after a barrier; a step's time is the maximum over ranks, and each column is the median over
 steps of that phase's time (maximum over ranks), so phases need not add up to the step. Collectives
-are counted over one step on rank 0 (dtensor's with CommDebugMode). Goal: dtensor's step <= 1.05x
-the hand-written one.
+are counted over one step on rank 0 (dtensor's with CommDebugMode). Goals (issue 12): dtensor's step
+<= 1.02x the hand-written one on the same backend at TP=2 and TP=4; on MPI at TP=2, at least 1.2x the
+tokens/s of one process using every core.
 
 EOF
-  for tp in 1 2 4; do
-    echo "## TP=$tp"
-    echo
-    "$BUILD/bench/dtensor_tp_step_bench" --tp "$tp" "$@"
-    echo
+  echo "## TP=1"
+  echo
+  "$BUILD/bench/dtensor_tp_step_bench" --tp 1 "$@"
+  echo
+  for tp in 2 4; do
+    for backend in default gloo; do
+      if [[ $backend == gloo ]]; then echo "## TP=$tp, Gloo"; else echo "## TP=$tp, launcher's default backend"; fi
+      echo
+      if [[ $backend == gloo ]]; then DTENSOR_BACKEND=gloo "$BUILD/bench/dtensor_tp_step_bench" --tp "$tp" "$@"
+      else "$BUILD/bench/dtensor_tp_step_bench" --tp "$tp" "$@"; fi
+      echo
+    done
   done
 } > "$RESULTS.tmp"
 mv "$RESULTS.tmp" "$RESULTS"

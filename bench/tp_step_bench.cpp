@@ -24,7 +24,9 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 #include "dtensor/comm_debug.h"
@@ -91,7 +93,16 @@ struct Contender {
   std::function<at::Tensor(const gpt::Batch&)> loss;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   int steps_done = 0;  // picks the next batch, so every contender sees the batches in the same order
+  // One process alone (rank 0, with this many intra-op threads) while the other ranks sleep; 0: every
+  // rank runs it.
+  int solo_threads = 0;
 };
+
+// Where the other ranks sleep (a store wait, not a polling collective) while rank 0 runs a solo step.
+c10::intrusive_ptr<c10d::Store>& solo_store() {
+  static c10::intrusive_ptr<c10d::Store> store;
+  return store;
+}
 
 enum Phase { kForward, kBackward, kOptimizer, kLossRead, kStep, kPhases };
 
@@ -115,6 +126,13 @@ StepResult step(Contender& c, const std::vector<gpt::Batch>& batches, const Phas
     return Clock::now();
   };
   tp_group().backend->barrier()->wait();
+  if (c.solo_threads > 0 && tp_group().rank != 0) {  // rank 0 alone: wait without taking a core
+    const std::string done = "solo/" + c.name + "/" + std::to_string(c.steps_done);
+    solo_store()->wait({done});
+    return {0, {}};
+  }
+  const int threads_before = at::get_num_threads();
+  if (c.solo_threads > 0) at::set_num_threads(c.solo_threads);
   const auto start = Clock::now();
   at::Tensor loss = c.loss(batch);
   const auto forward_done = phase_done(kForward);
@@ -125,6 +143,10 @@ StepResult step(Contender& c, const std::vector<gpt::Batch>& batches, const Phas
   const auto optimizer_done = phase_done(kOptimizer);
   const double value = gpt::value_of(loss);
   const auto end = phase_done(kLossRead);
+  if (c.solo_threads > 0) {
+    at::set_num_threads(threads_before);
+    solo_store()->set("solo/" + c.name + "/" + std::to_string(c.steps_done), std::vector<uint8_t>{1});
+  }
   return {value,
           {seconds_between(start, forward_done), seconds_between(forward_done, backward_done),
            seconds_between(backward_done, optimizer_done), seconds_between(optimizer_done, end),
@@ -214,6 +236,7 @@ at::Tensor time_rounds(std::vector<Contender>& contenders, const std::vector<gpt
 }
 
 // One row per contender: the median over steps of each phase; the ratio is to the last contender's step.
+// Then the parallel runs' throughput over the fastest single process (the first contenders).
 void print_table(const std::vector<Contender>& contenders, const at::Tensor& times_ms, int tp,
                  int64_t tokens_per_step) {
   std::printf(
@@ -222,12 +245,20 @@ void print_table(const std::vector<Contender>& contenders, const at::Tensor& tim
   std::printf("|---|--:|--:|--:|--:|--:|--:|--:|--:|\n");
   auto median_ms = [&](size_t c, Phase p) { return times_ms[c].select(-1, p).median().item<double>(); };
   const double hand_ms = median_ms(contenders.size() - 1, kStep);
+  size_t fastest_single = 0;
   for (size_t c = 0; c < contenders.size(); ++c) {
     const double ms = median_ms(c, kStep);
-    std::printf("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.3f |\n", contenders[c].name.c_str(), tp, ms,
-                median_ms(c, kForward), median_ms(c, kBackward), median_ms(c, kOptimizer), median_ms(c, kLossRead),
-                tokens_per_step / (ms * 1e-3), ms / hand_ms);
+    const bool single = c + 2 < contenders.size();
+    if (single && ms < median_ms(fastest_single, kStep)) fastest_single = c;
+    std::printf("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.3f |\n", contenders[c].name.c_str(),
+                single ? 1 : tp, ms, median_ms(c, kForward), median_ms(c, kBackward), median_ms(c, kOptimizer),
+                median_ms(c, kLossRead), tokens_per_step / (ms * 1e-3), ms / hand_ms);
   }
+  if (tp == 1) return;
+  const double single_ms = median_ms(fastest_single, kStep);
+  std::printf("\nTokens/s over the fastest single process (%s): dtensor %.2fx, hand-written %.2fx\n",
+              contenders[fastest_single].name.c_str(), single_ms / median_ms(contenders.size() - 2, kStep),
+              single_ms / hand_ms);
 }
 
 int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
@@ -236,6 +267,10 @@ int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
   const gpt::Config config = gpt::demo_config(corpus);
   const auto mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"tp"}});
   tp_group() = {mesh->group(0), world->rank(), world->size()};
+  solo_store() = world->store();
+  if (world->rank() == 0)
+    std::printf("Backend: %s (ranks started by %s)\n\n", dtensor::to_string(mesh->backend()).c_str(),
+                world->launcher().c_str());
 
   gpt::Batches stream(corpus, kBatch, config.seq_len, kSeed);
   std::vector<gpt::Batch> batches;
@@ -252,11 +287,21 @@ int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
   gpt::parallelize(parallel, mesh);
 
   // The last two are the parallel runs, dtensor then hand-written (the reference of the ratios).
+  // The single-process baselines: at TP=1 in the timed process itself; at TP>1 run by rank 0 alone with
+  // one intra-op thread and with one per core, while the other ranks sleep.
   std::vector<Contender> contenders;
-  if (args.tp == 1)
-    contenders.push_back({"plain LibTorch, 1 process",
-                          [single](const gpt::Batch& b) mutable { return dtensor::call(single, b.tokens, b.targets); },
-                          adamw(single->parameters())});
+  const auto plain = [&](const std::string& name, int solo_threads) {
+    gpt::Gpt model = seeded_model(config);
+    contenders.push_back({name, [model](const gpt::Batch& b) mutable { return dtensor::call(model, b.tokens, b.targets); },
+                          adamw(model->parameters()), 0, solo_threads});
+  };
+  if (args.tp == 1) {
+    plain("plain LibTorch, 1 process", 0);
+  } else {
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    plain("plain LibTorch, 1 process, 1 thread", 1);
+    if (cores > 1) plain("plain LibTorch, 1 process, " + std::to_string(cores) + " threads", cores);
+  }
   contenders.push_back(
       {"dtensor", [parallel](const gpt::Batch& b) mutable { return dtensor::call(parallel, b.tokens, b.targets); },
        adamw(parallel->parameters())});

@@ -159,6 +159,7 @@ int main(int argc, char** argv) {
       } else {
         throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp)");
       }
+      label += " (" + dtensor::to_string(mesh->backend()) + ")";
       // The first mode saves; every mode resumes.
       const Checkpointing checkpointing{args.resume, runs.empty() ? args.save : std::string()};
       runs.emplace_back(label, train(corpus, mesh, args.steps, label, print, checkpointing));

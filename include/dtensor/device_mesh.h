@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/comm_backend.h"
 #include "dtensor/layout.h"
 
 namespace c10d {
@@ -32,8 +33,11 @@ using MeshPtr = std::shared_ptr<const DeviceMesh>;
 
 struct MeshOptions {
   std::vector<std::string> dim_names;  // empty, or one unique name per mesh dim
-  c10::DeviceType device_type = c10::DeviceType::CPU;  // CPU: Gloo; CUDA: NCCL
+  c10::DeviceType device_type = c10::DeviceType::CPU;
   std::optional<std::chrono::milliseconds> timeout;    // collectives on this mesh; default: the world's
+  // Who carries the collectives; Automatic is World::resolve's choice (MPI under mpirun, else Gloo, for
+  // CPU; NCCL for CUDA).
+  CommBackend backend = CommBackend::Automatic;
 };
 
 class DeviceMesh {
@@ -54,6 +58,7 @@ class DeviceMesh {
   const std::vector<int64_t>& ranks() const { return ranks_; }  // row-major
   const std::vector<std::string>& dim_names() const { return dim_names_; }
   c10::DeviceType device_type() const { return device_type_; }
+  CommBackend backend() const { return backend_; }  // resolved: never Automatic
   std::chrono::milliseconds timeout() const { return timeout_; }
   const std::shared_ptr<World>& world() const { return world_; }
 
@@ -105,6 +110,7 @@ class DeviceMesh {
   std::vector<int64_t> ranks_;
   std::vector<std::string> dim_names_;
   c10::DeviceType device_type_;
+  CommBackend backend_;
   std::chrono::milliseconds timeout_;
   std::optional<Shape> coordinate_;
   std::vector<std::shared_ptr<detail::MeshGroup>> groups_;

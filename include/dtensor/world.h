@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/comm_backend.h"
+
 namespace c10d {
 class Store;
 class Backend;
@@ -36,7 +38,8 @@ class World {
   //  - RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (dtensor's launcher and torchrun; with
   //    TORCHELASTIC_USE_AGENT_STORE=True the store server already runs, every rank is a client);
   //  - OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (mpirun; the store is MASTER_ADDR:MASTER_PORT when
-  //    set, else a file store in /tmp keyed by the MPI job id).
+  //    set, else a file store in /tmp keyed by the MPI job id). When dtensor has MPI this also
+  //    initializes it, and CPU meshes then use the MPI backend unless told otherwise.
   // Throws DTensorError naming the variables when none of these is present.
   static std::shared_ptr<World> from_environment(WorldOptions options = {});
 
@@ -49,8 +52,13 @@ class World {
   int size() const { return size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   c10::intrusive_ptr<c10d::Store> store() const;
-  // Which environment started this process: "dtensor", "torchrun", "mpirun" or "manual".
+  // Which environment started this process: "dtensor", "dtensor via mpirun", "torchrun", "mpirun" or
+  // "manual".
   const std::string& launcher() const { return launcher_; }
+  // The backend `requested` means for meshes of `device` in this world. Automatic: CUDA meshes use
+  // NCCL; CPU meshes use DTENSOR_BACKEND (gloo or mpi) when set, else MPI when this world was started
+  // by mpirun and dtensor has MPI, else Gloo. Other values are returned as they are.
+  CommBackend resolve(CommBackend requested, c10::DeviceType device) const;
 
   // The sum of `value` over every rank of the world, on every rank (through the store, so it needs no
   // process group): how the ranks of a job agree on a verdict, so that each exits with it. Every rank
@@ -62,14 +70,16 @@ class World {
   // collective lost; ranks on other hosts are never listed.
   std::vector<int64_t> exited_ranks(const std::vector<int64_t>& ranks) const;
 
-  // A process group over `ranks` (sorted global ranks, this rank among them): Gloo for CPU tensors,
-  // NCCL for CUDA ones when dtensor was built with it. Every member must create groups over the same
-  // rank set in the same order; distinct rank sets never wait on each other.
+  // A process group over `ranks` (sorted global ranks, this rank among them) on `backend` (resolved
+  // as above). Every member must create groups over the same rank set in the same order; distinct
+  // rank sets never wait on each other.
   c10::intrusive_ptr<c10d::Backend> new_group(const std::vector<int64_t>& ranks, c10::DeviceType device,
-                                               std::chrono::milliseconds timeout);
+                                               std::chrono::milliseconds timeout,
+                                               CommBackend backend = CommBackend::Automatic);
   // The same, held for a mesh; World::shutdown shuts it down wherever it still lives.
   std::shared_ptr<detail::MeshGroup> new_mesh_group(const std::vector<int64_t>& ranks, c10::DeviceType device,
-                                                    std::chrono::milliseconds timeout);
+                                                    std::chrono::milliseconds timeout,
+                                                    CommBackend backend = CommBackend::Automatic);
 
   // Shuts down every process group made through this world (meshes built on it then refuse
   // collectives) and closes its store. Creating groups afterwards is an error. Idempotent; the
@@ -82,6 +92,7 @@ class World {
   int size_;
   std::chrono::milliseconds timeout_;
   std::string launcher_ = "manual";
+  bool started_by_mpirun_with_mpi_ = false;  // MPI is initialized and its world is this one
   std::mutex mutex_;
   std::map<std::vector<int64_t>, int> groups_created_;
   int64_t sums_done_ = 0;

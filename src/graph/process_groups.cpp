@@ -28,8 +28,10 @@ RegisteredGroup::RegisteredGroup(const DeviceMesh& mesh, int64_t dim, std::strin
   // A ProcessGroup front for the mesh's backend: the functional collectives talk to ProcessGroups.
   group_ = c10::make_intrusive<c10d::ProcessGroup>(mesh.world()->store(), backend->getRank(), backend->getSize());
   auto& group = group_;
-  const auto type = mesh.device_type() == c10::DeviceType::CUDA ? c10d::ProcessGroup::BackendType::NCCL
-                                                                 : c10d::ProcessGroup::BackendType::GLOO;
+  using Type = c10d::ProcessGroup::BackendType;
+  const Type type = mesh.backend() == CommBackend::Nccl ? Type::NCCL
+                    : mesh.backend() == CommBackend::Mpi ? Type::MPI
+                                                         : Type::GLOO;
   group->setBackend(mesh.device_type(), type, backend);
   group->setDefaultBackend(type);
   group->setGroupName(name_);

@@ -75,6 +75,7 @@ DeviceMesh::DeviceMesh(std::shared_ptr<World> world, Shape shape, std::vector<in
       ranks_(std::move(ranks)),
       dim_names_(std::move(options.dim_names)),
       device_type_(options.device_type),
+      backend_(world_->resolve(options.backend, options.device_type)),
       timeout_(options.timeout.value_or(world_->timeout())) {
   static std::atomic<uint64_t> next_id{1};
   id_ = next_id++;
@@ -101,7 +102,7 @@ void DeviceMesh::create_groups() {
       c[d] = i;
       members.push_back(global_rank_at(c));
     }
-    groups_.push_back(world_->new_mesh_group(members, device_type_, timeout_));
+    groups_.push_back(world_->new_mesh_group(members, device_type_, timeout_, backend_));
   }
 }
 
@@ -172,7 +173,7 @@ MeshPtr DeviceMesh::slice(const std::vector<std::string>& names) const {
       sub_index[k] = 0;
     }
   }
-  MeshOptions options{names, device_type_, timeout_};
+  MeshOptions options{names, device_type_, timeout_, backend_};
   std::shared_ptr<DeviceMesh> sub(new DeviceMesh(world_, std::move(sub_shape), std::move(sub_ranks), std::move(options)));
   for (auto d : dims) sub->groups_.push_back(groups_[static_cast<size_t>(d)]);
   return sub;
@@ -195,7 +196,7 @@ MeshPtr DeviceMesh::bridge_to(const DeviceMesh& other) const {
   };
   MeshPtr bridge = cached(*this);
   if (!bridge) bridge = cached(other);
-  if (!bridge) bridge = create(world_, {static_cast<int64_t>(ranks.size())}, ranks, MeshOptions{{}, device_type_, timeout_});
+  if (!bridge) bridge = create(world_, {static_cast<int64_t>(ranks.size())}, ranks, MeshOptions{{}, device_type_, timeout_, backend_});
   for (const DeviceMesh* mesh : {this, &other}) {
     std::lock_guard<std::mutex> lock(mesh->bridges_mutex_);
     mesh->bridges_[ranks] = bridge;

@@ -7,11 +7,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "dtensor/errors.h"
+
+#ifdef DTENSOR_WITH_MPI
+#include "mpi/mpi_runtime.h"
+#endif
 
 extern char** environ;
 
@@ -23,7 +30,8 @@ bool has_env(const char* name) {
   return v != nullptr && *v != '\0';
 }
 
-std::vector<std::string> child_environment(int rank, int size, int port) {
+// This process's environment without the variables a launcher sets, plus `extra`.
+std::vector<std::string> environment_with(const std::vector<std::string>& extra) {
   static const std::vector<std::string> ours = {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=",
                                                 "MASTER_ADDR=", "MASTER_PORT=", "TORCHELASTIC_USE_AGENT_STORE=",
                                                 "DTENSOR_LAUNCHED="};
@@ -34,19 +42,57 @@ std::vector<std::string> child_environment(int rank, int size, int port) {
     for (const auto& prefix : ours) replaced |= entry.rfind(prefix, 0) == 0;
     if (!replaced) env.push_back(entry);
   }
-  const std::string r = std::to_string(rank), n = std::to_string(size);
-  // The launcher holds the store, like torchrun's agent: every rank connects as a client.
-  for (const auto& kv : {"RANK=" + r, "LOCAL_RANK=" + r, "WORLD_SIZE=" + n, "LOCAL_WORLD_SIZE=" + n,
-                         std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
-                         std::string("TORCHELASTIC_USE_AGENT_STORE=True"), std::string("DTENSOR_LAUNCHED=1")})
-    env.push_back(kv);
+  env.insert(env.end(), extra.begin(), extra.end());
   return env;
 }
 
-pid_t start_rank(char** argv, std::vector<std::string> env) {
-  std::vector<char*> envp;
+// The launcher holds the store, like torchrun's agent: every rank connects as a client.
+std::vector<std::string> store_variables(int port) {
+  return {"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port), "TORCHELASTIC_USE_AGENT_STORE=True",
+          "DTENSOR_LAUNCHED=1"};
+}
+
+std::vector<std::string> rank_environment(int rank, int size, int port) {
+  const std::string r = std::to_string(rank), n = std::to_string(size);
+  auto extra = store_variables(port);
+  for (const auto& kv : {"RANK=" + r, "LOCAL_RANK=" + r, "WORLD_SIZE=" + n, "LOCAL_WORLD_SIZE=" + n}) extra.push_back(kv);
+  return environment_with(extra);
+}
+
+// mpirun's own settings for a job on this host, each only where the user has not set it: shared memory
+// between the ranks (no network probing), no pinning (ranks may outnumber cores, and pinned ranks
+// would then share one core while another idles), yielding while idle when they do outnumber cores,
+// and running as root inside containers.
+std::vector<std::string> mpirun_environment(int nprocs, int port) {
+  auto extra = store_variables(port);
+  const auto set_default = [&](const std::string& name, const std::string& value) {
+    if (!has_env(name.c_str())) extra.push_back(name + "=" + value);
+  };
+  set_default("OMPI_MCA_btl", "self,vader");
+  set_default("OMPI_MCA_hwloc_base_binding_policy", "none");
+  set_default("OMPI_MCA_rmaps_base_oversubscribe", "1");
+  if (nprocs > static_cast<int>(std::thread::hardware_concurrency())) set_default("OMPI_MCA_mpi_yield_when_idle", "1");
+  if (getuid() == 0) {
+    set_default("OMPI_ALLOW_RUN_AS_ROOT", "1");
+    set_default("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+  }
+  return environment_with(extra);
+}
+
+std::string own_executable() {
+  std::vector<char> path(4096);
+  const ssize_t n = readlink("/proc/self/exe", path.data(), path.size() - 1);
+  if (n <= 0) throw std::runtime_error("dtensor launcher: cannot read /proc/self/exe");
+  return std::string(path.data(), static_cast<size_t>(n));
+}
+
+pid_t start_process(const std::string& program, const std::vector<std::string>& args, std::vector<std::string> env) {
+  std::vector<char*> envp, argp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
+  std::vector<std::string> arguments = args;
+  for (auto& a : arguments) argp.push_back(a.data());
+  argp.push_back(nullptr);
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("dtensor launcher: fork failed");
@@ -54,10 +100,27 @@ pid_t start_rank(char** argv, std::vector<std::string> env) {
     // A rank never outlives the launcher, so a killed launcher leaves no stray ranks behind.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(1);
-    execve("/proc/self/exe", argv, envp.data());
+    execve(program.c_str(), argp.data(), envp.data());
     _exit(127);
   }
   return pid;
+}
+
+bool use_mpirun(const LaunchOptions& options) {
+  LaunchVia via = options.via;
+  if (via == LaunchVia::Automatic) {
+    const char* asked = std::getenv("DTENSOR_LAUNCHER");
+    const std::string launcher = asked ? asked : "";
+    if (launcher == "fork") via = LaunchVia::Fork;
+    else if (launcher == "mpirun") via = LaunchVia::Mpirun;
+    else if (!launcher.empty())
+      throw DTensorError("DTENSOR_LAUNCHER='" + launcher + "' is not a launcher; use fork or mpirun");
+  }
+  if (via == LaunchVia::Fork) return false;
+  if (via == LaunchVia::Mpirun && !mpi_built_in())
+    throw DTensorError("the launcher was asked to use mpirun, but dtensor was built without MPI; use DTENSOR_LAUNCHER=fork");
+  const char* backend = std::getenv("DTENSOR_BACKEND");
+  return via == LaunchVia::Mpirun || (mpi_built_in() && !(backend && std::string(backend) == "gloo"));
 }
 
 std::string describe_exit(int status) {
@@ -73,14 +136,29 @@ int launch(char** argv, const LaunchOptions& options) {
   store_options.waitWorkers = false;
   auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
 
+  std::vector<std::string> own_args;
+  for (char** a = argv; *a != nullptr; ++a) own_args.push_back(*a);
+  const std::string self = own_executable();
   std::vector<pid_t> pids;
-  for (int r = 0; r < options.nprocs; ++r)
-    pids.push_back(start_rank(argv, child_environment(r, options.nprocs, store->getPort())));
+  std::vector<std::string> names;  // what each child is, for the messages
+  if (use_mpirun(options)) {
+#ifdef DTENSOR_WITH_MPI
+    std::vector<std::string> args = {DTENSOR_MPIRUN, "-np", std::to_string(options.nprocs), self};
+    args.insert(args.end(), own_args.begin() + 1, own_args.end());
+    pids.push_back(start_process(DTENSOR_MPIRUN, args, mpirun_environment(options.nprocs, store->getPort())));
+    names.push_back("mpirun (" + std::to_string(options.nprocs) + " ranks)");
+#endif
+  } else {
+    for (int r = 0; r < options.nprocs; ++r) {
+      pids.push_back(start_process(self, own_args, rank_environment(r, options.nprocs, store->getPort())));
+      names.push_back("rank " + std::to_string(r));
+    }
+  }
 
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   std::optional<clock::time_point> kill_at;
-  int result = 0, running = options.nprocs;
+  int result = 0, running = static_cast<int>(pids.size());
   while (running > 0) {
     int status = 0;
     const pid_t pid = waitpid(-1, &status, WNOHANG);
@@ -89,11 +167,11 @@ int launch(char** argv, const LaunchOptions& options) {
       const auto found = std::find(pids.begin(), pids.end(), pid);
       if (found == pids.end()) continue;
       --running;
-      const auto rank = found - pids.begin();
+      const auto child = static_cast<size_t>(found - pids.begin());
       *found = -1;
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (!ok) {
-        std::cerr << "dtensor launcher: rank " << rank << " " << describe_exit(status) << std::endl;
+        std::cerr << "dtensor launcher: " << names[child] << " " << describe_exit(status) << std::endl;
         if (result == 0) {
           result = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
           kill_at = clock::now() + options.grace;
@@ -106,7 +184,7 @@ int launch(char** argv, const LaunchOptions& options) {
     if (timed_out || (kill_at && now > *kill_at)) {
       for (size_t r = 0; r < pids.size(); ++r) {
         if (pids[r] <= 0) continue;
-        std::cerr << "dtensor launcher: killing rank " << r
+        std::cerr << "dtensor launcher: killing " << names[r]
                   << (timed_out ? " (the job ran past its time limit)" : " (still running after another rank failed)")
                   << std::endl;
         kill(pids[r], SIGKILL);
@@ -136,6 +214,9 @@ int run_local_ranks(int argc, char** argv, const LaunchOptions& options,
     return body(world);
   } catch (const std::exception& e) {
     std::cerr << "rank " << rank << ": " << e.what() << std::endl;
+#ifdef DTENSOR_WITH_MPI
+    if (detail::mpi::initialized()) detail::mpi::abort_job(1);
+#endif
     return 1;
   }
 }

@@ -2,6 +2,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -10,6 +11,10 @@
 #endif
 
 #include "dtensor/errors.h"
+
+#ifdef DTENSOR_WITH_MPI
+#include "mpi/mpi_backend.h"
+#endif
 
 namespace dtensor::detail {
 namespace {
@@ -28,15 +33,27 @@ std::shared_ptr<::gloo::transport::Device> gloo_device() {
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                     int size, c10::DeviceType device,
+c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const std::vector<int64_t>& ranks, int world_rank,
+                                                     c10::DeviceType device, CommBackend backend,
                                                      std::chrono::milliseconds timeout) {
-  if (device == c10::DeviceType::CPU) {
+  const int rank = static_cast<int>(std::find(ranks.begin(), ranks.end(), world_rank) - ranks.begin());
+  const int size = static_cast<int>(ranks.size());
+  const std::string device_name = c10::DeviceTypeName(device);
+  if (device == c10::DeviceType::CPU && backend == CommBackend::Gloo) {
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
     options->devices.push_back(gloo_device());
     return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
   }
-  if (device == c10::DeviceType::CUDA) {
+  if (device == c10::DeviceType::CPU && backend == CommBackend::Mpi) {
+#ifdef DTENSOR_WITH_MPI
+    return make_mpi_backend(store, ranks, world_rank, timeout);
+#else
+    throw DTensorError("the MPI backend was asked for, but dtensor was built without MPI (CMake did not find it, or "
+                       "-DDTENSOR_WITH_MPI=OFF); install Open MPI (libopenmpi-dev) and rebuild, or use Gloo");
+#endif
+  }
+  if (device == c10::DeviceType::CUDA && backend == CommBackend::Nccl) {
 #ifdef DTENSOR_WITH_NCCL
     auto options = c10d::ProcessGroupNCCL::Options::create();
     options->timeout = timeout;
@@ -46,8 +63,8 @@ c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c1
                        "-DDTENSOR_WITH_NCCL=ON on a machine with the CUDA toolkit, or use a CPU mesh");
 #endif
   }
-  throw DTensorError(std::string("no process group backend for device type ") + c10::DeviceTypeName(device) +
-                     "; DeviceMesh supports CPU (Gloo) and CUDA (NCCL)");
+  throw DTensorError("no " + to_string(backend) + " process groups for " + device_name +
+                     " tensors; CPU meshes use Gloo or MPI, CUDA meshes NCCL");
 }
 
 }  // namespace dtensor::detail

@@ -6,6 +6,10 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "dtensor/comm_backend.h"
 
 namespace c10d {
 class Store;
@@ -14,8 +18,11 @@ class Backend;
 
 namespace dtensor::detail {
 
-c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                                     int size, c10::DeviceType device,
+// `ranks` are the members' sorted world ranks and `world_rank` this process's; `backend` is resolved
+// (not Automatic).
+c10::intrusive_ptr<c10d::Backend> make_process_group(const c10::intrusive_ptr<c10d::Store>& store,
+                                                     const std::vector<int64_t>& ranks, int world_rank,
+                                                     c10::DeviceType device, CommBackend backend,
                                                      std::chrono::milliseconds timeout);
 
 }  // namespace dtensor::detail

@@ -18,6 +18,10 @@
 #include "mesh_group.h"
 #include "process_group_factory.h"
 
+#ifdef DTENSOR_WITH_MPI
+#include "mpi/mpi_runtime.h"
+#endif
+
 namespace dtensor {
 namespace {
 
@@ -141,8 +145,8 @@ void World::shutdown() {
 }
 
 std::shared_ptr<detail::MeshGroup> World::new_mesh_group(const std::vector<int64_t>& ranks, c10::DeviceType device,
-                                                         std::chrono::milliseconds timeout) {
-  auto group = std::make_shared<detail::MeshGroup>(new_group(ranks, device, timeout));
+                                                         std::chrono::milliseconds timeout, CommBackend backend) {
+  auto group = std::make_shared<detail::MeshGroup>(new_group(ranks, device, timeout, backend));
   std::lock_guard<std::mutex> lock(mutex_);
   std::erase_if(mesh_groups_, [](const auto& g) { return g.expired(); });
   mesh_groups_.push_back(group);
@@ -163,7 +167,9 @@ std::shared_ptr<World> World::from_environment(WorldOptions options) {
     const int rank = env_int("OMPI_COMM_WORLD_RANK"), size = env_int("OMPI_COMM_WORLD_SIZE");
     c10::intrusive_ptr<c10d::Store> store;
     if (env("MASTER_ADDR") && env("MASTER_PORT")) {
-      store = tcp_store(rank, size, false, timeout);
+      // dtensor's launcher, when it starts the ranks through mpirun, holds the store itself.
+      const bool launcher_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+      store = tcp_store(rank, size, launcher_store, timeout);
     } else {
       // One mpirun job = one id; all its ranks share this machine's /tmp when run locally.
       const auto job = env("OMPI_MCA_ess_base_jobid").value_or(env("PMIX_NAMESPACE").value_or(""));
@@ -175,7 +181,11 @@ std::shared_ptr<World> World::from_environment(WorldOptions options) {
       store = c10::make_intrusive<c10d::FileStore>(path, size);
     }
     world = std::make_shared<World>(store, rank, size, options);
-    launcher = "mpirun";
+    launcher = env("DTENSOR_LAUNCHED") ? "dtensor via mpirun" : "mpirun";
+#ifdef DTENSOR_WITH_MPI
+    detail::mpi::ensure_initialized(rank, size);
+    world->started_by_mpirun_with_mpi_ = true;
+#endif
   } else {
     throw DTensorError("this process was not started as a rank: set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
                        "(torchrun does), run under mpirun, or start the program through dtensor::run_local_ranks");
@@ -208,8 +218,24 @@ int64_t World::sum_across_ranks(int64_t value) {
   return total;
 }
 
+CommBackend World::resolve(CommBackend requested, c10::DeviceType device) const {
+  if (requested != CommBackend::Automatic) return requested;
+  if (device == c10::DeviceType::CUDA) return CommBackend::Nccl;
+  if (const auto name = env("DTENSOR_BACKEND")) {
+    if (*name == "gloo") return CommBackend::Gloo;
+    if (*name == "mpi") return CommBackend::Mpi;
+    throw DTensorError("DTENSOR_BACKEND='" + *name + "' is not a backend for CPU meshes; use gloo or mpi");
+  }
+  return started_by_mpirun_with_mpi_ ? CommBackend::Mpi : CommBackend::Gloo;
+}
+
 c10::intrusive_ptr<c10d::Backend> World::new_group(const std::vector<int64_t>& ranks, c10::DeviceType device,
-                                                   std::chrono::milliseconds timeout) {
+                                                   std::chrono::milliseconds timeout, CommBackend backend) {
+  backend = resolve(backend, device);
+  if (backend == CommBackend::Mpi && mpi_built_in() && !started_by_mpirun_with_mpi_)
+    throw DTensorError("rank " + std::to_string(rank_) + ": the MPI backend needs a world started by mpirun (" +
+                       launcher_ + " started this one): run the job under mpirun, or through dtensor's launcher "
+                       "with DTENSOR_LAUNCHER=mpirun, or use Gloo (DTENSOR_BACKEND=gloo)");
   const auto me = std::find(ranks.begin(), ranks.end(), rank_);
   if (me == ranks.end()) throw DTensorError("World::new_group: rank " + std::to_string(rank_) + " is not a member");
   int serial = 0;
@@ -223,8 +249,7 @@ c10::intrusive_ptr<c10d::Backend> World::new_group(const std::vector<int64_t>& r
   for (auto r : ranks) prefix += "-" + std::to_string(r);
   prefix += "/" + std::to_string(serial);
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, this->store());
-  return detail::make_process_group(store, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()),
-                                    device, timeout);
+  return detail::make_process_group(store, ranks, rank_, device, backend, timeout);
 }
 
 }  // namespace dtensor

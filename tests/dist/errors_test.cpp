@@ -93,12 +93,14 @@ TEST_F(DistTest, CollectiveTimeoutNamesOperationAndMeshDim) {
   options.timeout = std::chrono::milliseconds(1500);
   options.dim_names = {"tp"};
   auto m = DeviceMesh::create(world(), {4}, options);  // its own groups: this test leaves them broken
+  at::Tensor dt = make_dtensor_holding(at::zeros({8, 2}), m, {Shard(0)});
   if (world()->rank() == 3) {
-    // Rank 3 never joins the all-gather; it stays alive so the others see a timeout, not a reset.
+    // Rank 3 joins the all-gather only after the others gave up; it stays alive so they see a timeout,
+    // not a reset. Its late call completes what MPI still holds of theirs (Gloo just fails it).
     std::this_thread::sleep_for(std::chrono::milliseconds(4000));
+    error_of([&] { redistribute(dt, {Replicate()}); });
     return;
   }
-  at::Tensor dt = make_dtensor_holding(at::zeros({8, 2}), m, {Shard(0)});
   const std::string error = error_of([&] { redistribute(dt, {Replicate()}); });
   EXPECT_THAT(error, HasSubstr("rank " + std::to_string(world()->rank()) + ": all-gather on mesh dim 0 (tp)"));
   EXPECT_THAT(error, HasSubstr("1.5"));

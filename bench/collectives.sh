@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Collective bandwidth, MPI backend against Gloo and memcpy, at 2 and 4 ranks; writes
+# bench/results/collectives.md.
+#   bench/collectives.sh <build-dir> [--max-mib M] [--seconds S]     (what `./dev bench collectives` calls)
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${1:?usage: bench/collectives.sh <build-dir> [--max-mib M] [--seconds S]}
+shift
+RESULTS=$ROOT/bench/results/collectives.md
+{
+  cat <<EOT
+# Collective bandwidth: dtensor's MPI backend against Gloo and memcpy (one host, CPU)
+
+Command: \`./dev bench collectives${*:+ $*}\` (runs \`bench/collectives.sh\`, which runs \`dtensor_collectives_bench --ranks N${*:+ $*}\` for N = 2, 4)
+
+- Date: $(date -u '+%Y-%m-%d %H:%M UTC')
+- Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), load average $(cut -d' ' -f1-3 /proc/loadavg); $(mpirun --version 2>/dev/null | head -1).
+
+Method: one job of N local ranks started through mpirun (dtensor's launcher), one intra-op thread per
+rank, two 1-d meshes over the same ranks: one on Gloo (TCP over loopback), one on the MPI backend
+(Open MPI, shared memory). Float32 tensors; bandwidth is the whole tensor's bytes over the time
+(nccl-tests' algorithm bandwidth): an all-gather's output, an all-reduce's tensor, a reduce-scatter's
+or all-to-all's input. A time is the slowest rank's, from a barrier, for one call through the c10d
+backend, the median over repetitions (at least 3, up to 0.5 s); which backend goes first alternates.
+*memcpy*: rank 0 copies the same number of bytes (at::Tensor::copy_) while the other ranks sleep,
+the median of its repetitions: one process's copy bandwidth on this host. Goal: all-gather >= 0.6x
+memcpy.
+
+EOT
+  for ranks in 2 4; do
+    echo "## $ranks ranks"
+    echo
+    "$BUILD/bench/dtensor_collectives_bench" --ranks "$ranks" "$@"
+    echo
+  done
+} > "$RESULTS.tmp"
+mv "$RESULTS.tmp" "$RESULTS"
+cat "$RESULTS"

@@ -1,0 +1,26 @@
+#pragma once
+// A c10d backend over MPI for CPU tensors: one MPI communicator per group of ranks. Collectives are
+// started non-blocking and completed in Work::wait, which polls MPI (yielding the core when ranks
+// outnumber cores) and fails with an error after the group's timeout instead of hanging.
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+namespace c10d {
+class Backend;
+class Store;
+}  // namespace c10d
+
+namespace dtensor::detail {
+
+// A backend over the sorted world ranks `ranks` (MPI_COMM_WORLD ranks; this rank among them). Every
+// member must call it for the same rank set in the same order; the members meet through `store` first,
+// so a member that never comes fails the others after `timeout` rather than hanging them.
+c10::intrusive_ptr<c10d::Backend> make_mpi_backend(const c10::intrusive_ptr<c10d::Store>& store,
+                                                   const std::vector<int64_t>& ranks, int world_rank,
+                                                   std::chrono::milliseconds timeout);
+
+}  // namespace dtensor::detail

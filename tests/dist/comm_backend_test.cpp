@@ -1,0 +1,248 @@
+// The process-group backends dtensor runs on, through c10d's Backend interface (what every collective
+// of dtensor calls): each collective against a single-process oracle built from every rank's inputs,
+// on Gloo always and on MPI when the job runs under mpirun (dtensor's launcher uses it when built
+// with MPI), on a 1-d mesh and along both dims of a 2-d one.
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <map>
+#include <numeric>
+#include <thread>
+
+#include "harness.h"
+
+namespace dtensor::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+bool mpi_available() { return mpi_built_in() && world()->launcher().find("mpirun") != std::string::npos; }
+
+std::vector<CommBackend> backends() {
+  std::vector<CommBackend> out{CommBackend::Gloo};
+  if (mpi_available()) out.push_back(CommBackend::Mpi);
+  return out;
+}
+
+// A mesh of its own per backend and shape (cached: every rank asks in the same order).
+MeshPtr mesh_on(CommBackend backend, const Shape& shape) {
+  static std::map<std::pair<CommBackend, Shape>, MeshPtr> meshes;
+  auto& m = meshes[{backend, shape}];
+  if (!m) m = DeviceMesh::create(world(), shape, {.backend = backend});
+  return m;
+}
+
+// The members of this rank's group along `dim`, in group order (their global ranks).
+std::vector<int64_t> members(const MeshPtr& mesh, int64_t dim) {
+  std::vector<int64_t> out;
+  Shape c = *mesh->coordinate();
+  for (int64_t i = 0; i < mesh->size(dim); ++i) {
+    c[dim] = i;
+    out.push_back(mesh->global_rank_at(c));
+  }
+  return out;
+}
+
+// What global rank `r` contributes: small integers, so every reduction is exact in every dtype.
+at::Tensor input_of(int64_t r, const Shape& shape, at::ScalarType dtype) {
+  at::Tensor t = test_tensor(shape, at::kFloat, 100 + static_cast<uint64_t>(r)).remainder(5) - 2;
+  return dtype == at::kBool ? t.gt(0) : t.to(dtype);
+}
+
+at::Tensor reduce_oracle(const std::vector<int64_t>& group, const Shape& shape, at::ScalarType dtype,
+                         c10d::ReduceOp::RedOpType op) {
+  at::Tensor acc = input_of(group[0], shape, dtype).to(at::kDouble);
+  for (size_t i = 1; i < group.size(); ++i) {
+    const at::Tensor x = input_of(group[i], shape, dtype).to(at::kDouble);
+    if (op == c10d::ReduceOp::SUM) acc = dtype == at::kBool ? acc.logical_or(x).to(at::kDouble) : acc + x;
+    else if (op == c10d::ReduceOp::PRODUCT) acc = acc * x;
+    else if (op == c10d::ReduceOp::MAX) acc = at::maximum(acc, x);
+    else acc = at::minimum(acc, x);
+  }
+  return acc.to(dtype);
+}
+
+class CommBackendTest : public DistTest {};
+
+TEST_F(CommBackendTest, EveryCollectiveMatchesTheOracle) {
+  const int64_t me = world()->rank();
+  for (const CommBackend backend : backends()) {
+    for (const Shape& shape : {Shape{4}, Shape{2, 2}}) {
+      const MeshPtr mesh = mesh_on(backend, shape);
+      ASSERT_EQ(mesh->backend(), backend);
+      for (int64_t dim = 0; dim < mesh->ndim(); ++dim) {
+        SCOPED_TRACE(to_string(backend) + " mesh " + mesh->str() + " dim " + std::to_string(dim));
+        auto group = mesh->group(dim);
+        const auto ranks = members(mesh, dim);
+        const int64_t n = static_cast<int64_t>(ranks.size());
+        const int64_t index = (*mesh->coordinate())[dim];
+
+        // all-reduce, every dtype and reduction dtensor uses
+        for (const auto dtype : {at::kFloat, at::kDouble, at::kLong, at::kInt, at::kBFloat16, at::kHalf}) {
+          for (const auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::MAX, c10d::ReduceOp::MIN, c10d::ReduceOp::PRODUCT}) {
+            std::vector<at::Tensor> t{input_of(me, {3, 5}, dtype)};
+            c10d::AllreduceOptions options;
+            options.reduceOp = op;
+            group->allreduce(t, options)->wait();
+            EXPECT_TRUE(tensors_equal(t[0], reduce_oracle(ranks, {3, 5}, dtype, op))) << c10::toString(dtype) << " op " << int(op);
+          }
+        }
+        // all-gather of uneven-looking (3 x 5) blocks
+        {
+          at::Tensor in = input_of(me, {3, 5}, at::kFloat), out = at::empty({3 * n, 5});
+          group->all_gather_single(out, in)->wait();
+          std::vector<at::Tensor> expected;
+          for (auto r : ranks) expected.push_back(input_of(r, {3, 5}, at::kFloat));
+          EXPECT_TRUE(tensors_equal(out, at::cat(expected)));
+        }
+        // reduce-scatter: block i of everyone's input, summed, lands on member i
+        {
+          at::Tensor in = input_of(me, {2 * n, 3}, at::kFloat), out = at::empty({2, 3});
+          group->reduce_scatter_single(out, in)->wait();
+          EXPECT_TRUE(tensors_equal(out, reduce_oracle(ranks, {2 * n, 3}, at::kFloat, c10d::ReduceOp::SUM).narrow(0, 2 * index, 2)));
+        }
+        // all-to-all with uneven splits: member i sends (i + j) % 3 rows to member j (zero included)
+        {
+          const auto rows = [](int64_t from, int64_t to) { return (from + to) % 3; };
+          std::vector<int64_t> send, recv;
+          for (int64_t j = 0; j < n; ++j) {
+            send.push_back(rows(index, j));
+            recv.push_back(rows(j, index));
+          }
+          const auto total = [](const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); };
+          at::Tensor in = input_of(me, {total(send), 4}, at::kDouble), out = at::empty({total(recv), 4}, at::kDouble);
+          group->all_to_all_single(out, in, recv, send)->wait();
+          std::vector<at::Tensor> expected;
+          for (int64_t j = 0; j < n; ++j) {
+            int64_t offset = 0;  // where member j's rows for this member start in its input
+            for (int64_t k = 0; k < index; ++k) offset += rows(j, k);
+            int64_t their_total = 0;
+            for (int64_t k = 0; k < n; ++k) their_total += rows(j, k);
+            expected.push_back(input_of(ranks[j], {their_total, 4}, at::kDouble).narrow(0, offset, rows(j, index)));
+          }
+          EXPECT_TRUE(tensors_equal(out, at::cat(expected)));
+        }
+        // broadcast from the last member, scatter from the first
+        {
+          std::vector<at::Tensor> t{input_of(me, {7}, at::kLong)};
+          c10d::BroadcastOptions options;
+          options.rootRank = n - 1;
+          group->broadcast(t, options)->wait();
+          EXPECT_TRUE(tensors_equal(t[0], input_of(ranks[n - 1], {7}, at::kLong)));
+        }
+        {
+          std::vector<at::Tensor> out{at::empty({2, 3})};
+          std::vector<std::vector<at::Tensor>> chunks;
+          if (index == 0) {
+            chunks.emplace_back();
+            for (int64_t j = 0; j < n; ++j) chunks[0].push_back(input_of(1000 + j, {2, 3}, at::kFloat));
+          }
+          c10d::ScatterOptions options;
+          options.rootRank = 0;
+          group->scatter(out, chunks, options)->wait();
+          EXPECT_TRUE(tensors_equal(out[0], input_of(1000 + index, {2, 3}, at::kFloat)));
+        }
+        // send/recv around the ring, then a barrier
+        {
+          std::vector<at::Tensor> outgoing{input_of(me, {5}, at::kFloat)}, incoming{at::empty({5})};
+          const int next = static_cast<int>((index + 1) % n), previous = static_cast<int>((index + n - 1) % n);
+          auto sent = group->send(outgoing, next, 7);
+          group->recv(incoming, previous, 7)->wait();
+          sent->wait();
+          EXPECT_TRUE(tensors_equal(incoming[0], input_of(ranks[static_cast<size_t>(previous)], {5}, at::kFloat)));
+          group->barrier()->wait();
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CommBackendTest, MpiReducesBoolAndRefusesWhatItCannotReduce) {
+  if (!mpi_available()) GTEST_SKIP() << "not under mpirun (DTENSOR_LAUNCHER=fork or no MPI): Gloo only";
+  const MeshPtr mesh = mesh_on(CommBackend::Mpi, {4});
+  auto group = mesh->group(0);
+  const std::vector<int64_t> ranks{0, 1, 2, 3};
+  for (const auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::MAX, c10d::ReduceOp::MIN}) {
+    std::vector<at::Tensor> t{input_of(world()->rank(), {6}, at::kBool)};
+    c10d::AllreduceOptions options;
+    options.reduceOp = op;
+    group->allreduce(t, options)->wait();
+    const auto expected = op == c10d::ReduceOp::MIN ? reduce_oracle(ranks, {6}, at::kBool, c10d::ReduceOp::MIN)
+                                                    : reduce_oracle(ranks, {6}, at::kBool, c10d::ReduceOp::SUM);
+    EXPECT_TRUE(tensors_equal(t[0], expected));
+  }
+  std::vector<at::Tensor> t{at::ones({3}, at::kFloat)};
+  c10d::AllreduceOptions avg;
+  avg.reduceOp = c10d::ReduceOp::AVG;
+  EXPECT_THAT(error_of([&] { group->allreduce(t, avg)->wait(); }), HasSubstr("cannot all-reduce Float tensors with AVG"));
+  at::Tensor strided = at::ones({4, 4}).t();
+  std::vector<at::Tensor> s{strided};
+  EXPECT_THAT(error_of([&] { group->allreduce(s)->wait(); }), HasSubstr("the output tensor must be contiguous"));
+}
+
+// Under mpirun CPU meshes default to MPI (DTENSOR_BACKEND=gloo says otherwise), and meshes of both
+// backends work side by side on the same ranks, giving equal results.
+TEST_F(CommBackendTest, MeshesOfBothBackendsAgree) {
+  const char* asked = std::getenv("DTENSOR_BACKEND");
+  const CommBackend expected_default =
+      asked ? (std::string(asked) == "mpi" ? CommBackend::Mpi : CommBackend::Gloo)
+            : (mpi_available() ? CommBackend::Mpi : CommBackend::Gloo);
+  EXPECT_EQ(mesh({4})->backend(), expected_default);
+  const at::Tensor full = test_tensor({7, 6}, at::kFloat, 11);
+  for (const CommBackend backend : backends()) {
+    SCOPED_TRACE(to_string(backend));
+    const MeshPtr m = mesh_on(backend, {2, 2});
+    at::Tensor dt = make_dtensor_holding(full, m, {Partial(), Shard(1)}, 3);
+    EXPECT_TRUE(tensors_equal(full_tensor(redistribute(dt, {Shard(0), Replicate()})), full));
+  }
+}
+
+// A collective a peer never joins fails on the others after the mesh's timeout with this rank, the
+// operation and the mesh dim, and the group refuses further collectives rather than mixing them up.
+// MPI keeps the abandoned collective: when the peer joins late, it completes as soon as the first
+// rank drives MPI again, so the job still finalizes cleanly.
+TEST_F(CommBackendTest, MpiCollectiveThatTimesOutFailsAndPoisonsItsGroup) {
+  if (!mpi_available()) GTEST_SKIP() << "not under mpirun (DTENSOR_LAUNCHER=fork or no MPI): Gloo only";
+  MeshOptions options{.dim_names = {"pair"}, .timeout = std::chrono::milliseconds(1000), .backend = CommBackend::Mpi};
+  auto pair = DeviceMesh::create(world(), {2}, {0, 1}, options);
+  auto witness = DeviceMesh::create(world(), {2}, {0, 2}, options);  // drives MPI on rank 0 below
+  const int64_t me = world()->rank();
+  const std::string late_done = "comm_backend_test/late-all-reduce-done";
+  // Rank 1 completes only while rank 0 makes MPI progress: rank 0 and 2 all-reduce "has rank 1
+  // finished?" until both see yes (the same answer on both, so they stop together).
+  const auto drive_until_rank1_done = [&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (bool done = false; !done;) {
+      std::vector<at::Tensor> flag{at::full({1}, world()->store()->check({late_done}) ? 1 : 0, at::kInt)};
+      c10d::AllreduceOptions max;
+      max.reduceOp = c10d::ReduceOp::MAX;
+      witness->group(0)->allreduce(flag, max)->wait(std::chrono::seconds(40));
+      done = flag[0].item<int>() == 1 || std::chrono::steady_clock::now() > deadline;
+    }
+  };
+  if (me == 2) drive_until_rank1_done();
+  if (me > 1) return;
+  at::Tensor dt = make_dtensor_holding(at::ones({4}), pair, {Partial()});
+  if (me == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    std::vector<at::Tensor> t{to_local(dt).clone()};
+    pair->group(0)->allreduce(t)->wait(std::chrono::seconds(30));
+    EXPECT_TRUE(tensors_equal(t[0], at::ones({4})));
+    world()->store()->set(late_done, std::vector<uint8_t>{1});
+    return;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  const std::string error = error_of([&] { redistribute(dt, {Replicate()}); });
+  EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(1000));
+  EXPECT_THAT(error, HasSubstr("rank 0: all-reduce on mesh dim 0 (pair) of DeviceMesh([0, 1], names=(pair))"));
+  EXPECT_THAT(error, HasSubstr("no answer within the time limit of 1.0"));
+  EXPECT_THAT(error, HasSubstr("MPI all-reduce did not complete"));
+  EXPECT_THAT(error_of([&] { redistribute(dt, {Replicate()}); }), HasSubstr("its communicator is unusable"));
+  drive_until_rank1_done();
+  EXPECT_TRUE(world()->store()->check({late_done}));
+}
+
+}  // namespace
+}  // namespace dtensor::testing
