@@ -116,7 +116,7 @@ std::vector<Case> make_cases() {
          std::vector<int64_t> equal_splits;  // empty: every member gets the same count
          g.all_to_all_single(out, in, equal_splits, equal_splits)->wait();
        }},
-      // What a hand-written program must run: Gloo takes one contiguous send buffer, so the column
+      // What a hand-written program must run: c10d takes one contiguous send buffer, so the column
       // block for each member is packed into it first.
       {"S(0)->S(1)", Shard(0), Shard(1), "pack + all_to_all_single",
        [](c10d::Backend& g, at::Tensor& in) {
@@ -286,8 +286,9 @@ int bench(const std::shared_ptr<dtensor::World>& world, const Options& options) 
   auto group = mesh->group(0);
   const bool rank0 = world->rank() == 0;
   if (rank0)
-    std::printf("LibTorch %s, Gloo, 1-d mesh of %d ranks, %d intra-op thread(s) per rank.\n\n",
-                DTENSOR_BENCH_TORCH_VERSION, options.ranks, at::get_num_threads());
+    std::printf("LibTorch %s, %s backend (ranks started by %s), 1-d mesh of %d ranks, %d intra-op thread(s) per rank.\n\n",
+                DTENSOR_BENCH_TORCH_VERSION, dtensor::to_string(mesh->backend()).c_str(), world->launcher().c_str(),
+                options.ranks, at::get_num_threads());
   run_throughput(*group, mesh, options, rank0);
   if (rank0) print_planning(mesh, options.ranks);
   barrier(*group);

@@ -13,7 +13,7 @@ RESULTS=${DTENSOR_BENCH_RESULTS:-$ROOT/bench/results/redistribute.md}
 
 header() {
   cat <<EOF
-# Redistribute throughput vs raw c10d (CPU, Gloo)
+# Redistribute throughput vs raw c10d (CPU; the launcher's default backend: MPI when dtensor has it)
 
 Command: \`./dev bench${*:+ $*}\` (runs \`bench/run.sh\`, which runs \`dtensor_redistribute_bench --ranks N\` for N = 2, 4)
 
@@ -21,16 +21,19 @@ Command: \`./dev bench${*:+ $*}\` (runs \`bench/run.sh\`, which runs \`dtensor_r
 - Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo) RAM, Linux $(uname -r)
 - Load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)
 
-Method: all ranks are local processes on this machine, talking through Gloo over loopback TCP, on a
+Method: all ranks are local processes on this machine, talking through the backend each section names
+(MPI through mpirun by default; \`DTENSOR_BACKEND=gloo ./dev bench redistribute\` for Gloo), on a
 1-d mesh of N ranks. *MiB/rank* is the size of each rank's local input, a float32 [rows, 1024]
 tensor (even shards, no padding). Each DTensor \`redistribute\` call is timed next to the c10d call a
 hand-written program would make for the same bytes, interleaved in the same process (alternating
 which goes first), each after a barrier; the figures are rank 0's medians. The baselines allocate
-their output like \`redistribute\` must; the all-reduce runs in place. *P->R (donated)* moves the
+their output like \`redistribute\` must; the all-reduce runs in place. *P->R* (not donated) must leave
+its input intact: on MPI the all-reduce reads it and writes a new tensor (no copy first), on Gloo a
+copy is reduced in place. *P->R (donated)* moves the
 DTensor in (\`redistribute(std::move(dt), ...)\`), which donates its buffer so the all-reduce runs in
 place too; each call then wraps the result's buffer as the next call's input (timed with the call).
 S(0)->S(1) has two baselines: \`all_to_all_single\` on the input as is moves the same bytes, but row
-blocks rather than the column blocks S(1) needs (a bound no correct program reaches, as Gloo takes one
+blocks rather than the column blocks S(1) needs (a bound no correct program reaches, as c10d takes one
 contiguous send buffer); *pack + all_to_all_single* first packs the column blocks into that buffer, as
 a hand-written program must. Throughput is input bytes per rank / median time.
 *ratio* = raw median / DTensor median (goal >= 0.95; bold when below);

@@ -12,6 +12,10 @@
 #include "dtensor/world.h"
 #include "mesh_group.h"
 
+#ifdef DTENSOR_WITH_MPI
+#include "mpi/mpi_backend.h"
+#endif
+
 namespace dtensor::detail {
 namespace {
 
@@ -108,6 +112,22 @@ void all_reduce_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, Reduce
   options.reduceOp = to_c10d(op);
   run(mesh, dim, "all-reduce", tensor.nbytes(), [&](c10d::Backend& g) { return g.allreduce(tensors, options); });
   if (op == ReduceOp::Avg) divide_for_average(tensor, mesh.size(dim));
+}
+
+at::Tensor all_reduce(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input, ReduceOp op) {
+#ifdef DTENSOR_WITH_MPI
+  if (!alone(mesh, dim) && mesh.backend() == CommBackend::Mpi) {
+    const at::Tensor in = input.contiguous();
+    at::Tensor out = at::empty_like(in, at::MemoryFormat::Contiguous);
+    run(mesh, dim, "all-reduce", in.nbytes(),
+        [&](c10d::Backend& g) { return mpi_all_reduce_into(g, out, in, to_c10d(op)); });
+    if (op == ReduceOp::Avg) divide_for_average(out, mesh.size(dim));
+    return out;
+  }
+#endif
+  at::Tensor out = input.clone(at::MemoryFormat::Contiguous);
+  all_reduce_(mesh, dim, out, op);
+  return out;
 }
 
 void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& dims, at::Tensor& tensor, ReduceOp op) {

@@ -17,6 +17,9 @@ namespace dtensor::detail {
 at::Tensor all_gather(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input);
 // In place; Avg is a sum divided by the group size (truncating for integers, as NCCL does).
 void all_reduce_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, ReduceOp op);
+// The all-reduce of `input` into a new contiguous tensor, `input` unchanged: on MPI the reduction reads
+// `input` and writes the result (no copy first); elsewhere a copy is reduced in place.
+at::Tensor all_reduce(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input, ReduceOp op);
 // all_reduce_ over each of `dims` in turn (the mesh dims a local kernel's partial results span).
 void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& dims, at::Tensor& tensor, ReduceOp op);
 // `input` holds n equal blocks along dim 0 (contiguous); member i gets the reduction of everyone's block i.

@@ -46,10 +46,21 @@ std::vector<std::string> environment_with(const std::vector<std::string>& extra)
   return env;
 }
 
-// The launcher holds the store, like torchrun's agent: every rank connects as a client.
+// Appends NAME=VALUE unless the user set NAME.
+void set_default(std::vector<std::string>& env, const std::string& name, const std::string& value) {
+  if (!has_env(name.c_str())) env.push_back(name + "=" + value);
+}
+
+// The launcher holds the store, like torchrun's agent: every rank connects as a client. glibc keeps
+// freed blocks up to 1 GiB for reuse instead of returning each large one to the kernel: otherwise
+// every tensor over 32 MiB is a fresh mapping whose pages fault in one by one, which made large
+// collectives here 2-3x slower (bench/results/collectives.md). Set the variables to change it.
 std::vector<std::string> store_variables(int port) {
-  return {"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port), "TORCHELASTIC_USE_AGENT_STORE=True",
-          "DTENSOR_LAUNCHED=1"};
+  std::vector<std::string> env = {"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port),
+                                  "TORCHELASTIC_USE_AGENT_STORE=True", "DTENSOR_LAUNCHED=1"};
+  set_default(env, "MALLOC_MMAP_THRESHOLD_", "1073741824");
+  set_default(env, "MALLOC_TRIM_THRESHOLD_", "1073741824");
+  return env;
 }
 
 std::vector<std::string> rank_environment(int rank, int size, int port) {
@@ -65,16 +76,14 @@ std::vector<std::string> rank_environment(int rank, int size, int port) {
 // and running as root inside containers.
 std::vector<std::string> mpirun_environment(int nprocs, int port) {
   auto extra = store_variables(port);
-  const auto set_default = [&](const std::string& name, const std::string& value) {
-    if (!has_env(name.c_str())) extra.push_back(name + "=" + value);
-  };
-  set_default("OMPI_MCA_btl", "self,vader");
-  set_default("OMPI_MCA_hwloc_base_binding_policy", "none");
-  set_default("OMPI_MCA_rmaps_base_oversubscribe", "1");
-  if (nprocs > static_cast<int>(std::thread::hardware_concurrency())) set_default("OMPI_MCA_mpi_yield_when_idle", "1");
+  set_default(extra, "OMPI_MCA_btl", "self,vader");
+  set_default(extra, "OMPI_MCA_hwloc_base_binding_policy", "none");
+  set_default(extra, "OMPI_MCA_rmaps_base_oversubscribe", "1");
+  if (nprocs > static_cast<int>(std::thread::hardware_concurrency()))
+    set_default(extra, "OMPI_MCA_mpi_yield_when_idle", "1");
   if (getuid() == 0) {
-    set_default("OMPI_ALLOW_RUN_AS_ROOT", "1");
-    set_default("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    set_default(extra, "OMPI_ALLOW_RUN_AS_ROOT", "1");
+    set_default(extra, "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
   }
   return environment_with(extra);
 }

@@ -123,12 +123,6 @@ at::Tensor local_chunk_step(const at::Tensor& local, const RedistributeStep& ste
   return local.narrow(d, c.offset, c.size).contiguous();
 }
 
-// The buffer an in-place all-reduce may overwrite: `local` itself when the plan owns it and it is laid
-// out as the collective needs, otherwise a contiguous copy (the caller's tensor must stay intact).
-at::Tensor writable(const at::Tensor& local, Ownership ownership) {
-  if (ownership == Ownership::Donated && local.is_contiguous()) return local;
-  return local.clone(at::MemoryFormat::Contiguous);
-}
 
 at::Tensor run_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh, Direction direction,
                     Ownership ownership) {
@@ -143,9 +137,14 @@ at::Tensor run_step(const at::Tensor& local, const RedistributeStep& step, const
     case StepKind::LocalPartition:
       return partition_replicated(local, mesh, step.mesh_dim, step.to.reduce_op(), direction);
     case StepKind::AllReduce: {
-      at::Tensor out = writable(local, ownership);
-      all_reduce_(mesh, step.mesh_dim, out, step.from.reduce_op());
-      return out;
+      // In place when the plan owns `local` and it is laid out as the collective needs; otherwise the
+      // caller's tensor stays intact.
+      if (ownership == Ownership::Donated && local.is_contiguous()) {
+        at::Tensor out = local;
+        all_reduce_(mesh, step.mesh_dim, out, step.from.reduce_op());
+        return out;
+      }
+      return all_reduce(mesh, step.mesh_dim, local, step.from.reduce_op());
     }
   }
   return local;

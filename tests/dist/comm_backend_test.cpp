@@ -79,16 +79,19 @@ TEST_F(CommBackendTest, EveryCollectiveMatchesTheOracle) {
         const int64_t n = static_cast<int64_t>(ranks.size());
         const int64_t index = (*mesh->coordinate())[dim];
 
-        // all-reduce, every dtype and reduction dtensor uses
-        for (const auto dtype : {at::kFloat, at::kDouble, at::kLong, at::kInt, at::kBFloat16, at::kHalf}) {
-          for (const auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::MAX, c10d::ReduceOp::MIN, c10d::ReduceOp::PRODUCT}) {
-            std::vector<at::Tensor> t{input_of(me, {3, 5}, dtype)};
-            c10d::AllreduceOptions options;
-            options.reduceOp = op;
-            group->allreduce(t, options)->wait();
-            EXPECT_TRUE(tensors_equal(t[0], reduce_oracle(ranks, {3, 5}, dtype, op))) << c10::toString(dtype) << " op " << int(op);
+        // all-reduce, every dtype and reduction dtensor uses; the large shape (over 256 KiB, its element
+        // count not divisible by the group) takes MPI's ring of ATen reductions
+        for (const Shape& data : {Shape{3, 5}, Shape{513, 301}})
+          for (const auto dtype : {at::kFloat, at::kDouble, at::kLong, at::kInt, at::kBFloat16, at::kHalf}) {
+            for (const auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::MAX, c10d::ReduceOp::MIN, c10d::ReduceOp::PRODUCT}) {
+              std::vector<at::Tensor> t{input_of(me, data, dtype)};
+              c10d::AllreduceOptions options;
+              options.reduceOp = op;
+              group->allreduce(t, options)->wait();
+              EXPECT_TRUE(tensors_equal(t[0], reduce_oracle(ranks, data, dtype, op)))
+                  << c10::toString(dtype) << " op " << int(op) << " shape " << data;
+            }
           }
-        }
         // all-gather of uneven-looking (3 x 5) blocks
         {
           at::Tensor in = input_of(me, {3, 5}, at::kFloat), out = at::empty({3 * n, 5});
@@ -97,12 +100,17 @@ TEST_F(CommBackendTest, EveryCollectiveMatchesTheOracle) {
           for (auto r : ranks) expected.push_back(input_of(r, {3, 5}, at::kFloat));
           EXPECT_TRUE(tensors_equal(out, at::cat(expected)));
         }
-        // reduce-scatter: block i of everyone's input, summed, lands on member i
-        {
-          at::Tensor in = input_of(me, {2 * n, 3}, at::kFloat), out = at::empty({2, 3});
-          group->reduce_scatter_single(out, in)->wait();
-          EXPECT_TRUE(tensors_equal(out, reduce_oracle(ranks, {2 * n, 3}, at::kFloat, c10d::ReduceOp::SUM).narrow(0, 2 * index, 2)));
-        }
+        // reduce-scatter: block i of everyone's input, reduced, lands on member i (small and ring-sized)
+        for (const int64_t rows : {int64_t{2}, int64_t{40000}})
+          for (const auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::MAX}) {
+            const at::Tensor in = input_of(me, {rows * n, 3}, at::kFloat), before = in.clone();
+            at::Tensor out = at::empty({rows, 3});
+            c10d::ReduceScatterOptions options;
+            options.reduceOp = op;
+            group->reduce_scatter_single(out, const_cast<at::Tensor&>(in), options)->wait();
+            EXPECT_TRUE(tensors_equal(out, reduce_oracle(ranks, {rows * n, 3}, at::kFloat, op).narrow(0, rows * index, rows)));
+            EXPECT_TRUE(tensors_equal(in, before)) << "reduce-scatter changed its input";
+          }
         // all-to-all with uneven splits: member i sends (i + j) % 3 rows to member j (zero included)
         {
           const auto rows = [](int64_t from, int64_t to) { return (from + to) % 3; };
@@ -196,6 +204,13 @@ TEST_F(CommBackendTest, MeshesOfBothBackendsAgree) {
     const MeshPtr m = mesh_on(backend, {2, 2});
     at::Tensor dt = make_dtensor_holding(full, m, {Partial(), Shard(1)}, 3);
     EXPECT_TRUE(tensors_equal(full_tensor(redistribute(dt, {Shard(0), Replicate()})), full));
+    // A Partial too large for MPI's own reduction (the ring), not donated: reduced out of place, the
+    // input's contributions untouched.
+    const at::Tensor big = test_tensor({300, 301}, at::kFloat, 12);
+    at::Tensor partial = make_dtensor_holding(big, m, {Replicate(), Partial()}, 4);
+    const at::Tensor contribution = to_local(partial).clone();
+    EXPECT_TRUE(tensors_equal(full_tensor(redistribute(partial, {Replicate(), Replicate()})), big));
+    EXPECT_TRUE(tensors_equal(to_local(partial), contribution));
   }
 }
 

@@ -52,14 +52,25 @@ class MpiBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
     at::Tensor& t = single(tensors, "all-reduce");
-    writable(t, "all-reduce");
-    if (size_ > 1 && mpi::ring_reduces(t.scalar_type(), opts.reduceOp.op_) && static_cast<int64_t>(t.nbytes()) >= kRingBytes) {
+    return all_reduce_into(t, t, opts.reduceOp);
+  }
+
+  // In place when `output` is `input`.
+  c10::intrusive_ptr<c10d::Work> all_reduce_into(at::Tensor& output, const at::Tensor& input, const c10d::ReduceOp& op) {
+    writable(output, "all-reduce");
+    const at::Tensor in = readable(input, "all-reduce");
+    expect(in.numel() == output.numel() && in.scalar_type() == output.scalar_type(), "all-reduce",
+           "the output must have the input's size and dtype");
+    const bool in_place = in.data_ptr() == output.data_ptr();
+    if (size_ > 1 && mpi::ring_reduces(in.scalar_type(), op.op_) && static_cast<int64_t>(in.nbytes()) >= kRingBytes) {
       auto comm = communicator("all-reduce");
-      return begin(comm, "all-reduce", {t}, {t}, mpi::ring_all_reduce(comm, t.view({-1}), opts.reduceOp.op_));
+      return begin(comm, "all-reduce", {in, output}, {output},
+                   mpi::ring_all_reduce(comm, in.view({-1}), output.view({-1}), op.op_));
     }
-    return start("all-reduce", {t}, {t}, nullptr, [&](MPI_Comm comm, MPI_Request* request) {
-      const auto how = mpi::reduction_for(t.scalar_type(), opts.reduceOp, "all-reduce");
-      return MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), element_count(t, "all-reduce"), how.type, how.op, comm, request);
+    return start("all-reduce", {in, output}, {output}, nullptr, [&](MPI_Comm comm, MPI_Request* request) {
+      const auto how = mpi::reduction_for(in.scalar_type(), op, "all-reduce");
+      return MPI_Iallreduce(in_place ? MPI_IN_PLACE : in.data_ptr(), output.data_ptr(), element_count(output, "all-reduce"),
+                            how.type, how.op, comm, request);
     });
   }
 
@@ -338,6 +349,13 @@ void meet(c10d::Store& store, const std::vector<int64_t>& ranks, int world_rank,
 }
 
 }  // namespace
+
+c10::intrusive_ptr<c10d::Work> mpi_all_reduce_into(c10d::Backend& backend, at::Tensor& output, const at::Tensor& input,
+                                                   const c10d::ReduceOp& op) {
+  auto* mpi_backend = dynamic_cast<MpiBackend*>(&backend);
+  if (!mpi_backend) throw DTensorError("mpi_all_reduce_into: the process group is " + backend.getBackendName() + ", not MPI");
+  return mpi_backend->all_reduce_into(output, input, op);
+}
 
 c10::intrusive_ptr<c10d::Backend> make_mpi_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                    const std::vector<int64_t>& ranks, int world_rank,

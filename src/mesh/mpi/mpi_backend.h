@@ -3,6 +3,7 @@
 // started non-blocking and completed in Work::wait, which polls MPI (yielding the core when ranks
 // outnumber cores) and fails with an error after the group's timeout instead of hanging.
 
+#include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
@@ -12,6 +13,8 @@
 namespace c10d {
 class Backend;
 class Store;
+class Work;
+struct ReduceOp;
 }  // namespace c10d
 
 namespace dtensor::detail {
@@ -22,5 +25,11 @@ namespace dtensor::detail {
 c10::intrusive_ptr<c10d::Backend> make_mpi_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                    const std::vector<int64_t>& ranks, int world_rank,
                                                    std::chrono::milliseconds timeout);
+
+// The all-reduce of `input` written into `output` (contiguous, of input's shape and dtype) on an MPI
+// backend made above, `input` left as it was and never copied first (c10d's all-reduce is in place
+// only). Throws DTensorError when `backend` is another kind.
+c10::intrusive_ptr<c10d::Work> mpi_all_reduce_into(c10d::Backend& backend, at::Tensor& output, const at::Tensor& input,
+                                                   const c10d::ReduceOp& op);
 
 }  // namespace dtensor::detail

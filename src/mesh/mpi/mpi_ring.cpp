@@ -95,15 +95,16 @@ std::vector<Stage> ring_reduce_scatter(const std::shared_ptr<Communicator>& comm
   });
 }
 
-std::vector<Stage> ring_all_reduce(const std::shared_ptr<Communicator>& comm, const at::Tensor& tensor, RedOp op) {
+std::vector<Stage> ring_all_reduce(const std::shared_ptr<Communicator>& comm, const at::Tensor& input,
+                                   const at::Tensor& output, RedOp op) {
   const int n = comm->size, r = comm->rank;
   std::vector<int64_t> sizes;
-  for (int k = 0; k < n; ++k) sizes.push_back(tensor.numel() / n + (k < tensor.numel() % n ? 1 : 0));
+  for (int k = 0; k < n; ++k) sizes.push_back(input.numel() / n + (k < input.numel() % n ? 1 : 0));
   const auto offsets = offsets_of(sizes);
-  const auto block = [tensor, sizes, offsets](int k) { return tensor.narrow(0, offsets[k], sizes[k]); };
+  const auto block = [output, sizes, offsets](int k) { return output.narrow(0, offsets[k], sizes[k]); };
   const int tag = next_tag(*comm);
-  // Reduced in place: every block is reduced where it lies, member r ending with block r complete.
-  auto stages = reduce_scatter_stages(comm, tensor, sizes, op, tag, [=](int64_t k, bool) { return block(static_cast<int>(k)); });
+  // Every block is reduced into its place in the output, member r ending with block r complete.
+  auto stages = reduce_scatter_stages(comm, input, sizes, op, tag, [=](int64_t k, bool) { return block(static_cast<int>(k)); });
   // Then the complete blocks go around: step s sends block (r-s) and receives block (r-s-1).
   for (int s = 0; s + 1 < n; ++s) {
     const int send_k = modulo(r - s, n), recv_k = modulo(r - s - 1, n);

@@ -24,8 +24,9 @@ std::vector<Stage> ring_reduce_scatter(const std::shared_ptr<Communicator>& comm
                                        const at::Tensor& output, std::vector<int64_t> block_sizes,
                                        c10d::ReduceOp::RedOpType op);
 
-// The stages of an all-reduce of flat contiguous `tensor`, in place.
-std::vector<Stage> ring_all_reduce(const std::shared_ptr<Communicator>& comm, const at::Tensor& tensor,
-                                   c10d::ReduceOp::RedOpType op);
+// The stages of an all-reduce of flat contiguous `input` into `output` (the same tensor, or a flat
+// contiguous one of its size, leaving `input` as it was).
+std::vector<Stage> ring_all_reduce(const std::shared_ptr<Communicator>& comm, const at::Tensor& input,
+                                   const at::Tensor& output, c10d::ReduceOp::RedOpType op);
 
 }  // namespace dtensor::detail::mpi
