@@ -70,9 +70,13 @@ void erase_if_unused(Graph& graph, Value* v) {
 }  // namespace
 
 int lift_merged_batch_matmuls(Graph& graph) {
+  // The bmms first: lifting one erases its split view, a node further down the graph, so a walk over
+  // every node would reach it after it was freed. Lifting erases nothing downstream of a later bmm.
+  std::vector<Node*> bmms;
+  for (Node* n : graph.nodes())
+    if (n->op && n->op_name() == "aten::bmm") bmms.push_back(n);
   int lifted = 0;
-  for (Node* bmm : graph.nodes()) {
-    if (!bmm->op || bmm->op_name() != "aten::bmm") continue;
+  for (Node* bmm : bmms) {
     const auto users = graph.users(bmm->outputs[0]);
     if (users.size() != 1 || !is_view(users[0])) continue;
     Node* split = users[0];
