@@ -5,6 +5,7 @@
 // Rank 0 prints a markdown table; bench/tp_step.sh (./dev bench tp) runs TP = 1, 2, 4.
 //
 //   dtensor_tp_step_bench [--tp N] [--rounds R]
+//   DTENSOR_BENCH_OP_COUNTS=1 also lists the DTensor ops one step dispatches, most frequent first.
 //
 // A timed step is forward, backward, AdamW step, zero_grad, and reading the loss as a number (what a
 // training loop logs; gpt::train_step without gradient clipping, which is benchmarked elsewhere).
@@ -19,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -198,6 +200,14 @@ void print_collectives(Contender& dtensor_run, Contender& hand, const std::vecto
       for (const auto& [kind, n] : kinds) dtensor_detail += "; " + op + " " + kind + " x" + std::to_string(n);
     for (const auto& c : debug.collectives()) dtensor_bytes += c.bytes;
     dtensor_ops = static_cast<int64_t>(debug.ops().size());
+    if (std::getenv("DTENSOR_BENCH_OP_COUNTS") && tp_group().rank == 0) {  // which ops a step dispatches
+      std::map<std::string, int> counts;
+      for (const auto& op : debug.ops()) ++counts[op];
+      std::vector<std::pair<int, std::string>> sorted;
+      for (const auto& [op, n] : counts) sorted.emplace_back(n, op);
+      std::sort(sorted.rbegin(), sorted.rend());
+      for (const auto& [n, op] : sorted) std::printf("  %4d %s\n", n, op.c_str());
+    }
   }
   TpGroup& group = tp_group();
   group.all_reduces.clear();
