@@ -4,12 +4,9 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <algorithm>
-#include <atomic>
 #include <climits>
 #include <functional>
 #include <stdexcept>
-#include <thread>
 
 #include "dtensor/errors.h"
 #include "mpi_ring.h"
