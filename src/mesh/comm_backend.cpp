@@ -1,5 +1,10 @@
 #include "dtensor/comm_backend.h"
 
+#include <cstdlib>
+
+#include "backend_environment.h"
+#include "dtensor/errors.h"
+
 namespace dtensor {
 
 std::string to_string(CommBackend backend) {
@@ -19,5 +24,18 @@ bool mpi_built_in() {
   return false;
 #endif
 }
+
+namespace detail {
+
+std::optional<CommBackend> backend_from_environment() {
+  const char* value = std::getenv("DTENSOR_BACKEND");
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  const std::string name = value;
+  if (name == "gloo") return CommBackend::Gloo;
+  if (name == "mpi") return CommBackend::Mpi;
+  throw DTensorError("DTENSOR_BACKEND='" + name + "' is not a backend for CPU meshes; use gloo or mpi");
+}
+
+}  // namespace detail
 
 }  // namespace dtensor

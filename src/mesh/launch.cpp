@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend_environment.h"
 #include "dtensor/errors.h"
 
 #ifdef DTENSOR_WITH_MPI
@@ -128,8 +129,7 @@ bool use_mpirun(const LaunchOptions& options) {
   if (via == LaunchVia::Fork) return false;
   if (via == LaunchVia::Mpirun && !mpi_built_in())
     throw DTensorError("the launcher was asked to use mpirun, but dtensor was built without MPI; use DTENSOR_LAUNCHER=fork");
-  const char* backend = std::getenv("DTENSOR_BACKEND");
-  return via == LaunchVia::Mpirun || (mpi_built_in() && !(backend && std::string(backend) == "gloo"));
+  return via == LaunchVia::Mpirun || (mpi_built_in() && detail::backend_from_environment() != CommBackend::Gloo);
 }
 
 std::string describe_exit(int status) {
@@ -215,7 +215,14 @@ bool started_as_rank() {
 int run_local_ranks(int argc, char** argv, const LaunchOptions& options,
                     const std::function<int(const std::shared_ptr<World>&)>& body) {
   (void)argc;
-  if (!started_as_rank()) return launch(argv, options);
+  if (!started_as_rank()) {
+    try {
+      return launch(argv, options);
+    } catch (const std::exception& e) {  // a bad DTENSOR_LAUNCHER or DTENSOR_BACKEND, a failed fork
+      std::cerr << "dtensor launcher: " << e.what() << std::endl;
+      return 2;
+    }
+  }
   int rank = -1;
   try {
     auto world = World::from_environment();

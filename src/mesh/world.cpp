@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "dtensor/errors.h"
+#include "backend_environment.h"
 #include "mesh_group.h"
 #include "process_group_factory.h"
 
@@ -221,11 +222,7 @@ int64_t World::sum_across_ranks(int64_t value) {
 CommBackend World::resolve(CommBackend requested, c10::DeviceType device) const {
   if (requested != CommBackend::Automatic) return requested;
   if (device == c10::DeviceType::CUDA) return CommBackend::Nccl;
-  if (const auto name = env("DTENSOR_BACKEND")) {
-    if (*name == "gloo") return CommBackend::Gloo;
-    if (*name == "mpi") return CommBackend::Mpi;
-    throw DTensorError("DTENSOR_BACKEND='" + *name + "' is not a backend for CPU meshes; use gloo or mpi");
-  }
+  if (const auto asked = detail::backend_from_environment()) return *asked;
   return started_by_mpirun_with_mpi_ ? CommBackend::Mpi : CommBackend::Gloo;
 }
 

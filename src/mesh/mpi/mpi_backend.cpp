@@ -59,7 +59,7 @@ class MpiBackend final : public c10d::Backend {
     expect(in.numel() == output.numel() && in.scalar_type() == output.scalar_type(), "all-reduce",
            "the output must have the input's size and dtype");
     const bool in_place = in.data_ptr() == output.data_ptr();
-    if (size_ > 1 && mpi::ring_reduces(in.scalar_type(), op.op_) && static_cast<int64_t>(in.nbytes()) >= kRingBytes) {
+    if (rings(in, op)) {
       auto comm = communicator("all-reduce");
       return begin(comm, "all-reduce", {in, output}, {output},
                    mpi::ring_all_reduce(comm, in.view({-1}), output.view({-1}), op.op_));
@@ -109,7 +109,7 @@ class MpiBackend final : public c10d::Backend {
     const at::Tensor in = readable(input, "reduce-scatter");
     expect(in.numel() == output.numel() * size_ && in.scalar_type() == output.scalar_type(), "reduce-scatter",
            "the input must hold the group size times the output's elements, of the output's dtype");
-    if (size_ > 1 && mpi::ring_reduces(in.scalar_type(), opts.reduceOp.op_) && static_cast<int64_t>(in.nbytes()) >= kRingBytes) {
+    if (rings(in, opts.reduceOp)) {
       auto comm = communicator("reduce-scatter");
       std::vector<int64_t> blocks(static_cast<size_t>(size_), output.numel());
       return begin(comm, "reduce-scatter", {in, output}, {output},
@@ -217,6 +217,11 @@ class MpiBackend final : public c10d::Backend {
   }
 
  private:
+  // Whether reducing `input` with `op` goes round the ring (mpi_ring.h) rather than through MPI.
+  bool rings(const at::Tensor& input, const c10d::ReduceOp& op) const {
+    return size_ > 1 && mpi::ring_reduces(input.scalar_type(), op.op_) && static_cast<int64_t>(input.nbytes()) >= kRingBytes;
+  }
+
   // The group's communicator, usable: not shut down, no collective left hanging on it.
   std::shared_ptr<Communicator> communicator(const char* operation) {
     std::shared_ptr<Communicator> comm;
