@@ -29,12 +29,28 @@ struct LocalLayout {
 };
 
 // Shape and global offset of the shard held by the rank at `coordinate` of a mesh of `mesh_shape`.
-// Placements must already be validated (see validate_placements).
+// Placements must already be validated (see validate_placements). Throws for a StridedShard, whose
+// shard is several runs of the global tensor rather than one box: callers that need the box
+// (checkpoints, cross-mesh moves, offsets into a sharded dim) refuse it through this.
 LocalLayout local_layout(const Shape& global_shape, const Shape& mesh_shape, const Shape& coordinate,
                          const Placements& placements);
 
+// The local shard's shape alone, for every placement StridedShard included. Throws when a
+// StridedShard's dim is not a whole number of its blocks.
+Shape local_shape(const Shape& global_shape, const Shape& mesh_shape, const Shape& coordinate,
+                  const Placements& placements);
+
+// The piece of each block that the rank at `index` of `num_chunks` holds under StridedShard(d, sf)
+// of a dim of `length` elements: chunk `index` of `length / sf`.
+ChunkExtent strided_block_chunk(int64_t length, int64_t split_factor, int64_t num_chunks, int64_t index);
+
+// Elements of a dim of `length` that the rank at `index` of `num_chunks` holds under `sharding` (a
+// Shard or a StridedShard).
+int64_t sharded_size(const Placement& sharding, int64_t length, int64_t num_chunks, int64_t index);
+
 // Throws DTensorError when placements do not fit: count differs from mesh ndim, Shard dim out of
-// range for the tensor, or Partial reduce ops mixed in a way whose result depends on reduction order.
+// range for the tensor, a StridedShard dim sharded by another mesh dim too, or Partial reduce ops
+// mixed in a way whose result depends on reduction order.
 // Returns the placements with negative Shard dims normalised.
 Placements validate_placements(const Placements& placements, int64_t mesh_ndim, int64_t tensor_ndim,
                                const char* what);

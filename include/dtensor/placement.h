@@ -3,6 +3,11 @@
 // Shard(dim): the tensor is chunked along `dim` (torch.chunk semantics for uneven sizes).
 // Replicate: every rank along the mesh dim holds the whole (sub)tensor.
 // Partial(op): every rank holds a contribution; the value is the reduction `op` of them.
+// StridedShard(dim, split_factor): the dim is `split_factor` equal blocks and every rank holds its
+// torch.chunk piece of each block, the pieces back to back. A view produces it when it merges a sharded
+// dim into the dims before it ([8,12] S(1) viewed as [96] is StridedShard(0, 8)), so that the merge and
+// the split back need no communication (PyTorch's _StridedShard). The dim it shards is sharded by no
+// other mesh dim.
 // Pure value type: no torch headers, so layout and planning code stay cheap to compile.
 
 #include <cstdint>
@@ -18,19 +23,27 @@ std::string to_string(ReduceOp op);
 
 class Placement {
  public:
-  enum class Kind : std::uint8_t { Shard, Replicate, Partial };
+  enum class Kind : std::uint8_t { Shard, Replicate, Partial, StridedShard };
 
   static Placement shard(int64_t dim) { return Placement(Kind::Shard, dim, ReduceOp::Sum); }
   static Placement replicate() { return Placement(Kind::Replicate, 0, ReduceOp::Sum); }
   static Placement partial(ReduceOp op = ReduceOp::Sum) { return Placement(Kind::Partial, 0, op); }
+  // Throws unless split_factor >= 1 (1 is plain Shard(dim), and is returned as that).
+  static Placement strided_shard(int64_t dim, int64_t split_factor);
 
   Kind kind() const { return kind_; }
+  // Plain Shard only: a StridedShard is not one torch.chunk piece, so code written for Shard must not
+  // take it for one. is_sharding() covers both.
   bool is_shard() const { return kind_ == Kind::Shard; }
   bool is_shard(int64_t dim) const { return kind_ == Kind::Shard && dim_ == dim; }
+  bool is_strided_shard() const { return kind_ == Kind::StridedShard; }
+  bool is_sharding() const { return kind_ == Kind::Shard || kind_ == Kind::StridedShard; }
   bool is_replicate() const { return kind_ == Kind::Replicate; }
   bool is_partial() const { return kind_ == Kind::Partial; }
-  // Shard dimension; only meaningful for Shard.
+  // Shard dimension; only meaningful for Shard and StridedShard.
   int64_t dim() const { return dim_; }
+  // Blocks of a StridedShard's dim; 1 for every other placement.
+  int64_t split_factor() const { return split_factor_; }
   // Reduce op; only meaningful for Partial.
   ReduceOp reduce_op() const { return op_; }
 
@@ -38,18 +51,21 @@ class Placement {
   Placement normalized(int64_t ndim) const;
 
   bool operator==(const Placement& o) const {
-    return kind_ == o.kind_ && (kind_ != Kind::Shard || dim_ == o.dim_) && (kind_ != Kind::Partial || op_ == o.op_);
+    return kind_ == o.kind_ && (!is_sharding() || dim_ == o.dim_) && split_factor_ == o.split_factor_ &&
+           (kind_ != Kind::Partial || op_ == o.op_);
   }
   bool operator!=(const Placement& o) const { return !(*this == o); }
   size_t hash() const;
-  // Short form: S(0), R, P(sum).
+  // Short form: S(0), R, P(sum), SS(0,8) (StridedShard(0, 8)).
   std::string str() const;
 
  private:
-  Placement(Kind k, int64_t dim, ReduceOp op) : kind_(k), op_(op), dim_(dim) {}
+  Placement(Kind k, int64_t dim, ReduceOp op, int64_t split_factor = 1)
+      : kind_(k), op_(op), dim_(dim), split_factor_(split_factor) {}
   Kind kind_;
   ReduceOp op_;
   int64_t dim_;
+  int64_t split_factor_;
 };
 
 using Placements = std::vector<Placement>;
@@ -57,6 +73,7 @@ using Placements = std::vector<Placement>;
 inline Placement Shard(int64_t dim) { return Placement::shard(dim); }
 inline Placement Replicate() { return Placement::replicate(); }
 inline Placement Partial(ReduceOp op = ReduceOp::Sum) { return Placement::partial(op); }
+inline Placement StridedShard(int64_t dim, int64_t split_factor) { return Placement::strided_shard(dim, split_factor); }
 
 // "S(0),R" — the form plans and errors print.
 std::string to_string(const Placements& placements);

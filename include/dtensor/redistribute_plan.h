@@ -14,11 +14,11 @@
 namespace dtensor {
 
 enum class StepKind : std::uint8_t {
-  AllGather,         // S(d) -> R
+  AllGather,         // S(d) or SS(d,k) -> R
   AllToAll,          // S(i) -> S(j)
   AllReduce,         // P -> R
   ReduceScatter,     // P -> S(d)
-  LocalChunk,        // R -> S(d): keep this rank's chunk, no communication
+  LocalChunk,        // R -> S(d) or SS(d,k): keep this rank's chunk(s), no communication
   LocalPartition,    // R -> P: split a replicated value into contributions, no communication
 };
 std::string to_string(StepKind kind);
@@ -50,7 +50,8 @@ struct RedistributePlan {
 };
 
 // Plans src -> dst. Both must be validated placements (validate_placements) for the tensor. Changing
-// between different Partial ops or from Shard to Partial goes through Replicate.
+// between different Partial ops, from Shard to Partial, and to or from a StridedShard (other than
+// from or to Replicate) goes through Replicate.
 RedistributePlan plan_redistribute(const Shape& global_shape, int64_t element_size, const Shape& mesh_shape,
                                    const Shape& coordinate, const Placements& src, const Placements& dst);
 

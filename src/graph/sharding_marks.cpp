@@ -164,18 +164,28 @@ std::string placements_of(const std::vector<Value*>& inputs) {
 // node without options: the one it has).
 using PossiblePlacements = std::map<const Value*, std::vector<Placements>>;
 
+// Graph programs keep every value in placements a lowering can take; a StridedShard is not one yet,
+// so the view strategies that make one are left out (views also offer the replicating alternative).
+bool makes_strided_shards(const OutputSharding& d) {
+  for (const auto* side : {&d.chosen.inputs, &d.chosen.outputs})
+    for (const Placements& placements : *side)
+      for (const Placement& p : placements)
+        if (p.is_strided_shard()) return true;
+  return false;
+}
+
 // Every strategy of the node's rule. Mesh rules (views) offer those that fit the inputs' placements
 // as they are; so that a whole-graph choice may change the producers, a node reading one value is
 // also asked for every placement that value may take, and any node for Replicate inputs.
 std::vector<OutputSharding> options_for(const c10::OperatorHandle& op, const Call& c, const std::vector<Value*>& inputs,
                                         const PossiblePlacements& possible, const MeshPtr& mesh) {
-  std::vector<OutputSharding> out = dtensor::detail::every_decision(op, c.args, c.inputs, mesh);
+  std::vector<OutputSharding> out;
   std::set<std::string> known, probed = {to_string(c.inputs.empty() ? Placements{} : c.inputs[0].spec->placements)};
-  for (const OutputSharding& d : out) known.insert(d.chosen.str());
   auto probe = [&](std::vector<TensorInput> variant) {
     for (OutputSharding& d : dtensor::detail::every_decision(op, c.args, variant, mesh))
-      if (known.insert(d.chosen.str()).second) out.push_back(std::move(d));
+      if (!makes_strided_shards(d) && known.insert(d.chosen.str()).second) out.push_back(std::move(d));
   };
+  probe(c.inputs);
   auto placed = [&](const TensorInput& in, const Placements& p) {
     TensorInput moved = in;
     moved.spec = std::make_shared<const DTensorSpec>(DTensorSpec{mesh, p, in.spec->meta});

@@ -15,15 +15,44 @@ ChunkExtent chunk_extent(int64_t length, int64_t num_chunks, int64_t index) {
   return {std::min(length, offset + chunk) - offset, offset};
 }
 
+ChunkExtent strided_block_chunk(int64_t length, int64_t split_factor, int64_t num_chunks, int64_t index) {
+  if (length % split_factor != 0)
+    throw DTensorError("StridedShard with split factor " + std::to_string(split_factor) + " needs a dim of whole " +
+                       "blocks, but the dim has " + std::to_string(length) + " elements; redistribute to Shard or " +
+                       "Replicate instead");
+  return chunk_extent(length / split_factor, num_chunks, index);
+}
+
 LocalLayout local_layout(const Shape& global_shape, const Shape& mesh_shape, const Shape& coordinate,
                          const Placements& placements) {
   LocalLayout out{global_shape, Shape(global_shape.size(), 0)};
   for (size_t m = 0; m < placements.size(); ++m) {
+    if (placements[m].is_strided_shard())
+      throw DTensorError("placements (" + to_string(placements) + ") hold a strided shard, which is several runs of " +
+                         "the global tensor rather than one block; redistribute it to Shard or Replicate first");
     if (!placements[m].is_shard()) continue;
     const auto d = static_cast<size_t>(placements[m].dim());
     const ChunkExtent c = chunk_extent(out.shape[d], mesh_shape[m], coordinate[m]);
     out.shape[d] = c.size;
     out.offset[d] += c.offset;
+  }
+  return out;
+}
+
+int64_t sharded_size(const Placement& sharding, int64_t length, int64_t num_chunks, int64_t index) {
+  if (sharding.is_shard()) return chunk_extent(length, num_chunks, index).size;
+  const int64_t blocks = sharding.split_factor();
+  return blocks * strided_block_chunk(length, blocks, num_chunks, index).size;
+}
+
+Shape local_shape(const Shape& global_shape, const Shape& mesh_shape, const Shape& coordinate,
+                  const Placements& placements) {
+  Shape out = global_shape;
+  for (size_t m = 0; m < placements.size(); ++m) {
+    const Placement& p = placements[m];
+    if (!p.is_sharding()) continue;
+    const auto d = static_cast<size_t>(p.dim());
+    out[d] = sharded_size(p, out[d], mesh_shape[m], coordinate[m]);
   }
   return out;
 }
@@ -60,6 +89,14 @@ Placements validate_placements(const Placements& placements, int64_t mesh_ndim, 
                          std::string(e.what()).substr(9));
     }
   }
+  for (size_t m = 0; m < out.size(); ++m) {
+    if (!out[m].is_strided_shard()) continue;
+    for (size_t k = 0; k < out.size(); ++k)
+      if (k != m && out[k].is_sharding() && out[k].dim() == out[m].dim())
+        throw DTensorError(std::string(what) + ": placements (" + to_string(placements) + ") shard dim " +
+                           std::to_string(out[m].dim()) + " by a strided shard and by another mesh dim; a strided " +
+                           "shard must be the only sharding of its dim (redistribute one of them to Replicate)");
+  }
   if (!partials_commute(out)) {
     throw DTensorError(std::string(what) + ": placements (" + to_string(placements) +
                        ") mix Partial reduce ops whose result depends on reduction order; reduce one of them "
@@ -71,7 +108,7 @@ Placements validate_placements(const Placements& placements, int64_t mesh_ndim, 
 Shape global_shape_assuming_even(const Shape& local_shape, const Shape& mesh_shape, const Placements& placements) {
   Shape out = local_shape;
   for (size_t m = 0; m < placements.size(); ++m) {
-    if (placements[m].is_shard()) out[static_cast<size_t>(placements[m].dim())] *= mesh_shape[m];
+    if (placements[m].is_sharding()) out[static_cast<size_t>(placements[m].dim())] *= mesh_shape[m];
   }
   return out;
 }

@@ -16,20 +16,29 @@ std::string to_string(ReduceOp op) {
   return "?";
 }
 
+Placement Placement::strided_shard(int64_t dim, int64_t split_factor) {
+  if (split_factor < 1)
+    throw DTensorError("StridedShard(" + std::to_string(dim) + ", " + std::to_string(split_factor) +
+                       "): the split factor counts blocks of the dim and must be at least 1");
+  if (split_factor == 1) return shard(dim);
+  return Placement(Kind::StridedShard, dim, ReduceOp::Sum, split_factor);
+}
+
 Placement Placement::normalized(int64_t ndim) const {
-  if (!is_shard()) return *this;
+  if (!is_sharding()) return *this;
   const int64_t d = dim_ < 0 ? dim_ + ndim : dim_;
   if (d < 0 || d >= ndim) {
-    throw DTensorError("Shard(" + std::to_string(dim_) + ") is out of range for a tensor with " +
-                       std::to_string(ndim) + " dimension(s); pick a dim in [" + std::to_string(-ndim) + ", " +
-                       std::to_string(ndim) + ")");
+    const std::string name = is_shard() ? "Shard(" + std::to_string(dim_) + ")"
+                                        : "StridedShard(" + std::to_string(dim_) + ", " + std::to_string(split_factor_) + ")";
+    throw DTensorError(name + " is out of range for a tensor with " + std::to_string(ndim) +
+                       " dimension(s); pick a dim in [" + std::to_string(-ndim) + ", " + std::to_string(ndim) + ")");
   }
-  return shard(d);
+  return Placement(kind_, d, op_, split_factor_);
 }
 
 size_t Placement::hash() const {
   size_t h = static_cast<size_t>(kind_);
-  if (is_shard()) h = h * 31 + static_cast<size_t>(dim_);
+  if (is_sharding()) h = (h * 31 + static_cast<size_t>(dim_)) * 31 + static_cast<size_t>(split_factor_);
   if (is_partial()) h = h * 31 + static_cast<size_t>(op_);
   return h;
 }
@@ -39,6 +48,7 @@ std::string Placement::str() const {
     case Kind::Shard: return "S(" + std::to_string(dim_) + ")";
     case Kind::Replicate: return "R";
     case Kind::Partial: return "P(" + to_string(op_) + ")";
+    case Kind::StridedShard: return "SS(" + std::to_string(dim_) + "," + std::to_string(split_factor_) + ")";
   }
   return "?";
 }

@@ -58,7 +58,7 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
     if (partial) g = redistribute(g, placements);
     std::vector<int64_t> sharded;
     for (int64_t d = 0; d < static_cast<int64_t>(placements.size()); ++d)
-      if (placements[d].is_shard()) sharded.push_back(d);
+      if (placements[d].is_sharding()) sharded.push_back(d);
     auto it = std::find_if(pools.begin(), pools.end(),
                            [&](const Pool& p) { return p.mesh == mesh_of(g) && p.sharded_dims == sharded; });
     Pool& pool = it != pools.end() ? *it : pools.emplace_back(Pool{mesh_of(g), sharded});

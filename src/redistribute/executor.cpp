@@ -37,9 +37,39 @@ at::Tensor partition_replicated(const at::Tensor& local, const DeviceMesh& mesh,
   return local;
 }
 
+at::Tensor strided_chunk(const at::Tensor& whole, const Placement& strided, const DeviceMesh& mesh, int64_t mesh_dim) {
+  // The dim seen as [blocks, block], cut along the block.
+  const int64_t d = strided.dim(), blocks = strided.split_factor();
+  const ChunkExtent c = strided_block_chunk(whole.size(d), blocks, mesh.size(mesh_dim), (*mesh.coordinate())[mesh_dim]);
+  std::vector<int64_t> split = whole.sizes().vec();
+  split[d] = whole.size(d) / blocks;
+  split.insert(split.begin() + d, blocks);
+  return whole.reshape(split).narrow(d + 1, c.offset, c.size).flatten(d, d + 1).contiguous();
+}
+
 namespace {
 
+// SS(d,k) -> R: every rank holds its chunk of each of the k blocks. Each chunk is padded to the largest,
+// the ranks' [k, chunk] pieces gathered as [n, k, chunk], and the blocks put back together as [k, n*chunk]
+// cut to the block's length.
+at::Tensor strided_all_gather_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
+  const int64_t d = step.from.dim(), n = mesh.size(step.mesh_dim), blocks = step.from.split_factor();
+  const int64_t block = step.logical_shape[d] / blocks, chunk = padded_chunk_size(block, n);
+  const at::Tensor rows = local.movedim(d, 0);
+  std::vector<int64_t> split = {blocks, rows.size(0) / blocks};
+  split.insert(split.end(), rows.sizes().begin() + 1, rows.sizes().end());
+  std::vector<int64_t> padded_shape = split;
+  padded_shape[1] = chunk;
+  at::Tensor padded = at::empty(padded_shape, local.options());
+  padded.narrow(1, 0, split[1]).copy_(rows.reshape(split));
+  padded_shape.insert(padded_shape.begin(), n);
+  at::Tensor gathered = all_gather(mesh, step.mesh_dim, padded.flatten(0, 1)).view(padded_shape);
+  at::Tensor whole = gathered.transpose(0, 1).flatten(1, 2).narrow(1, 0, block).flatten(0, 1);
+  return whole.movedim(0, d).contiguous();
+}
+
 at::Tensor all_gather_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
+  if (step.from.is_strided_shard()) return strided_all_gather_step(local, step, mesh);
   const int64_t d = step.from.dim(), n = mesh.size(step.mesh_dim);
   const int64_t length = step.logical_shape[d];
   at::Tensor rows = padded_rows(local.movedim(d, 0), padded_chunk_size(length, n));
@@ -118,6 +148,7 @@ at::Tensor all_to_all_step(const at::Tensor& local, const RedistributeStep& step
 }
 
 at::Tensor local_chunk_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
+  if (step.to.is_strided_shard()) return strided_chunk(local, step.to, mesh, step.mesh_dim);
   const int64_t d = step.to.dim();
   const ChunkExtent c = chunk_extent(local.size(d), mesh.size(step.mesh_dim), (*mesh.coordinate())[step.mesh_dim]);
   return local.narrow(d, c.offset, c.size).contiguous();

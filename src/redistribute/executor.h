@@ -24,6 +24,10 @@ const RedistributePlan& cached_plan(const DTensorSpec& from, const Placements& t
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from, const Placements& to,
                               Direction direction = Direction::Forward, Ownership ownership = Ownership::Borrowed);
 
+// This rank's chunk of each block of `whole` (the tensor as a group along `mesh_dim` holds it) under
+// `strided`, a StridedShard along that mesh dim.
+at::Tensor strided_chunk(const at::Tensor& whole, const Placement& strided, const DeviceMesh& mesh, int64_t mesh_dim);
+
 // A replicated value split into contributions whose `op` reduction over `mesh_dim` gives it back
 // exactly (forward), or the gradient of such a split (backward).
 at::Tensor partition_replicated(const at::Tensor& local, const DeviceMesh& mesh, int64_t mesh_dim, ReduceOp op,

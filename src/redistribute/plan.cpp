@@ -68,6 +68,13 @@ class Planner {
   void transition(int64_t m, const Placement& to) {
     const Placement from = state_[m];
     if (from == to) return;
+    // A strided shard is gathered to Replicate and cut from it: every other move goes through Replicate.
+    if (from.is_strided_shard() || (to.is_strided_shard() && !from.is_replicate())) {
+      if (to.is_replicate()) return add(m, to, StepKind::AllGather);
+      transition(m, Placement::replicate());
+      return transition(m, to);
+    }
+    if (to.is_strided_shard()) return add(m, to, StepKind::LocalChunk);
     if (from.is_shard() && to.is_shard()) return add(m, to, StepKind::AllToAll);
     if (from.is_shard() && to.is_replicate()) return add(m, to, StepKind::AllGather);
     if (from.is_replicate() && to.is_shard()) return add(m, to, StepKind::LocalChunk);
@@ -87,20 +94,22 @@ class Planner {
   Shape logical_shape(int64_t m) const {
     Placements others = state_;
     others[m] = Placement::replicate();
-    return local_layout(global_, mesh_, coord_, others).shape;
+    return local_shape(global_, mesh_, coord_, others);
   }
 
   int64_t bytes(int64_t m, StepKind kind, const Shape& logical, const Placement& to) const {
     const int64_t n = mesh_[m];
     const Placement& from = state_[m];
-    auto padded_bytes = [&](int64_t dim) {
+    // Every chunk is padded to the largest (of each block, for a strided shard).
+    auto padded_bytes = [&](const Placement& sharding) {
       Shape s = logical;
-      s[dim] = padded_chunk_size(s[dim], n) * n;
+      const int64_t blocks = sharding.split_factor();
+      s[sharding.dim()] = blocks * padded_chunk_size(s[sharding.dim()] / blocks, n) * n;
       return numel(s) * element_size_;
     };
     switch (kind) {
-      case StepKind::AllGather: return padded_bytes(from.dim()) * (n - 1) / n;
-      case StepKind::ReduceScatter: return padded_bytes(to.dim()) * (n - 1) / n;
+      case StepKind::AllGather: return padded_bytes(from) * (n - 1) / n;
+      case StepKind::ReduceScatter: return padded_bytes(to) * (n - 1) / n;
       case StepKind::AllReduce: return 2 * numel(logical) * element_size_ * (n - 1) / n;
       case StepKind::AllToAll: {
         Shape local = logical;
@@ -128,10 +137,12 @@ class Planner {
   std::vector<RedistributeStep> steps_;
 };
 
-// Tensor dim `d` is sharded by the same outer mesh dims (< m) in both placement lists.
+bool shards(const Placement& p, int64_t d) { return p.is_sharding() && p.dim() == d; }
+
+// Tensor dim `d` is sharded alike by the outer mesh dims (< m) in both placement lists.
 bool same_outer_sharding(const Placements& a, const Placements& b, int64_t m, int64_t d) {
   for (int64_t i = 0; i < m; ++i)
-    if (a[i].is_shard(d) != b[i].is_shard(d)) return false;
+    if (shards(a[i], d) != shards(b[i], d) || (shards(a[i], d) && a[i] != b[i])) return false;
   return true;
 }
 
@@ -148,7 +159,7 @@ RedistributePlan plan_redistribute(const Shape& global_shape, int64_t element_si
   // an outer dim never sees a tensor dim that an inner dim still shards differently.
   for (int64_t m = ndim - 1; m >= 0; --m) {
     Placement target = dst[m];
-    if (target.is_shard() && !same_outer_sharding(planner.state(), dst, m, target.dim())) target = Placement::replicate();
+    if (target.is_sharding() && !same_outer_sharding(planner.state(), dst, m, target.dim())) target = Placement::replicate();
     planner.transition(m, target);
   }
   // Pass 2, outermost first: whatever pass 1 left replicated is now chunked (or partitioned) locally.

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <atomic>
 #include <unordered_map>
 
@@ -243,6 +244,83 @@ std::string describe_inputs(const OpSchema& s) {
   return out;
 }
 
+// ---- strided shards (see StridedShards in registry.h) ----------------------------------------------
+
+bool holds_strided(const Placements& placements) {
+  return std::any_of(placements.begin(), placements.end(), [](const Placement& p) { return p.is_strided_shard(); });
+}
+
+// The inputs with every StridedShard replaced by Replicate: what a rule that does not place strided
+// shards is asked about.
+std::vector<TensorInput> strided_as_replicate(const std::vector<TensorInput>& inputs) {
+  std::vector<TensorInput> out = inputs;
+  for (TensorInput& in : out) {
+    if (!holds_strided(in.spec->placements)) continue;
+    Placements p = in.spec->placements;
+    for (Placement& x : p)
+      if (x.is_strided_shard()) x = Replicate();
+    in.spec = std::make_shared<const DTensorSpec>(in.spec->with_placements(std::move(p)));
+  }
+  return out;
+}
+
+// `st` with every Shard along mesh dim m made StridedShard(dim, split), for an IndexWise rule: only
+// when every tensor sharded there has `length` elements along its sharded dim, so that the one
+// partition of one index runs through the whole op.
+std::optional<PlacementStrategy> as_strided(PlacementStrategy st, const OpSchema& s, size_t m, int64_t length,
+                                            int64_t split) {
+  auto convert = [&](Placements& placements, const Shape& shape) {
+    Placement& p = placements[m];
+    if (!p.is_shard()) return true;
+    if (shape[p.dim()] != length) return false;
+    p = Placement::strided_shard(p.dim(), split);
+    return true;
+  };
+  for (size_t k = 0; k < st.inputs.size(); ++k)
+    if (!convert(st.inputs[k], s.input(k).meta.shape)) return std::nullopt;
+  for (size_t k = 0; k < st.outputs.size(); ++k)
+    if (!convert(st.outputs[k], s.outputs[k].shape)) return std::nullopt;
+  return st;
+}
+
+// For each strided input, the strategies that shard its dim plainly along its mesh dim, offered with
+// that dim strided (and again for further strided inputs, so that several can stay as they are).
+void add_strided_variants(OpStrategy& all, const OpSchema& s) {
+  auto known = [&](const PlacementStrategy& v) {
+    return std::any_of(all.begin(), all.end(),
+                       [&](const PlacementStrategy& o) { return o.inputs == v.inputs && o.outputs == v.outputs; });
+  };
+  for (size_t k = 0; k < s.inputs.size(); ++k)
+    for (size_t m = 0; m < s.input(k).placements.size(); ++m) {
+      const Placement& p = s.input(k).placements[m];
+      if (!p.is_strided_shard()) continue;
+      const int64_t length = s.input(k).meta.shape[p.dim()];
+      for (size_t i = 0, n = all.size(); i < n; ++i) {
+        if (all[i].inputs[k][m] != Shard(p.dim())) continue;
+        if (auto v = as_strided(all[i], s, m, length, p.split_factor()); v && !known(*v)) all.push_back(std::move(*v));
+      }
+    }
+}
+
+OpStrategy rule_strategies(const OpRule& rule, const OpSchema& schema, int64_t mesh_ndim) {
+  if (rule.mesh) return rule.mesh(schema);
+  return expand_over_mesh(rule.dim(schema), mesh_ndim, schema.outputs.size(), schema.inputs.size());
+}
+
+// The rule's strategies for the call: asked as it is where the rule places strided shards itself or
+// there are none; otherwise asked with them as Replicate, plus the strided forms of its strategies
+// where the rule is IndexWise.
+OpStrategy strategies_for(const OpRule& rule, const OpSchema& schema, int64_t mesh_ndim) {
+  const bool strided = std::any_of(schema.inputs.begin(), schema.inputs.end(),
+                                   [](const TensorInput& in) { return holds_strided(in.spec->placements); });
+  if (!strided || rule.strided_shards == StridedShards::Own) return rule_strategies(rule, schema, mesh_ndim);
+  OpSchema asked = schema;
+  asked.inputs = strided_as_replicate(schema.inputs);
+  OpStrategy all = rule_strategies(rule, asked, mesh_ndim);
+  if (rule.strided_shards == StridedShards::IndexWise) add_strided_variants(all, schema);
+  return all;
+}
+
 // The call's schema (with its output metas) and every strategy of the op's rule that fits it: ranks
 // match, and inputs the op writes to keep their placements (see written_inputs).
 struct Candidates {
@@ -260,8 +338,7 @@ Candidates candidates_for(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVal
                        "). Ways out: redistribute the inputs to Replicate and run the op on to_local() results, or "
                        "register a strategy with dtensor::register_dim_rule");
   schema.outputs = output_metas(op, args, *c.rule);
-  OpStrategy all = c.rule->mesh ? c.rule->mesh(schema)
-                                : expand_over_mesh(c.rule->dim(schema), mesh->ndim(), schema.outputs.size(), inputs.size());
+  OpStrategy all = strategies_for(*c.rule, schema, mesh->ndim());
   const auto written = written_inputs(op.schema(), inputs);
   const bool inplace_view = op.hasTag(at::Tag::inplace_view);
   for (auto& st : all) {
@@ -410,7 +487,7 @@ std::optional<size_t> OpSchema::input_at_arg(size_t arg) const {
 
 Shape local_output_shape(const OpSchema& schema, const PlacementStrategy& strategy, size_t k) {
   const Shape coordinate = schema.mesh->coordinate().value_or(Shape(schema.mesh->ndim(), 0));
-  return local_layout(schema.outputs[k].shape, schema.mesh->shape(), coordinate, strategy.outputs[k]).shape;
+  return local_shape(schema.outputs[k].shape, schema.mesh->shape(), coordinate, strategy.outputs[k]);
 }
 
 std::string OpSchema::op_name() const { return detail::qualified_name(schema.operator_name()); }

@@ -11,6 +11,24 @@
 
 namespace dtensor::detail {
 
+// What a rule makes of inputs that are StridedShard somewhere (see Placement).
+enum class StridedShards : std::uint8_t {
+  // The rule never sees them: it is asked as if they were Replicate, and they are gathered first.
+  // Always correct, so the default (a rule may read a shard's offsets, which a strided one has not).
+  Gathered,
+  // The rule's math treats every index of a sharded dim on its own and its local code never reads
+  // where a shard starts (elementwise ops, the rows of a product, reductions, dims a view-family op
+  // leaves whole). A strategy sharding such dims then holds for any partition of their indices, a
+  // strided one included, provided every tensor sharing the index has the same one: its Shard
+  // placements along a strided input's mesh dim are offered as that StridedShard too.
+  IndexWise,
+  // The rule is asked with the inputs as they are: it places strided inputs itself (views merge and
+  // split them; factory ops copy a layout whatever it is), or it reads the inputs' placements to decide
+  // what it can offer (batch norm keeps the running statistics it updates in place where they are),
+  // any strided input it does not keep being moved to what its strategy asks.
+  Own,
+};
+
 struct OpRule {
   DimRule dim;    // either a single-mesh-dim rule, expanded over the mesh,
   MeshRule mesh;  // or a rule over the whole mesh
@@ -18,6 +36,7 @@ struct OpRule {
   LocalKernelRule local_kernel = {};  // optional: a replacement for the op on local shards
   OutputMetaRule output_metas = {};   // optional: output metas when the op has no Meta kernel
   std::string family = "custom";      // which rules file: "pointwise", "matrix", ...
+  StridedShards strided_shards = StridedShards::Gathered;
   // optional: what ranks outside the mesh do instead of the op (random ops draw what the mesh draws)
   std::function<void(const c10::OperatorHandle&, c10::ArrayRef<c10::IValue>)> outside_mesh = {};
 };

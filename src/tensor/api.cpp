@@ -79,17 +79,19 @@ Shape checked_global_shape(const at::Tensor& local, const DeviceMesh& mesh, cons
     if (!error.empty() || failed_rank >= 0) continue;  // one report per failure: the rank that saw it
     const Placement& p = placements[m];
     Shape merged = current;
-    if (p.is_shard()) {
+    if (p.is_sharding()) {
       const auto d = static_cast<size_t>(p.dim());
       int64_t total = 0;
       for (auto& s : shapes) total += s[d];
       merged[d] = total;
+      const bool whole_blocks = total % p.split_factor() == 0;
       for (size_t q = 0; q < n && error.empty(); ++q) {
         Shape expected = merged;
-        expected[d] = chunk_extent(total, static_cast<int64_t>(n), static_cast<int64_t>(q)).size;
-        if (shapes[q] != expected)
+        if (whole_blocks) expected[d] = sharded_size(p, total, static_cast<int64_t>(n), static_cast<int64_t>(q));
+        if (shapes[q] != expected || !whole_blocks)
           error = "local shapes along " + mesh.dim_label(m) + " (" + p.str() + ") are not torch.chunk pieces of one " +
-                  "tensor of " + shape_str(merged) + ": " + rank_list(mesh, m, shapes);
+                  "tensor of " + shape_str(merged) + (p.is_strided_shard() ? " (of each of its blocks)" : "") + ": " +
+                  rank_list(mesh, m, shapes);
       }
     } else {
       for (size_t q = 0; q < n && error.empty(); ++q)
@@ -141,6 +143,9 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const MeshPtr& mesh, std:
       const Placement& p = wanted[m];
       if (p.is_shard()) {
         local = scatter_chunk(local, *mesh, m, p.dim());
+      } else if (p.is_strided_shard()) {
+        // The source's copy on every rank, and this rank's chunk of each block of it.
+        local = detail::strided_chunk(broadcast_copy(local, *mesh, m), p, *mesh, m);
       } else {
         local = broadcast_copy(local, *mesh, m);
         if (p.is_partial())
@@ -189,7 +194,7 @@ at::Tensor from_local(const at::Tensor& local, const MeshPtr& mesh, const Placem
     } else {
       meta.shape = options.shape.value_or(global_shape_assuming_even(local.sizes().vec(), mesh->shape(), p));
     }
-    const Shape expected = local_layout(meta.shape, mesh->shape(), *mesh->coordinate(), p).shape;
+    const Shape expected = local_shape(meta.shape, mesh->shape(), *mesh->coordinate(), p);
     if (expected != local.sizes().vec())
       throw DTensorError("from_local: the local tensor's shape " + shape_str(local.sizes().vec()) +
                          " is not this rank's shard " + shape_str(expected) + " of a global " + shape_str(meta.shape) +

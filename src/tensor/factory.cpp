@@ -32,7 +32,7 @@ at::Tensor make(const char* what, const Shape& shape, const MeshPtr& mesh, const
 
   at::Tensor local = at::empty({0}, options);  // ranks outside the mesh hold an empty shard
   if (const auto& coordinate = mesh->coordinate()) {
-    local = fill(local_layout(shape, mesh->shape(), *coordinate, p).shape, options);
+    local = fill(local_shape(shape, mesh->shape(), *coordinate, p), options);
     for (int64_t m = 0; m < mesh->ndim(); ++m)
       if (p[m].is_partial())
         local = detail::partition_replicated(local, *mesh, m, p[m].reduce_op(), detail::Direction::Forward);

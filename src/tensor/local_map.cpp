@@ -50,7 +50,7 @@ Shape global_shape(const at::Tensor& local, const DeviceMesh& mesh, const Placem
   Shape shape = local.sizes().vec();
   if (!mesh.coordinate()) return shape;  // ranks outside the mesh hold no shard
   for (int64_t m = mesh.ndim() - 1; m >= 0; --m) {
-    if (!placements[m].is_shard()) continue;
+    if (!placements[m].is_sharding()) continue;
     const auto d = static_cast<size_t>(placements[m].dim());
     int64_t total = 0;
     for (int64_t size : detail::all_gather_values(mesh, m, {shape[d]})) total += size;

@@ -10,13 +10,13 @@ std::string shape_str(const Shape& shape) {
 
 Shape DTensorSpec::local_shape() const {
   if (!mesh->coordinate()) return Shape{0};
-  return local_layout(meta.shape, mesh->shape(), *mesh->coordinate(), placements).shape;
+  return dtensor::local_shape(meta.shape, mesh->shape(), *mesh->coordinate(), placements);
 }
 
 int64_t DTensorSpec::num_shards() const {
   int64_t n = 1;
   for (size_t m = 0; m < placements.size(); ++m)
-    if (placements[m].is_shard()) n *= mesh->shape()[m];
+    if (placements[m].is_sharding()) n *= mesh->shape()[m];
   return n;
 }
 

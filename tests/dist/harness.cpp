@@ -140,6 +140,8 @@ at::Tensor make_dtensor_holding(const at::Tensor& full, const MeshPtr& mesh, con
       if (p.is_shard()) {
         const ChunkExtent c = chunk_extent(local.size(p.dim()), mesh->size(m), coord[m]);
         local = local.narrow(p.dim(), c.offset, c.size);
+      } else if (p.is_strided_shard()) {
+        local = strided_piece(local, p.dim(), p.split_factor(), mesh->size(m), coord[m]);
       } else if (p.is_partial()) {
         local = contribution(local, p.reduce_op(), coord[m], mesh->size(m), seed * 7919 + static_cast<uint64_t>(m));
       }

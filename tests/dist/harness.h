@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../strided_piece.h"
 #include "dtensor/dtensor.h"
 
 namespace dtensor::testing {
@@ -38,7 +39,8 @@ std::filesystem::path shared_directory(const std::string& name);
 // averages in any order are exact in every dtype tested (bfloat16 included).
 at::Tensor test_tensor(const Shape& shape, at::ScalarType dtype, uint64_t seed);
 
-// A DTensor on `mesh` with `placements` whose value is exactly `full`: shards cut with torch.chunk,
+// A DTensor on `mesh` with `placements` whose value is exactly `full`: shards cut with torch.chunk
+// (of every block, for a StridedShard),
 // Partial values split into random integer contributions (drawn from `seed`, the same on every rank)
 // that reduce back to `full` exactly when it is integer-valued.
 at::Tensor make_dtensor_holding(const at::Tensor& full, const MeshPtr& mesh, const Placements& placements,

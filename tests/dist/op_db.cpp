@@ -96,6 +96,47 @@ std::vector<std::vector<Placements>> partial_combinations(const OpSample& sample
   return out;
 }
 
+std::string describe(const std::vector<Placements>& placements) {
+  std::string where;
+  for (const auto& p : placements) where += "(" + to_string(p) + ") ";
+  return where;
+}
+
+// The smallest number of blocks (above one) a dim of `length` splits into, or 0 when it cannot.
+int64_t smallest_split(int64_t length) {
+  for (int64_t k = 2; k <= length; ++k)
+    if (length % k == 0) return k;
+  return 0;
+}
+
+// On the 1-d mesh, per input and per dim it may be sharded along: the input StridedShard there, the
+// other inputs Replicate, or every input with a dim of that length at that position strided alike
+// (what ops with several operands keep without moving any).
+std::vector<std::vector<Placements>> strided_combinations(const OpSample& sample, int64_t mesh_ndim) {
+  if (mesh_ndim != 1 || !sample.expect_error.empty()) return {};
+  const size_t n = sample.shapes.size();
+  std::set<std::string> seen;
+  std::vector<std::vector<Placements>> out;
+  auto add = [&](std::vector<Placements> c) {
+    if (seen.insert(describe(c)).second) out.push_back(std::move(c));
+  };
+  for (size_t i = 0; i < n; ++i)
+    for (const Placement& b : base_candidates(sample, i)) {
+      if (!b.is_shard()) continue;
+      const int64_t d = b.normalized(static_cast<int64_t>(sample.shapes[i].size())).dim();
+      const int64_t length = sample.shapes[i][d], blocks = smallest_split(length);
+      if (blocks == 0) continue;
+      const Placement strided = StridedShard(d, blocks);
+      std::vector<Placements> alone(n, {Replicate()}), alike(n, {Replicate()});
+      alone[i] = alike[i] = {strided};
+      for (size_t j = 0; j < n; ++j)
+        if (static_cast<int64_t>(sample.shapes[j].size()) > d && sample.shapes[j][d] == length) alike[j] = {strided};
+      add(alone);
+      add(alike);
+    }
+  return out;
+}
+
 // On the 1-d mesh every combination runs. On the 2x2 mesh they multiply (9^3 for three 2-d inputs):
 // an evenly spaced subset keeps the suite's time bounded while still mixing every kind of placement.
 constexpr size_t kMaxTwoDimCombinations = 48;
@@ -117,6 +158,8 @@ std::vector<std::vector<Placements>> all_combinations(const OpSample& sample, in
     partial = spread(std::move(partial), kMaxTwoDimPartialCombinations);
   }
   base.insert(base.end(), partial.begin(), partial.end());
+  const auto strided = strided_combinations(sample, mesh_ndim);
+  base.insert(base.end(), strided.begin(), strided.end());
   return base;
 }
 
@@ -249,12 +292,6 @@ DerivativeProbe probe_derivative(const OpSample& sample) {
     run.gradient_compared = true;
   }
   return ::testing::AssertionSuccess();
-}
-
-std::string describe(const std::vector<Placements>& placements) {
-  std::string where;
-  for (const auto& p : placements) where += "(" + to_string(p) + ") ";
-  return where;
 }
 
 // Runs every combination of `sample` on the meshes it asks for, recording what ran into the coverage

@@ -1,8 +1,9 @@
 #pragma once
 // The op database: sample calls for every op dtensor has a sharding rule for. Each sample runs on
 // DTensors for every combination of Replicate / Shard(d) inputs on a 1-d mesh of 4 ranks (and on a
-// 2x2 mesh when marked), and again with each input Partial(sum / avg / max / min) holding random
-// per-rank contributions; its outputs and the gradients of sum(outputs) are compared with the same
+// 2x2 mesh when marked), again with each input Partial(sum / avg / max / min) holding random
+// per-rank contributions, and with inputs StridedShard (alone, and alike where shapes allow) on the
+// 1-d mesh; its outputs and the gradients of sum(outputs) are compared with the same
 // call on the full tensors on one device. A coverage test prints, per op, the placements and meshes
 // exercised and whether gradients were checked, and fails when an op with a rule is not exercised or
 // an op with a derivative has no gradient check.

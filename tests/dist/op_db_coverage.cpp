@@ -1,5 +1,6 @@
 #include "op_db_coverage.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <sstream>
@@ -48,7 +49,8 @@ void record_calls(const std::vector<CommDebugMode::OpCall>& calls, const std::st
   }
 }
 
-// "R S(0) S(1) P(sum) P(max)" in a fixed order: Replicate, shards by dim, then the Partials.
+// "R S(0) S(1) P(sum) P(max) SS" in a fixed order: Replicate, shards by dim, the Partials, then
+// whether any strided shard was.
 std::string placements_column(const std::set<std::string>& seen) {
   std::string out;
   auto add = [&](const std::string& p) {
@@ -57,6 +59,9 @@ std::string placements_column(const std::set<std::string>& seen) {
   add("R");
   for (int d = 0; d < 8; ++d) add("S(" + std::to_string(d) + ")");
   for (const char* op : {"sum", "avg", "max", "min"}) add(std::string("P(") + op + ")");
+  // Strided shards, of any dim and split, as one entry.
+  if (std::any_of(seen.begin(), seen.end(), [](const std::string& p) { return p.rfind("SS(", 0) == 0; }))
+    out += (out.empty() ? "" : " ") + std::string("SS");
   return out;
 }
 

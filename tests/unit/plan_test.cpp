@@ -395,5 +395,29 @@ TEST(PlanProperty, RandomPlansWalkFromSrcToDstAndAllRanksAgree) {
   }
 }
 
+// A StridedShard is gathered to Replicate, or cut from it, and every other move goes through Replicate.
+TEST(PlanRedistribute, StridedShardPlansGoThroughReplicate) {
+  auto plan = [](Placements from, Placements to) { return plan_redistribute({96, 4}, 4, {2}, {0}, from, to); };
+  EXPECT_EQ(step_lines(plan({StridedShard(0, 8)}, {Replicate()})), (Lines{"0: SS(0,8)->R all-gather"}));
+  EXPECT_EQ(step_lines(plan({Replicate()}, {StridedShard(0, 8)})), (Lines{"0: R->SS(0,8) local chunk"}));
+  EXPECT_EQ(step_lines(plan({StridedShard(0, 8)}, {Shard(1)})),
+            (Lines{"0: SS(0,8)->R all-gather", "0: R->S(1) local chunk"}));
+  EXPECT_EQ(step_lines(plan({Partial()}, {StridedShard(0, 8)})),
+            (Lines{"0: P(sum)->R all-reduce", "0: R->SS(0,8) local chunk"}));
+  // The all-gather receives the other rank's half: 96 * 4 floats / 2.
+  EXPECT_EQ(plan({StridedShard(0, 8)}, {Replicate()}).total_bytes_per_rank(), 96 * 4 * 4 / 2);
+  // Uneven blocks are padded per block: 3 blocks of 5 over 2 ranks are padded to 3 of 6.
+  EXPECT_EQ(plan_redistribute({15}, 4, {2}, {0}, {StridedShard(0, 3)}, {Replicate()}).total_bytes_per_rank(),
+            18 * 4 / 2);
+}
+
+TEST(PlanRedistribute, StridedShardPlansOnTwoDimMeshReplicateTheInnerShardOfTheSameDimFirst) {
+  // SS(0,2) on the outer mesh dim and a target S(0) on the inner one: the inner shard may only be cut
+  // once the outer one is gone.
+  const auto plan = plan_redistribute({8, 4}, 4, {2, 2}, {0, 0}, {StridedShard(0, 2), Replicate()},
+                                      {Replicate(), Shard(0)});
+  EXPECT_EQ(step_lines(plan), (Lines{"0: SS(0,2)->R all-gather", "1: R->S(0) local chunk"}));
+}
+
 }  // namespace
 }  // namespace dtensor

@@ -202,7 +202,10 @@ LocalKernel batch_norm_backward_kernel(const OpSchema& s, const PlacementStrateg
 const bool registered = [] {
   using detail::register_overloads;
   register_overloads({"aten::native_batch_norm"},
-                     {.mesh = batch_norm_on_mesh, .local_kernel = batch_norm_kernel, .family = "norm"});
+                     {.mesh = batch_norm_on_mesh,
+                      .local_kernel = batch_norm_kernel,
+                      .family = "norm",
+                      .strided_shards = detail::StridedShards::Own});
   register_overloads({"aten::native_batch_norm_backward"},
                      {.dim = batch_norm_backward, .local_kernel = batch_norm_backward_kernel, .family = "norm"});
   return true;

@@ -1,7 +1,7 @@
 // Ops that create tensors from another tensor's shape. *_like ops keep the input's layout (a
 // Partial input gives a Replicate output: ones_like of a Partial(sum) would otherwise add up to n);
 // new_* ops take a global size, so they give a Replicate tensor of that size. Neither reads the
-// input's values, so the input never moves.
+// input's values, so the input never moves (a StridedShard one included).
 
 #include "../registry.h"
 #include "rule_helpers.h"
@@ -18,8 +18,11 @@ OpStrategy fresh(const OpSchema& s) {
 }
 
 const bool registered = [] {
-  detail::register_family({"aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like"}, {.mesh = like, .family = "factory"});
-  detail::register_family({"aten::new_empty", "aten::new_zeros", "aten::new_ones", "aten::new_full"}, {.mesh = fresh, .family = "factory"});
+  using enum detail::StridedShards;
+  detail::register_family({"aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like"},
+                          {.mesh = like, .family = "factory", .strided_shards = Own});
+  detail::register_family({"aten::new_empty", "aten::new_zeros", "aten::new_ones", "aten::new_full"},
+                          {.mesh = fresh, .family = "factory", .strided_shards = Own});
   return true;
 }();
 

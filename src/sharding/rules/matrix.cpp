@@ -116,14 +116,14 @@ std::vector<DimStrategy> matmul(const OpSchema& s) {
 const bool registered = [] {
   // Exact overloads: the families' .dtype forms (out_dtype matmuls) have no CPU kernels.
   using detail::register_overloads;
-  register_overloads({"aten::mm"}, {.dim = mm, .family = "matrix"});
-  register_overloads({"aten::bmm"}, {.dim = bmm, .family = "matrix"});
+  register_overloads({"aten::mm"}, {.dim = mm, .family = "matrix", .strided_shards = detail::StridedShards::IndexWise});
+  register_overloads({"aten::bmm"}, {.dim = bmm, .family = "matrix", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::addmm", "aten::addmm_"},
-                     {.dim = [](const OpSchema& s) { return add_product(s, 0); }, .family = "matrix"});
+                     {.dim = [](const OpSchema& s) { return add_product(s, 0); }, .family = "matrix", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::baddbmm", "aten::baddbmm_"},
-                     {.dim = [](const OpSchema& s) { return add_product(s, 1); }, .family = "matrix"});
-  register_overloads({"aten::dot"}, {.dim = dot, .family = "matrix"});
-  register_overloads({"aten::mv"}, {.dim = mv, .family = "matrix"});
+                     {.dim = [](const OpSchema& s) { return add_product(s, 1); }, .family = "matrix", .strided_shards = detail::StridedShards::IndexWise});
+  register_overloads({"aten::dot"}, {.dim = dot, .family = "matrix", .strided_shards = detail::StridedShards::IndexWise});
+  register_overloads({"aten::mv"}, {.dim = mv, .family = "matrix", .strided_shards = detail::StridedShards::IndexWise});
   detail::register_composite({"aten::linear"}, {.dim = linear, .family = "composite"});
   detail::register_composite({"aten::matmul"}, {.dim = matmul, .family = "composite"});
   return true;

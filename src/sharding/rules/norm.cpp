@@ -77,10 +77,10 @@ std::vector<DimStrategy> layer_norm_backward(const OpSchema& s) {
 
 const bool registered = [] {
   using detail::register_overloads;
-  register_overloads({"aten::_softmax"}, {.dim = softmax, .family = "norm"});
-  register_overloads({"aten::_softmax_backward_data"}, {.dim = softmax_backward, .family = "norm"});
-  register_overloads({"aten::native_layer_norm"}, {.dim = layer_norm, .family = "norm"});
-  register_overloads({"aten::native_layer_norm_backward"}, {.dim = layer_norm_backward, .family = "norm"});
+  register_overloads({"aten::_softmax"}, {.dim = softmax, .family = "norm", .strided_shards = detail::StridedShards::IndexWise});
+  register_overloads({"aten::_softmax_backward_data"}, {.dim = softmax_backward, .family = "norm", .strided_shards = detail::StridedShards::IndexWise});
+  register_overloads({"aten::native_layer_norm"}, {.dim = layer_norm, .family = "norm", .strided_shards = detail::StridedShards::IndexWise});
+  register_overloads({"aten::native_layer_norm_backward"}, {.dim = layer_norm_backward, .family = "norm", .strided_shards = detail::StridedShards::IndexWise});
   // Their composite forms, kept whole in exported graphs: the same math, one output.
   detail::register_composite({"aten::softmax.int"}, {.dim = softmax, .family = "composite"});
   detail::register_composite({"aten::layer_norm"}, {.dim = layer_norm, .family = "composite"});

@@ -126,7 +126,8 @@ detail::OpRule rule(Linearity linearity) {
   return {.dim = [linearity](const OpSchema& s) { return pointwise(s, linearity); },
           .local_args = linearity == Linearity::Additive ? LocalArgsRule(number_on_one_rank) : LocalArgsRule(),
           .output_metas = pointwise_metas,
-          .family = "pointwise"};
+          .family = "pointwise",
+          .strided_shards = detail::StridedShards::IndexWise};
 }
 
 const bool registered = [] {

@@ -259,31 +259,31 @@ const bool registered = [] {
   // nansum may not keep a Partial input: a NaN in one contribution makes the whole element NaN, which
   // nansum drops, while per-rank nansums would keep the other contributions.
   const Combine nan_sums{ReduceOp::Sum, {}};
-  register_overloads({"aten::sum", "aten::sum.dim_IntList"}, {.dim = reduce(sums), .family = "reduction"});
-  register_overloads({"aten::nansum"}, {.dim = reduce(nan_sums), .family = "reduction"});
+  register_overloads({"aten::sum", "aten::sum.dim_IntList"}, {.dim = reduce(sums), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
+  register_overloads({"aten::nansum"}, {.dim = reduce(nan_sums), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::mean", "aten::mean.dim"},
-                     {.dim = reduce(sums), .local_kernel = mean_kernel, .family = "reduction"});
+                     {.dim = reduce(sums), .local_kernel = mean_kernel, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::max", "aten::amax"},
-                     {.dim = reduce(maxima), .local_kernel = identity_when_empty(ReduceOp::Max), .family = "reduction"});
+                     {.dim = reduce(maxima), .local_kernel = identity_when_empty(ReduceOp::Max), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::min", "aten::amin"},
-                     {.dim = reduce(minima), .local_kernel = identity_when_empty(ReduceOp::Min), .family = "reduction"});
+                     {.dim = reduce(minima), .local_kernel = identity_when_empty(ReduceOp::Min), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   // any/all of a sharded dim combine as max/min of the per-shard results, but a Partial(max/min) input
   // must be reduced first: any(max_r x_r) is not the OR of any(x_r) for non-boolean values.
   const Combine any_of{ReduceOp::Max, {}};
   const Combine all_of{ReduceOp::Min, {}};
   register_overloads({"aten::any", "aten::any.dim", "aten::any.dims"},
-                     {.dim = reduce(any_of), .local_kernel = identity_when_empty(ReduceOp::Max), .family = "reduction"});
+                     {.dim = reduce(any_of), .local_kernel = identity_when_empty(ReduceOp::Max), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::all", "aten::all.dim", "aten::all.dims"},
-                     {.dim = reduce(all_of), .local_kernel = identity_when_empty(ReduceOp::Min), .family = "reduction"});
+                     {.dim = reduce(all_of), .local_kernel = identity_when_empty(ReduceOp::Min), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::prod", "aten::prod.dim_int", "aten::max.dim", "aten::min.dim", "aten::max.dim_max",
                       "aten::min.dim_min", "aten::argmax", "aten::argmin", "aten::var.correction", "aten::std.correction",
                       "aten::var_mean.correction", "aten::std_mean.correction", "aten::logsumexp"},
-                     {.dim = reduce(replicated), .family = "reduction"});
+                     {.dim = reduce(replicated), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::linalg_vector_norm", "aten::norm.Scalar", "aten::norm.ScalarOpt_dim"},
-                     {.dim = vector_norm, .local_kernel = norm_kernel, .family = "reduction"});
-  register_overloads({"aten::cumsum", "aten::cumsum_"}, {.dim = scan, .family = "reduction"});
-  register_overloads({"aten::flip"}, {.dim = flip, .family = "reduction"});
-  register_overloads({"aten::_local_scalar_dense"}, {.dim = replicate_only, .family = "reduction"});
+                     {.dim = vector_norm, .local_kernel = norm_kernel, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
+  register_overloads({"aten::cumsum", "aten::cumsum_"}, {.dim = scan, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
+  register_overloads({"aten::flip"}, {.dim = flip, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
+  register_overloads({"aten::_local_scalar_dense"}, {.dim = replicate_only, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   return true;
 }();
 

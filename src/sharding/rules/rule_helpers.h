@@ -60,7 +60,7 @@ inline void check_on_device(const at::Tensor& ok, const std::string& message) {
 inline std::vector<int64_t> mesh_dims_sharding(const Placements& placements, int64_t dim) {
   std::vector<int64_t> out;
   for (int64_t m = 0; m < static_cast<int64_t>(placements.size()); ++m)
-    if (placements[m].is_shard(dim)) out.push_back(m);
+    if (placements[m].is_sharding() && placements[m].dim() == dim) out.push_back(m);
   return out;
 }
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 
 #include "../registry.h"
 #include "dtensor/errors.h"
@@ -127,14 +128,18 @@ int64_t view_target(const Shape& in, const Shape& out, int64_t d, const Shape& m
   return -1;
 }
 
-// The input's own placements where the op keeps them: Shard(d) becomes Shard(target(d)), or
-// Replicate (the input replicated there first) when target(d) < 0; Partial stays when `keep_partial`.
-OpStrategy keep_where_possible(const OpSchema& s, const std::function<int64_t(int64_t)>& target, bool keep_partial) {
+// Where a sharding placement of the input (along mesh dim m) goes through the op: the output's
+// placement, or nullopt when the op cannot keep it (its dim is then replicated first).
+using ShardingTarget = std::function<std::optional<Placement>(const Placement&, int64_t m)>;
+
+// The input's own placements where the op keeps them: a sharding becomes target(it), or Replicate
+// (the input replicated there first) where there is none; Partial stays when `keep_partial`.
+OpStrategy keep_where_possible(const OpSchema& s, const ShardingTarget& target, bool keep_partial) {
   Placements in = s.input(0).placements, out = in;
   for (size_t m = 0; m < in.size(); ++m) {
-    const int64_t o = in[m].is_shard() ? target(in[m].dim()) : 0;
-    if (o < 0 || (in[m].is_partial() && !keep_partial)) in[m] = out[m] = Replicate();
-    else if (in[m].is_shard()) out[m] = Shard(o);
+    const auto o = in[m].is_sharding() ? target(in[m], static_cast<int64_t>(m)) : std::nullopt;
+    if ((in[m].is_sharding() && !o) || (in[m].is_partial() && !keep_partial)) in[m] = out[m] = Replicate();
+    else if (o) out[m] = *o;
   }
   return {PlacementStrategy{{out}, {in}, {}}};
 }
@@ -154,20 +159,79 @@ OpStrategy dtype_view(const OpSchema& s) {
   const Shape& in = s.input(0).meta.shape;
   const bool resized = !in.empty() && s.outputs[0].shape.back() != in.back();
   const int64_t last = static_cast<int64_t>(in.size()) - 1;
-  return keep_where_possible(s, [&](int64_t d) { return resized && d == last ? -1 : d; }, false);
+  return keep_where_possible(
+      s, [&](const Placement& p, int64_t) { return resized && p.dim() == last ? std::nullopt : std::optional(p); },
+      false);
 }
 
-// A view computes on global shapes only when the shards align with it (see view_target); a dim
-// that cannot stay sharded is replicated first, and the view then runs on the replicated data.
+// Elements before each dim of a shape: prefix[i] = shape[0] * ... * shape[i-1], for i up to ndim.
+Shape elements_before(const Shape& shape) {
+  Shape prefix = {1};
+  for (int64_t size : shape) prefix.push_back(prefix.back() * size);
+  return prefix;
+}
+
+// Where StridedShard(d, split) (Shard(d) when split is 1) of the input goes through a view from `in`
+// to `out`, the runs of elements it holds kept as they are (checked for every mesh coordinate by
+// same_runs, with `on_dim` the one mesh dim sharding d):
+//  - an output dim made of whole input dims including d: the dims before d multiply the blocks (a
+//    merge: [8,12] S(1) -> [96] SS(0,8); [15,4] SS(0,3) -> [60] SS(0,3)), and it is a Shard again
+//    where there is one block;
+//  - d split into output dims: the dim where the blocks end holds the shard ([96] SS(0,8) ->
+//    [8,12] S(1)).
+std::optional<Placement> strided_view_target(const Shape& in, const Shape& out, const Placement& p,
+                                             const Shape& mesh_shape, const Placements& on_dim) {
+  const int64_t d = p.dim(), split = p.split_factor(), block = in[d] / split;
+  if (in[d] <= 1) return std::nullopt;
+  const Shape in_before = elements_before(in), out_before = elements_before(out);
+  auto input_boundary = [&](int64_t elements) {
+    return std::find(in_before.begin(), in_before.end(), elements) != in_before.end();
+  };
+  for (size_t o = 0; o < out.size(); ++o) {
+    if (out[o] == 1) continue;
+    // An output dim of whole input dims, d among them.
+    if (out_before[o] <= in_before[d] && in_before[d + 1] <= out_before[o + 1] && input_boundary(out_before[o]) &&
+        input_boundary(out_before[o + 1])) {
+      const int64_t inner = out_before[o + 1] / in_before[d + 1];
+      if (!same_runs(block, inner, block * inner, 1, mesh_shape, on_dim)) return std::nullopt;
+      return Placement::strided_shard(static_cast<int64_t>(o), in_before[d] / out_before[o] * split);
+    }
+    // An output dim inside d that starts where d's blocks end.
+    if (in_before[d] < out_before[o] && out_before[o + 1] <= in_before[d + 1] && out_before[o] == in_before[d] * split &&
+        input_boundary(in_before[d + 1])) {
+      const int64_t inner = in_before[d + 1] / out_before[o + 1];
+      if (!same_runs(block, 1, out[o], inner, mesh_shape, on_dim)) return std::nullopt;
+      return Shard(static_cast<int64_t>(o));
+    }
+  }
+  return std::nullopt;
+}
+
+// A view computes on global shapes only when the shards align with it: a Shard stays one (see
+// view_target), or becomes a StridedShard where the view merges its dim into dims before it; a
+// StridedShard follows its blocks (strided_view_target). Any other sharded dim is replicated first,
+// and the view then runs on the replicated data. A strategy with strided shards comes with one
+// without them (which replicates instead), for callers that cannot take them (graph programs).
 OpStrategy view(const OpSchema& s) {
   if (is_dtype_view(s)) return dtype_view(s);
   const Shape& in = s.input(0).meta.shape;
   const Shape& out = s.outputs[0].shape;
   const Placements& placements = s.input(0).placements;
   // Without elements there are no runs to line up (and element counts say nothing): replicate.
-  if (numel(in) == 0) return keep_where_possible(s, [](int64_t) { return -1; }, true);
-  return keep_where_possible(
-      s, [&](int64_t d) { return view_target(in, out, d, s.mesh->shape(), chunking_of(placements, d)); }, true);
+  if (numel(in) == 0) return keep_where_possible(s, [](const Placement&, int64_t) { return std::nullopt; }, true);
+  auto target = [&](const Placement& p, int64_t m, bool strided) -> std::optional<Placement> {
+    if (p.is_shard()) {
+      const Placements on_dim = chunking_of(placements, p.dim());
+      if (const int64_t o = view_target(in, out, p.dim(), s.mesh->shape(), on_dim); o >= 0) return Shard(o);
+      if (std::count(on_dim.begin(), on_dim.end(), Shard(0)) != 1) return std::nullopt;  // see StridedShard
+    }
+    if (!strided) return std::nullopt;
+    return strided_view_target(in, out, p, {s.mesh->size(m)}, {Shard(0)});
+  };
+  OpStrategy with = keep_where_possible(s, [&](const Placement& p, int64_t m) { return target(p, m, true); }, true);
+  OpStrategy without = keep_where_possible(s, [&](const Placement& p, int64_t m) { return target(p, m, false); }, true);
+  if (with.front().outputs == without.front().outputs && with.front().inputs == without.front().inputs) return with;
+  return {with.front(), without.front()};
 }
 
 // The `size` argument (index 1) is global; the local call needs this rank's output shape.
@@ -446,32 +510,34 @@ std::vector<DimStrategy> index_put(const OpSchema& s) {
 
 const bool registered = [] {
   using detail::register_family;
-  register_family({"aten::expand"}, {.dim = expand, .local_args = local_size_arg, .family = "view"});
+  using enum detail::StridedShards;
+  register_family({"aten::expand"}, {.dim = expand, .local_args = local_size_arg, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::t", "aten::transpose", "aten::permute", "aten::detach", "aten::alias"},
-                  {.dim = reorder, .family = "view"});
-  register_family({"aten::repeat"}, {.dim = repeat, .family = "view"});
+                  {.dim = reorder, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::repeat"}, {.dim = repeat, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::view", "aten::_unsafe_view"},
-                  {.mesh = view, .local_args = view_local_args, .local_kernel = view_kernel, .family = "view"});
+                  {.mesh = view, .local_args = view_local_args, .local_kernel = view_kernel, .family = "view", .strided_shards = Own});
   // reshape (composite: a view or a copy) shards like the view; a copy of the shard is legal here.
-  detail::register_composite({"aten::reshape"}, {.mesh = view, .local_args = local_size_arg, .family = "composite"});
+  detail::register_composite({"aten::reshape"},
+                             {.mesh = view, .local_args = local_size_arg, .family = "composite", .strided_shards = Own});
   register_family({"aten::_reshape_alias"},
-                  {.mesh = view, .local_args = local_size_arg, .local_kernel = reshape_alias_kernel, .family = "view"});
+                  {.mesh = view, .local_args = local_size_arg, .local_kernel = reshape_alias_kernel, .family = "view", .strided_shards = Own});
   register_family({"aten::new_empty_strided"},
                   {.mesh = new_empty_strided, .local_args = new_empty_strided_args, .family = "view"});
-  register_family({"aten::squeeze"}, {.dim = squeeze, .local_kernel = squeeze_kernel, .family = "view"});
-  register_family({"aten::unsqueeze", "aten::stack"}, {.dim = unsqueeze, .family = "view"});
-  register_family({"aten::slice"}, {.dim = slice, .family = "view"});
-  register_family({"aten::slice_backward"}, {.dim = slice, .local_args = local_size_arg, .family = "view"});
-  register_family({"aten::select", "aten::unbind"}, {.dim = select, .family = "view"});
-  register_family({"aten::select_backward"}, {.dim = select_backward, .local_args = local_size_arg, .family = "view"});
-  register_family({"aten::split", "aten::split_with_sizes", "aten::cat"}, {.dim = along_dim, .family = "view"});
-  register_family({"aten::index_select"}, {.dim = index_select, .family = "view"});
-  register_family({"aten::index_add"}, {.dim = index_add, .family = "view"});
-  register_family({"aten::gather"}, {.dim = gather, .family = "view"});
-  register_family({"aten::scatter", "aten::scatter_add"}, {.dim = scatter, .family = "view"});
-  register_family({"aten::slice_scatter"}, {.dim = slice_scatter, .family = "view"});
-  register_family({"aten::index_put", "aten::_index_put_impl"}, {.dim = index_put, .family = "view"});
-  register_family({"aten::index"}, {.dim = index, .family = "view"});
+  register_family({"aten::squeeze"}, {.dim = squeeze, .local_kernel = squeeze_kernel, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::unsqueeze", "aten::stack"}, {.dim = unsqueeze, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::slice"}, {.dim = slice, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::slice_backward"}, {.dim = slice, .local_args = local_size_arg, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::select", "aten::unbind"}, {.dim = select, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::select_backward"}, {.dim = select_backward, .local_args = local_size_arg, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::split", "aten::split_with_sizes", "aten::cat"}, {.dim = along_dim, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::index_select"}, {.dim = index_select, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::index_add"}, {.dim = index_add, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::gather"}, {.dim = gather, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::scatter", "aten::scatter_add"}, {.dim = scatter, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::slice_scatter"}, {.dim = slice_scatter, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::index_put", "aten::_index_put_impl"}, {.dim = index_put, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::index"}, {.dim = index, .family = "view", .strided_shards = IndexWise});
   return true;
 }();
 
