@@ -7,8 +7,10 @@
 //   dtensor_tp_step_bench [--tp N] [--rounds R]
 //   DTENSOR_BENCH_OP_COUNTS=1 also lists the DTensor ops one step dispatches, most frequent first.
 //
-// A timed step is forward, backward, AdamW step, zero_grad, and reading the loss as a number (what a
-// training loop logs; gpt::train_step without gradient clipping, which is benchmarked elsewhere).
+// A timed step is forward, backward, AdamW step (dtensor::step_on_local_shards: optimizer.step() for
+// plain parameters, over the local shards for DTensor ones), zero_grad, and reading the loss as a
+// number (what a training loop logs; gpt::train_step without gradient clipping, which is benchmarked
+// elsewhere).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -33,6 +35,7 @@
 
 #include "dtensor/comm_debug.h"
 #include "dtensor/dtensor.h"
+#include "dtensor/optim.h"
 #include "gpt/training.h"
 #include "megatron_gpt.h"
 
@@ -140,7 +143,7 @@ StepResult step(Contender& c, const std::vector<gpt::Batch>& batches, const Phas
   const auto forward_done = phase_done(kForward);
   loss.backward();
   const auto backward_done = phase_done(kBackward);
-  c.optimizer->step();
+  dtensor::step_on_local_shards(*c.optimizer);
   c.optimizer->zero_grad();
   const auto optimizer_done = phase_done(kOptimizer);
   const double value = gpt::value_of(loss);

@@ -130,14 +130,16 @@ struct TrainOptions {
   double max_grad_norm = 1.0;
 };
 
-// One step: forward, backward, clip by the global gradient norm, AdamW. Returns the loss.
+// One step: forward, backward, clip by the global gradient norm, AdamW (on the parameters' local
+// shards: the same update as optimizer.step(), without a DTensor op per element-wise operation).
+// Returns the loss.
 inline double train_step(Gpt& model, torch::optim::Optimizer& optimizer, const Batch& batch,
                          const TrainOptions& options) {
   optimizer.zero_grad();
   at::Tensor loss = dtensor::call(model, batch.tokens, batch.targets);
   loss.backward();
   dtensor::clip_grad_norm_(model->parameters(), options.max_grad_norm);
-  optimizer.step();
+  dtensor::step_on_local_shards(optimizer);
   return value_of(loss);
 }
 

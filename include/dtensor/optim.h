@@ -1,11 +1,29 @@
 #pragma once
-// Training helpers for parameters that are DTensors (torch::optim's optimizers step them as they are).
+// Training helpers for parameters that are DTensors (torch::optim's optimizers step them as they are;
+// step_on_local_shards steps them faster).
 
 #include <ATen/core/Tensor.h>
 
 #include <vector>
 
+namespace torch::optim {
+class Optimizer;
+}
+
 namespace dtensor {
+
+// optimizer.step() with every DTensor parameter's update computed on its local shard: LibTorch's own
+// step (its math, its state objects) runs over plain tensors that alias the shards of the parameters,
+// their gradients and their optimizer state, instead of dispatching every op of the update as a DTensor
+// op (AdamW: about nine per parameter, each paying sharding propagation and a DTensor wrapper). The
+// result is the DTensor step's: an elementwise update on each rank's shard, every rank computing the
+// same update of a Replicate parameter. A gradient placed unlike its parameter (a Partial one) is
+// first redistributed to the parameter's placements, as the DTensor step would. State the step
+// creates becomes DTensors laid out as their parameters, so checkpoints (TrainingState) see the same
+// optimizer either way. Adam, AdamW and SGD, whose updates are elementwise, are supported; any other
+// optimizer is refused (its step may mix elements of a parameter). Plain tensor parameters are
+// stepped as they are.
+void step_on_local_shards(torch::optim::Optimizer& optimizer);
 
 // Scales the gradients of `parameters` in place so that their global norm (of order norm_type; 2 by
 // default, infinity allowed) is at most max_norm, and returns that norm as it was before clipping.

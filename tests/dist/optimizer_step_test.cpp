@@ -1,0 +1,144 @@
+// step_on_local_shards: LibTorch's Adam, AdamW and SGD stepped on the shards of DTensor parameters
+// give the parameters and optimizer state of the same optimizer on the full tensors on one device,
+// dispatch no DTensor op when gradients are placed like their parameters, and leave the optimizer
+// over its DTensors (state included) so that a plain step or a checkpoint can follow.
+
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include "dtensor/comm_debug.h"
+#include "dtensor/optim.h"
+#include "harness.h"
+
+namespace dtensor::testing {
+namespace {
+
+struct Param {
+  Shape shape;
+  Placements placements;       // the parameter's
+  Placements grad_placements;  // its gradient's (Partial: reduced by the step)
+};
+
+// Uneven shards (6 rows over 4 ranks: 2, 2, 2, 0), a column shard, a Replicate bias, a Partial
+// gradient and one sharded unlike its parameter.
+std::vector<Param> params_1d() {
+  return {{{6, 5}, {Shard(0)}, {Shard(0)}},
+          {{5, 7}, {Shard(1)}, {Shard(1)}},
+          {{7}, {Replicate()}, {Partial()}},
+          {{3, 4}, {Shard(0)}, {Shard(1)}}};
+}
+
+std::vector<Param> params_2d() {
+  return {{{6, 5}, {Shard(0), Shard(1)}, {Shard(0), Shard(1)}},
+          {{5, 3}, {Replicate(), Shard(0)}, {Partial(), Shard(0)}}};
+}
+
+using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
+
+struct Case {
+  std::string name;
+  MakeOptimizer make;
+};
+
+std::vector<Case> optimizers() {
+  return {
+      {"AdamW", [](auto p) { return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.1)); }},
+      {"AdamW amsgrad",
+       [](auto p) { return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.1).amsgrad(true)); }},
+      {"Adam weight decay",
+       [](auto p) { return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.1).weight_decay(0.1)); }},
+      {"SGD nesterov", [](auto p) {
+         return std::make_unique<torch::optim::SGD>(
+             p, torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01));
+       }},
+  };
+}
+
+// The optimizer state tensors of `param`, in a fixed order (undefined where the optimizer has none).
+std::vector<at::Tensor> state_of(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  auto& state = *optimizer.state().at(param.unsafeGetTensorImpl());
+  if (auto* s = dynamic_cast<torch::optim::AdamWParamState*>(&state))
+    return {s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()};
+  if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(&state))
+    return {s->exp_avg(), s->exp_avg_sq(), s->max_exp_avg_sq()};
+  return {dynamic_cast<torch::optim::SGDParamState&>(state).momentum_buffer()};
+}
+
+// Three steps with new gradients each: the first two on local shards, the last a plain DTensor step
+// (the state the shard steps made must serve it), against the optimizer on the full tensors.
+void check_against_one_device(const MeshPtr& m, const std::vector<Param>& params, const Case& c) {
+  std::vector<at::Tensor> full, dist;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor value = test_tensor(params[i].shape, at::kDouble, 30 + i) / 4;
+    full.push_back(value.clone().requires_grad_());
+    dist.push_back(make_dtensor_holding(value, m, params[i].placements).requires_grad_());
+  }
+  auto reference = c.make(full);
+  auto optimizer = c.make(dist);
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor grad = test_tensor(params[i].shape, at::kDouble, 100 * step + i) / 8;
+      full[i].mutable_grad() = grad.clone();
+      dist[i].mutable_grad() = make_dtensor_holding(grad, m, params[i].grad_placements, step);
+    }
+    reference->step();
+    if (step < 2) step_on_local_shards(*optimizer);
+    else optimizer->step();
+    for (size_t i = 0; i < params.size(); ++i) {
+      ASSERT_TRUE(is_dtensor(optimizer->param_groups()[0].params()[i])) << c.name;
+      EXPECT_EQ(placements_of(dist[i]), params[i].placements);
+      EXPECT_TRUE(tensors_close(full_tensor(dist[i]), full[i].detach(), 1e-12, 1e-12)) << c.name << ", step " << step;
+      const auto expected = state_of(*reference, full[i]), actual = state_of(*optimizer, dist[i]);
+      for (size_t k = 0; k < expected.size(); ++k) {
+        ASSERT_EQ(actual[k].defined(), expected[k].defined()) << c.name << ", state " << k;
+        if (!expected[k].defined()) continue;
+        ASSERT_TRUE(is_dtensor(actual[k])) << c.name << ", state " << k;
+        EXPECT_EQ(placements_of(actual[k]), params[i].placements);
+        EXPECT_TRUE(tensors_close(full_tensor(actual[k]), expected[k], 1e-12, 1e-12)) << c.name << ", state " << k;
+      }
+    }
+  }
+}
+
+TEST_F(DistTest, StepOnLocalShardsMatchesTheOptimizerOnOneDevice) {
+  for (const Case& c : optimizers()) check_against_one_device(mesh({4}), params_1d(), c);
+}
+
+TEST_F(DistTest, StepOnLocalShardsMatchesTheOptimizerOnOneDeviceOn2dMesh) {
+  for (const Case& c : optimizers()) check_against_one_device(mesh({2, 2}), params_2d(), c);
+}
+
+// With gradients placed like their parameters the step dispatches no DTensor op at all (the DTensor
+// step dispatches several per parameter).
+TEST_F(DistTest, StepOnLocalShardsDispatchesNoDTensorOp) {
+  auto m = mesh({4});
+  std::vector<at::Tensor> params;
+  for (const Param& p : params_1d()) {
+    params.push_back(make_dtensor_holding(test_tensor(p.shape, at::kDouble, 1), m, p.placements).requires_grad_());
+    params.back().mutable_grad() = make_dtensor_holding(test_tensor(p.shape, at::kDouble, 2), m, p.placements);
+  }
+  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(0.1));
+  {
+    CommDebugMode debug;
+    step_on_local_shards(optimizer);
+    EXPECT_TRUE(debug.ops().empty()) << debug.ops().size() << " ops, first " << debug.ops().front();
+  }
+  CommDebugMode debug;
+  optimizer.step();
+  EXPECT_GE(debug.ops().size(), 8 * params.size());
+}
+
+TEST_F(DistTest, StepOnLocalShardsRefusesOptimizersThatMayMixElements) {
+  auto m = mesh({4});
+  at::Tensor p = distribute_tensor(test_tensor({4, 4}, at::kDouble, 3), m, Placements{Shard(0)}).requires_grad_();
+  p.mutable_grad() = distribute_tensor(test_tensor({4, 4}, at::kDouble, 4), m, Placements{Shard(0)});
+  torch::optim::RMSprop optimizer({p}, torch::optim::RMSpropOptions(0.1));
+  const std::string error = error_of([&] { step_on_local_shards(optimizer); });
+  EXPECT_NE(error.find("supports Adam, AdamW and SGD"), std::string::npos) << error;
+  EXPECT_TRUE(optimizer.param_groups()[0].params()[0].is_same(p));
+}
+
+}  // namespace
+}  // namespace dtensor::testing
