@@ -21,8 +21,9 @@ Command: \`./dev bench tp${*:+ $*}\` (runs \`bench/tp_step.sh\`, which runs \`dt
 
 Method: the GPT demo model (examples/gpt: seq 32, dim 128, 8 heads, 2 layers, ffn 512, the corpus's
 vocabulary, batch 8), every model from the same seed, local ranks talking through the MPI backend
-(Open MPI, shared memory) or Gloo (TCP over loopback), one intra-op thread per rank. A step is forward, backward, AdamW step and zero_grad, then reading the
-loss as a number (what a training loop logs); no gradient clipping. *dtensor*: \`gpt::parallelize\`
+(Open MPI, shared memory) or Gloo (TCP over loopback), one intra-op thread per rank. A step is forward, backward, AdamW step (\`dtensor::step_on_local_shards\`:
+LibTorch's AdamW over the local shards of DTensor parameters, \`optimizer.step()\` for plain ones) and
+zero_grad, then reading the loss as a number (what a training loop logs); no gradient clipping. *dtensor*: \`gpt::parallelize\`
 on a 1-d mesh (the TP plan with local activations), \`dtensor::call(model, tokens, targets)\`.
 *hand-written Megatron*: the same GPT as plain per-rank shards of the same weights, Megatron's f/g
 autograd functions over the mesh's c10d process group (all-reduces in place, skipped on one rank as
