@@ -17,12 +17,13 @@ namespace dtensor {
 // their gradients and their optimizer state, instead of dispatching every op of the update as a DTensor
 // op (AdamW: about nine per parameter, each paying sharding propagation and a DTensor wrapper). The
 // result is the DTensor step's: an elementwise update on each rank's shard, every rank computing the
-// same update of a Replicate parameter. A gradient placed unlike its parameter (a Partial one) is
-// first redistributed to the parameter's placements, as the DTensor step would. State the step
-// creates becomes DTensors laid out as their parameters, so checkpoints (TrainingState) see the same
-// optimizer either way. Adam, AdamW and SGD, whose updates are elementwise, are supported; any other
-// optimizer is refused (its step may mix elements of a parameter). Plain tensor parameters are
-// stepped as they are.
+// same update of a Replicate parameter. A gradient or state tensor placed unlike its parameter (a
+// Partial one) is first redistributed to the parameter's placements, as the DTensor step would (the
+// state stays so). State the step creates becomes DTensors laid out as their parameters, so
+// checkpoints (TrainingState) see the same optimizer either way. A parameter listed twice keeps one
+// state, as with optimizer.step(). Adam, AdamW and SGD, whose updates are elementwise, are supported;
+// any other optimizer is refused (its step may mix elements of a parameter), and so is a Partial
+// parameter (Adam's squared gradients need its value). Plain tensor parameters are stepped as they are.
 void step_on_local_shards(torch::optim::Optimizer& optimizer);
 
 // Scales the gradients of `parameters` in place so that their global norm (of order norm_type; 2 by

@@ -7,6 +7,8 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <unordered_map>
+
 #include "dtensor/api.h"
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/errors.h"
@@ -42,26 +44,47 @@ void rekey(States& states, void* from, void* to) {
   states[to] = std::move(state);
 }
 
+// `t` (a gradient or a state tensor of `param`) placed as the parameter is, so that the elementwise
+// update meets matching shards: a state tensor made from a Partial gradient by an earlier plain step
+// is Partial, and is reduced here for good.
+at::Tensor placed_like(const at::Tensor& t, const at::Tensor& param) {
+  if (!t.defined() || !is_dtensor(t) || placements_of(t) == placements_of(param)) return t;
+  return redistribute(t, placements_of(param));
+}
+
 // One DTensor parameter while the step runs on its shard.
 struct Swap {
-  at::Tensor* slot;                     // its place in the param group
-  at::Tensor param;                     // the DTensor
-  at::Tensor local;                     // the plain alias of its shard, in `slot` during the step
-  std::vector<at::Tensor> state_before; // its state tensors (DTensors, or undefined) before the step
+  std::vector<at::Tensor*> slots;  // its places in the param groups (one parameter may be listed twice)
+  at::Tensor param;                // the DTensor
+  at::Tensor local;                // the plain alias of its shard, in its slots during the step
+  std::vector<at::Tensor> state;   // its state tensors (DTensors placed as the parameter, or undefined)
 };
 
+// Refuses, before anything is swapped, what the step on shards cannot do as the DTensor step would.
+void check_steppable(const at::Tensor& param, const States& states) {
+  for (const Placement& p : placements_of(param))
+    if (p.is_partial())
+      throw DTensorError("step_on_local_shards: a parameter is Partial (" + to_string(placements_of(param)) +
+                         "); updates that are not linear (Adam's squared gradients) need its value: redistribute it to "
+                         "Replicate first, or call optimizer.step()");
+  auto it = states.find(param.unsafeGetTensorImpl());
+  if (it == states.end()) return;
+  for (at::Tensor* t : state_tensors(*it->second))
+    if (t->defined() && !is_dtensor(*t))
+      throw DTensorError("step_on_local_shards: a DTensor parameter's optimizer state holds a plain tensor; load or "
+                         "create its state as DTensors (as optimizer.step() does), or call optimizer.step()");
+}
+
 Swap swap_in(at::Tensor& slot, States& states) {
-  Swap s{&slot, slot, alias_without_history(local_tensor_of(slot)), {}};
-  if (const at::Tensor& grad = s.param.grad(); grad.defined()) {
-    const at::Tensor placed =
-        is_dtensor(grad) && placements_of(grad) != placements_of(s.param) ? redistribute(grad, placements_of(s.param)) : grad;
-    s.local.mutable_grad() = alias_without_history(local_tensor_of(placed));
-  }
-  if (auto it = states.find(s.param.unsafeGetTensorImpl()); it != states.end())
-    for (at::Tensor* t : state_tensors(*it->second)) {
-      s.state_before.push_back(*t);
-      if (t->defined()) *t = alias_without_history(local_tensor_of(*t));
-    }
+  Swap s{{&slot}, slot, alias_without_history(local_tensor_of(slot)), {}};
+  // Everything that may fail (redistributions) before anything changes.
+  const at::Tensor grad = placed_like(s.param.grad(), s.param);
+  auto it = states.find(s.param.unsafeGetTensorImpl());
+  const std::vector<at::Tensor*> fields = it == states.end() ? std::vector<at::Tensor*>{} : state_tensors(*it->second);
+  for (at::Tensor* t : fields) s.state.push_back(placed_like(*t, s.param));
+  if (grad.defined()) s.local.mutable_grad() = alias_without_history(local_tensor_of(grad));
+  for (size_t k = 0; k < fields.size(); ++k)
+    if (s.state[k].defined()) *fields[k] = alias_without_history(local_tensor_of(s.state[k]));
   rekey(states, s.param.unsafeGetTensorImpl(), s.local.unsafeGetTensorImpl());
   slot = s.local;
   return s;
@@ -70,15 +93,15 @@ Swap swap_in(at::Tensor& slot, States& states) {
 // Puts the DTensor parameter back, with its state: the DTensors it had (their shards now updated in
 // place), and new state tensors wrapped as DTensors laid out like the parameter.
 void swap_out(Swap& s, States& states) {
-  *s.slot = s.param;
+  for (at::Tensor* slot : s.slots) *slot = s.param;
   rekey(states, s.local.unsafeGetTensorImpl(), s.param.unsafeGetTensorImpl());
   auto it = states.find(s.param.unsafeGetTensorImpl());
   if (it == states.end()) return;
   const auto fields = state_tensors(*it->second);
   for (size_t k = 0; k < fields.size(); ++k) {
     at::Tensor& field = *fields[k];
-    if (k < s.state_before.size() && s.state_before[k].defined()) {
-      field = s.state_before[k];
+    if (k < s.state.size() && s.state[k].defined()) {
+      field = s.state[k];
     } else if (field.defined() && !is_dtensor(field)) {
       FromLocalOptions options{.run_check = false};
       options.shape = s.param.sizes().vec();
@@ -97,11 +120,25 @@ void step_on_local_shards(torch::optim::Optimizer& optimizer) {
                        "DTensor parameters instead");
   at::NoGradGuard no_grad;
   States& states = optimizer.state();
+  for (const auto& group : optimizer.param_groups())
+    for (const at::Tensor& param : group.params())
+      if (is_dtensor(param)) check_steppable(param, states);
   std::vector<Swap> swaps;
+  // A parameter listed more than once (tied weights) is swapped once, so that it keeps one state, as
+  // optimizer.step() gives it.
+  std::unordered_map<const void*, size_t> swapped;
   try {
     for (auto& group : optimizer.param_groups())
-      for (at::Tensor& slot : group.params())
-        if (is_dtensor(slot)) swaps.push_back(swap_in(slot, states));
+      for (at::Tensor& slot : group.params()) {
+        if (!is_dtensor(slot)) continue;
+        if (auto it = swapped.find(slot.unsafeGetTensorImpl()); it != swapped.end()) {
+          swaps[it->second].slots.push_back(&slot);
+          slot = swaps[it->second].local;
+          continue;
+        }
+        swapped.emplace(slot.unsafeGetTensorImpl(), swaps.size());
+        swaps.push_back(swap_in(slot, states));
+      }
     optimizer.step();
   } catch (...) {
     for (Swap& s : swaps) swap_out(s, states);

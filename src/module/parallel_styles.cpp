@@ -113,7 +113,7 @@ void convert_row_parallel_input(const StyleTarget& target, Placement input, int6
   register_forward_pre_hook(target.module, [=](torch::nn::Module&, std::vector<at::Tensor>& inputs) {
     if (inputs.empty() || !inputs[0].defined()) return;
     std::optional<std::pair<int64_t, int64_t>> known;
-    if (input.is_shard() && input.dim() == feature_dim)
+    if (input.is_sharding() && input.dim() == feature_dim)
       known = std::pair<int64_t, int64_t>{feature_dim < 0 ? feature_dim + inputs[0].dim() : feature_dim, features};
     inputs[0] = with_tp_placement(as_dtensor(inputs[0], context, input, known), context, Shard(feature_dim));
   });

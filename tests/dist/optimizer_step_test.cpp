@@ -130,6 +130,48 @@ TEST_F(DistTest, StepOnLocalShardsDispatchesNoDTensorOp) {
   EXPECT_GE(debug.ops().size(), 8 * params.size());
 }
 
+// State made by a plain DTensor step from a Partial gradient is Partial itself (SGD's momentum is a
+// clone of the gradient); the step on shards reduces it first instead of mixing contributions.
+TEST_F(DistTest, StepOnLocalShardsPlacesStateLikeItsParameter) {
+  auto m = mesh({4});
+  const at::Tensor value = test_tensor({6, 5}, at::kDouble, 5) / 4;
+  at::Tensor p = distribute_tensor(value, m).requires_grad_();
+  const at::Tensor fp = value.clone().requires_grad_();
+  const auto options = torch::optim::SGDOptions(0.1).momentum(0.9);
+  torch::optim::SGD optimizer({p}, options), reference({fp}, options);
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor grad = test_tensor({6, 5}, at::kDouble, 40 + step) / 8;
+    p.mutable_grad() = make_dtensor_holding(grad, m, {Partial()}, step);
+    fp.mutable_grad() = grad.clone();
+    if (step == 0) optimizer.step();
+    else step_on_local_shards(optimizer);
+    reference.step();
+    EXPECT_TRUE(tensors_close(full_tensor(p), fp.detach(), 1e-12, 1e-12)) << "step " << step;
+  }
+  EXPECT_EQ(placements_of(state_of(optimizer, p)[0]), (Placements{Replicate()}));
+}
+
+// A parameter listed twice (tied weights) keeps one state and is stepped twice, as optimizer.step()
+// does on one device.
+TEST_F(DistTest, StepOnLocalShardsKeepsOneStateForATiedParameter) {
+  auto m = mesh({4});
+  const at::Tensor value = test_tensor({6, 5}, at::kDouble, 6) / 4;
+  at::Tensor p = distribute_tensor(value, m, Placements{Shard(0)}).requires_grad_();
+  const at::Tensor fp = value.clone().requires_grad_();
+  const auto options = torch::optim::AdamWOptions(0.1);
+  torch::optim::AdamW optimizer(std::vector<at::Tensor>{p, p}, options), reference(std::vector<at::Tensor>{fp, fp}, options);
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor grad = test_tensor({6, 5}, at::kDouble, 50 + step) / 8;
+    p.mutable_grad() = distribute_tensor(grad, m, Placements{Shard(0)});
+    fp.mutable_grad() = grad.clone();
+    step_on_local_shards(optimizer);
+    reference.step();
+    EXPECT_TRUE(tensors_close(full_tensor(p), fp.detach(), 1e-12, 1e-12)) << "step " << step;
+  }
+  EXPECT_EQ(dynamic_cast<torch::optim::AdamWParamState&>(*optimizer.state().at(p.unsafeGetTensorImpl())).step(), 6);
+  EXPECT_EQ(optimizer.state().size(), 1u);
+}
+
 TEST_F(DistTest, StepOnLocalShardsRefusesOptimizersThatMayMixElements) {
   auto m = mesh({4});
   at::Tensor p = distribute_tensor(test_tensor({4, 4}, at::kDouble, 3), m, Placements{Shard(0)}).requires_grad_();
@@ -138,6 +180,13 @@ TEST_F(DistTest, StepOnLocalShardsRefusesOptimizersThatMayMixElements) {
   const std::string error = error_of([&] { step_on_local_shards(optimizer); });
   EXPECT_NE(error.find("supports Adam, AdamW and SGD"), std::string::npos) << error;
   EXPECT_TRUE(optimizer.param_groups()[0].params()[0].is_same(p));
+  // A Partial parameter: Adam's squared gradients need its value.
+  at::Tensor partial = make_dtensor_holding(test_tensor({4, 4}, at::kDouble, 5), m, {Partial()}).requires_grad_();
+  partial.mutable_grad() = make_dtensor_holding(test_tensor({4, 4}, at::kDouble, 6), m, {Partial()});
+  torch::optim::Adam adam({partial}, torch::optim::AdamOptions(0.1));
+  const std::string refused = error_of([&] { step_on_local_shards(adam); });
+  EXPECT_NE(refused.find("a parameter is Partial"), std::string::npos) << refused;
+  EXPECT_TRUE(adam.param_groups()[0].params()[0].is_same(partial));
 }
 
 }  // namespace
