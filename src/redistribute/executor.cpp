@@ -37,14 +37,23 @@ at::Tensor partition_replicated(const at::Tensor& local, const DeviceMesh& mesh,
   return local;
 }
 
+namespace {
+
+// `t` with dim d seen as [blocks, d's length / blocks]: a StridedShard's blocks along dim d, their
+// elements along d + 1.
+at::Tensor in_blocks(const at::Tensor& t, int64_t d, int64_t blocks) {
+  std::vector<int64_t> split = t.sizes().vec();
+  split[d] = t.size(d) / blocks;
+  split.insert(split.begin() + d, blocks);
+  return t.reshape(split);
+}
+
+}  // namespace
+
 at::Tensor strided_chunk(const at::Tensor& whole, const Placement& strided, const DeviceMesh& mesh, int64_t mesh_dim) {
-  // The dim seen as [blocks, block], cut along the block.
   const int64_t d = strided.dim(), blocks = strided.split_factor();
   const ChunkExtent c = strided_block_chunk(whole.size(d), blocks, mesh.size(mesh_dim), (*mesh.coordinate())[mesh_dim]);
-  std::vector<int64_t> split = whole.sizes().vec();
-  split[d] = whole.size(d) / blocks;
-  split.insert(split.begin() + d, blocks);
-  return whole.reshape(split).narrow(d + 1, c.offset, c.size).flatten(d, d + 1).contiguous();
+  return in_blocks(whole, d, blocks).narrow(d + 1, c.offset, c.size).flatten(d, d + 1).contiguous();
 }
 
 namespace {
@@ -55,13 +64,11 @@ namespace {
 at::Tensor strided_all_gather_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
   const int64_t d = step.from.dim(), n = mesh.size(step.mesh_dim), blocks = step.from.split_factor();
   const int64_t block = step.logical_shape[d] / blocks, chunk = padded_chunk_size(block, n);
-  const at::Tensor rows = local.movedim(d, 0);
-  std::vector<int64_t> split = {blocks, rows.size(0) / blocks};
-  split.insert(split.end(), rows.sizes().begin() + 1, rows.sizes().end());
-  std::vector<int64_t> padded_shape = split;
+  const at::Tensor mine = in_blocks(local.movedim(d, 0), 0, blocks);
+  std::vector<int64_t> padded_shape = mine.sizes().vec();
   padded_shape[1] = chunk;
   at::Tensor padded = at::empty(padded_shape, local.options());
-  padded.narrow(1, 0, split[1]).copy_(rows.reshape(split));
+  padded.narrow(1, 0, mine.size(1)).copy_(mine);
   padded_shape.insert(padded_shape.begin(), n);
   at::Tensor gathered = all_gather(mesh, step.mesh_dim, padded.flatten(0, 1)).view(padded_shape);
   at::Tensor whole = gathered.transpose(0, 1).flatten(1, 2).narrow(1, 0, block).flatten(0, 1);
