@@ -6,6 +6,8 @@
 //
 //   dtensor_tp_step_bench [--tp N] [--rounds R]
 //   DTENSOR_BENCH_OP_COUNTS=1 also lists the DTensor ops one step dispatches, most frequent first.
+//   DTENSOR_BENCH_ONLY=dtensor|hand runs that implementation's steps alone after the warm-up (R x 5
+//   steps, nothing printed), for a profiler: `perf record -- dtensor_tp_step_bench --tp 1 ...`.
 //
 // A timed step is forward, backward, AdamW step (dtensor::step_on_local_shards: optimizer.step() for
 // plain parameters, over the local shards for DTensor ones), zero_grad, and reading the loss as a
@@ -295,7 +297,7 @@ int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
     at::NoGradGuard no_grad;
     single_loss = single->forward(batches[0].tokens, batches[0].targets).item<double>();
   }
-  auto hand = std::make_shared<MegatronGpt>(single, config);  // its shards, copied before `single` trains
+  auto hand = std::make_shared<MegatronGpt>(single, config, BiasMath::kSeparate);  // shards copied before `single` trains
   gpt::Gpt parallel = seeded_model(config);
   gpt::parallelize(parallel, mesh);
 
@@ -328,6 +330,11 @@ int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
   for (size_t c = 0; c < contenders.size(); ++c)
     for (int s = 0; s < kWarmupSteps; ++s) warmup_losses[c].push_back(step(contenders[c], batches).loss);
   check_losses(single_loss, warmup_losses[contenders.size() - 2], warmup_losses.back());
+  if (const char* only = std::getenv("DTENSOR_BENCH_ONLY")) {  // one contender's steps alone, to profile it
+    Contender& c = std::string(only) == "hand" ? hand_run : dtensor_run;
+    for (int s = 0; s < args.rounds * kStepsPerRound; ++s) step(c, batches);
+    return 0;
+  }
   print_collectives(dtensor_run, hand_run, batches);
 
   const auto times = time_rounds(contenders, batches, args.rounds);

@@ -26,10 +26,6 @@ bool ImplicitReplicationGuard::active() { return implicit_replication; }
 namespace dtensor::detail {
 namespace {
 
-const DTensorImpl* as_dtensor(const at::Tensor& t) {
-  return t.defined() ? dynamic_cast<const DTensorImpl*>(t.unsafeGetTensorImpl()) : nullptr;
-}
-
 // Calls `visit(tensor, arg, list_index)` for every defined tensor among the arguments.
 template <typename Visit>
 void for_each_tensor(c10::ArrayRef<c10::IValue> args, Visit&& visit) {
@@ -82,9 +78,22 @@ void collect_inputs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> ar
   });
 }
 
-// A cached output spec (which holds no mesh) for this call's mesh.
-SpecPtr with_mesh(const DTensorSpec& cached, const MeshPtr& mesh) {
-  return std::make_shared<const DTensorSpec>(DTensorSpec{mesh, cached.placements, cached.meta});
+// An op's result as a DTensor. A result only the stack holds, with no autograd metadata (ops run
+// below autograd, so results have none), is wrapped as it is; anything else (an input returned as its
+// own result, a tensor some rule keeps) gets its own TensorImpl first, as make_dtensor gives it, so
+// that an in-place view of one DTensor's local tensor never reshapes another's.
+at::Tensor wrap_result(c10::IValue& slot, const DTensorSpec& out, bool is_view, SpecPtr spec) {
+  at::Tensor local = std::move(slot).toTensor();
+  if (!is_view) local = in_global_layout(local, out.meta);
+  if (local.use_count() == 1 && local.unsafeGetTensorImpl()->autograd_meta() == nullptr)
+    return at::Tensor(c10::make_intrusive<DTensorImpl>(std::move(local), std::move(spec)));
+  return make_dtensor(local, std::move(spec));
+}
+
+bool writes_an_argument(const c10::FunctionSchema& schema) {
+  for (const auto& a : schema.arguments())
+    if (a.alias_info() != nullptr && a.alias_info()->isWrite()) return true;
+  return false;
 }
 
 bool written(const c10::FunctionSchema& schema, const TensorInput& in) {
@@ -168,6 +177,30 @@ void push_empty_outputs(const c10::FunctionSchema& schema, const DeviceMesh& mes
 
 }  // namespace
 
+void record_op_for_debug(const c10::OperatorHandle& op, const std::vector<TensorInput>& inputs) {
+  auto* debug = CommDebugMode::active();
+  if (debug == nullptr) return;
+  std::vector<Placements> placements;
+  for (const auto& in : inputs) placements.push_back(in.spec->placements);
+  debug->record_op(qualified_name(op.operator_name()), std::move(placements));
+}
+
+// Every op on DTensors asks this of each argument: the dispatch key rules plain tensors out at once, and
+// DTensorImpl is final, so an exact type match is the whole check (cheaper than a dynamic_cast).
+const DTensorImpl* as_dtensor(const at::Tensor& t) {
+  if (!t.defined()) return nullptr;
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (!impl->key_set().has(kDTensorKey) || typeid(*impl) != typeid(DTensorImpl)) return nullptr;
+  return static_cast<const DTensorImpl*>(impl);
+}
+
+SpecPtr with_mesh(const DTensorSpec& cached, const MeshPtr& mesh, const std::vector<TensorInput>& inputs) {
+  for (const TensorInput& in : inputs)
+    if (in.spec->mesh == mesh && in.spec->placements == cached.placements && in.spec->meta == cached.meta)
+      return in.spec;
+  return std::make_shared<const DTensorSpec>(DTensorSpec{mesh, cached.placements, cached.meta});
+}
+
 void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size();
@@ -179,15 +212,12 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
   std::vector<TensorInput> inputs;
   inputs.reserve(4);
   collect_inputs(op, arg_view, mesh, inputs);
-  if (auto* debug = CommDebugMode::active()) {
-    std::vector<Placements> placements;
-    for (const auto& in : inputs) placements.push_back(in.spec->placements);
-    debug->record_op(qualified_name(op.operator_name()), std::move(placements));
-  }
+  record_op_for_debug(op, inputs);
   const OutputSharding& decision = propagate(op, arg_view, inputs, mesh);
 
   // Written (in-place / out=) arguments are returned as the caller's own DTensors.
-  const std::vector<c10::IValue> originals(args, args + n);
+  const std::vector<c10::IValue> originals =
+      writes_an_argument(schema) ? std::vector<c10::IValue>(args, args + n) : std::vector<c10::IValue>{};
   if (mesh->coordinate()) {
     replace_inputs(op, args, inputs, decision);
     for (const auto& [index, value] : decision.local_args) args[index] = value;
@@ -213,20 +243,19 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
       auto* impl = const_cast<DTensorImpl*>(as_dtensor(returns[j].toTensor()));
       const DTensorSpec& result = decision.outputs[next_output++];
       if (impl != nullptr && (impl->spec().placements != result.placements || impl->spec().meta != result.meta))
-        impl->reset_spec(with_mesh(result, mesh));
+        impl->reset_spec(with_mesh(result, mesh, inputs));
     } else if (returns[j].isTensor()) {
       // Undefined returns (e.g. gradients not asked for) have no output spec. A new (non-view) result
       // is laid out as its global strides say; a view keeps aliasing its input.
       if (returns[j].toTensor().defined()) {
         const DTensorSpec& out = decision.outputs[next_output++];
-        const at::Tensor& local = returns[j].toTensor();
-        returns[j] = make_dtensor(alias ? local : in_global_layout(local, out.meta), with_mesh(out, mesh));
+        returns[j] = wrap_result(returns[j], out, alias != nullptr, with_mesh(out, mesh, inputs));
       }
     } else if (returns[j].isTensorList()) {
       c10::List<at::Tensor> wrapped;
       for (const at::Tensor& t : returns[j].toTensorList()) {
         const DTensorSpec& out = decision.outputs[next_output++];
-        wrapped.push_back(make_dtensor(alias ? t : in_global_layout(t, out.meta), with_mesh(out, mesh)));
+        wrapped.push_back(make_dtensor(alias ? t : in_global_layout(t, out.meta), with_mesh(out, mesh, inputs)));
       }
       returns[j] = wrapped;
     }

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "dispatch.h"
+#include "fast_kernels.h"
 #include "propagation.h"
 #include "dtensor/errors.h"
 #include "dtensor/sharding.h"
@@ -36,7 +37,8 @@ void route_to_dtensor(Registry& r, const c10::OperatorName& name, const std::str
   if (!library)
     library = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse2, __FILE__, __LINE__);
   const std::string local = name.name.substr(sep + 2) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-  library->impl(local.c_str(), torch::CppFunction::makeFromBoxedFunction<&dispatch_kernel>());
+  if (!register_fast_kernel(*library, qualified))
+    library->impl(local.c_str(), torch::CppFunction::makeFromBoxedFunction<&dispatch_kernel>());
 }
 
 void add_rule(const c10::OperatorHandle& op, const OpRule& rule, bool route = true) {

@@ -72,10 +72,26 @@ const DTensorImpl& dtensor_impl(const at::Tensor& tensor, const char* what) {
   return *impl;
 }
 
+namespace {
+// As at::Tensor::is_contiguous: row-major strides, those of size-1 dims not counted.
+bool is_contiguous_layout(const TensorMeta& meta) {
+  int64_t expected = 1;
+  for (size_t d = meta.shape.size(); d-- > 0;) {
+    if (meta.shape[d] == 1) continue;
+    if (meta.stride[d] != expected) return false;
+    expected *= meta.shape[d];
+  }
+  return true;
+}
+}  // namespace
+
 at::Tensor in_global_layout(const at::Tensor& local, const TensorMeta& meta) {
   if (!local.defined() || local.numel() <= 1 || !local.is_non_overlapping_and_dense() ||
       static_cast<size_t>(local.dim()) != meta.shape.size())
     return local;
+  // Every op result comes through here: answer the common case (dense in the global dim order, which
+  // for a contiguous global tensor means contiguous) without building the expected strides.
+  if (local.is_contiguous() && is_contiguous_layout(meta)) return local;
   const Shape expected = global_stride_like(local.sizes().vec(), meta.shape, meta.stride);
   for (int64_t d = 0; d < local.dim(); ++d)
     if (local.size(d) > 1 && local.stride(d) != expected[d])
