@@ -169,8 +169,7 @@ using PossiblePlacements = std::map<const Value*, std::vector<Placements>>;
 bool makes_strided_shards(const OutputSharding& d) {
   for (const auto* side : {&d.chosen.inputs, &d.chosen.outputs})
     for (const Placements& placements : *side)
-      for (const Placement& p : placements)
-        if (p.is_strided_shard()) return true;
+      if (dtensor::detail::holds_strided(placements)) return true;
   return false;
 }
 

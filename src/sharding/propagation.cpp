@@ -246,10 +246,6 @@ std::string describe_inputs(const OpSchema& s) {
 
 // ---- strided shards (see StridedShards in registry.h) ----------------------------------------------
 
-bool holds_strided(const Placements& placements) {
-  return std::any_of(placements.begin(), placements.end(), [](const Placement& p) { return p.is_strided_shard(); });
-}
-
 // The inputs with every StridedShard replaced by Replicate: what a rule that does not place strided
 // shards is asked about.
 std::vector<TensorInput> strided_as_replicate(const std::vector<TensorInput>& inputs) {
@@ -430,6 +426,10 @@ double redistribute_cost(const DTensorSpec& spec, const Placements& placements) 
     cost += communicates ? static_cast<double>(step.bytes_per_rank) + kCollectiveLatencyBytes : 1.0;
   }
   return cost;
+}
+
+bool holds_strided(const Placements& placements) {
+  return std::any_of(placements.begin(), placements.end(), [](const Placement& p) { return p.is_strided_shard(); });
 }
 
 const OutputSharding& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,

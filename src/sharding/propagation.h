@@ -22,6 +22,10 @@ std::vector<OutputSharding> every_decision(const c10::OperatorHandle& op, c10::A
 // For mesh rules that start from per-dim strategies and keep some of the combinations.
 OpStrategy expand_dim_strategies(const std::vector<DimStrategy>& per_dim, int64_t mesh_ndim, size_t n_out, size_t n_in);
 
+// Whether any mesh dim of `placements` is a StridedShard (rules say what they make of one: StridedShards
+// in registry.h; graph programs keep to strategies without them).
+bool holds_strided(const Placements& placements);
+
 // Makes every thread's cache drop its entries before its next lookup (after a rule changes).
 void invalidate_propagation_caches();
 
