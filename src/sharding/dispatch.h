@@ -1,6 +1,6 @@
 #pragma once
 // The general kernel every covered aten op on a DTensor runs (fast_kernels.h has unboxed shortcuts for
-// a few view ops, which fall back to it): OpSchema -> propagation -> redistribute inputs -> the op on
+// t and detach, which fall back to it): OpSchema -> propagation -> redistribute inputs -> the op on
 // local shards -> outputs wrapped as DTensors.
 
 #include <ATen/core/dispatch/Dispatcher.h>

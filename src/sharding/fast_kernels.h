@@ -1,9 +1,10 @@
 #pragma once
-// Unboxed kernels for the one-tensor view ops a Linear layer runs several times a step, forward and
-// backward (t, view, _unsafe_view, and detach when autograd accumulates a gradient): the same
-// propagation, cache and result as the general kernel (dispatch.h), without boxing the call, scanning
-// its arguments or dispatching the shard's op boxed. Calls the fast path does not take go to the
-// general kernel.
+// Unboxed kernels for t (which every Linear runs about five times a step, forward and backward) and
+// detach (autograd's, for every gradient it accumulates): the same propagation, cache and result as
+// the general kernel (dispatch.h), without boxing the call, scanning its arguments or dispatching the
+// shard's op boxed. Calls the fast path does not take go to the general kernel. (view and _unsafe_view
+// are as frequent, but their rule checks on the shard that the view needs no copy: they keep the
+// general kernel.)
 
 #include <string>
 
