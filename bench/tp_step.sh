@@ -38,7 +38,10 @@ Before timing, both parallel runs' first-step losses must equal the single proce
 and their warm-up losses after updates each other's (1e-4). After 5 warm-up steps each, the
 implementations alternate in rounds of 5 steps (the order rotating), 20 rounds by default. Every step
 starts after a barrier; a step's time is the maximum over ranks, and each column is the median over
-steps of that phase's time (maximum over ranks), so phases need not add up to the step. Collectives
+steps of that phase's time (maximum over ranks), so phases need not add up to the step. Under each table, the
+ratio of dtensor's to hand-written's step within each round (medians of the round's 5 steps; the two
+run back to back, so load that moves whole rounds cancels out): its median and middle half over rounds,
+the spread to read the table's ratio with. Collectives
 are counted over one step on rank 0 (dtensor's with CommDebugMode). Goals (issue 12): dtensor's step
 <= 1.02x the hand-written one on the same backend at TP=2 and TP=4; on MPI at TP=2, at least 1.2x the
 tokens/s of one process using every core.

@@ -269,6 +269,20 @@ void print_table(const std::vector<Contender>& contenders, const at::Tensor& tim
                 single ? 1 : tp, ms, median_ms(c, kForward), median_ms(c, kBackward), median_ms(c, kOptimizer),
                 median_ms(c, kLossRead), tokens_per_step / (ms * 1e-3), ms / hand_ms);
   }
+  // Machine noise moves whole rounds; each round times both parallel runs back to back, so the ratio
+  // within a round is the steadier figure. Its spread over rounds says how far to trust the table's.
+  const int64_t rounds = times_ms.size(1) / kStepsPerRound;
+  std::vector<double> ratios;
+  for (int64_t r = 0; r < rounds; ++r) {
+    auto round_ms = [&](size_t c) {
+      return times_ms[c].narrow(0, r * kStepsPerRound, kStepsPerRound).select(-1, kStep).median().item<double>();
+    };
+    ratios.push_back(round_ms(contenders.size() - 2) / round_ms(contenders.size() - 1));
+  }
+  std::sort(ratios.begin(), ratios.end());
+  auto quantile = [&](double q) { return ratios[static_cast<size_t>(q * static_cast<double>(ratios.size() - 1) + 0.5)]; };
+  std::printf("\ndtensor / hand-written within each round (paired): median %.3f, middle half %.3f-%.3f, over %lld rounds\n",
+              quantile(0.5), quantile(0.25), quantile(0.75), static_cast<long long>(rounds));
   if (tp == 1) return;
   const double single_ms = median_ms(fastest_single, kStep);
   std::printf("\nTokens/s over the fastest single process (%s): dtensor %.2fx, hand-written %.2fx\n",
