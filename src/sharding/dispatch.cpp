@@ -4,6 +4,7 @@
 
 #include "../mesh/collectives.h"
 #include "../redistribute/executor.h"
+#include "../tensor/as_dtensor.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/errors.h"
@@ -88,12 +89,6 @@ at::Tensor wrap_result(c10::IValue& slot, const DTensorSpec& out, bool is_view, 
   if (local.use_count() == 1 && local.unsafeGetTensorImpl()->autograd_meta() == nullptr)
     return at::Tensor(c10::make_intrusive<DTensorImpl>(std::move(local), std::move(spec)));
   return make_dtensor(local, std::move(spec));
-}
-
-bool writes_an_argument(const c10::FunctionSchema& schema) {
-  for (const auto& a : schema.arguments())
-    if (a.alias_info() != nullptr && a.alias_info()->isWrite()) return true;
-  return false;
 }
 
 bool written(const c10::FunctionSchema& schema, const TensorInput& in) {
@@ -185,15 +180,6 @@ void record_op_for_debug(const c10::OperatorHandle& op, const std::vector<Tensor
   debug->record_op(qualified_name(op.operator_name()), std::move(placements));
 }
 
-// Every op on DTensors asks this of each argument: the dispatch key rules plain tensors out at once, and
-// DTensorImpl is final, so an exact type match is the whole check (cheaper than a dynamic_cast).
-const DTensorImpl* as_dtensor(const at::Tensor& t) {
-  if (!t.defined()) return nullptr;
-  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  if (!impl->key_set().has(kDTensorKey) || typeid(*impl) != typeid(DTensorImpl)) return nullptr;
-  return static_cast<const DTensorImpl*>(impl);
-}
-
 SpecPtr with_mesh(const DTensorSpec& cached, const MeshPtr& mesh, const std::vector<TensorInput>& inputs) {
   for (const TensorInput& in : inputs)
     if (in.spec->mesh == mesh && in.spec->placements == cached.placements && in.spec->meta == cached.meta)
@@ -217,7 +203,7 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
 
   // Written (in-place / out=) arguments are returned as the caller's own DTensors.
   const std::vector<c10::IValue> originals =
-      writes_an_argument(schema) ? std::vector<c10::IValue>(args, args + n) : std::vector<c10::IValue>{};
+      schema.is_mutable() ? std::vector<c10::IValue>(args, args + n) : std::vector<c10::IValue>{};
   if (mesh->coordinate()) {
     replace_inputs(op, args, inputs, decision);
     for (const auto& [index, value] : decision.local_args) args[index] = value;

@@ -9,19 +9,12 @@
 
 #include "dtensor/op_schema.h"
 
-namespace dtensor {
-class DTensorImpl;
-}
-
 namespace dtensor::detail {
 
 void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
 
 // Tells an active CommDebugMode that `op` ran on DTensors placed as `inputs` are.
 void record_op_for_debug(const c10::OperatorHandle& op, const std::vector<TensorInput>& inputs);
-
-// The DTensorImpl behind `t`, or null for a plain or undefined tensor.
-const DTensorImpl* as_dtensor(const at::Tensor& t);
 
 // A cached output spec (which holds no mesh) for this call's mesh. An output laid out like one of the
 // inputs (pointwise ops, detach, in-place results) shares that input's spec instead of a new one.

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "../tensor/as_dtensor.h"
 #include "dispatch.h"
 #include "dtensor/dtensor_impl.h"
 #include "propagation.h"

@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "../redistribute/executor.h"
+#include "../tensor/as_dtensor.h"
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/errors.h"
 #include "dtensor/sharding.h"
@@ -108,7 +109,7 @@ enum class Proxy { Meta, ExpandedZero };
 
 at::Tensor proxy_of(const at::Tensor& t, Proxy kind) {
   TensorMeta m{t.sizes().vec(), t.strides().vec(), t.scalar_type()};
-  if (const auto* impl = dynamic_cast<const DTensorImpl*>(t.unsafeGetTensorImpl())) m = impl->spec().meta;
+  if (const DTensorImpl* impl = as_dtensor(t)) m = impl->spec().meta;
   if (kind == Proxy::Meta)
     return at::empty_strided(m.shape, m.stride, at::TensorOptions().dtype(m.dtype).device(at::kMeta));
   return at::zeros({}, at::TensorOptions().dtype(m.dtype)).expand(m.shape);

@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "../sharding/registry.h"
+#include "as_dtensor.h"
 #include "dtensor/errors.h"
 
 namespace dtensor {
@@ -58,12 +59,21 @@ at::Tensor make_dtensor(const at::Tensor& local, DTensorSpec spec) {
   return make_dtensor(local, std::make_shared<const DTensorSpec>(std::move(spec)));
 }
 
-bool is_dtensor(const at::Tensor& tensor) {
-  return tensor.defined() && dynamic_cast<const DTensorImpl*>(tensor.unsafeGetTensorImpl()) != nullptr;
+namespace detail {
+// Asked of every argument of every op on DTensors: the dispatch key rules plain tensors out at once,
+// and DTensorImpl is final, so an exact type match is the whole check (cheaper than a dynamic_cast).
+const DTensorImpl* as_dtensor(const at::Tensor& t) {
+  if (!t.defined()) return nullptr;
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (!impl->key_set().has(kDTensorKey) || typeid(*impl) != typeid(DTensorImpl)) return nullptr;
+  return static_cast<const DTensorImpl*>(impl);
 }
+}  // namespace detail
+
+bool is_dtensor(const at::Tensor& tensor) { return detail::as_dtensor(tensor) != nullptr; }
 
 const DTensorImpl& dtensor_impl(const at::Tensor& tensor, const char* what) {
-  const auto* impl = tensor.defined() ? dynamic_cast<const DTensorImpl*>(tensor.unsafeGetTensorImpl()) : nullptr;
+  const DTensorImpl* impl = detail::as_dtensor(tensor);
   if (impl == nullptr) {
     throw DTensorError(std::string(what) + " expects a DTensor but got " +
                        (tensor.defined() ? "a plain tensor" : "an undefined tensor") +
