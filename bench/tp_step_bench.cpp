@@ -6,6 +6,8 @@
 //
 //   dtensor_tp_step_bench [--tp N] [--rounds R]
 //   DTENSOR_BENCH_OP_COUNTS=1 also lists the DTensor ops one step dispatches, most frequent first.
+//   DTENSOR_OP_CENSUS=1 prints, instead of timing, every op each implementation's step runs (on DTensors
+//   and on plain tensors) with its count and inclusive time per step (bench/op_census.h).
 //   DTENSOR_BENCH_ONLY=dtensor|hand runs that implementation's steps alone after the warm-up (R x 5
 //   steps, nothing printed), for a profiler: `perf record -- dtensor_tp_step_bench --tp 1 ...`.
 //
@@ -40,6 +42,7 @@
 #include "dtensor/optim.h"
 #include "gpt/training.h"
 #include "megatron_gpt.h"
+#include "op_census.h"
 
 namespace {
 
@@ -51,6 +54,7 @@ constexpr int64_t kBatch = 8;
 constexpr int kDistinctBatches = 10;  // prepared before timing and cycled
 constexpr int kWarmupSteps = 5;
 constexpr int kStepsPerRound = 5;
+constexpr int kCensusWarmupSteps = 5, kCensusSteps = 50;
 constexpr double kFirstLossTolerance = 1e-5;
 // Later warm-up steps compare the two parallel runs after AdamW updates, which amplify rounding.
 constexpr double kLaterLossTolerance = 1e-4;
@@ -344,6 +348,17 @@ int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
   for (size_t c = 0; c < contenders.size(); ++c)
     for (int s = 0; s < kWarmupSteps; ++s) warmup_losses[c].push_back(step(contenders[c], batches).loss);
   check_losses(single_loss, warmup_losses[contenders.size() - 2], warmup_losses.back());
+  if (std::getenv("DTENSOR_OP_CENSUS")) {  // what each implementation's step runs, instead of timing
+    for (Contender* c : {&dtensor_run, &hand_run}) {
+      std::unique_ptr<bench::OpCensus> census;
+      for (int s = 0; s < kCensusWarmupSteps + kCensusSteps; ++s) {
+        if (s == kCensusWarmupSteps) census = std::make_unique<bench::OpCensus>();
+        step(*c, batches);
+      }
+      if (world->rank() == 0) bench::OpCensus::print(c->name, kCensusSteps);
+    }
+    return 0;
+  }
   if (const char* only = std::getenv("DTENSOR_BENCH_ONLY")) {  // one contender's steps alone, to profile it
     Contender& c = std::string(only) == "hand" ? hand_run : dtensor_run;
     for (int s = 0; s < args.rounds * kStepsPerRound; ++s) step(c, batches);

@@ -4,6 +4,9 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <cmath>
+#include <limits>
+
 #include "dtensor/comm_debug.h"
 #include "harness.h"
 
@@ -69,6 +72,25 @@ TEST_P(LossParallelTest, ClassShardedCrossEntropyNeverGathersTheLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Classes, LossParallelTest, ::testing::Values(7, 3));
+
+// A class masked out with a -inf logit (a vocabulary entry a model must never predict) on a rank that
+// holds none of the targets: that rank offers no target logit for those rows, and its -inf must not
+// reach the sums as -inf * 0 = NaN.
+TEST_F(DistTest, LossParallelWithAMaskedClassIsExact) {
+  auto m = mesh({4});
+  at::Tensor x = test_tensor({5, 7}, at::kDouble, 35) / 2;
+  x.select(1, 2).fill_(-std::numeric_limits<double>::infinity());  // rank 1's first class (2, 2, 2, 1)
+  const CrossEntropyCase c{at::Reduction::Mean, false, -100};
+  const at::Tensor t = targets(7, c.ignore_index);  // 6, 0, ignored, 3, 6: none of them class 2
+  const Result expected = cross_entropy(x.clone().requires_grad_(), t, at::Tensor(), c);
+  ASSERT_TRUE(std::isfinite(expected.loss.item<double>()));
+
+  at::Tensor logits = distribute_tensor(x.clone().requires_grad_(), m, Placements{Shard(1)});
+  const Result actual = cross_entropy(logits, distribute_tensor(t, m), at::Tensor(), c);
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(tensors_close(full_tensor(actual.loss), expected.loss, 1e-12, 1e-12));
+  EXPECT_TRUE(tensors_close(full_tensor(actual.grad), expected.grad, 1e-12, 1e-12));
+}
 
 // Samples split over one mesh dim and classes over the other: still no gather, and the mean divides
 // by the global total weight (one more all-reduce, of that total).

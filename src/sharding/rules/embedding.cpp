@@ -42,9 +42,10 @@ LocalKernel masked_lookup(const OpSchema& s, const PlacementStrategy& chosen) {
     std::vector<int64_t> shape = indices.sizes().vec();
     shape.push_back(weight.size(1));
     if (rows.size == 0) return torch::jit::push(stack, at::zeros(shape, weight.options()));
-    const RowLookup lookup = look_up_rows(indices, rows);
+    const IndexWindow lookup = look_up_rows(indices, rows);
     at::Tensor out = at::embedding(weight, lookup.local_index);
-    torch::jit::push(stack, out.masked_fill_(lookup.held.logical_not().unsqueeze(-1), 0));
+    if (!lookup.all_held) out.masked_fill_(lookup.held.logical_not().unsqueeze(-1), 0);
+    torch::jit::push(stack, out);
   };
 }
 
@@ -80,7 +81,7 @@ LocalKernel masked_backward(const OpSchema& s, const PlacementStrategy& chosen) 
     const at::Tensor &grad = args[0].toTensor(), &indices = args[1].toTensor();
     const int64_t num_weights = args[2].toInt();
     check_indices(indices, num_weights, "embedding_dense_backward");
-    torch::jit::push(stack, rows_gradient(grad, indices, rows, num_weights, args[3].toInt(), args[4].toBool()));
+    torch::jit::push(stack, rows_gradient(grad, indices, rows, args[3].toInt(), args[4].toBool()));
   };
 }
 

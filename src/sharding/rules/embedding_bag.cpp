@@ -91,7 +91,7 @@ LocalKernel vocabulary_sharded_bags(const OpSchema& s, const PlacementStrategy& 
 
     at::Tensor output = at::zeros(output_shape, weight.options());
     if (rows.size > 0) {
-      const RowLookup lookup = look_up_rows(indices, rows);
+      const IndexWindow lookup = look_up_rows(indices, rows);
       at::Tensor scale = (lookup.held & (indices != padding_idx)).to(weight.scalar_type());
       if (per_sample && per_sample->defined()) scale.mul_(*per_sample);
       if (mode == kMean)
@@ -177,7 +177,7 @@ LocalKernel rows_of_gradient(const OpSchema& s, const PlacementStrategy& chosen)
     if (per_sample && per_sample->defined()) per_index.mul_(per_sample->unsqueeze(1));
     if (static_cast<Mode>(args[8].toInt()) == kMean)
       per_index.div_(bag_size.index_select(0, bags).clamp_min(1).unsqueeze(1));
-    torch::jit::push(stack, rows_gradient(per_index, indices, rows, num_weights, args[11].toInt(), args[7].toBool()));
+    torch::jit::push(stack, rows_gradient(per_index, indices, rows, args[11].toInt(), args[7].toBool()));
   };
 }
 
@@ -224,7 +224,7 @@ LocalKernel rows_of_dot_products(const OpSchema& s, const PlacementStrategy& cho
     const int64_t padding_idx = args[6].toInt();
     check_indices(indices, vocab, "_embedding_bag_per_sample_weights_backward");
     if (rows.size == 0) return torch::jit::push(stack, at::zeros({indices.numel()}, args[0].toTensor().options()));
-    const RowLookup lookup = look_up_rows(indices, rows);
+    const IndexWindow lookup = look_up_rows(indices, rows);
     args[2] = lookup.local_index;
     args[6] = int64_t{-1};
     op.callBoxed(args);

@@ -26,6 +26,7 @@
 #include "dtensor/comm_debug.h"
 #include "dtensor/errors.h"
 #include "dtensor/sharding.h"
+#include "index_window.h"
 
 namespace dtensor::rules {
 namespace {
@@ -69,6 +70,21 @@ std::optional<FusedLayout> fused_layout(const at::Tensor& self, const at::Tensor
 }
 
 at::Tensor local_of(const at::Tensor& t) { return is_dtensor(t) ? local_tensor_of(t) : t; }
+
+// LibTorch refuses a target outside [0, C) that is not ignore_index; masked to another rank's
+// classes, it would give a quiet wrong loss instead.
+void check_targets(const at::Tensor& target, int64_t classes, int64_t ignore_index) {
+  std::optional<int64_t> outside;
+  if (target.device().is_cpu()) {
+    outside = first_index_outside(target, classes, ignore_index);
+  } else {
+    const at::Tensor out_of_range = target.ne(ignore_index).logical_and(target.lt(0).logical_or(target.ge(classes)));
+    if (out_of_range.any().item<bool>()) outside = target.masked_select(out_of_range)[0].item<int64_t>();
+  }
+  if (outside)
+    throw DTensorError(std::string(kOp) + ": target " + std::to_string(*outside) + " is out of bounds for " +
+                       std::to_string(classes) + " classes (and not ignore_index " + std::to_string(ignore_index) + ")");
+}
 
 // What backward needs, on this rank: p = exp(logits - max) / sum, minus one-hot, times each row's
 // coefficient (its weight, over the total weight for a mean) and the incoming gradient.
@@ -129,25 +145,20 @@ at::Tensor fused_cross_entropy(const at::Tensor& self, const at::Tensor& target,
     const at::Tensor t = local_of(target);
     const int64_t offset = local_layout(spec.meta.shape, mesh.shape(), *mesh.coordinate(), spec.placements).offset[1];
     const int64_t local_classes = logits.size(1);
+    check_targets(t, classes, ignore_index);
     const at::Tensor valid = t.ne(ignore_index);
-    // LibTorch refuses a target outside [0, C); clamped below, it would give a quiet wrong loss.
-    const at::Tensor out_of_range = valid.logical_and(t.lt(0).logical_or(t.ge(classes)));
-    if (out_of_range.any().item<bool>())
-      throw DTensorError(std::string(kOp) + ": target " + std::to_string(t.masked_select(out_of_range)[0].item<int64_t>()) +
-                         " is out of bounds for " + std::to_string(classes) + " classes (and not ignore_index " +
-                         std::to_string(ignore_index) + ")");
     // The row max over all classes (a rank without classes offers -inf).
-    at::Tensor row_max = local_classes > 0 ? std::get<0>(logits.max(1))
+    at::Tensor row_max = local_classes > 0 ? logits.amax(1)
                                            : at::full({logits.size(0)}, -std::numeric_limits<double>::infinity(), logits.options());
     detail::all_reduce_over(mesh, layout.class_dims, row_max, ReduceOp::Max);
-    // The sums of exponentials and the target logits, in one all-reduce.
-    const at::Tensor in_range = valid.logical_and(t.ge(offset)).logical_and(t.lt(offset + local_classes));
-    const at::Tensor column = (t - offset).clamp(0, std::max<int64_t>(local_classes - 1, 0));
-    at::Tensor sums = at::zeros({2, logits.size(0)}, logits.options());
-    if (local_classes > 0) {
-      sums[0] = (logits - row_max.unsqueeze(1)).exp().sum(1);
-      sums[1] = logits.gather(1, column.unsqueeze(1)).squeeze(1).mul(in_range);
-    }
+    // The sums of exponentials and the target logits, in one all-reduce. A row whose target another
+    // rank holds offers 0 (selected, not multiplied: its column-0 logit may be -inf).
+    const IndexWindow target_window = index_window(t, offset, local_classes, /*elsewhere=*/0, /*dropped=*/ignore_index);
+    const at::Tensor &in_range = target_window.held, &column = target_window.local_index;
+    at::Tensor sums = local_classes > 0
+                          ? at::stack({(logits - row_max.unsqueeze(1)).exp().sum(1),
+                                       at::where(in_range, logits.gather(1, column.unsqueeze(1)).squeeze(1), 0)})
+                          : at::zeros({2, logits.size(0)}, logits.options());
     detail::all_reduce_over(mesh, layout.class_dims, sums, ReduceOp::Sum);
     at::Tensor row_sum = sums[0];
     const at::Tensor picked = sums[1];

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "dtensor/errors.h"
+#include "index_window.h"
 #include "rule_helpers.h"
 
 namespace dtensor::rules {
@@ -15,9 +16,12 @@ namespace dtensor::rules {
 // Indices outside the table would be silently masked away by a row-sharded lookup; fail as the
 // single-device op does instead.
 inline void check_indices(const at::Tensor& indices, int64_t rows, const char* op) {
-  if (indices.numel() == 0) return;
-  check_on_device(((indices >= 0) & (indices < rows)).all(),
-                  std::string(op) + ": an index lies outside the table's " + std::to_string(rows) + " rows");
+  const std::string message = std::string(op) + ": an index lies outside the table's " + std::to_string(rows) + " rows";
+  if (indices.device().is_cpu()) {
+    if (first_index_outside(indices, rows)) throw DTensorError(message);
+    return;
+  }
+  if (indices.numel() > 0) check_on_device(((indices >= 0) & (indices < rows)).all(), message);
 }
 
 // This rank's rows [offset, offset + size) of a table of `shape` laid out as `placements`.
@@ -27,31 +31,21 @@ inline ChunkExtent held_rows(const OpSchema& s, const Shape& shape, const Placem
 }
 
 // Which indices fall in `rows`, and their positions there (0 where they do not).
-struct RowLookup {
-  at::Tensor held;
-  at::Tensor local_index;
-};
-
-inline RowLookup look_up_rows(const at::Tensor& indices, ChunkExtent rows) {
-  at::Tensor held = (indices >= rows.offset) & (indices < rows.offset + rows.size);
-  return {held, at::where(held, indices - rows.offset, 0)};
+inline IndexWindow look_up_rows(const at::Tensor& indices, ChunkExtent rows) {
+  return index_window(indices, rows.offset, rows.size);
 }
 
 // The gradient of rows [offset, offset + size) of the table: the rows of `grad` ([..., D], one per
 // index) whose index falls there (and is not padding_idx) are added up, each scaled by
-// 1 / (occurrences of its index) when scale_by_frequency.
-inline at::Tensor rows_gradient(const at::Tensor& grad, const at::Tensor& indices, ChunkExtent rows, int64_t num_weights,
-                                int64_t padding_idx, bool scale_by_frequency) {
-  const int64_t width = grad.size(-1);
-  at::Tensor out = at::zeros({rows.size, width}, grad.options());
-  if (rows.size == 0) return out;
-  const at::Tensor flat_indices = indices.reshape(-1);
-  at::Tensor flat_grad = grad.reshape({-1, width});
-  if (scale_by_frequency)
-    flat_grad = flat_grad / at::bincount(flat_indices, {}, num_weights).index_select(0, flat_indices).unsqueeze(1);
-  const RowLookup lookup = look_up_rows(flat_indices, rows);
-  const at::Tensor used = lookup.held & (flat_indices != padding_idx);
-  return out.index_add_(0, lookup.local_index, at::where(used.unsqueeze(1), flat_grad, 0));
+// 1 / (occurrences of its index) when scale_by_frequency. It is LibTorch's own backward over the
+// indices moved into the window, with every other index (and padding_idx) sent to one extra row that
+// is the padding row, so skipped; the counts of held indices are unchanged by the move.
+inline at::Tensor rows_gradient(const at::Tensor& grad, const at::Tensor& indices, ChunkExtent rows, int64_t padding_idx,
+                                bool scale_by_frequency) {
+  if (rows.size == 0) return at::zeros({0, grad.size(-1)}, grad.options());
+  const IndexWindow window = index_window(indices, rows.offset, rows.size, /*elsewhere=*/rows.size, padding_idx);
+  return at::embedding_dense_backward(grad, window.local_index, rows.size + 1, rows.size, scale_by_frequency)
+      .narrow(0, 0, rows.size);
 }
 
 }  // namespace dtensor::rules

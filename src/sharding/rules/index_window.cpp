@@ -1,0 +1,44 @@
+#include "index_window.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+
+namespace dtensor::rules {
+
+IndexWindow index_window(const at::Tensor& indices, int64_t offset, int64_t size, int64_t elsewhere, int64_t dropped) {
+  const int64_t end = offset + size;
+  if (!indices.device().is_cpu()) {
+    at::Tensor held = (indices >= offset) & (indices < end);
+    if (dropped >= offset && dropped < end) held = held & (indices != dropped);
+    return {held, at::where(held, indices - offset, elsewhere), false};
+  }
+  const at::Tensor source = indices.contiguous();
+  at::Tensor held = at::empty(indices.sizes(), indices.options().dtype(at::kBool));
+  at::Tensor local_index = at::empty(indices.sizes(), indices.options());
+  int64_t held_count = 0;
+  AT_DISPATCH_INDEX_TYPES(source.scalar_type(), "index_window", [&] {
+    const index_t* in = source.const_data_ptr<index_t>();
+    bool* is_held = held.data_ptr<bool>();
+    index_t* out = local_index.data_ptr<index_t>();
+    for (int64_t i = 0, n = source.numel(); i < n; ++i) {
+      const int64_t index = in[i];
+      is_held[i] = index >= offset && index < end && index != dropped;
+      out[i] = static_cast<index_t>(is_held[i] ? index - offset : elsewhere);
+      held_count += is_held[i];
+    }
+  });
+  return {held, local_index, held_count == indices.numel()};
+}
+
+std::optional<int64_t> first_index_outside(const at::Tensor& cpu_indices, int64_t rows, std::optional<int64_t> ignored) {
+  const at::Tensor source = cpu_indices.contiguous();
+  std::optional<int64_t> found;
+  AT_DISPATCH_INDEX_TYPES(source.scalar_type(), "first_index_outside", [&] {
+    const index_t* in = source.const_data_ptr<index_t>();
+    for (int64_t i = 0, n = source.numel(); i < n && !found; ++i)
+      if ((in[i] < 0 || in[i] >= rows) && in[i] != ignored) found = in[i];
+  });
+  return found;
+}
+
+}  // namespace dtensor::rules
