@@ -180,11 +180,11 @@ void record_op_for_debug(const c10::OperatorHandle& op, const std::vector<Tensor
   debug->record_op(qualified_name(op.operator_name()), std::move(placements));
 }
 
-SpecPtr with_mesh(const DTensorSpec& cached, const MeshPtr& mesh, const std::vector<TensorInput>& inputs) {
-  for (const TensorInput& in : inputs)
-    if (in.spec->mesh == mesh && in.spec->placements == cached.placements && in.spec->meta == cached.meta)
-      return in.spec;
-  return std::make_shared<const DTensorSpec>(DTensorSpec{mesh, cached.placements, cached.meta});
+SpecPtr output_spec(const CachedDecision& cached, size_t k, const MeshPtr& mesh, const std::vector<TensorInput>& inputs) {
+  if (const int source = cached.output_spec_source[k]; source >= 0 && inputs[source].spec->mesh == mesh)
+    return inputs[source].spec;
+  const DTensorSpec& out = cached.sharding.outputs[k];
+  return std::make_shared<const DTensorSpec>(DTensorSpec{mesh, out.placements, out.meta});
 }
 
 void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
@@ -199,7 +199,8 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
   inputs.reserve(4);
   collect_inputs(op, arg_view, mesh, inputs);
   record_op_for_debug(op, inputs);
-  const OutputSharding& decision = propagate(op, arg_view, inputs, mesh);
+  const CachedDecision& cached = propagate(op, arg_view, inputs, mesh);
+  const OutputSharding& decision = cached.sharding;
 
   // Written (in-place / out=) arguments are returned as the caller's own DTensors.
   const std::vector<c10::IValue> originals =
@@ -227,21 +228,23 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
       }
       // An in-place view (t_) changed the DTensor's shape and placements along with its local tensor.
       auto* impl = const_cast<DTensorImpl*>(as_dtensor(returns[j].toTensor()));
-      const DTensorSpec& result = decision.outputs[next_output++];
+      const size_t k = next_output++;
+      const DTensorSpec& result = decision.outputs[k];
       if (impl != nullptr && (impl->spec().placements != result.placements || impl->spec().meta != result.meta))
-        impl->reset_spec(with_mesh(result, mesh, inputs));
+        impl->reset_spec(output_spec(cached, k, mesh, inputs));
     } else if (returns[j].isTensor()) {
       // Undefined returns (e.g. gradients not asked for) have no output spec. A new (non-view) result
       // is laid out as its global strides say; a view keeps aliasing its input.
       if (returns[j].toTensor().defined()) {
-        const DTensorSpec& out = decision.outputs[next_output++];
-        returns[j] = wrap_result(returns[j], out, alias != nullptr, with_mesh(out, mesh, inputs));
+        const size_t k = next_output++;
+        returns[j] = wrap_result(returns[j], decision.outputs[k], alias != nullptr, output_spec(cached, k, mesh, inputs));
       }
     } else if (returns[j].isTensorList()) {
       c10::List<at::Tensor> wrapped;
       for (const at::Tensor& t : returns[j].toTensorList()) {
-        const DTensorSpec& out = decision.outputs[next_output++];
-        wrapped.push_back(make_dtensor(alias ? t : in_global_layout(t, out.meta), with_mesh(out, mesh, inputs)));
+        const size_t k = next_output++;
+        wrapped.push_back(make_dtensor(alias ? t : in_global_layout(t, decision.outputs[k].meta),
+                                       output_spec(cached, k, mesh, inputs)));
       }
       returns[j] = wrapped;
     }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dtensor/op_schema.h"
+#include "propagation.h"
 
 namespace dtensor::detail {
 
@@ -16,8 +17,9 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, to
 // Tells an active CommDebugMode that `op` ran on DTensors placed as `inputs` are.
 void record_op_for_debug(const c10::OperatorHandle& op, const std::vector<TensorInput>& inputs);
 
-// A cached output spec (which holds no mesh) for this call's mesh. An output laid out like one of the
-// inputs (pointwise ops, detach, in-place results) shares that input's spec instead of a new one.
-SpecPtr with_mesh(const DTensorSpec& cached, const MeshPtr& mesh, const std::vector<TensorInput>& inputs);
+// The spec of output `k` of a cached decision (whose specs hold no mesh) for this call's mesh. An output
+// laid out like one of the inputs (pointwise ops, detach, in-place results) shares that input's spec
+// instead of a new one.
+SpecPtr output_spec(const CachedDecision& cached, size_t k, const MeshPtr& mesh, const std::vector<TensorInput>& inputs);
 
 }  // namespace dtensor::detail

@@ -63,26 +63,26 @@ void append_signature(const c10::IValue& v, const c10::Argument& arg, std::vecto
   }
 }
 
-// What a cache entry remembers of an input spec: everything but the mesh (entries are per mesh id).
-struct SpecKey {
-  Placements placements;
-  TensorMeta meta;
-  bool operator==(const DTensorSpec& s) const { return placements == s.placements && meta == s.meta; }
-};
-
-size_t hash_spec(const DTensorSpec& s) {
-  size_t h = hash_placements(s.placements) ^ static_cast<size_t>(s.meta.dtype);
-  for (auto x : s.meta.shape) h = h * 1000003 ^ static_cast<size_t>(x);
-  for (auto x : s.meta.stride) h = h * 31 ^ static_cast<size_t>(x);
-  return h;
+// What the key holds of an input spec: everything but the mesh (the key holds the mesh's id), as
+// numbers, so that a lookup compares one flat array instead of chasing each spec's vectors. Each
+// placement holds only what Placement::operator== compares, so equal specs give equal numbers.
+void append_spec(const DTensorSpec& s, std::vector<int64_t>& out) {
+  out.push_back(static_cast<int64_t>(s.placements.size()));
+  for (const Placement& p : s.placements) {
+    out.push_back(static_cast<int64_t>(p.kind()));
+    if (p.is_sharding()) out.push_back(p.dim());
+    if (p.is_strided_shard()) out.push_back(p.split_factor());
+    if (p.is_partial()) out.push_back(static_cast<int64_t>(p.reduce_op()));
+  }
+  out.push_back(static_cast<int64_t>(s.meta.dtype));
+  out.push_back(static_cast<int64_t>(s.meta.shape.size()));
+  out.insert(out.end(), s.meta.shape.begin(), s.meta.shape.end());
+  out.insert(out.end(), s.meta.stride.begin(), s.meta.stride.end());
 }
 
 struct CacheEntry {
-  const c10::FunctionSchema* op;
-  uint64_t mesh_id;  // never reused, so entries of a destroyed mesh can never match again
-  std::vector<SpecKey> specs;
-  std::vector<int64_t> signature;
-  OutputSharding decision;
+  std::vector<int64_t> key;  // op, mesh id (never reused: a destroyed mesh's entries never match), specs, signature
+  CachedDecision cached;
 };
 
 // Bumped to invalidate every thread's cache (clear_propagation_cache, a rule registered again); each
@@ -433,15 +433,18 @@ bool holds_strided(const Placements& placements) {
   return std::any_of(placements.begin(), placements.end(), [](const Placement& p) { return p.is_strided_shard(); });
 }
 
-const OutputSharding& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+const CachedDecision& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                                 const std::vector<TensorInput>& inputs, const MeshPtr& mesh) {
-  thread_local std::vector<int64_t> signature;
-  signature.clear();
+  thread_local std::vector<int64_t> key;
+  key.clear();
   const auto& schema = op.schema();
-  for (size_t i = 0; i < args.size(); ++i) append_signature(args[i], schema.arguments()[i], signature);
-  size_t h = std::hash<const void*>()(&schema) ^ std::hash<uint64_t>()(mesh->id());
-  for (const auto& in : inputs) h = h * 1000003 ^ hash_spec(*in.spec);
-  for (auto x : signature) h = h * 31 ^ static_cast<size_t>(x);
+  key.push_back(reinterpret_cast<intptr_t>(&schema));
+  key.push_back(static_cast<int64_t>(mesh->id()));
+  key.push_back(static_cast<int64_t>(inputs.size()));
+  for (const auto& in : inputs) append_spec(*in.spec, key);
+  for (size_t i = 0; i < args.size(); ++i) append_signature(args[i], schema.arguments()[i], key);
+  size_t h = 0;
+  for (const int64_t x : key) h = (h ^ static_cast<size_t>(x)) * 0x100000001b3ULL;
 
   Cache& c = cache();
   if (const uint64_t now = g_generation.load(std::memory_order_acquire); c.generation != now) {
@@ -450,20 +453,22 @@ const OutputSharding& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10
   }
   auto range = c.entries.equal_range(h);
   for (auto it = range.first; it != range.second; ++it) {
-    const CacheEntry& e = it->second;
-    if (e.op != &schema || e.mesh_id != mesh->id() || e.specs.size() != inputs.size() || e.signature != signature)
-      continue;
-    bool same = true;
-    for (size_t k = 0; same && k < inputs.size(); ++k) same = e.specs[k] == *inputs[k].spec;
-    if (!same) continue;
+    if (it->second.key != key) continue;
     ++c.stats.hits;
-    return e.decision;
+    return it->second.cached;
   }
   ++c.stats.misses;
   if (c.entries.size() > 65536) c.entries.clear();  // bound memory under ever-changing shapes
-  CacheEntry entry{&schema, mesh->id(), {}, signature, decide(op, args, inputs, mesh)};
-  for (const auto& in : inputs) entry.specs.push_back(SpecKey{in.spec->placements, in.spec->meta});
-  return c.entries.emplace(h, std::move(entry))->second.decision;
+  CacheEntry entry{key, {decide(op, args, inputs, mesh), {}}};
+  // Every later hit has inputs with these very placements and metas, so which input an output's spec
+  // equals is known once for all.
+  for (const DTensorSpec& out : entry.cached.sharding.outputs) {
+    int source = -1;
+    for (size_t k = 0; source < 0 && k < inputs.size(); ++k)
+      if (inputs[k].spec->placements == out.placements && inputs[k].spec->meta == out.meta) source = static_cast<int>(k);
+    entry.cached.output_spec_source.push_back(source);
+  }
+  return c.entries.emplace(h, std::move(entry))->second.cached;
 }
 
 }  // namespace dtensor::detail

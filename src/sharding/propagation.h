@@ -7,10 +7,17 @@
 
 namespace dtensor::detail {
 
+// A decision as the cache keeps it: with, per output, the input whose placements and meta the output's
+// equal (-1: none), so that wrapping the output can share that input's spec instead of making one.
+struct CachedDecision {
+  OutputSharding sharding;
+  std::vector<int> output_spec_source;
+};
+
 // How the call runs. Strategies needing no redistribution win; otherwise the one whose input moves
 // cost least (bytes moved, by the redistribution planner's model). Cached by OpSchema: the op, the
 // input specs and the non-tensor arguments that can change the outcome.
-const OutputSharding& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+const CachedDecision& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                                 const std::vector<TensorInput>& inputs, const MeshPtr& mesh);
 
 // Every strategy the op's rule offers for this call, each as the decision propagation would make had

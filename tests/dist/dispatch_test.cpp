@@ -174,6 +174,36 @@ TEST_F(DistTest, PropagationIsCachedPerCall) {
   EXPECT_EQ(propagation_cache_stats().misses, 2);
 }
 
+// The cache key holds every part of an input spec: specs that differ in any one of them (a placement's
+// kind, shard dim, split factor or reduce op; dtype, shape, strides) are separate entries, and each
+// call still equals single-device LibTorch's.
+TEST_F(DistTest, PropagationCacheKeysEveryPartOfTheSpec) {
+  auto m = mesh({4});
+  const at::Tensor x = test_tensor({8, 8}, at::kDouble, 19);
+  const std::vector<at::Tensor> inputs = {
+      distribute_tensor(x, m, Placements{Shard(0)}),
+      distribute_tensor(x, m, Placements{Shard(1)}),
+      distribute_tensor(x, m, Placements{Replicate()}),
+      distribute_tensor(x, m, Placements{StridedShard(0, 2)}),
+      distribute_tensor(x, m, Placements{StridedShard(0, 4)}),
+      make_dtensor_holding(x, m, {Partial()}, 5),
+      make_dtensor_holding(x, m, {Partial(ReduceOp::Avg)}, 6),
+      make_dtensor_holding(x, m, {Partial(ReduceOp::Max)}, 7),
+      distribute_tensor(x.to(at::kFloat), m, Placements{Shard(0)}),
+      distribute_tensor(x.narrow(1, 0, 4).contiguous(), m, Placements{Shard(0)}),
+      distribute_tensor(x, m, Placements{Shard(1)}).t(),  // S(0) again, with transposed strides
+  };
+  clear_propagation_cache();
+  for (int pass = 0; pass < 2; ++pass)
+    for (const at::Tensor& in : inputs) {
+      SCOPED_TRACE(to_string(placements_of(in)) + " " + shape_str(in.sizes().vec()));
+      EXPECT_TRUE(tensors_close(full_tensor(at::neg(in)), full_tensor(in).neg(), 0, 0));
+    }
+  // full_tensor runs no aten op on a DTensor, so every lookup is neg's: one miss per spec, then hits.
+  EXPECT_EQ(propagation_cache_stats().misses, static_cast<int64_t>(inputs.size()));
+  EXPECT_EQ(propagation_cache_stats().hits, static_cast<int64_t>(inputs.size()));
+}
+
 TEST_F(DistTest, OpWithoutStrategyNamesOpAndWaysOut) {
   at::Tensor dt = distribute_tensor(x65(), mesh({4}), Placements{Shard(0)});
   const std::string error = error_of([&] { (void)at::cumprod(dt, 0); });
