@@ -203,7 +203,7 @@ at::Tensor from_local(const at::Tensor& local, const MeshPtr& mesh, const Placem
   meta.stride = options.stride.value_or(global_stride_like(meta.shape, local.sizes().vec(), local.strides().vec()));
   // Given strides in another dim order than the local tensor's: the DTensor gets its own copy.
   data = in_global_layout(data, meta);
-  DTensorSpec spec{mesh, p, std::move(meta)};
+  auto spec = std::make_shared<const DTensorSpec>(DTensorSpec{mesh, p, std::move(meta)});
   at::Tensor out = make_dtensor(data, spec);
   detail::record(c10::make_intrusive<detail::FromLocalBackward>(std::move(spec)), local, out);
   return out;
@@ -214,10 +214,15 @@ at::Tensor to_local(const at::Tensor& dtensor, std::optional<Placements> grad_pl
   at::Tensor out = alias_without_history(impl.local());
   if (torch::autograd::GradMode::is_enabled() && dtensor.requires_grad()) {
     const DTensorSpec& spec = impl.spec();
-    Placements grad = grad_placements
-                          ? validate_placements(*grad_placements, spec.mesh->ndim(), spec.ndim(), "to_local(grad_placements)")
-                          : spec.placements;
-    detail::record(c10::make_intrusive<detail::ToLocalBackward>(spec.with_placements(std::move(grad))), dtensor, out);
+    std::shared_ptr<const DTensorSpec> grad_spec = impl.shared_spec();
+    if (grad_placements) {
+      Placements grad = validate_placements(*grad_placements, spec.mesh->ndim(), spec.ndim(), "to_local(grad_placements)");
+      if (grad != spec.placements) grad_spec = std::make_shared<const DTensorSpec>(spec.with_placements(std::move(grad)));
+    }
+    // With the forward's placements the gradient's shard has the forward shard's shape.
+    const at::DimVector local_shape = grad_spec == impl.shared_spec() ? at::DimVector(impl.local().sizes())
+                                                                       : at::DimVector(grad_spec->local_shape());
+    detail::record(c10::make_intrusive<detail::ToLocalBackward>(std::move(grad_spec), local_shape), dtensor, out);
   }
   return out;
 }

@@ -17,9 +17,9 @@ torch::autograd::variable_list FromLocalBackward::apply(torch::autograd::variabl
   const auto& grad = dtensor_impl(grads[0], "the gradient flowing back into from_local");
   // Reduce any Partial gradient first: each rank's contribution to a Partial input enters the value
   // with coefficient 1 (sum) or 1/n (avg), so it needs the whole gradient, not a contribution of it.
-  const Placements reduced = partial_as_replicate(spec.placements);
+  const Placements reduced = partial_as_replicate(spec->placements);
   at::Tensor local = redistribute_local(grad.local(), grad.spec(), reduced);
-  return {redistribute_local(local, grad.spec().with_placements(reduced), spec.placements, Direction::Backward)};
+  return {redistribute_local(local, grad.spec().with_placements(reduced), spec->placements, Direction::Backward)};
 }
 
 torch::autograd::variable_list ToLocalBackward::apply(torch::autograd::variable_list&& grads) {
@@ -28,14 +28,17 @@ torch::autograd::variable_list ToLocalBackward::apply(torch::autograd::variable_
   if (is_dtensor(grad))
     throw DTensorError("the gradient of to_local's output is itself a DTensor; the local tensor's gradient must be "
                        "a plain tensor");
-  const Shape expected = grad_spec.local_shape();
-  if (grad_spec.mesh->coordinate() && grad.sizes().vec() != expected)
+  if (grad_spec->mesh->coordinate() && grad.sizes() != at::IntArrayRef(local_shape))
     throw DTensorError("the gradient of to_local's output has shape " + shape_str(grad.sizes().vec()) +
-                       " but the local shard for grad_placements (" + to_string(grad_spec.placements) + ") has shape " +
-                       shape_str(expected));
-  DTensorSpec spec = grad_spec;
-  spec.meta.dtype = grad.scalar_type();
-  at::Tensor local = in_global_layout(grad, spec.meta);  // before `spec` is moved from
+                       " but the local shard for grad_placements (" + to_string(grad_spec->placements) +
+                       ") has shape " + shape_str(Shape(local_shape.begin(), local_shape.end())));
+  std::shared_ptr<const DTensorSpec> spec = grad_spec;
+  if (grad.scalar_type() != spec->meta.dtype) {
+    DTensorSpec retyped = *spec;
+    retyped.meta.dtype = grad.scalar_type();
+    spec = std::make_shared<const DTensorSpec>(std::move(retyped));
+  }
+  at::Tensor local = in_global_layout(grad, spec->meta);  // before `spec` is moved from
   return {make_dtensor(local, std::move(spec))};
 }
 

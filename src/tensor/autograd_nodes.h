@@ -2,26 +2,34 @@
 // Autograd nodes for the DTensor API's differentiable functions. Hand-written nodes (rather than
 // torch::autograd::Function) because their state is a DTensorSpec, not an IValue.
 
+#include <ATen/core/DimVector.h>
 #include <torch/csrc/autograd/function.h>
+
+#include <memory>
 
 #include "dtensor/spec.h"
 
 namespace dtensor::detail {
 
 // Gradient of from_local: the DTensor gradient as this rank's local gradient for `spec`'s placements.
+// The spec is the forward output's own (shared, not copied: the parallel styles call from_local and
+// to_local around every parallel layer of every step).
 struct FromLocalBackward : torch::autograd::Node {
-  explicit FromLocalBackward(DTensorSpec spec) : spec(std::move(spec)) {}
+  explicit FromLocalBackward(std::shared_ptr<const DTensorSpec> spec) : spec(std::move(spec)) {}
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override;
   std::string name() const override { return "dtensor::FromLocalBackward"; }
-  DTensorSpec spec;
+  std::shared_ptr<const DTensorSpec> spec;
 };
 
-// Gradient of to_local: the local gradient wrapped as a DTensor with `grad_spec`.
+// Gradient of to_local: the local gradient wrapped as a DTensor with `grad_spec`, after checking it has
+// this rank's shard shape for it (`local_shape`, known when the node is made).
 struct ToLocalBackward : torch::autograd::Node {
-  explicit ToLocalBackward(DTensorSpec grad_spec) : grad_spec(std::move(grad_spec)) {}
+  ToLocalBackward(std::shared_ptr<const DTensorSpec> grad_spec, at::IntArrayRef local_shape)
+      : grad_spec(std::move(grad_spec)), local_shape(local_shape) {}
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override;
   std::string name() const override { return "dtensor::ToLocalBackward"; }
-  DTensorSpec grad_spec;
+  std::shared_ptr<const DTensorSpec> grad_spec;
+  at::DimVector local_shape;
 };
 
 // Gradient of redistribute: the gradient moved back to the input's placements (Partial as Replicate).

@@ -46,6 +46,18 @@ TEST_F(DistTest, PartialGradPlacementsSumTheRanksLosses) {
   EXPECT_TRUE(tensors_close(local.grad(), expected_shard(c_total, m, {Shard(0)})));
 }
 
+// grad_placements whose shard has another shape than the forward's: the local gradient cannot be that
+// shard, and backward says so instead of wrapping it with the wrong layout.
+TEST_F(DistTest, ToLocalGradientOfTheWrongShardShapeIsRefused) {
+  auto m = mesh({4});
+  at::Tensor dt = distribute_tensor(test_tensor({5, 6}, at::kDouble, 6).requires_grad_(), m, Placements{Shard(0)});
+  at::Tensor local = to_local(dt, Placements{Replicate()});  // rows 2, 2, 1, 0: never the whole [5, 6]
+  const std::string error = error_of([&] { local.sum().backward(); });
+  EXPECT_THAT(error, ::testing::HasSubstr("the gradient of to_local's output has shape [" +
+                                          std::to_string(local.size(0)) + ", 6] but the local shard for "
+                                          "grad_placements (R) has shape [5, 6]"));
+}
+
 TEST_F(DistTest, PartialInputsGetTheWholeGradient) {
   // X = reduce_r x_r; loss = sum(X^2 * C). dloss/dx_r = 2 X C for sum, 2 X C / n for avg.
   const at::Tensor x = test_tensor({3, 5}, at::kDouble, 6), c = test_tensor({3, 5}, at::kDouble, 7);
