@@ -16,12 +16,12 @@ namespace dtensor::rules {
 // Indices outside the table would be silently masked away by a row-sharded lookup; fail as the
 // single-device op does instead.
 inline void check_indices(const at::Tensor& indices, int64_t rows, const char* op) {
-  const std::string message = std::string(op) + ": an index lies outside the table's " + std::to_string(rows) + " rows";
+  auto message = [&] { return std::string(op) + ": an index lies outside the table's " + std::to_string(rows) + " rows"; };
   if (indices.device().is_cpu()) {
-    if (first_index_outside(indices, rows)) throw DTensorError(message);
+    if (first_index_outside(indices, rows)) throw DTensorError(message());
     return;
   }
-  if (indices.numel() > 0) check_on_device(((indices >= 0) & (indices < rows)).all(), message);
+  if (indices.numel() > 0) check_on_device(((indices >= 0) & (indices < rows)).all(), message());
 }
 
 // This rank's rows [offset, offset + size) of a table of `shape` laid out as `placements`.
