@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +38,7 @@ class OpCensus {
             [](const at::RecordFunction& fn, at::ObserverContext* context) {
               const auto* started = static_cast<Started*>(context);
               const bool backward = fn.scope() == at::RecordScope::BACKWARD_FUNCTION;
+              const std::lock_guard<std::mutex> lock(mutex());
               Entry& e = table()[std::string(started->on_dtensor ? "D " : "L ") + fn.name() + (backward ? " [backward]" : "")];
               ++e.calls;
               e.seconds += std::chrono::duration<double>(Clock::now() - started->at).count();
@@ -50,6 +52,7 @@ class OpCensus {
 
   // Prints what was recorded since the last print, per step, slowest first, and starts over.
   static void print(const std::string& who, int steps) {
+    const std::lock_guard<std::mutex> lock(mutex());
     std::vector<std::pair<std::string, Entry>> rows(table().begin(), table().end());
     std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
     std::printf("## Op census: %s (per step, over %d steps)\n\n| op | calls | inclusive us |\n|---|--:|--:|\n", who.c_str(), steps);
@@ -70,8 +73,12 @@ class OpCensus {
     double seconds = 0;
   };
   static std::map<std::string, Entry>& table() {
-    static std::map<std::string, Entry> t;  // the step runs on one thread; autograd's engine thread is it on CPU
+    static std::map<std::string, Entry> t;
     return t;
+  }
+  static std::mutex& mutex() {  // callbacks may come from other threads (autograd's device threads)
+    static std::mutex m;
+    return m;
   }
   at::CallbackHandle handle_;
 };

@@ -20,13 +20,17 @@ namespace {
 
 // Non-tensor arguments as a flat signature: numbers (Scalar) by kind only, everything else by value.
 void append_signature(const c10::IValue& v, const c10::Argument& arg, std::vector<int64_t>& out) {
-  // Tensors enter the key through their specs; an undefined one still marks its position, so that
-  // (undefined, b) and (b, undefined) differ.
+  // Tensors enter the key through their specs, in order; here every tensor argument still marks its
+  // position (defined, undefined or None), so that (None, b) and (b, None) differ, and a tensor list
+  // its length.
   if (v.isTensor()) {
-    if (!v.toTensor().defined()) out.push_back(-4);
+    out.push_back(v.toTensor().defined() ? -5 : -4);
     return;
   }
-  if (v.isTensorList()) return;
+  if (v.isTensorList()) {
+    out.push_back(static_cast<int64_t>(v.toTensorList().size()));
+    return;
+  }
   if (arg.type()->kind() == c10::TypeKind::NumberType ||
       (arg.type()->kind() == c10::TypeKind::OptionalType &&
        arg.type()->containedType(0)->kind() == c10::TypeKind::NumberType)) {
@@ -77,6 +81,7 @@ void append_spec(const DTensorSpec& s, std::vector<int64_t>& out) {
   out.push_back(static_cast<int64_t>(s.meta.dtype));
   out.push_back(static_cast<int64_t>(s.meta.shape.size()));
   out.insert(out.end(), s.meta.shape.begin(), s.meta.shape.end());
+  out.push_back(static_cast<int64_t>(s.meta.stride.size()));
   out.insert(out.end(), s.meta.stride.begin(), s.meta.stride.end());
 }
 

@@ -204,6 +204,19 @@ TEST_F(DistTest, PropagationCacheKeysEveryPartOfTheSpec) {
   EXPECT_EQ(propagation_cache_stats().hits, static_cast<int64_t>(inputs.size()));
 }
 
+// Which optional tensor argument a DTensor fills is part of the key too: clamp with a minimum and clamp
+// with a maximum of the same spec are two entries, not one decision reused for the other.
+TEST_F(DistTest, PropagationCacheKeysWhichOptionalTensorIsGiven) {
+  auto m = mesh({4});
+  const at::Tensor x = test_tensor({8, 6}, at::kDouble, 20), bound = test_tensor({8, 6}, at::kDouble, 21);
+  const at::Tensor dx = distribute_tensor(x, m, Placements{Shard(0)}), dbound = distribute_tensor(bound, m, Placements{Shard(0)});
+  clear_propagation_cache();
+  EXPECT_TRUE(tensors_close(full_tensor(at::clamp(dx, dbound, std::nullopt)), at::clamp(x, bound, std::nullopt), 0, 0));
+  EXPECT_TRUE(tensors_close(full_tensor(at::clamp(dx, std::nullopt, dbound)), at::clamp(x, std::nullopt, bound), 0, 0));
+  EXPECT_EQ(propagation_cache_stats().misses, 2);
+  EXPECT_EQ(propagation_cache_stats().hits, 0);
+}
+
 TEST_F(DistTest, OpWithoutStrategyNamesOpAndWaysOut) {
   at::Tensor dt = distribute_tensor(x65(), mesh({4}), Placements{Shard(0)});
   const std::string error = error_of([&] { (void)at::cumprod(dt, 0); });

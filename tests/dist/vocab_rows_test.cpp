@@ -47,6 +47,14 @@ TEST_F(DistTest, RowShardedLookupRefusesAnIndexOutsideTheTable) {
     EXPECT_THAT(error_of([&] { at::embedding_dense_backward(grad, distribute_tensor(indices, m), kRows, -1, false); }),
                 HasSubstr("embedding_dense_backward: an index lies outside the table's 5 rows"));
   }
+  // Indices of a dtype no lookup takes fail with a message that says so (the forward's own shape check
+  // already refuses them; the gradient, which has no Meta kernel, reaches the row lookup).
+  const at::Tensor byte_indices = distribute_tensor(at::tensor({0, 1}, at::kByte), m);
+  EXPECT_THAT(error_of([&] { at::embedding(table, byte_indices); }), HasSubstr("scalar types: Long, Int"));
+  EXPECT_THAT(error_of([&] {
+                at::embedding_dense_backward(distribute_tensor(at::ones({2, 3}), m), byte_indices, kRows, -1, false);
+              }),
+              HasSubstr("indices must be int64 or int32, as LibTorch's embedding and cross_entropy require; got Byte"));
 }
 
 }  // namespace

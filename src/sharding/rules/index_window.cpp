@@ -3,7 +3,23 @@
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 
+#include <string>
+
+#include "dtensor/errors.h"
+
 namespace dtensor::rules {
+namespace {
+
+// The host scans read int64 or int32, the index dtypes LibTorch's lookups take; anything else gets
+// that said here rather than a dispatch macro's "not implemented for" message.
+void require_index_dtype(const at::Tensor& indices) {
+  if (indices.scalar_type() != at::kLong && indices.scalar_type() != at::kInt)
+    throw DTensorError(std::string("lookup into a row-sharded table (or class-sharded logits): indices must be int64 or "
+                                   "int32, as LibTorch's embedding and cross_entropy require; got ") +
+                       c10::toString(indices.scalar_type()));
+}
+
+}  // namespace
 
 IndexWindow index_window(const at::Tensor& indices, int64_t offset, int64_t size, int64_t elsewhere, int64_t dropped) {
   const int64_t end = offset + size;
@@ -12,6 +28,7 @@ IndexWindow index_window(const at::Tensor& indices, int64_t offset, int64_t size
     if (dropped >= offset && dropped < end) held = held & (indices != dropped);
     return {held, at::where(held, indices - offset, elsewhere), false};
   }
+  require_index_dtype(indices);
   const at::Tensor source = indices.contiguous();
   at::Tensor held = at::empty(indices.sizes(), indices.options().dtype(at::kBool));
   at::Tensor local_index = at::empty(indices.sizes(), indices.options());
@@ -31,6 +48,7 @@ IndexWindow index_window(const at::Tensor& indices, int64_t offset, int64_t size
 }
 
 std::optional<int64_t> first_index_outside(const at::Tensor& cpu_indices, int64_t rows, std::optional<int64_t> ignored) {
+  require_index_dtype(cpu_indices);
   const at::Tensor source = cpu_indices.contiguous();
   std::optional<int64_t> found;
   AT_DISPATCH_INDEX_TYPES(source.scalar_type(), "first_index_outside", [&] {
