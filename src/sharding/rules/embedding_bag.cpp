@@ -91,8 +91,8 @@ LocalKernel vocabulary_sharded_bags(const OpSchema& s, const PlacementStrategy& 
 
     at::Tensor output = at::zeros(output_shape, weight.options());
     if (rows.size > 0) {
-      const IndexWindow lookup = look_up_rows(indices, rows);
-      at::Tensor scale = (lookup.held & (indices != padding_idx)).to(weight.scalar_type());
+      const IndexWindow lookup = look_up_rows(indices, rows, padding_idx);
+      at::Tensor scale = lookup.held.to(weight.scalar_type());
       if (per_sample && per_sample->defined()) scale.mul_(*per_sample);
       if (mode == kMean)
         scale.div_(bags[2].toTensor().index_select(0, bag_of_each_index(offsets, indices.numel())).clamp_min(1));

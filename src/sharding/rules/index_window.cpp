@@ -47,9 +47,15 @@ IndexWindow index_window(const at::Tensor& indices, int64_t offset, int64_t size
   return {held, local_index, held_count == indices.numel()};
 }
 
-std::optional<int64_t> first_index_outside(const at::Tensor& cpu_indices, int64_t rows, std::optional<int64_t> ignored) {
-  require_index_dtype(cpu_indices);
-  const at::Tensor source = cpu_indices.contiguous();
+std::optional<int64_t> first_index_outside(const at::Tensor& indices, int64_t rows, std::optional<int64_t> ignored) {
+  if (!indices.device().is_cpu()) {  // read back to the host: the caller needs the answer now
+    at::Tensor outside = indices.lt(0).logical_or(indices.ge(rows));
+    if (ignored) outside = outside.logical_and(indices.ne(*ignored));
+    if (!outside.any().item<bool>()) return std::nullopt;
+    return indices.masked_select(outside)[0].item<int64_t>();
+  }
+  require_index_dtype(indices);
+  const at::Tensor source = indices.contiguous();
   std::optional<int64_t> found;
   AT_DISPATCH_INDEX_TYPES(source.scalar_type(), "first_index_outside", [&] {
     const index_t* in = source.const_data_ptr<index_t>();

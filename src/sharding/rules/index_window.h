@@ -23,9 +23,10 @@ struct IndexWindow {
 IndexWindow index_window(const at::Tensor& indices, int64_t offset, int64_t size, int64_t elsewhere = 0,
                          int64_t dropped = -1);
 
-// The first index outside [0, rows) that is not `ignored`, for CPU indices (read on the host, no op
-// dispatched); nullopt when there is none. Other devices: see check_indices in vocab_rows.h.
-std::optional<int64_t> first_index_outside(const at::Tensor& cpu_indices, int64_t rows,
+// The first index outside [0, rows) that is not `ignored`; nullopt when there is none. CPU indices are
+// scanned on the host (no op dispatched); on other devices the answer waits for the device, so a
+// check that need not stop the host asserts on the device instead (check_indices in vocab_rows.h).
+std::optional<int64_t> first_index_outside(const at::Tensor& indices, int64_t rows,
                                            std::optional<int64_t> ignored = std::nullopt);
 
 }  // namespace dtensor::rules

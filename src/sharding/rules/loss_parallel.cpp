@@ -74,14 +74,7 @@ at::Tensor local_of(const at::Tensor& t) { return is_dtensor(t) ? local_tensor_o
 // LibTorch refuses a target outside [0, C) that is not ignore_index; masked to another rank's
 // classes, it would give a quiet wrong loss instead.
 void check_targets(const at::Tensor& target, int64_t classes, int64_t ignore_index) {
-  std::optional<int64_t> outside;
-  if (target.device().is_cpu()) {
-    outside = first_index_outside(target, classes, ignore_index);
-  } else {
-    const at::Tensor out_of_range = target.ne(ignore_index).logical_and(target.lt(0).logical_or(target.ge(classes)));
-    if (out_of_range.any().item<bool>()) outside = target.masked_select(out_of_range)[0].item<int64_t>();
-  }
-  if (outside)
+  if (const std::optional<int64_t> outside = first_index_outside(target, classes, ignore_index))
     throw DTensorError(std::string(kOp) + ": target " + std::to_string(*outside) + " is out of bounds for " +
                        std::to_string(classes) + " classes (and not ignore_index " + std::to_string(ignore_index) + ")");
 }

@@ -30,9 +30,10 @@ inline ChunkExtent held_rows(const OpSchema& s, const Shape& shape, const Placem
   return {part.shape[0], part.offset[0]};
 }
 
-// Which indices fall in `rows`, and their positions there (0 where they do not).
-inline IndexWindow look_up_rows(const at::Tensor& indices, ChunkExtent rows) {
-  return index_window(indices, rows.offset, rows.size);
+// Which indices fall in `rows` (padding_idx counting as not held), and their positions there (0 where
+// they do not).
+inline IndexWindow look_up_rows(const at::Tensor& indices, ChunkExtent rows, int64_t padding_idx = -1) {
+  return index_window(indices, rows.offset, rows.size, /*elsewhere=*/0, /*dropped=*/padding_idx);
 }
 
 // The gradient of rows [offset, offset + size) of the table: the rows of `grad` ([..., D], one per
