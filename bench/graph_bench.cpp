@@ -139,7 +139,7 @@ int run_forward(const dtensor::MeshPtr& mesh, const gpt::Config& config, const A
   g::Program local = g::tensor_parallel_transform(g::load_program(args.model), mesh, gpt::graph_plan());
   gpt::Gpt eager = model_from(whole, config);
   gpt::parallelize(eager, mesh);
-  const megatron::MegatronGpt hand(model_from(whole, config), config, megatron::BiasMath::kFused);
+  const megatron::MegatronGpt hand(model_from(whole, config), config);
 
   const at::Tensor tokens = demo_tokens(config, config.seq_len);
   std::vector<std::pair<std::string, std::function<at::Tensor()>>> logits = {
@@ -171,7 +171,7 @@ int run_training(const dtensor::MeshPtr& mesh, const gpt::Config& config, const 
   g::Program step = g::spmd_expand(g::load_program(args.model), mesh, where);
   gpt::Gpt eager = model_from(whole, config);
   gpt::parallelize(eager, mesh);
-  auto hand = std::make_shared<megatron::MegatronGpt>(model_from(whole, config), config, megatron::BiasMath::kFused);
+  auto hand = std::make_shared<megatron::MegatronGpt>(model_from(whole, config), config);
 
   const at::Tensor text = demo_tokens(config, config.seq_len + 1);
   const at::Tensor tokens = text.narrow(1, 0, config.seq_len).contiguous(), targets = text.narrow(1, 1, config.seq_len).contiguous();

@@ -7,7 +7,6 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/nn/functional/linear.h>
 
 #include <cmath>
 #include <map>
@@ -155,18 +154,9 @@ struct Norm {
   at::Tensor operator()(const at::Tensor& x) const { return at::layer_norm(x, {weight.size(0)}, weight, bias, eps); }
 };
 
-// How a column-parallel layer adds its bias. The two give the same values with different kernels, and
-// the baseline must run the kernels of what it is held against.
-enum class BiasMath {
-  kFused,      // aten::linear: one addmm over the flattened input, as exported programs run it
-  kSeparate,   // torch::nn::Linear (torch::nn::functional::linear): matmul, then the bias added in place, as
-               // eager LibTorch modules and Megatron's ColumnParallelLinear run it
-};
-
-inline at::Tensor linear(const at::Tensor& x, const LinearShard& layer, BiasMath math) {
-  return math == BiasMath::kFused ? at::linear(x, layer.weight, layer.bias)
-                                  : torch::nn::functional::linear(x, layer.weight, layer.bias);
-}
+// A column-parallel layer: aten::linear (one addmm over the flattened input), the kernels dtensor's
+// Linear runs on its shards and exported programs run.
+inline at::Tensor linear(const at::Tensor& x, const LinearShard& layer) { return at::linear(x, layer.weight, layer.bias); }
 
 // A row-parallel layer's partial products are summed over the group before its bias is added once.
 inline at::Tensor row_parallel(const at::Tensor& x, const LinearShard& layer, const char* purpose) {
@@ -193,9 +183,8 @@ struct BlockShard {
 // gpt::Gpt as this rank's shards in plain tensors, computing what gpt::Gpt::forward does.
 class MegatronGpt {
  public:
-  MegatronGpt(const gpt::Gpt& full, const gpt::Config& config, BiasMath bias_math)
-      : bias_math_(bias_math),
-        head_dim_(config.dim / config.heads),
+  MegatronGpt(const gpt::Gpt& full, const gpt::Config& config)
+      : head_dim_(config.dim / config.heads),
         vocab_size_(config.vocab),
         vocab_(chunk_range(config.vocab, tp_group().rank, tp_group().size)),
         tok_emb_(shard_of(full->tok_emb->weight, 0)),
@@ -261,8 +250,8 @@ class MegatronGpt {
     const int64_t batch = x.size(0), t = x.size(1);
     auto heads = [&](const at::Tensor& y) { return y.view({batch, t, -1, head_dim_}).transpose(1, 2); };
     const at::Tensor in = copy_to_tp(x);  // one for q, k and v: one gradient all-reduce, as a fused QKV
-    const at::Tensor q = heads(linear(in, b.wq, bias_math_)), k = heads(linear(in, b.wk, bias_math_)),
-                     v = heads(linear(in, b.wv, bias_math_));
+    const at::Tensor q = heads(linear(in, b.wq)), k = heads(linear(in, b.wk)),
+                     v = heads(linear(in, b.wv));
     at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(head_dim_)));
     const at::Tensor attention = at::softmax(scores + causal_mask, -1);
     const at::Tensor y = at::matmul(attention, v).transpose(1, 2).reshape({batch, t, -1});
@@ -270,10 +259,9 @@ class MegatronGpt {
   }
 
   at::Tensor mlp(const BlockShard& b, const at::Tensor& x) const {
-    return row_parallel(at::gelu(linear(copy_to_tp(x), b.fc1, bias_math_)), b.fc2, "fc2 output");
+    return row_parallel(at::gelu(linear(copy_to_tp(x), b.fc1)), b.fc2, "fc2 output");
   }
 
-  BiasMath bias_math_;
   int64_t head_dim_;
   int64_t vocab_size_;
   Range vocab_;

@@ -315,7 +315,7 @@ int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
     at::NoGradGuard no_grad;
     single_loss = single->forward(batches[0].tokens, batches[0].targets).item<double>();
   }
-  auto hand = std::make_shared<MegatronGpt>(single, config, BiasMath::kSeparate);  // shards copied before `single` trains
+  auto hand = std::make_shared<MegatronGpt>(single, config);  // shards copied before `single` trains
   gpt::Gpt parallel = seeded_model(config);
   gpt::parallelize(parallel, mesh);
 

@@ -23,6 +23,10 @@
 #include "dtensor/device_mesh.h"
 #include "dtensor/placement.h"
 
+namespace torch::nn {
+class LinearImpl;
+}
+
 namespace dtensor {
 
 // Runs before forward on the module's Tensor arguments (in argument order); may replace them.
@@ -74,7 +78,9 @@ void distribute_module(torch::nn::Module& module, const MeshPtr& mesh, const Par
                        const InputFn& input_fn = {}, const OutputFn& output_fn = {});
 
 // Calls module->forward(args...) with the module's forward hooks around it. `module` is a
-// ModuleHolder (torch::nn::Linear), a shared_ptr to a module, or a module reference.
+// ModuleHolder (torch::nn::Linear), a shared_ptr to a module, or a module reference. A
+// torch::nn::Linear with DTensor parameters computes its forward as one aten::linear (see
+// detail::forward_of), the same product as its own forward.
 template <typename M, typename... Args>
 decltype(auto) call(M&& module, Args&&... args);
 
@@ -147,9 +153,23 @@ decltype(auto) hooked_argument(std::vector<at::Tensor>& inputs, Arg&& arg) {
     return std::forward<Arg>(arg);
 }
 
+// torch::nn::Linear's forward (torch::nn::functional::linear) is a transpose, a matmul and a bias add.
+// With DTensor parameters the Linear runs as the one aten::linear they compute, which dtensor runs on
+// the shards as one op with one autograd node (src/sharding/rules/fused_linear.cpp); with plain
+// parameters, as its own forward.
+at::Tensor forward_linear(torch::nn::LinearImpl& linear, const at::Tensor& input);
+
+template <typename Impl, typename... Args>
+decltype(auto) forward_of(Impl& impl, Args&&... args) {
+  if constexpr (std::is_same_v<Impl, torch::nn::LinearImpl> && sizeof...(Args) == 1)
+    return forward_linear(impl, std::forward<Args>(args)...);
+  else
+    return impl.forward(std::forward<Args>(args)...);
+}
+
 template <typename... Args, typename Impl, typename Tuple, std::size_t... P>
 decltype(auto) forward_hooked(Impl& impl, std::vector<at::Tensor>& inputs, Tuple args, std::index_sequence<P...>) {
-  return impl.forward(hooked_argument<P, Args...>(inputs, std::get<P>(std::move(args)))...);
+  return forward_of(impl, hooked_argument<P, Args...>(inputs, std::get<P>(std::move(args)))...);
 }
 
 template <typename Impl>
@@ -173,7 +193,7 @@ decltype(auto) call(M&& module, Args&&... args) {
   auto& impl = detail::module_of(module);
   using Result = decltype(impl.forward(std::forward<Args>(args)...));
   const auto hooks = detail::forward_hooks_of(impl);
-  if (!hooks) return static_cast<Result>(impl.forward(std::forward<Args>(args)...));
+  if (!hooks) return static_cast<Result>(detail::forward_of(impl, std::forward<Args>(args)...));
   std::vector<at::Tensor> inputs;
   (
       [&](const auto& arg) {
