@@ -28,10 +28,11 @@ on a 1-d mesh (the TP plan with local activations), \`dtensor::call(model, token
 *hand-written Megatron*: the same GPT as plain per-rank shards of the same weights, Megatron's f/g
 autograd functions over the mesh's c10d process group (all-reduces in place, skipped on one rank as
 Megatron does), a vocabulary-parallel embedding and cross-entropy (all-reduces of the row max, the
-target logit and the sum of exponentials); its linear layers compute as \`torch::nn::Linear\` does (and as
-Megatron's ColumnParallelLinear does): a matmul, then the bias added, so that both run the same kernels
-(\`at::linear\`'s fused addmm, used until 2026-11-24, measured no faster here: 11.96 against 12.02 ms at TP=1
-in one run). *plain LibTorch*: gpt::Gpt without dtensor, in one process;
+target logit and the sum of exponentials); its linear layers compute with \`at::linear\` (one addmm over
+the flattened input; a row-parallel layer adds its bias after the all-reduce), the kernels dtensor's
+parallel Linears run on their shards (since 2026-11-24 dtensor runs a \`torch::nn::Linear\` with DTensor
+parameters as one \`aten::linear\` op; before, both ran torch::nn::Linear's matmul and bias add). *plain
+LibTorch*: gpt::Gpt without dtensor (torch::nn::Linear's own forward), in one process;
 at TP>1 rank 0 runs it alone, with one intra-op thread and with one per core, while the other ranks
 sleep in a store wait (they take no core), in the same rounds as the parallel runs.
 Before timing, both parallel runs' first-step losses must equal the single process's (relative 1e-5)
