@@ -87,12 +87,14 @@ at::Tensor as_dtensor(const at::Tensor& input, const StyleContext& context, cons
   return from_local(input, context.mesh, placements, {.run_check = false, .shape = shape, .stride = stride});
 }
 
-// `tensor` with `tp` on the tensor-parallel dim (other dims unchanged); no-op when already there.
-at::Tensor with_tp_placement(const at::Tensor& tensor, const StyleContext& context, const Placement& tp) {
+// `tensor` with `tp` on the tensor-parallel dim (other dims unchanged); no-op when already there. Taken
+// by value and moved on, so that a layer's fresh output is reduced in its own buffer (redistribute
+// donates what nothing else holds).
+at::Tensor with_tp_placement(at::Tensor tensor, const StyleContext& context, const Placement& tp) {
   Placements target = placements_of(tensor);
   target[context.tp_dim] = tp;
   target = validate_placements(target, context.mesh->ndim(), tensor.dim(), "a module boundary");
-  return target == placements_of(tensor) ? tensor : redistribute(tensor, context.mesh, target);
+  return target == placements_of(tensor) ? tensor : redistribute(std::move(tensor), context.mesh, target);
 }
 
 // The input hook of styles that take the first Tensor argument as `input_layout` and want `desired`.
@@ -140,7 +142,7 @@ void convert_output(const StyleTarget& target, std::optional<Placement> input_la
   register_forward_hook(target.module, [=](torch::nn::Module&, at::Tensor out) {
     if (!out.defined()) return out;
     if (input_layout) out = as_dtensor(out, context, *input_layout);
-    if (is_dtensor(out)) out = with_tp_placement(out, context, output_layout);
+    if (is_dtensor(out)) out = with_tp_placement(std::move(out), context, output_layout);
     return use_local_output && is_dtensor(out) ? to_local(out) : out;
   });
 }
@@ -217,7 +219,7 @@ void apply(const StyleTarget& target, const PrepareModuleInput& style) {
     for (size_t i = 0; i < style.input_layouts.size(); ++i) {
       if (!inputs[i].defined() || !style.input_layouts[i]) continue;
       at::Tensor input = as_dtensor(inputs[i], context, *style.input_layouts[i]);
-      if (style.desired_input_layouts[i]) input = with_tp_placement(input, context, *style.desired_input_layouts[i]);
+      if (style.desired_input_layouts[i]) input = with_tp_placement(std::move(input), context, *style.desired_input_layouts[i]);
       inputs[i] = style.use_local_output ? to_local(input) : input;
     }
   });

@@ -7,6 +7,7 @@
 #include "../redistribute/cross_mesh.h"
 #include "../redistribute/executor.h"
 #include "autograd_nodes.h"
+#include "donation.h"
 #include "dtensor/errors.h"
 #include "dtensor/world.h"
 
@@ -264,16 +265,6 @@ at::Tensor redistribute_across_meshes(const at::Tensor& dtensor, const MeshPtr& 
   return out;
 }
 
-// True when overwriting the DTensor's local buffer cannot be observed: this handle is the only one to
-// the DTensor, to its local tensor (DTensor copies made for autograd share that) and to the storage
-// (views and from_local's caller share that), and autograd is not involved, so that donating never
-// changes what a gradient sees.
-bool donatable(const at::Tensor& dtensor) {
-  const at::Tensor& local = dtensor_impl(dtensor).local();
-  return dtensor.use_count() == 1 && !dtensor.requires_grad() && local.use_count() == 1 && local.has_storage() &&
-         local.storage().use_count() == 1;
-}
-
 at::Tensor redistribute_to(const at::Tensor& dtensor, const Placements& target, detail::Ownership ownership) {
   const auto& impl = dtensor_impl(dtensor);
   const DTensorSpec& spec = impl.spec();
@@ -299,7 +290,7 @@ at::Tensor redistribute(at::Tensor&& dtensor, const MeshPtr& mesh, const Placeme
   if (mesh && !same_mesh(mesh, spec.mesh)) return redistribute_across_meshes(std::move(dtensor), mesh, target);
   if (target == spec.placements) return std::move(dtensor);
   const at::Tensor owned = std::move(dtensor);  // consumed whether or not it can be donated
-  return redistribute_to(owned, target, donatable(owned) ? detail::Ownership::Donated : detail::Ownership::Borrowed);
+  return redistribute_to(owned, target, detail::donatable(owned) ? detail::Ownership::Donated : detail::Ownership::Borrowed);
 }
 
 at::Tensor full_tensor(const at::Tensor& dtensor, std::optional<Placements> grad_placements) {
@@ -318,3 +309,12 @@ std::string describe(const at::Tensor& dtensor) {
 }
 
 }  // namespace dtensor
+
+namespace dtensor::detail {
+
+bool donatable(const at::Tensor& dtensor) {
+  const at::Tensor& local = dtensor_impl(dtensor).local();
+  return dtensor.use_count() == 1 && local.use_count() == 1 && local.has_storage() && local.storage().use_count() == 1;
+}
+
+}  // namespace dtensor::detail

@@ -5,6 +5,7 @@
 
 #include "../redistribute/cross_mesh.h"
 #include "../redistribute/executor.h"
+#include "donation.h"
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/errors.h"
 
@@ -14,11 +15,14 @@ namespace dtensor::detail {
 
 torch::autograd::variable_list FromLocalBackward::apply(torch::autograd::variable_list&& grads) {
   if (!grads[0].defined()) return {at::Tensor()};
-  const auto& grad = dtensor_impl(grads[0], "the gradient flowing back into from_local");
+  const at::Tensor gradient = std::move(grads[0]);  // the engine's gradient, often held by nothing else
+  const auto& grad = dtensor_impl(gradient, "the gradient flowing back into from_local");
   // Reduce any Partial gradient first: each rank's contribution to a Partial input enters the value
   // with coefficient 1 (sum) or 1/n (avg), so it needs the whole gradient, not a contribution of it.
+  // (The all-reduce works in the gradient's own buffer when nothing else can see it.)
   const Placements reduced = partial_as_replicate(spec->placements);
-  at::Tensor local = redistribute_local(grad.local(), grad.spec(), reduced);
+  at::Tensor local = redistribute_local(grad.local(), grad.spec(), reduced, Direction::Forward,
+                                        donatable(gradient) ? Ownership::Donated : Ownership::Borrowed);
   return {redistribute_local(local, grad.spec().with_placements(reduced), spec->placements, Direction::Backward)};
 }
 

@@ -57,8 +57,9 @@ TEST_F(DistTest, DonationFallsBackToCopyingWhenTheBufferIsShared) {
 }
 
 TEST_F(DistTest, DonationKeepsGradientsOfDTensorsRequiringGrad) {
-  // The DTensor is the only holder of its buffer (from_local of a temporary), so only requires_grad
-  // keeps it from being donated. loss = sum(X * C) with X the Partial(sum) value: dloss/dx_r = C.
+  // The DTensor is the only holder of its buffer (from_local of a temporary), so it is donated even
+  // though it requires grad: redistribute's backward needs none of its values.
+  // loss = sum(X * C) with X the Partial(sum) value: dloss/dx_r = C.
   const at::Tensor x = test_tensor({3, 4}, at::kDouble, 23), c = test_tensor({3, 4}, at::kDouble, 24);
   auto m = mesh({4});
   at::Tensor contribution = local_tensor_of(make_dtensor_holding(x, m, {Partial()})).clone().requires_grad_();
@@ -66,10 +67,28 @@ TEST_F(DistTest, DonationKeepsGradientsOfDTensorsRequiringGrad) {
   ASSERT_TRUE(dt.requires_grad());
   const void* buffer = local_tensor_of(dt).data_ptr();
   at::Tensor whole = to_local(redistribute(std::move(dt), {Replicate()}));
-  EXPECT_NE(whole.data_ptr(), buffer);
+  EXPECT_EQ(whole.data_ptr(), buffer);
   EXPECT_TRUE(tensors_equal(whole, x));
   (whole * c).sum().backward();
   EXPECT_TRUE(tensors_equal(contribution.grad(), c));
+}
+
+// A DTensor an op saved for its backward is not donated: the node's handle is a second one. If it
+// were, the saved contributions would read the reduced value and C's gradient would be 4X, not X.
+// loss = sum(X) + sum(X * C): dloss/dC = X, dloss/dx_r = 1 + C.
+TEST_F(DistTest, DonationSkipsADTensorAnOpSavedForBackward) {
+  const at::Tensor x = test_tensor({3, 4}, at::kDouble, 26), c_full = test_tensor({3, 4}, at::kDouble, 27);
+  auto m = mesh({4});
+  at::Tensor contribution = local_tensor_of(make_dtensor_holding(x, m, {Partial()})).clone().requires_grad_();
+  at::Tensor dt = from_local(contribution.clone(), m, {Partial()}, no_check(x));
+  at::Tensor c = distribute_tensor(c_full, m, Placements{Replicate()}).requires_grad_();
+  const at::Tensor product = dt * c;  // Partial, and MulBackward keeps dt for c's gradient
+  const void* buffer = local_tensor_of(dt).data_ptr();
+  const at::Tensor whole = redistribute(std::move(dt), {Replicate()});
+  EXPECT_NE(local_tensor_of(whole).data_ptr(), buffer);
+  (full_tensor(whole).sum() + full_tensor(product).sum()).backward();
+  EXPECT_TRUE(tensors_equal(full_tensor(c.grad()), x));
+  EXPECT_TRUE(tensors_equal(contribution.grad(), 1 + c_full));
 }
 
 TEST_F(DistTest, DonatedNonContiguousShardIsCopiedIntoAContiguousResult) {
