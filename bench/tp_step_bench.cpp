@@ -236,20 +236,27 @@ void print_collectives(Contender& dtensor_run, Contender& hand, const std::vecto
               static_cast<long long>(group.all_reduce_bytes), hand_detail.c_str());
 }
 
-// Rounds of kStepsPerRound steps per contender, the order rotating every round. Returns each step's
-// phase times in ms as the maximum over ranks: [contender, step, phase].
+// Rounds of kStepsPerRound steps per contender. Each round runs the two parallel contenders (the last
+// two) back to back, which one goes first alternating, then the single-process ones, their order
+// turning every two rounds. The step after a single-process run pays for it (at TP > 1 the other ranks
+// wake from a store wait and the scheduler places them anew; rank 0's intra-op threads may still
+// spin), so the parallel contenders must each follow every single-process one equally often. A plain
+// rotation of all four let dtensor follow the 2-thread run in three rounds of four and hand-written
+// in one, which at TP=4 (4 ranks on 2 cores) showed as rounds in which dtensor alone ran 1.5x slower.
+// Returns each step's phase times in ms as the maximum over ranks: [contender, step, phase].
 at::Tensor time_rounds(std::vector<Contender>& contenders, const std::vector<gpt::Batch>& batches, int rounds) {
   const int64_t n = static_cast<int64_t>(contenders.size());
   at::Tensor times = at::zeros({n, static_cast<int64_t>(rounds) * kStepsPerRound, kPhases}, at::kDouble);
   auto t = times.accessor<double, 3>();
-  for (int round = 0; round < rounds; ++round)
-    for (int64_t k = 0; k < n; ++k) {
-      const int64_t c = (round + k) % n;
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<int64_t> order = {n - 2 + round % 2, n - 1 - round % 2};
+    for (int64_t k = 0; k < n - 2; ++k) order.push_back((round / 2 + k) % (n - 2));
+    for (const int64_t c : order)
       for (int s = 0; s < kStepsPerRound; ++s) {
         const StepResult r = step(contenders[c], batches);
         for (int p = 0; p < kPhases; ++p) t[c][round * kStepsPerRound + s][p] = r.seconds[p] * 1e3;
       }
-    }
+  }
   all_reduce_(times, c10d::ReduceOp::MAX, "step times (max over ranks)");
   return times;
 }
