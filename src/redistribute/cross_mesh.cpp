@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "../mesh/collectives.h"
+#include "executor.h"
 #include "dtensor/pieces.h"
 #include "dtensor/world.h"
 
@@ -52,7 +53,8 @@ at::Tensor region(const at::Tensor& local, const Box& held, const Box& box) {
 
 }  // namespace
 
-at::Tensor move_across_meshes(const at::Tensor& local, const DTensorSpec& from, const DTensorSpec& to) {
+at::Tensor move_across_meshes(const at::Tensor& shard, const DTensorSpec& from, const DTensorSpec& to) {
+  const at::Tensor local = with_views_resolved(shard);
   const MeshPtr bridge = from.mesh->bridge_to(*to.mesh);
   const int64_t me = from.mesh->world()->rank();
   at::Tensor out = at::empty(to.local_shape(), local.options());

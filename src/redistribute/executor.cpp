@@ -227,7 +227,7 @@ const RedistributePlan& cached_plan(const DTensorSpec& from, const Placements& t
 
 at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& local, const DeviceMesh& mesh,
                         Direction direction, Ownership ownership) {
-  at::Tensor current = local;
+  at::Tensor current = plan.steps.empty() ? local : with_views_resolved(local);
   for (const auto& step : plan.steps) {
     // A step's output in memory of its own (not the caller's) is this plan's to overwrite.
     if (!current.is_alias_of(local)) ownership = Ownership::Donated;

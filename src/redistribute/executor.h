@@ -15,6 +15,12 @@ enum class Direction { Forward, Backward };
 // (redistribute checks that before donating), so the step runs on it directly.
 enum class Ownership { Borrowed, Donated };
 
+// `local` with a conjugate or negative bit (a DTensor's conj() view keeps it on the shard) applied to
+// its values: collectives move raw memory, which does not carry the bit.
+inline at::Tensor with_views_resolved(const at::Tensor& local) {
+  return local.is_conj() || local.is_neg() ? local.resolve_conj().resolve_neg() : local;
+}
+
 // The plan for this rank, from a per-thread cache (planning is pure, so a cache entry never goes stale).
 const RedistributePlan& cached_plan(const DTensorSpec& from, const Placements& to);
 

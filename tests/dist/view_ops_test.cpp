@@ -96,6 +96,30 @@ TEST_F(DistTest, ShapeOpsKeepPartial) {
   }
 }
 
+// conj() and the negative view of complex DTensors: the bit is the shard's, so to_local, full_tensor
+// and the ops that read the bit themselves (mm) see conjugated values, and gradients through them
+// equal one device's. Before, the bit sat on the DTensor and mm computed with unconjugated shards.
+TEST_F(DistTest, ConjugateViewsConjugateTheShard) {
+  const at::Tensor x = at::complex(test_tensor({5, 6}, at::kDouble, 1), test_tensor({5, 6}, at::kDouble, 2));
+  const at::Tensor c = at::complex(test_tensor({5, 6}, at::kDouble, 3), test_tensor({5, 6}, at::kDouble, 4));
+  for (const auto& m : {mesh({4}), mesh({2, 2})}) {
+    for (const Placements& p : {Placements(m->ndim(), Replicate()), Placements(m->ndim(), Shard(0))}) {
+      SCOPED_TRACE(m->str() + " " + to_string(p));
+      const at::Tensor d = distribute_tensor(x, m, p);
+      EXPECT_TRUE(tensors_equal(full_tensor(d.conj()), x.conj().resolve_conj()));
+      EXPECT_TRUE(tensors_equal(to_local(d.conj()).resolve_conj(), expected_shard(x.conj().resolve_conj(), m, p)));
+      EXPECT_TRUE(tensors_equal(full_tensor(d.conj().conj()), x));
+      EXPECT_TRUE(tensors_equal(full_tensor(at::_neg_view(d)), -x));
+      const at::Tensor r = redistribute(d, Placements(m->ndim(), Replicate()));
+      EXPECT_TRUE(tensors_equal(full_tensor(at::mm(d, r.conj().t())), at::mm(x, x.conj().t())));
+      at::Tensor leaf = distribute_tensor(x, m, p).requires_grad_(), one = x.clone().requires_grad_();
+      (leaf.conj() * distribute_tensor(c, m, p)).sum().abs().backward();
+      (one.conj() * c).sum().abs().backward();
+      EXPECT_TRUE(tensors_close(full_tensor(leaf.grad()), one.grad(), 1e-12, 1e-9));
+    }
+  }
+}
+
 TEST_F(DistTest, WritesThroughAViewReachTheDTensor) {
   // The shard is laid out transposed against the global (contiguous) strides given to from_local; a view
   // of the DTensor must still alias it, so a write through the view changes the DTensor.
