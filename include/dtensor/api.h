@@ -56,9 +56,9 @@ inline at::Tensor redistribute(const at::Tensor& dtensor, const Placements& plac
 // undefined once the placements are validated), and where nothing else can see the local shard, the
 // result may reuse its buffer instead of a copy (a Partial -> Replicate all-reduce then runs in place).
 // Nothing else means no other handle to the DTensor, to its local tensor or to that tensor's storage
-// (views, from_local's caller and DTensor copies all hold one) and no autograd (it does not require
-// grad); otherwise the shard is copied as by the overload above, so values and gradients are the same
-// either way. Memory the storage does not own (at::from_blob) counts as owned: do not donate a DTensor
+// (views, from_local's caller, DTensor copies and autograd nodes that saved it all hold one; the
+// redistribution's own backward needs no values); otherwise the shard is copied as by the overload
+// above, so values and gradients are the same either way. Memory the storage does not own (at::from_blob) counts as owned: do not donate a DTensor
 // over a buffer that is still in use.
 at::Tensor redistribute(at::Tensor&& dtensor, const MeshPtr& mesh, const Placements& placements);
 inline at::Tensor redistribute(at::Tensor&& dtensor, const Placements& placements) {

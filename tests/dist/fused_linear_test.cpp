@@ -160,6 +160,57 @@ TEST_F(DistTest, FusedLinearWithoutGradModeRecordsNothing) {
   EXPECT_TRUE(tensors_equal(full_tensor(out), at::linear(o.x, o.weight)));
 }
 
+// A frozen weight: only x's gradient is needed, so the node keeps the weight and not x, and x may be
+// changed in place after the forward (LibTorch's own linear allows it too).
+TEST_F(DistTest, FusedLinearWithAFrozenWeightKeepsNoActivation) {
+  auto m = mesh({4});
+  const Operands o = operands({3, 5, 7}, 6);
+  at::Tensor x = o.x.clone().requires_grad_();
+  at::Tensor x2 = x * 1;
+  const at::Tensor y = at::linear(x2, o.weight, o.bias);
+  x2.mul_(2);
+  const at::Tensor grad = test_tensor(y.sizes().vec(), at::kDouble, 4);
+  y.backward(grad);
+
+  at::Tensor dx = leaf(o.x, m, {Replicate()}, 5);
+  at::Tensor dx2 = dx * 1;
+  const at::Tensor dy = at::linear(dx2, distribute_tensor(o.weight, m, Placements{Shard(0)}),
+                                   distribute_tensor(o.bias, m, Placements{Shard(0)}));
+  ASSERT_EQ(dy.grad_fn()->name(), "dtensor::LinearBackward");
+  dx2.mul_(2);
+  dy.backward(distribute_tensor(grad, m, Placements{Shard(2)}));
+  EXPECT_TRUE(tensors_equal(full_tensor(dx.grad()), x.grad()));
+}
+
+// Complex operands decompose: their gradients conjugate the other operand, as LibTorch's formulas do.
+TEST_F(DistTest, FusedLinearLeavesComplexOperandsToTheComposite) {
+  auto m = mesh({4});
+  const at::Tensor x = at::complex(test_tensor({3, 7}, at::kDouble, 1), test_tensor({3, 7}, at::kDouble, 2));
+  const at::Tensor w = at::complex(test_tensor({6, 7}, at::kDouble, 3), test_tensor({6, 7}, at::kDouble, 4));
+  at::Tensor x1 = x.clone().requires_grad_(), w1 = w.clone().requires_grad_();
+  at::linear(x1, w1).abs().sum().backward();
+  at::Tensor dx = distribute_tensor(x, m, Placements{Replicate()}).requires_grad_();
+  at::Tensor dw = distribute_tensor(w, m, Placements{Shard(0)}).requires_grad_();
+  const at::Tensor dy = at::linear(dx, dw);
+  EXPECT_NE(dy.grad_fn()->name(), "dtensor::LinearBackward");
+  full_tensor(dy).abs().sum().backward();
+  EXPECT_TRUE(tensors_close(full_tensor(dx.grad()), x1.grad(), 1e-12, 1e-9));
+  EXPECT_TRUE(tensors_close(full_tensor(dw.grad()), w1.grad(), 1e-12, 1e-9));
+}
+
+// Shapes that do not multiply fail on every rank, as one device refuses them, instead of passing on
+// the ranks whose shards happen to broadcast (a bias of 4 against 8 output features, cut in 4).
+TEST_F(DistTest, FusedLinearRefusesShapesThatDoNotMultiplyOnEveryRank) {
+  auto m = mesh({4});
+  const at::Tensor x = distribute_tensor(test_tensor({3, 7}, at::kDouble, 1), m, Placements{Replicate()});
+  const at::Tensor w = distribute_tensor(test_tensor({8, 7}, at::kDouble, 2), m, Placements{Shard(0)});
+  const at::Tensor b = distribute_tensor(test_tensor({4}, at::kDouble, 3), m, Placements{Shard(0)});
+  EXPECT_THROW(at::linear(x, w, b), std::exception);
+  const at::Tensor rows = distribute_tensor(test_tensor({3, 8}, at::kDouble, 4), m, Placements{Shard(1)});
+  const at::Tensor w_rows = distribute_tensor(test_tensor({6, 7}, at::kDouble, 5), m, Placements{Shard(1)});
+  EXPECT_THROW(at::linear(rows, w_rows), std::exception);
+}
+
 // The module path: dtensor::call runs a parallel torch::nn::Linear as one aten::linear on DTensors,
 // forward and backward, with the single device's values.
 TEST_F(DistTest, ParallelLinearModuleRunsAsOneDTensorOp) {

@@ -39,9 +39,9 @@ struct LinearLayout {
   std::vector<size_t> partial_dims;  // mesh dims where the output is a partial sum
 };
 
+// For operands whose shapes multiply (x [..., k], weight [n, k], bias [n]).
 std::optional<LinearLayout> shard_local_layout(const DTensorSpec& x, const DTensorSpec& weight, const DTensorSpec* bias) {
   const int64_t last = x.ndim() - 1;
-  if (last < 0 || weight.ndim() != 2 || (bias != nullptr && bias->ndim() != 1)) return std::nullopt;
   LinearLayout l;
   for (size_t m = 0; m < x.placements.size(); ++m) {
     const Placement& px = x.placements[m];
@@ -88,32 +88,34 @@ at::Tensor wrap(const at::Tensor& local, std::shared_ptr<const DTensorSpec> spec
   return at::Tensor(c10::make_intrusive<DTensorImpl>(std::move(laid_out), std::move(spec)));
 }
 
+// Saves x only for the weight's gradient and the weight only for x's, as LibTorch's own formulas do
+// (a frozen weight keeps no activations alive).
 struct LinearBackward : torch::autograd::Node {
-  torch::autograd::SavedVariable input, weight;  // the DTensors
+  torch::autograd::SavedVariable input, weight;  // the DTensors, where needed
+  Shape input_shape, weight_shape;
   LinearLayout layout;
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
-    const at::Tensor x = input.unpack(), w = weight.unpack();
+    const at::Tensor x = should_compute_output(1) ? input.unpack() : at::Tensor();
+    const at::Tensor w = should_compute_output(0) ? weight.unpack() : at::Tensor();
     // A graph of the gradient (create_graph) needs differentiable ops: the DTensor ops themselves.
     if (torch::autograd::GradMode::is_enabled()) return differentiable(grads[0], x, w);
     const CommContext context(kOp);
     const auto& grad = dtensor_impl(grads[0], "the gradient flowing back into linear");
     const at::Tensor g = detail::redistribute_local(grad.local(), grad.spec(), layout.grad_output);
-    const at::Tensor& x_local = detail::as_dtensor(x)->local();
-    const at::Tensor& w_local = detail::as_dtensor(w)->local();
     const MeshPtr& mesh = grad.spec().mesh;
     const c10::ScalarType dtype = grad.spec().meta.dtype;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const at::Tensor g_rows = as_rows(g);
     torch::autograd::variable_list out(3);
     if (should_compute_output(0))
-      out[0] = wrap(g.matmul(w_local), contiguous_spec(mesh, layout.grad_input, x.sizes().vec(), dtype));
+      out[0] = wrap(g.matmul(detail::as_dtensor(w)->local()), contiguous_spec(mesh, layout.grad_input, input_shape, dtype));
     if (should_compute_output(1))
-      out[1] = wrap(g_rows.t().mm(as_rows(x_local)),
-                    contiguous_spec(mesh, layout.grad_weight, w.sizes().vec(), dtype));
+      out[1] = wrap(g_rows.t().mm(as_rows(detail::as_dtensor(x)->local())),
+                    contiguous_spec(mesh, layout.grad_weight, weight_shape, dtype));
     if (should_compute_output(2))
-      out[2] = wrap(g_rows.sum(0), contiguous_spec(mesh, layout.grad_bias, {w.size(0)}, dtype));
+      out[2] = wrap(g_rows.sum(0), contiguous_spec(mesh, layout.grad_bias, {weight_shape[0]}, dtype));
     return out;
   }
 
@@ -121,7 +123,7 @@ struct LinearBackward : torch::autograd::Node {
     const at::Tensor g_rows = as_rows(g);
     torch::autograd::variable_list out(3);
     if (should_compute_output(0)) out[0] = g.matmul(w);
-    if (should_compute_output(1)) out[1] = g_rows.t().mm(x.reshape({-1, x.size(-1)}));
+    if (should_compute_output(1)) out[1] = g_rows.t().mm(as_rows(x));
     if (should_compute_output(2)) out[2] = g_rows.sum(0);
     return out;
   }
@@ -153,7 +155,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   const MeshPtr& mesh = xi->spec().mesh;
   if (!mesh->contains_this_rank() || !same_mesh(mesh, wi->spec().mesh) || (bi && !same_mesh(mesh, bi->spec().mesh)) ||
       x.scalar_type() != weight.scalar_type() || (bias != nullptr && bias->scalar_type() != x.scalar_type()) ||
+      at::isComplexType(x.scalar_type()) ||  // its gradients conjugate; the composite's formulas do
       has_forward_grad(x) || has_forward_grad(weight) || (bias != nullptr && has_forward_grad(*bias)))
+    return composite();
+  // Shapes that do not multiply are refused by the composite with LibTorch's message; on shards the
+  // mismatch could pass on some ranks (a bias shard broadcast) and fail on others.
+  if (x.dim() < 1 || weight.dim() != 2 || x.size(-1) != weight.size(1) ||
+      (bias != nullptr && (bias->dim() != 1 || bias->size(0) != weight.size(0))))
     return composite();
   std::optional<LinearLayout> layout = shard_local_layout(xi->spec(), wi->spec(), bi ? &bi->spec() : nullptr);
   if (!layout) return composite();
@@ -174,8 +182,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   if (!needs_grad || !torch::autograd::GradMode::is_enabled()) return out;
   auto node = c10::make_intrusive<LinearBackward>();
   node->set_next_edges(torch::autograd::collect_next_edges(x, weight, bias != nullptr ? *bias : at::Tensor()));
-  node->input = torch::autograd::SavedVariable(x, /*is_output=*/false);
-  node->weight = torch::autograd::SavedVariable(weight, /*is_output=*/false);
+  if (weight.requires_grad()) node->input = torch::autograd::SavedVariable(x, /*is_output=*/false);
+  if (x.requires_grad()) node->weight = torch::autograd::SavedVariable(weight, /*is_output=*/false);
+  node->input_shape = x.sizes().vec();
+  node->weight_shape = weight.sizes().vec();
   node->layout = std::move(*layout);
   torch::autograd::create_gradient_edge(out, std::move(node));
   return out;
