@@ -177,6 +177,7 @@ TEST_F(DistTest, FusedLinearWithAFrozenWeightKeepsNoActivation) {
   const at::Tensor dy = at::linear(dx2, distribute_tensor(o.weight, m, Placements{Shard(0)}),
                                    distribute_tensor(o.bias, m, Placements{Shard(0)}));
   ASSERT_EQ(dy.grad_fn()->name(), "dtensor::LinearBackward");
+  EXPECT_EQ(dx2.use_count(), 1);  // the node did not keep it
   dx2.mul_(2);
   dy.backward(distribute_tensor(grad, m, Placements{Shard(2)}));
   EXPECT_TRUE(tensors_equal(full_tensor(dx.grad()), x.grad()));
