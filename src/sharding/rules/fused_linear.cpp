@@ -97,6 +97,7 @@ struct LinearBackward : torch::autograd::Node {
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    std::lock_guard<std::mutex> lock(mutex_);  // as LibTorch's nodes: release_variables may run concurrently
     const at::Tensor x = should_compute_output(1) ? input.unpack() : at::Tensor();
     const at::Tensor w = should_compute_output(0) ? weight.unpack() : at::Tensor();
     // A graph of the gradient (create_graph) needs differentiable ops: the DTensor ops themselves.
@@ -130,6 +131,7 @@ struct LinearBackward : torch::autograd::Node {
 
   std::string name() const override { return "dtensor::LinearBackward"; }
   void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
     input.reset_data();
     weight.reset_data();
   }

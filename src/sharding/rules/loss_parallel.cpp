@@ -91,6 +91,7 @@ struct LossParallelCrossEntropyBackward : torch::autograd::Node {
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     if (!grads[0].defined()) return {at::Tensor()};
+    std::lock_guard<std::mutex> lock(mutex_);  // as LibTorch's nodes: release_variables may run concurrently
     const CommContext context(kOp);
     const auto& grad = dtensor_impl(grads[0], "the gradient flowing back into cross_entropy");
     at::Tensor g = detail::redistribute_local(grad.local(), grad.spec(), grad_placements);
@@ -108,7 +109,10 @@ struct LossParallelCrossEntropyBackward : torch::autograd::Node {
     return {make_dtensor(in_global_layout(local, spec.meta), std::move(spec))};
   }
   std::string name() const override { return "dtensor::LossParallelCrossEntropyBackward"; }
-  void release_variables() override { logits = row_max = row_sum = target_column = in_range = coefficient = at::Tensor(); }
+  void release_variables() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    logits = row_max = row_sum = target_column = in_range = coefficient = at::Tensor();
+  }
 };
 
 at::Tensor fused_cross_entropy(const at::Tensor& self, const at::Tensor& target, const std::optional<at::Tensor>& weight,
