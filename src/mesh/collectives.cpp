@@ -88,6 +88,16 @@ void run(const DeviceMesh& mesh, int64_t dim, const char* operation, int64_t byt
   }
 }
 
+// Complex tensors travel as their real and imaginary parts: Gloo has no complex types, and moving data
+// or summing is the same done componentwise. A maximum or minimum of complex numbers does not exist.
+at::Tensor as_real(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t) : t; }
+
+void require_reducible(const at::Tensor& t, ReduceOp op, const char* operation) {
+  if (t.is_complex() && (op == ReduceOp::Max || op == ReduceOp::Min))
+    throw DTensorError(std::string(operation) + " with " + (op == ReduceOp::Max ? "max" : "min") +
+                       " of a complex tensor: complex numbers are not ordered; reduce their abs() instead");
+}
+
 // A group of one rank has nothing to exchange: each collective is then its local meaning (a copy where
 // the caller gets a new tensor), with no process-group round trip.
 bool alone(const DeviceMesh& mesh, int64_t dim) { return mesh.size(dim) == 1; }
@@ -100,14 +110,15 @@ at::Tensor all_gather(const DeviceMesh& mesh, int64_t dim, const at::Tensor& inp
   sizes[0] *= mesh.size(dim);
   if (alone(mesh, dim)) return input.reshape(sizes).clone();
   at::Tensor output = at::empty(sizes, input.options());
-  at::Tensor in = input;
-  run(mesh, dim, "all-gather", in.nbytes(), [&](c10d::Backend& g) { return g.all_gather_single(output, in); });
+  at::Tensor out = as_real(output), in = as_real(input);
+  run(mesh, dim, "all-gather", in.nbytes(), [&](c10d::Backend& g) { return g.all_gather_single(out, in); });
   return output;
 }
 
 void all_reduce_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, ReduceOp op) {
+  require_reducible(tensor, op, "all-reduce");
   if (alone(mesh, dim)) return;
-  std::vector<at::Tensor> tensors{tensor};
+  std::vector<at::Tensor> tensors{as_real(tensor)};
   c10d::AllreduceOptions options;
   options.reduceOp = to_c10d(op);
   run(mesh, dim, "all-reduce", tensor.nbytes(), [&](c10d::Backend& g) { return g.allreduce(tensors, options); });
@@ -117,10 +128,12 @@ void all_reduce_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, Reduce
 at::Tensor all_reduce(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input, ReduceOp op) {
 #ifdef DTENSOR_WITH_MPI
   if (!alone(mesh, dim) && mesh.backend() == CommBackend::Mpi) {
+    require_reducible(input, op, "all-reduce");
     const at::Tensor in = input.contiguous();
     at::Tensor out = at::empty_like(in, at::MemoryFormat::Contiguous);
+    at::Tensor out_real = as_real(out);
     run(mesh, dim, "all-reduce", in.nbytes(),
-        [&](c10d::Backend& g) { return mpi_all_reduce_into(g, out, in, to_c10d(op)); });
+        [&](c10d::Backend& g) { return mpi_all_reduce_into(g, out_real, as_real(in), to_c10d(op)); });
     if (op == ReduceOp::Avg) divide_for_average(out, mesh.size(dim));
     return out;
   }
@@ -137,12 +150,13 @@ void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& dims, a
 at::Tensor reduce_scatter(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input, ReduceOp op) {
   auto sizes = input.sizes().vec();
   sizes[0] /= mesh.size(dim);
+  require_reducible(input, op, "reduce-scatter");
   if (alone(mesh, dim)) return input.clone();
   at::Tensor output = at::empty(sizes, input.options());
-  at::Tensor in = input;
+  at::Tensor out = as_real(output), in = as_real(input);
   c10d::ReduceScatterOptions options;
   options.reduceOp = to_c10d(op);
-  run(mesh, dim, "reduce-scatter", in.nbytes(), [&](c10d::Backend& g) { return g.reduce_scatter_single(output, in, options); });
+  run(mesh, dim, "reduce-scatter", in.nbytes(), [&](c10d::Backend& g) { return g.reduce_scatter_single(out, in, options); });
   if (op == ReduceOp::Avg) divide_for_average(output, mesh.size(dim));
   return output;
 }
@@ -153,15 +167,15 @@ at::Tensor all_to_all(const DeviceMesh& mesh, int64_t dim, const at::Tensor& inp
   for (auto c : recv_counts) total += c;
   if (alone(mesh, dim)) return input.reshape({total}).clone();
   at::Tensor output = at::empty({total}, input.options());
-  at::Tensor in = input;
+  at::Tensor out = as_real(output), in = as_real(input);  // counts are rows of dim 0 either way
   run(mesh, dim, "all-to-all", in.nbytes(),
-      [&](c10d::Backend& g) { return g.all_to_all_single(output, in, recv_counts, send_counts); });
+      [&](c10d::Backend& g) { return g.all_to_all_single(out, in, recv_counts, send_counts); });
   return output;
 }
 
 void broadcast_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, int64_t root) {
   if (alone(mesh, dim)) return;
-  std::vector<at::Tensor> tensors{tensor};
+  std::vector<at::Tensor> tensors{as_real(tensor)};
   c10d::BroadcastOptions options;
   options.rootRank = root;
   run(mesh, dim, "broadcast", tensor.nbytes(), [&](c10d::Backend& g) { return g.broadcast(tensors, options); });
@@ -172,9 +186,12 @@ void scatter_(const DeviceMesh& mesh, int64_t dim, const std::vector<at::Tensor>
     output.copy_(chunks.at(0));
     return;
   }
-  std::vector<at::Tensor> outputs{output};
+  std::vector<at::Tensor> outputs{as_real(output)};
   std::vector<std::vector<at::Tensor>> inputs;
-  if ((*mesh.coordinate())[dim] == 0) inputs.push_back(chunks);
+  if ((*mesh.coordinate())[dim] == 0) {
+    inputs.emplace_back();
+    for (const at::Tensor& chunk : chunks) inputs.back().push_back(as_real(chunk));
+  }
   c10d::ScatterOptions options;
   options.rootRank = 0;
   run(mesh, dim, "scatter", output.nbytes(), [&](c10d::Backend& g) { return g.scatter(outputs, inputs, options); });

@@ -185,7 +185,6 @@ TEST_F(DistTest, FusedLinearWithAFrozenWeightKeepsNoActivation) {
 
 // Complex operands decompose: their gradients conjugate the other operand, as LibTorch's formulas do.
 TEST_F(DistTest, FusedLinearLeavesComplexOperandsToTheComposite) {
-  if (mesh({4})->backend() == CommBackend::Gloo) GTEST_SKIP() << "Gloo has no complex collectives; the MPI run covers this";
   auto m = mesh({4});
   const at::Tensor x = at::complex(test_tensor({3, 7}, at::kDouble, 1), test_tensor({3, 7}, at::kDouble, 2));
   const at::Tensor w = at::complex(test_tensor({6, 7}, at::kDouble, 3), test_tensor({6, 7}, at::kDouble, 4));

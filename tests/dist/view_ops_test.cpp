@@ -100,7 +100,6 @@ TEST_F(DistTest, ShapeOpsKeepPartial) {
 // and the ops that read the bit themselves (mm) see conjugated values, and gradients through them
 // equal one device's. Before, the bit sat on the DTensor and mm computed with unconjugated shards.
 TEST_F(DistTest, ConjugateViewsConjugateTheShard) {
-  if (mesh({4})->backend() == CommBackend::Gloo) GTEST_SKIP() << "Gloo has no complex collectives; the MPI run covers this";
   const at::Tensor x = at::complex(test_tensor({5, 6}, at::kDouble, 1), test_tensor({5, 6}, at::kDouble, 2));
   const at::Tensor c = at::complex(test_tensor({5, 6}, at::kDouble, 3), test_tensor({5, 6}, at::kDouble, 4));
   for (const auto& m : {mesh({4}), mesh({2, 2})}) {
@@ -119,6 +118,26 @@ TEST_F(DistTest, ConjugateViewsConjugateTheShard) {
       EXPECT_TRUE(tensors_close(full_tensor(leaf.grad()), one.grad(), 1e-12, 1e-9));
     }
   }
+}
+
+// Complex DTensors move and sum through every backend (Gloo has no complex types: they travel as their
+// real and imaginary parts), on a 1-d mesh of 4 with uneven shards; max of complex values is refused.
+TEST_F(DistTest, ComplexDTensorsRedistributeOnEveryBackend) {
+  auto m = mesh({4});
+  const at::Tensor x = at::complex(test_tensor({5, 6}, at::kDouble, 5), test_tensor({5, 6}, at::kDouble, 6));
+  const Placements R = {Replicate()}, S0 = {Shard(0)}, S1 = {Shard(1)};
+  const at::Tensor rows = distribute_tensor(x, m, S0);  // scatter
+  EXPECT_TRUE(tensors_equal(to_local(rows), expected_shard(x, m, S0)));
+  EXPECT_TRUE(tensors_equal(full_tensor(rows), x));                                          // all-gather
+  EXPECT_TRUE(tensors_equal(to_local(redistribute(rows, S1)), expected_shard(x, m, S1)));   // all-to-all
+  EXPECT_TRUE(tensors_equal(full_tensor(distribute_tensor(x, m, R)), x));                   // broadcast
+  const at::Tensor mine = m->coordinate()->at(0) == 0 ? x : at::zeros_like(x);              // P: x on rank 0
+  const FromLocalOptions whole{.run_check = false, .shape = x.sizes().vec(), .stride = x.strides().vec()};
+  EXPECT_TRUE(tensors_equal(to_local(redistribute(from_local(mine, m, {Partial()}, whole), R)), x));   // all-reduce
+  EXPECT_TRUE(tensors_equal(to_local(redistribute(from_local(mine, m, {Partial()}, whole), S0)),
+                            expected_shard(x, m, S0)));  // reduce-scatter
+  const std::string error = error_of([&] { redistribute(from_local(mine, m, {Partial(ReduceOp::Max)}, whole), R); });
+  EXPECT_THAT(error, ::testing::HasSubstr("complex numbers are not ordered"));
 }
 
 TEST_F(DistTest, WritesThroughAViewReachTheDTensor) {
