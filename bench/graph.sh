@@ -11,7 +11,7 @@ MODEL=$BUILD/graph_models/gpt_train_ir_static.pt2
 JOINT=$BUILD/graph_models/gpt_joint.pt2
 {
   cat <<EOT
-# GPT under tensor parallelism from exported graphs vs eager module-level TP vs hand-written Megatron (CPU, Gloo)
+# GPT under tensor parallelism from exported graphs vs eager module-level TP vs hand-written Megatron (CPU)
 
 Command: \`./dev bench graph${*:+ $*}\` (runs \`bench/graph.sh\`, which runs \`dtensor_graph_bench --model $MODEL --tp N${*:+ $*}\`
 and \`dtensor_graph_bench --train --model $JOINT --tp N${*:+ $*}\` for N = 2, 4)
@@ -21,7 +21,8 @@ and \`dtensor_graph_bench --train --model $JOINT --tp N${*:+ $*}\` for N = 2, 4)
 
 Method: the GPT demo model (vocab 42, seq 32, dim 128, 8 heads, 2 layers, ffn 512, batch 8) exported
 from Python with torch.export (training IR; \`scripts/export_test_models.py\`), one intra-op thread
-per rank, Gloo over loopback. All three compute the whole logits on every rank from the exported
+per rank, over the launcher's default backend (the MPI backend through mpirun when dtensor has it, as
+here since 2026-11-24; Gloo over loopback before, and with \`DTENSOR_BACKEND=gloo\`). All three compute the whole logits on every rank from the exported
 weights and are checked equal to the single-process program before timing. *graph TP*: the program
 transformed by \`dtensor::graph::tensor_parallel_transform\` with the demo's TP plan (LM head column-
 parallel, its classes gathered at the end), run by the graph interpreter. *eager module-level TP*:
