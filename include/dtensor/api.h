@@ -58,8 +58,8 @@ inline at::Tensor redistribute(const at::Tensor& dtensor, const Placements& plac
 // Nothing else means no other handle to the DTensor, to its local tensor or to that tensor's storage
 // (views, from_local's caller, DTensor copies and autograd nodes that saved it all hold one; the
 // redistribution's own backward needs no values); otherwise the shard is copied as by the overload
-// above, so values and gradients are the same either way. Memory the storage does not own (at::from_blob) counts as owned: do not donate a DTensor
-// over a buffer that is still in use.
+// above, so values and gradients are the same either way. Memory the storage does not own
+// (at::from_blob) counts as owned: do not donate a DTensor over a buffer that is still in use.
 at::Tensor redistribute(at::Tensor&& dtensor, const MeshPtr& mesh, const Placements& placements);
 inline at::Tensor redistribute(at::Tensor&& dtensor, const Placements& placements) {
   return redistribute(std::move(dtensor), nullptr, placements);

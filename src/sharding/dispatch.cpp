@@ -79,16 +79,12 @@ void collect_inputs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> ar
   });
 }
 
-// An op's result as a DTensor. A result only the stack holds, with no autograd metadata (ops run
-// below autograd, so results have none), is wrapped as it is; anything else (an input returned as its
-// own result, a tensor some rule keeps) gets its own TensorImpl first, as make_dtensor gives it, so
-// that an in-place view of one DTensor's local tensor never reshapes another's.
+// An op's result as a DTensor: a new (non-view) result laid out as its global strides say, a view
+// kept aliasing its input.
 at::Tensor wrap_result(c10::IValue& slot, const DTensorSpec& out, bool is_view, SpecPtr spec) {
   at::Tensor local = std::move(slot).toTensor();
   if (!is_view) local = in_global_layout(local, out.meta);
-  if (local.use_count() == 1 && local.unsafeGetTensorImpl()->autograd_meta() == nullptr)
-    return at::Tensor(c10::make_intrusive<DTensorImpl>(std::move(local), std::move(spec)));
-  return make_dtensor(local, std::move(spec));
+  return wrap_local(std::move(local), std::move(spec));
 }
 
 bool written(const c10::FunctionSchema& schema, const TensorInput& in) {

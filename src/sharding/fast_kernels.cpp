@@ -34,9 +34,7 @@ at::Tensor one_tensor_view(const c10::OperatorHandle& op, c10::DispatchKeySet ke
   if (decision.input_moves[0] || decision.local_kernel || !decision.local_args.empty() || decision.outputs.size() != 1)
     return general(op, keys, args);
   record_op_for_debug(op, inputs);
-  // The shard's view is a new TensorImpl that nothing else holds, so it needs no alias of its own.
-  return at::Tensor(c10::make_intrusive<DTensorImpl>(local_view(impl->local()),
-                                                     output_spec(cached, 0, impl->spec().mesh, inputs)));
+  return wrap_local(local_view(impl->local()), output_spec(cached, 0, impl->spec().mesh, inputs));
 }
 
 c10::OperatorHandle handle(const char* name) { return c10::Dispatcher::singleton().findSchemaOrThrow(name, ""); }

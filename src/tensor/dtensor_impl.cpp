@@ -49,10 +49,17 @@ void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& i
   spec_ = other->spec_;
 }
 
-at::Tensor make_dtensor(const at::Tensor& local, std::shared_ptr<const DTensorSpec> spec) {
+namespace {
+// The DTensor over `local`, registering the storage-touching ops' routing before the first one exists.
+at::Tensor new_dtensor(at::Tensor local, std::shared_ptr<const DTensorSpec> spec) {
   static const bool routed = (detail::route_storage_touching_ops(), true);
   (void)routed;
-  return at::Tensor(c10::make_intrusive<DTensorImpl>(alias_without_history(local), std::move(spec)));
+  return at::Tensor(c10::make_intrusive<DTensorImpl>(std::move(local), std::move(spec)));
+}
+}  // namespace
+
+at::Tensor make_dtensor(const at::Tensor& local, std::shared_ptr<const DTensorSpec> spec) {
+  return new_dtensor(alias_without_history(local), std::move(spec));
 }
 
 at::Tensor make_dtensor(const at::Tensor& local, DTensorSpec spec) {
@@ -60,6 +67,12 @@ at::Tensor make_dtensor(const at::Tensor& local, DTensorSpec spec) {
 }
 
 namespace detail {
+
+at::Tensor wrap_local(at::Tensor local, std::shared_ptr<const DTensorSpec> spec) {
+  if (local.use_count() == 1 && local.unsafeGetTensorImpl()->autograd_meta() == nullptr)
+    return new_dtensor(std::move(local), std::move(spec));
+  return make_dtensor(local, std::move(spec));
+}
 // Asked of every argument of every op on DTensors: the dispatch key rules plain tensors out at once,
 // and DTensorImpl is final, so an exact type match is the whole check (cheaper than a dynamic_cast).
 const DTensorImpl* as_dtensor(const at::Tensor& t) {

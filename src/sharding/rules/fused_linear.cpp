@@ -35,8 +35,7 @@ constexpr const char* kOp = "aten::linear";
 
 // The placements of everything, from the operands' layout on each mesh dim (see the table above).
 struct LinearLayout {
-  Placements output, grad_output, grad_input, grad_weight, grad_bias;
-  std::vector<size_t> partial_dims;  // mesh dims where the output is a partial sum
+  Placements output, grad_input, grad_weight, grad_bias;
 };
 
 // For operands whose shapes multiply (x [..., k], weight [n, k], bias [n]).
@@ -49,7 +48,6 @@ std::optional<LinearLayout> shard_local_layout(const DTensorSpec& x, const DTens
     const Placement pb = bias != nullptr ? bias->placements[m] : Replicate();
     auto add = [&](Placement out, Placement gx, Placement gw, Placement gb) {
       l.output.push_back(out);
-      l.grad_output.push_back(out.is_partial() ? Replicate() : out);
       l.grad_input.push_back(gx);
       l.grad_weight.push_back(gw);
       l.grad_bias.push_back(gb);
@@ -62,7 +60,6 @@ std::optional<LinearLayout> shard_local_layout(const DTensorSpec& x, const DTens
       add(Shard(last), Partial(), Shard(0), Shard(0));
     } else if (px.is_shard(last) && pw.is_shard(1) && pb.is_replicate()) {
       add(Partial(), Shard(last), Shard(1), Replicate());
-      l.partial_dims.push_back(m);
     } else {
       return std::nullopt;
     }
@@ -85,7 +82,7 @@ at::Tensor as_rows(const at::Tensor& t) {
 
 at::Tensor wrap(const at::Tensor& local, std::shared_ptr<const DTensorSpec> spec) {
   at::Tensor laid_out = in_global_layout(local, spec->meta);
-  return at::Tensor(c10::make_intrusive<DTensorImpl>(std::move(laid_out), std::move(spec)));
+  return detail::wrap_local(std::move(laid_out), std::move(spec));
 }
 
 // Saves x only for the weight's gradient and the weight only for x's, as LibTorch's own formulas do
@@ -104,7 +101,8 @@ struct LinearBackward : torch::autograd::Node {
     if (torch::autograd::GradMode::is_enabled()) return differentiable(grads[0], x, w);
     const CommContext context(kOp);
     const auto& grad = dtensor_impl(grads[0], "the gradient flowing back into linear");
-    const at::Tensor g = detail::redistribute_local(grad.local(), grad.spec(), layout.grad_output);
+    // A Partial output's gradient is the whole one (Replicate); any other output's is laid out like it.
+    const at::Tensor g = detail::redistribute_local(grad.local(), grad.spec(), partial_as_replicate(layout.output));
     const MeshPtr& mesh = grad.spec().mesh;
     const c10::ScalarType dtype = grad.spec().meta.dtype;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -170,7 +168,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
   record_for_debug(x, weight, bias);
 
   bool adds_bias = bias != nullptr;  // once per partial sum: on coordinate 0 of its mesh dims
-  for (size_t m : layout->partial_dims) adds_bias = adds_bias && (*mesh->coordinate())[m] == 0;
+  for (size_t m = 0; m < layout->output.size(); ++m)
+    adds_bias = adds_bias && (!layout->output[m].is_partial() || (*mesh->coordinate())[m] == 0);
   at::Tensor out_local;
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
