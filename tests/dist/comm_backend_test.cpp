@@ -91,6 +91,20 @@ TEST_F(CommBackendTest, EveryCollectiveMatchesTheOracle) {
               EXPECT_TRUE(tensors_equal(t[0], reduce_oracle(ranks, data, dtype, op)))
                   << c10::toString(dtype) << " op " << int(op) << " shape " << data;
             }
+            // out of place (a Partial -> Replicate that keeps its input; the ring writes straight
+            // into a new tensor), the input untouched
+            for (const auto& [partial, op] : {std::pair{ReduceOp::Sum, c10d::ReduceOp::SUM},
+                                              std::pair{ReduceOp::Max, c10d::ReduceOp::MAX},
+                                              std::pair{ReduceOp::Min, c10d::ReduceOp::MIN}}) {
+              Placements placements(static_cast<size_t>(mesh->ndim()), Replicate());
+              placements[static_cast<size_t>(dim)] = Partial(partial);
+              const at::Tensor local = input_of(me, data, dtype), before = local.clone();
+              const at::Tensor dt = from_local(local, mesh, placements, {.run_check = false});
+              const at::Tensor reduced = to_local(redistribute(dt, Placements(placements.size(), Replicate())));
+              EXPECT_TRUE(tensors_equal(reduced, reduce_oracle(ranks, data, dtype, op)))
+                  << "out of place, " << c10::toString(dtype) << " op " << int(op) << " shape " << data;
+              EXPECT_TRUE(tensors_equal(local, before)) << "an out-of-place all-reduce changed its input";
+            }
           }
         // all-gather of uneven-looking (3 x 5) blocks
         {

@@ -54,7 +54,10 @@ MeshPtr mesh(const Shape& shape, std::vector<int64_t> ranks, std::vector<std::st
 void DistTest::TearDown() {
   auto store = g_world->store();
   const std::string prefix = "dtensor-test/" + std::to_string(g_test_serial++) + "/";
-  const std::string mine = HasFailure() ? (g_failures.empty() ? std::string("failed") : g_failures) : "ok";
+  std::string mine = HasFailure() ? (g_failures.empty() ? std::string("failed") : g_failures) : "ok";
+  // The store refuses messages over 8 MiB, which would leave the other ranks waiting for this one.
+  constexpr size_t kReportBytes = 1 << 20;
+  if (mine.size() > kReportBytes) mine = mine.substr(0, kReportBytes) + "\n... (report truncated)";
   store->set(prefix + std::to_string(g_world->rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
   for (int r = 0; r < g_world->size(); ++r) {
     if (r == g_world->rank()) continue;
@@ -185,9 +188,18 @@ int64_t HostSyncCounter::count() const { return g_host_syncs; }
     return ::testing::AssertionFailure() << "shape " << actual.sizes() << " != expected " << expected.sizes();
   if (actual.scalar_type() != expected.scalar_type())
     return ::testing::AssertionFailure() << "dtype " << actual.scalar_type() << " != expected " << expected.scalar_type();
-  if (!at::equal(actual, expected))
+  if (at::equal(actual, expected)) return ::testing::AssertionSuccess();
+  // Large tensors are described, not printed: a rank's failures travel through the store, whose
+  // messages are capped (8 MiB), and nobody reads a million numbers.
+  constexpr int64_t kPrintable = 400;
+  if (actual.numel() <= kPrintable)
     return ::testing::AssertionFailure() << "values differ:\nactual\n" << actual << "\nexpected\n" << expected;
-  return ::testing::AssertionSuccess();
+  const at::Tensor differs = actual.ne(expected).flatten();
+  const int64_t first = differs.nonzero().min().item<int64_t>();
+  return ::testing::AssertionFailure() << "values differ at " << differs.sum().item<int64_t>() << " of " << actual.numel()
+                                       << " elements; the first (flat index " << first << "): actual "
+                                       << actual.flatten()[first].item<double>() << ", expected "
+                                       << expected.flatten()[first].item<double>();
 }
 
 ::testing::AssertionResult tensors_close(const at::Tensor& actual, const at::Tensor& expected, double rtol, double atol) {

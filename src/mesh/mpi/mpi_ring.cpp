@@ -11,7 +11,7 @@ namespace {
 
 using RedOp = c10d::ReduceOp::RedOpType;
 
-// dest = a (op) b, elementwise; dest may be a.
+// dest = a (op) b, elementwise; dest may be a or b.
 void combine(RedOp op, const at::Tensor& a, const at::Tensor& b, at::Tensor dest) {
   switch (op) {
     case c10d::ReduceOp::SUM: at::add_out(dest, a, b); break;
@@ -50,20 +50,21 @@ struct RingState {
   at::Tensor last;
 };
 
-// n-1 steps; step s sends block (r-1-s) and reduces the received block (r-2-s) into `destination(k,
-// last_step)`, so that member r's last reduction is its own block r.
-template <typename Destination>
+// n-1 steps; step s sends block (r-1-s) and receives the partial reduction of block (r-2-s) into
+// `arrival(k)`, then reduces it with this member's block k into `destination(k, last_step)`, so that
+// member r's last reduction is its own block r. The arrival may be the destination (reduced in place).
+template <typename Arrival, typename Destination>
 std::vector<Stage> reduce_scatter_stages(const std::shared_ptr<Communicator>& comm, const at::Tensor& input,
-                                         const std::vector<int64_t>& sizes, RedOp op, int tag, Destination destination) {
+                                         const std::vector<int64_t>& sizes, RedOp op, int tag, Arrival arrival,
+                                         Destination destination) {
   const int n = comm->size, r = comm->rank;
   const auto offsets = offsets_of(sizes);
   const auto block = [input, sizes, offsets](int k) { return input.narrow(0, offsets[k], sizes[k]); };
-  const at::Tensor received = at::empty({*std::max_element(sizes.begin(), sizes.end())}, input.options());
   auto state = std::make_shared<RingState>();
   std::vector<Stage> stages;
   for (int s = 0; s + 1 < n; ++s) {
     const int send_k = modulo(r - 1 - s, n), recv_k = modulo(r - 2 - s, n);
-    const at::Tensor got = received.narrow(0, 0, sizes[recv_k]);
+    const at::Tensor got = arrival(recv_k);
     stages.push_back(
         {[=](MPI_Comm, std::vector<MPI_Request>& requests) {
            const at::Tensor out = s == 0 ? block(send_k) : state->last;
@@ -78,6 +79,11 @@ std::vector<Stage> reduce_scatter_stages(const std::shared_ptr<Communicator>& co
   return stages;
 }
 
+// A buffer for the largest block: where partial reductions arrive when they cannot land in place.
+at::Tensor block_buffer(const at::Tensor& like, const std::vector<int64_t>& sizes) {
+  return at::empty({*std::max_element(sizes.begin(), sizes.end())}, like.options());
+}
+
 }  // namespace
 
 bool ring_reduces(at::ScalarType dtype, RedOp op) {
@@ -88,11 +94,15 @@ bool ring_reduces(at::ScalarType dtype, RedOp op) {
 
 std::vector<Stage> ring_reduce_scatter(const std::shared_ptr<Communicator>& comm, const at::Tensor& input,
                                        const at::Tensor& output, std::vector<int64_t> block_sizes, RedOp op) {
-  // Blocks on their way around are reduced into a scratch buffer; the last one into the output.
-  const at::Tensor scratch = at::empty({*std::max_element(block_sizes.begin(), block_sizes.end())}, input.options());
-  return reduce_scatter_stages(comm, input, block_sizes, op, next_tag(*comm), [=](int64_t k, bool last) {
-    return last ? output : scratch.narrow(0, 0, block_sizes[static_cast<size_t>(k)]);
-  });
+  // Blocks on their way around arrive in one buffer and are reduced into another (a step sends the
+  // previous step's reduction while the next partial arrives); the last one into the output.
+  const at::Tensor received = block_buffer(input, block_sizes), scratch = block_buffer(input, block_sizes);
+  const auto part = [block_sizes](const at::Tensor& buffer, int64_t k) {
+    return buffer.narrow(0, 0, block_sizes[static_cast<size_t>(k)]);
+  };
+  return reduce_scatter_stages(
+      comm, input, block_sizes, op, next_tag(*comm), [=](int64_t k) { return part(received, k); },
+      [=](int64_t k, bool last) { return last ? output : part(scratch, k); });
 }
 
 std::vector<Stage> ring_all_reduce(const std::shared_ptr<Communicator>& comm, const at::Tensor& input,
@@ -103,8 +113,16 @@ std::vector<Stage> ring_all_reduce(const std::shared_ptr<Communicator>& comm, co
   const auto offsets = offsets_of(sizes);
   const auto block = [output, sizes, offsets](int k) { return output.narrow(0, offsets[k], sizes[k]); };
   const int tag = next_tag(*comm);
-  // Every block is reduced into its place in the output, member r ending with block r complete.
-  auto stages = reduce_scatter_stages(comm, input, sizes, op, tag, [=](int64_t k, bool) { return block(static_cast<int>(k)); });
+  // Every block is reduced into its place in the output, member r ending with block r complete. Out of
+  // place, a partial reduction arrives in its place in the output, which is reduced in place: no
+  // buffer, and no more memory traffic than in place (where the arrival cannot overwrite the input).
+  const bool in_place = input.data_ptr() == output.data_ptr();
+  const at::Tensor received = in_place ? block_buffer(input, sizes) : at::Tensor();
+  const auto arrival = [=](int64_t k) {
+    return in_place ? received.narrow(0, 0, sizes[static_cast<size_t>(k)]) : block(static_cast<int>(k));
+  };
+  auto stages = reduce_scatter_stages(comm, input, sizes, op, tag, arrival,
+                                      [=](int64_t k, bool) { return block(static_cast<int>(k)); });
   // Then the complete blocks go around: step s sends block (r-s) and receives block (r-s-1).
   for (int s = 0; s + 1 < n; ++s) {
     const int send_k = modulo(r - s, n), recv_k = modulo(r - s - 1, n);
