@@ -35,6 +35,19 @@ EOT
     "$BUILD/bench/dtensor_collectives_bench" --ranks "$ranks" "$@"
     echo
   done
+  cat <<EOT
+## Open MPI's own collectives, for comparison
+
+The MPI backend's all-gathers, and all-reduces under 256 KiB, go through shared memory
+(src/mesh/mpi/mpi_shared_memory.h); \`DTENSOR_MPI_SHARED_MEMORY=0\` leaves them to MPI
+(MPI_Iallgather, MPI_Iallreduce). The same benchmark with it, run right after the tables above (so
+its ratios compare across two runs, not within one):
+
+EOT
+  for ranks in 2 4; do
+    DTENSOR_MPI_SHARED_MEMORY=0 "$BUILD/bench/dtensor_collectives_bench" --ranks "$ranks" "$@" | grep -E '^\| (operation|---|all-gather|all-reduce)'
+    echo
+  done
 } > "$RESULTS.tmp"
 mv "$RESULTS.tmp" "$RESULTS"
 cat "$RESULTS"

@@ -106,13 +106,26 @@ TEST_F(CommBackendTest, EveryCollectiveMatchesTheOracle) {
               EXPECT_TRUE(tensors_equal(local, before)) << "an out-of-place all-reduce changed its input";
             }
           }
-        // all-gather of uneven-looking (3 x 5) blocks
-        {
-          at::Tensor in = input_of(me, {3, 5}, at::kFloat), out = at::empty({3 * n, 5});
-          group->all_gather_single(out, in)->wait();
+        // all-gather of uneven-looking (3 x 5) blocks, and of blocks larger than MPI's shared-memory
+        // slots (512 KiB) and not a multiple of them; into a flat tensor, into a list of tensors, and
+        // in place (the input is this member's block of the output)
+        for (const Shape& block : {Shape{3, 5}, Shape{700, 1001}}) {
           std::vector<at::Tensor> expected;
-          for (auto r : ranks) expected.push_back(input_of(r, {3, 5}, at::kFloat));
-          EXPECT_TRUE(tensors_equal(out, at::cat(expected)));
+          for (auto r : ranks) expected.push_back(input_of(r, block, at::kFloat));
+          const at::Tensor all = at::cat(expected);
+          at::Tensor in = input_of(me, block, at::kFloat), out = at::empty({block[0] * n, block[1]});
+          group->all_gather_single(out, in)->wait();
+          EXPECT_TRUE(tensors_equal(out, all)) << "all-gather of " << block;
+          std::vector<std::vector<at::Tensor>> list{{}};
+          for (int64_t m = 0; m < n; ++m) list[0].push_back(at::empty(block));
+          std::vector<at::Tensor> inputs{in};
+          group->allgather(list, inputs)->wait();
+          EXPECT_TRUE(tensors_equal(at::cat(list[0]), all)) << "all-gather into a list, " << block;
+          at::Tensor in_place = at::zeros({block[0] * n, block[1]});
+          at::Tensor mine = in_place.narrow(0, block[0] * index, block[0]);
+          mine.copy_(in);
+          group->all_gather_single(in_place, mine)->wait();
+          EXPECT_TRUE(tensors_equal(in_place, all)) << "in-place all-gather of " << block;
         }
         // reduce-scatter: block i of everyone's input, reduced, lands on member i (small and ring-sized)
         for (const int64_t rows : {int64_t{2}, int64_t{40000}})
@@ -235,8 +248,12 @@ TEST_F(CommBackendTest, MeshesOfBothBackendsAgree) {
 TEST_F(CommBackendTest, MpiCollectiveThatTimesOutFailsAndPoisonsItsGroup) {
   if (!mpi_available()) GTEST_SKIP() << "not under mpirun (DTENSOR_LAUNCHER=fork or no MPI): Gloo only";
   MeshOptions options{.dim_names = {"pair"}, .timeout = std::chrono::milliseconds(1000), .backend = CommBackend::Mpi};
+  // Groups made while DTENSOR_MPI_SHARED_MEMORY=0 leave every collective to MPI (small all-reduces
+  // otherwise go through shared memory, which has no abandoned requests to complete late).
+  setenv("DTENSOR_MPI_SHARED_MEMORY", "0", 1);
   auto pair = DeviceMesh::create(world(), {2}, {0, 1}, options);
   auto witness = DeviceMesh::create(world(), {2}, {0, 2}, options);  // drives MPI on rank 0 below
+  unsetenv("DTENSOR_MPI_SHARED_MEMORY");
   const int64_t me = world()->rank();
   const std::string late_done = "comm_backend_test/late-all-reduce-done";
   // Rank 1 completes only while rank 0 makes MPI progress: rank 0 and 2 all-reduce "has rank 1
@@ -271,6 +288,33 @@ TEST_F(CommBackendTest, MpiCollectiveThatTimesOutFailsAndPoisonsItsGroup) {
   EXPECT_THAT(error_of([&] { redistribute(dt, {Replicate()}); }), HasSubstr("its communicator is unusable"));
   drive_until_rank1_done();
   EXPECT_TRUE(world()->store()->check({late_done}));
+}
+
+// The same for an all-gather, which goes through shared memory rather than MPI: the member that waits
+// fails after the timeout, naming the operation, and the group refuses further collectives. The late
+// member finds the others' blocks published and completes on its own.
+TEST_F(CommBackendTest, MpiAllGatherThatTimesOutFailsAndPoisonsItsGroup) {
+  if (!mpi_available()) GTEST_SKIP() << "not under mpirun (DTENSOR_LAUNCHER=fork or no MPI): Gloo only";
+  MeshOptions options{.dim_names = {"pair"}, .timeout = std::chrono::milliseconds(1000), .backend = CommBackend::Mpi};
+  auto pair = DeviceMesh::create(world(), {2}, {0, 1}, options);
+  const int64_t me = world()->rank();
+  const std::string late_done = "comm_backend_test/late-all-gather-done";
+  if (me > 1) return;
+  const at::Tensor full = test_tensor({6, 3}, at::kFloat, 5);
+  at::Tensor dt = make_dtensor_holding(full, pair, {Shard(0)});
+  if (me == 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    EXPECT_TRUE(tensors_equal(full_tensor(dt), full));
+    world()->store()->set(late_done, std::vector<uint8_t>{1});
+    return;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  const std::string error = error_of([&] { redistribute(dt, {Replicate()}); });
+  EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(1000));
+  EXPECT_THAT(error, HasSubstr("rank 0: all-gather on mesh dim 0 (pair)"));
+  EXPECT_THAT(error, HasSubstr("MPI all-gather did not complete"));
+  EXPECT_THAT(error_of([&] { redistribute(dt, {Replicate()}); }), HasSubstr("its communicator is unusable"));
+  world()->store()->wait({late_done}, std::chrono::seconds(30));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <climits>
+#include <cstdlib>
 #include <functional>
 #include <stdexcept>
 
@@ -64,6 +65,8 @@ class MpiBackend final : public c10d::Backend {
       return begin(comm, "all-reduce", {in, output}, {output},
                    mpi::ring_all_reduce(comm, in.view({-1}), output.view({-1}), op.op_));
     }
+    if (auto comm = communicator("all-reduce"); comm->shared_memory && mpi::ring_reduces(in.scalar_type(), op.op_))
+      return shared_all_reduce(comm, in, output, op.op_);
     return start("all-reduce", {in, output}, {output}, nullptr, [&](MPI_Comm comm, MPI_Request* request) {
       const auto how = mpi::reduction_for(in.scalar_type(), op, "all-reduce");
       return MPI_Iallreduce(in_place ? MPI_IN_PLACE : in.data_ptr(), output.data_ptr(), element_count(output, "all-reduce"),
@@ -77,6 +80,7 @@ class MpiBackend final : public c10d::Backend {
     const at::Tensor in = readable(input, "all-gather");
     expect(output.nbytes() == in.nbytes() * static_cast<size_t>(size_), "all-gather",
            "the output must hold the group size times the input's bytes");
+    if (auto comm = communicator("all-gather"); comm->shared_memory) return shared_all_gather(comm, in, output, {output}, nullptr);
     const int64_t bytes = static_cast<int64_t>(in.nbytes());
     return start("all-gather", {in, output}, {output}, nullptr, [&](MPI_Comm comm, MPI_Request* request) {
       const auto unit = mpi::unit_for({bytes}, "all-gather");
@@ -95,6 +99,7 @@ class MpiBackend final : public c10d::Backend {
       for (size_t i = 0; i < targets.size(); ++i)
         targets[i].copy_(flat.narrow(0, static_cast<int64_t>(i) * n, n).view(targets[i].sizes()));
     };
+    if (auto comm = communicator("all-gather"); comm->shared_memory) return shared_all_gather(comm, in, flat, outputs[0], copy_out);
     const int64_t bytes = static_cast<int64_t>(in.nbytes());
     return start("all-gather", {in, flat}, outputs[0], copy_out, [&](MPI_Comm comm, MPI_Request* request) {
       const auto unit = mpi::unit_for({bytes}, "all-gather");
@@ -245,6 +250,46 @@ class MpiBackend final : public c10d::Backend {
     return work;
   }
 
+  // Runs `collective` through the members' shared segment (mpi_shared_memory.h); it is complete when
+  // this returns, and so is the work returned, which holds `outputs`.
+  template <typename Collective>
+  static c10::intrusive_ptr<c10d::Work> through_shared_memory(const std::shared_ptr<Communicator>& comm,
+                                                              const char* operation, std::vector<at::Tensor> outputs,
+                                                              Collective&& collective) {
+    try {
+      collective(*comm->shared_memory);
+    } catch (...) {
+      comm->stuck = true;  // members may be chunks apart now
+      throw;
+    }
+    return begin(comm, operation, {}, std::move(outputs), {});
+  }
+
+  // The all-gather of `in` into `flat`, then `finish`.
+  static c10::intrusive_ptr<c10d::Work> shared_all_gather(const std::shared_ptr<Communicator>& comm, const at::Tensor& in,
+                                                          at::Tensor flat, std::vector<at::Tensor> outputs,
+                                                          const std::function<void()>& finish) {
+    return through_shared_memory(comm, "all-gather", std::move(outputs), [&](mpi::SharedMemory& shared) {
+      shared.all_gather(in.data_ptr(), flat.data_ptr(), static_cast<int64_t>(in.nbytes()), comm->timeout);
+      if (finish) finish();
+    });
+  }
+
+  // The all-reduce of `in` into `output` (which may be `in`), by ATen's arithmetic on the slots.
+  static c10::intrusive_ptr<c10d::Work> shared_all_reduce(const std::shared_ptr<Communicator>& comm, const at::Tensor& in,
+                                                          const at::Tensor& output, c10d::ReduceOp::RedOpType op) {
+    const auto reduce = [&in, op](const std::vector<const void*>& blocks, void* out, int64_t length) {
+      const int64_t elements = length / static_cast<int64_t>(in.element_size());
+      const auto view = [&](const void* p) { return at::from_blob(const_cast<void*>(p), {elements}, in.options()); };
+      const at::Tensor dest = view(out);
+      mpi::combine(op, view(blocks[0]), view(blocks[1]), dest);
+      for (size_t m = 2; m < blocks.size(); ++m) mpi::combine(op, dest, view(blocks[m]), dest);
+    };
+    return through_shared_memory(comm, "all-reduce", {output}, [&](mpi::SharedMemory& shared) {
+      shared.all_reduce(in.data_ptr(), output.data_ptr(), static_cast<int64_t>(in.nbytes()), reduce, comm->timeout);
+    });
+  }
+
   // Starts one non-blocking MPI call (`call(comm, request)` returns its MPI code; it runs at once, so it
   // may refer to the caller's locals); `finish` runs when it completes.
   template <typename Call>
@@ -386,6 +431,11 @@ c10::intrusive_ptr<c10d::Backend> make_mpi_backend(const c10::intrusive_ptr<c10d
   MPI_Comm_set_errhandler(comm->comm, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm->comm, &comm->rank);
   MPI_Comm_dup(comm->comm, &comm->schedules);
+  // DTENSOR_MPI_SHARED_MEMORY=0 leaves every collective of the groups made meanwhile to MPI (to compare;
+  // the same on every rank).
+  const char* shared = std::getenv("DTENSOR_MPI_SHARED_MEMORY");
+  if (!shared || std::string(shared) != "0")
+    comm->shared_memory = mpi::SharedMemory::create(comm->schedules, comm->rank, comm->size);
   lock.unlock();
   return c10::make_intrusive<MpiBackend>(std::move(comm));
 }

@@ -11,16 +11,6 @@ namespace {
 
 using RedOp = c10d::ReduceOp::RedOpType;
 
-// dest = a (op) b, elementwise; dest may be a or b.
-void combine(RedOp op, const at::Tensor& a, const at::Tensor& b, at::Tensor dest) {
-  switch (op) {
-    case c10d::ReduceOp::SUM: at::add_out(dest, a, b); break;
-    case c10d::ReduceOp::PRODUCT: at::mul_out(dest, a, b); break;
-    case c10d::ReduceOp::MAX: at::maximum_out(dest, a, b); break;
-    default: at::minimum_out(dest, a, b); break;
-  }
-}
-
 // Where each member's block starts in the flat tensor.
 std::vector<int64_t> offsets_of(const std::vector<int64_t>& sizes) {
   std::vector<int64_t> offsets(sizes.size(), 0);
@@ -85,6 +75,15 @@ at::Tensor block_buffer(const at::Tensor& like, const std::vector<int64_t>& size
 }
 
 }  // namespace
+
+void combine(RedOp op, const at::Tensor& a, const at::Tensor& b, at::Tensor dest) {
+  switch (op) {
+    case c10d::ReduceOp::SUM: at::add_out(dest, a, b); break;
+    case c10d::ReduceOp::PRODUCT: at::mul_out(dest, a, b); break;
+    case c10d::ReduceOp::MAX: at::maximum_out(dest, a, b); break;
+    default: at::minimum_out(dest, a, b); break;
+  }
+}
 
 bool ring_reduces(at::ScalarType dtype, RedOp op) {
   const bool number = at::isFloatingType(dtype) || (at::isIntegralType(dtype, /*includeBool=*/false));

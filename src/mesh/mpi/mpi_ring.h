@@ -16,7 +16,11 @@
 namespace dtensor::detail::mpi {
 
 // Whether the ring does `op` on `dtype` (else MPI reduces it): the arithmetic reductions of numbers.
+// The shared-memory all-reduce does the same ones.
 bool ring_reduces(at::ScalarType dtype, c10d::ReduceOp::RedOpType op);
+
+// dest = a (op) b, elementwise, for the reductions above; dest may be a or b.
+void combine(c10d::ReduceOp::RedOpType op, const at::Tensor& a, const at::Tensor& b, at::Tensor dest);
 
 // The stages of a reduce-scatter of flat `input` (split into `block_sizes` elements per member): the
 // reduction of everyone's block r lands in `output` on member r. `input` stays as it was.

@@ -36,6 +36,10 @@ Work::Work(std::shared_ptr<Communicator> comm, const char* operation, std::vecto
       stages_(std::move(stages)) {}
 
 void Work::begin() {
+  if (stages_.empty()) {
+    done_ = true;
+    return;
+  }
   auto lock = call_lock();
   post_next();
 }

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "mpi_shared_memory.h"
+
 namespace dtensor::detail::mpi {
 
 // One group's communicator, shared by its backend and the work in flight on it.
@@ -32,6 +34,8 @@ struct Communicator {
   std::chrono::milliseconds timeout{0};
   // A collective on it never completed: MPI cannot retire the request, so the communicator is unusable.
   std::atomic<bool> stuck{false};
+  // Where its all-gathers go when every member is on this host (else null: MPI's all-gather).
+  std::unique_ptr<SharedMemory> shared_memory;
 
   ~Communicator();
 };
@@ -49,7 +53,8 @@ class Work final : public c10d::Work {
   Work(std::shared_ptr<Communicator> comm, const char* operation, std::vector<at::Tensor> keep_alive,
        std::vector<at::Tensor> outputs, std::vector<Stage> stages);
 
-  // Posts the first stage; throws when MPI refuses it.
+  // Posts the first stage; throws when MPI refuses it. A work without stages (its collective ran
+  // outside MPI, before the work was made) is complete at once.
   void begin();
 
   bool isCompleted() override { return poll(); }

@@ -1,0 +1,73 @@
+#pragma once
+// Collectives of a group whose members share one host, through a shared-memory segment: each member
+// copies a chunk of its input into its own slot, says so, and reads every member's slot.
+// - All-gathers: every slot is copied into the output. Open MPI's all-gather moves each block by a
+//   single copy (the kernel's cross-memory attach), yet measured 1.3-3x slower here: the kernel pins
+//   pages per call and the rendezvous costs round trips, where this costs two memcpys from
+//   cache-warm slots and one flag per chunk.
+// - Small all-reduces: the slots are reduced into the output, in member order on every member (so
+//   every member gets the same bits), in about a third of the time of MPI's latency-bound algorithms.
+
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace dtensor::detail::mpi {
+
+class SharedMemory {
+ public:
+  // Collective over `comm` (every member calls it, with MPI's call lock held): maps a segment every
+  // member shares, or returns null on every member when they do not share a host or the segment
+  // cannot be made (the group then uses MPI's all-gather).
+  static std::unique_ptr<SharedMemory> create(MPI_Comm comm, int rank, int size);
+  ~SharedMemory();
+  SharedMemory(const SharedMemory&) = delete;
+  SharedMemory& operator=(const SharedMemory&) = delete;
+
+  // Every member calls these in the same order with the same `bytes`. They block until done and throw
+  // after `timeout` without news from some member (naming `operation`), leaving the segment unusable.
+
+  // Every member's `bytes` from `input`, in member order, into `output` (`input` may be this member's
+  // block of it).
+  void all_gather(const void* input, void* output, int64_t bytes, std::chrono::milliseconds timeout);
+
+  // reduce(blocks, output, length): every member's block, in member order, reduced into `output`.
+  using Reduce = std::function<void(const std::vector<const void*>& blocks, void* output, int64_t length)>;
+  // The reduction of every member's `bytes` from `input` into `output` (which may be `input`); chunks
+  // hold whole elements for any element size up to 64 bytes.
+  void all_reduce(const void* input, void* output, int64_t bytes, const Reduce& reduce,
+                  std::chrono::milliseconds timeout);
+
+ private:
+  SharedMemory(void* segment, size_t segment_bytes, int rank, int size);
+
+  // How many chunks member `m` has published in its slot so far (one cache line each, so that members
+  // do not contend for the line they write).
+  std::atomic<uint64_t>& published(int m) const;
+  // Member m's slot for chunks of parity `p`: two slots, so that a member writes the next chunk while
+  // the others may still read the last one (a member starts chunk c + 2 only after everyone
+  // published chunk c + 1, which each did after reading chunk c).
+  char* slot(int m, uint64_t p) const;
+  // Waits until every member published `chunks`.
+  void wait_for_all(uint64_t chunks, std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout,
+                    const char* operation) const;
+  // The chunks of `input` go through this member's slot; `use(offset, length, slots)` runs once every
+  // member published the chunk at `offset` (slots: every member's, in member order).
+  void exchange(const char* operation, const void* input, int64_t bytes, std::chrono::milliseconds timeout,
+                const std::function<void(int64_t offset, size_t length, const std::vector<const void*>& slots)>& use);
+
+  void* segment_;
+  size_t segment_bytes_;
+  int rank_;
+  int size_;
+  uint64_t chunks_ = 0;  // chunks this member published; the same on every member between all-gathers
+  std::mutex mutex_;     // one all-gather at a time per process
+};
+
+}  // namespace dtensor::detail::mpi
