@@ -60,13 +60,11 @@ class MpiBackend final : public c10d::Backend {
     expect(in.numel() == output.numel() && in.scalar_type() == output.scalar_type(), "all-reduce",
            "the output must have the input's size and dtype");
     const bool in_place = in.data_ptr() == output.data_ptr();
-    if (rings(in, op)) {
-      auto comm = communicator("all-reduce");
+    auto comm = communicator("all-reduce");
+    if (rings(in, op))
       return begin(comm, "all-reduce", {in, output}, {output},
                    mpi::ring_all_reduce(comm, in.view({-1}), output.view({-1}), op.op_));
-    }
-    if (auto comm = communicator("all-reduce"); comm->shared_memory && mpi::ring_reduces(in.scalar_type(), op.op_))
-      return shared_all_reduce(comm, in, output, op.op_);
+    if (comm->shared_memory && mpi::ring_reduces(in.scalar_type(), op.op_)) return shared_all_reduce(comm, in, output, op.op_);
     return start("all-reduce", {in, output}, {output}, nullptr, [&](MPI_Comm comm, MPI_Request* request) {
       const auto how = mpi::reduction_for(in.scalar_type(), op, "all-reduce");
       return MPI_Iallreduce(in_place ? MPI_IN_PLACE : in.data_ptr(), output.data_ptr(), element_count(output, "all-reduce"),
