@@ -9,8 +9,10 @@
 //   every member gets the same bits). The GPT TP step's 128 KiB all-reduces made it 5-10% faster at
 //   TP=2 and TP=4 than with MPI_Iallreduce.
 // Copies here still run at a third of their speed now and then, for a whole run of one size (seen in
-// the collectives benchmark at 1, 16 or 64 MiB, not reproduced in single-process copies); the cause
-// is not known.
+// the collectives benchmark at 1, 16 or 64 MiB). A C program doing the same through MPI's shared
+// windows has the same phases, which come and go for every buffer alignment tried, and copies in one
+// process never do. A guess, unconfirmed: this machine is a 2-vCPU VM, and when the host runs the two
+// vCPUs far apart, reading a slot the other core has just written is slow.
 
 #include <mpi.h>
 
