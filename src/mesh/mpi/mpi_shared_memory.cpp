@@ -22,8 +22,7 @@ namespace {
 constexpr int64_t kChunkBytes = 512 << 10;
 constexpr size_t kFlagBytes = 64;
 
-// The flags, then the slots from a page boundary (with slots 128 bytes past one, all-gathers of
-// some sizes ran at a third of the speed in some runs).
+// The flags, then the slots from a page boundary.
 size_t flags_size(int size) { return (static_cast<size_t>(size) * kFlagBytes + 4095) / 4096 * 4096; }
 size_t segment_size(int size) { return flags_size(size) + static_cast<size_t>(size) * 2 * kChunkBytes; }
 
