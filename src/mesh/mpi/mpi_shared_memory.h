@@ -2,9 +2,10 @@
 // Collectives of a group whose members share one host, through a shared-memory segment: each member
 // copies a chunk of its input into its own slot, says so, and reads every member's slot.
 // - All-gathers: every slot is copied into the output. Open MPI's all-gather moves each block by a
-//   single copy (the kernel's cross-memory attach), yet measured 1.3-3x slower here: the kernel pins
-//   pages per call and the rendezvous costs round trips, where this costs two memcpys from
-//   cache-warm slots and one flag per chunk.
+//   single copy (the kernel's cross-memory attach), yet was slower here at every size on 2 ranks and
+//   at all but 256 MiB on 4 (bench/results/collectives.md): the kernel pins pages per call and the
+//   rendezvous costs round trips, where this costs two memcpys from cache-warm slots and one flag
+//   per chunk.
 // - Small all-reduces: the slots are reduced into the output, in member order on every member (so
 //   every member gets the same bits). The GPT TP step's 128 KiB all-reduces made it 5-10% faster at
 //   TP=2 and TP=4 than with MPI_Iallreduce.
