@@ -57,7 +57,9 @@ std::unique_ptr<SharedMemory> SharedMemory::create(MPI_Comm comm, int rank, int 
     std::snprintf(announcement.name, sizeof announcement.name, "/dtensor-collectives-%d-%llu", static_cast<int>(getpid()),
                   static_cast<unsigned long long>(made_so_far++));
     fd = shm_open(announcement.name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    announcement.made = fd >= 0 && ftruncate(fd, static_cast<off_t>(bytes)) == 0;
+    // Allocated now, not on first touch: a full /dev/shm (64 MiB in a default Docker container)
+    // then means MPI's collectives instead of a SIGBUS mid-collective.
+    announcement.made = fd >= 0 && posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0;
   }
   MPI_Bcast(&announcement, sizeof announcement, MPI_BYTE, 0, comm);
   if (rank != 0 && announcement.made) fd = shm_open(announcement.name, O_RDWR, 0600);
@@ -81,7 +83,7 @@ SharedMemory::~SharedMemory() { munmap(segment_, segment_bytes_); }
 
 std::atomic<uint64_t>& SharedMemory::published(int m) const {
   static_assert(sizeof(std::atomic<uint64_t>) <= kFlagBytes && std::atomic<uint64_t>::is_always_lock_free);
-  // The segment starts zeroed (ftruncate), which is the atomic's value 0.
+  // The segment starts zeroed (a new file's allocated pages), which is the atomic's value 0.
   return *reinterpret_cast<std::atomic<uint64_t>*>(static_cast<char*>(segment_) + static_cast<size_t>(m) * kFlagBytes);
 }
 
