@@ -241,6 +241,25 @@ TEST_F(CommBackendTest, MeshesOfBothBackendsAgree) {
   }
 }
 
+// Rank 1 of a pair joining a collective late: after rank 0 gave up on it (a 1 s timeout), runs
+// `join`, then tells rank 0 under `done_key`.
+template <typename Join>
+void join_late(const std::string& done_key, Join&& join) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  join();
+  world()->store()->set(done_key, std::vector<uint8_t>{1});
+}
+
+// What rank 0's redistribute of `dt` to Replicate says when its peer stays away, after checking that
+// it waited the whole 1 s timeout and that the group then refuses the next collective.
+std::string error_of_abandoned_redistribute(const at::Tensor& dt) {
+  const auto started = std::chrono::steady_clock::now();
+  const std::string error = error_of([&] { redistribute(dt, {Replicate()}); });
+  EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(1000));
+  EXPECT_THAT(error_of([&] { redistribute(dt, {Replicate()}); }), HasSubstr("its communicator is unusable"));
+  return error;
+}
+
 // A collective a peer never joins fails on the others after the mesh's timeout with this rank, the
 // operation and the mesh dim, and the group refuses further collectives rather than mixing them up.
 // MPI keeps the abandoned collective: when the peer joins late, it completes as soon as the first
@@ -272,20 +291,17 @@ TEST_F(CommBackendTest, MpiCollectiveThatTimesOutFailsAndPoisonsItsGroup) {
   if (me > 1) return;
   at::Tensor dt = make_dtensor_holding(at::ones({4}), pair, {Partial()});
   if (me == 1) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    std::vector<at::Tensor> t{to_local(dt).clone()};
-    pair->group(0)->allreduce(t)->wait(std::chrono::seconds(30));
-    EXPECT_TRUE(tensors_equal(t[0], at::ones({4})));
-    world()->store()->set(late_done, std::vector<uint8_t>{1});
+    join_late(late_done, [&] {
+      std::vector<at::Tensor> t{to_local(dt).clone()};
+      pair->group(0)->allreduce(t)->wait(std::chrono::seconds(30));
+      EXPECT_TRUE(tensors_equal(t[0], at::ones({4})));
+    });
     return;
   }
-  const auto started = std::chrono::steady_clock::now();
-  const std::string error = error_of([&] { redistribute(dt, {Replicate()}); });
-  EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(1000));
+  const std::string error = error_of_abandoned_redistribute(dt);
   EXPECT_THAT(error, HasSubstr("rank 0: all-reduce on mesh dim 0 (pair) of DeviceMesh([0, 1], names=(pair))"));
   EXPECT_THAT(error, HasSubstr("no answer within the time limit of 1.0"));
   EXPECT_THAT(error, HasSubstr("MPI all-reduce did not complete"));
-  EXPECT_THAT(error_of([&] { redistribute(dt, {Replicate()}); }), HasSubstr("its communicator is unusable"));
   drive_until_rank1_done();
   EXPECT_TRUE(world()->store()->check({late_done}));
 }
@@ -303,17 +319,12 @@ TEST_F(CommBackendTest, MpiAllGatherThatTimesOutFailsAndPoisonsItsGroup) {
   const at::Tensor full = test_tensor({6, 3}, at::kFloat, 5);
   at::Tensor dt = make_dtensor_holding(full, pair, {Shard(0)});
   if (me == 1) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    EXPECT_TRUE(tensors_equal(full_tensor(dt), full));
-    world()->store()->set(late_done, std::vector<uint8_t>{1});
+    join_late(late_done, [&] { EXPECT_TRUE(tensors_equal(full_tensor(dt), full)); });
     return;
   }
-  const auto started = std::chrono::steady_clock::now();
-  const std::string error = error_of([&] { redistribute(dt, {Replicate()}); });
-  EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(1000));
+  const std::string error = error_of_abandoned_redistribute(dt);
   EXPECT_THAT(error, HasSubstr("rank 0: all-gather on mesh dim 0 (pair)"));
   EXPECT_THAT(error, HasSubstr("MPI all-gather did not complete"));
-  EXPECT_THAT(error_of([&] { redistribute(dt, {Replicate()}); }), HasSubstr("its communicator is unusable"));
   world()->store()->wait({late_done}, std::chrono::seconds(30));
 }
 
