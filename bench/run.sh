@@ -33,9 +33,11 @@ copy is reduced in place. *P->R (donated)* moves the
 DTensor in (\`redistribute(std::move(dt), ...)\`), which donates its buffer so the all-reduce runs in
 place too; each call then wraps the result's buffer as the next call's input (timed with the call).
 S(0)->S(1) has two baselines: \`all_to_all_single\` on the input as is moves the same bytes, but row
-blocks rather than the column blocks S(1) needs (a bound no correct program reaches, as c10d takes one
-contiguous send buffer); *pack + all_to_all_single* first packs the column blocks into that buffer, as
-a hand-written program must. Throughput is input bytes per rank / median time.
+blocks rather than the column blocks S(1) needs (a bound: with \`all_to_all_single\`'s one contiguous
+send buffer no correct program reaches it); *pack + all_to_all_single* first packs the column blocks
+into that buffer, as a hand-written program must. On MPI with shared memory (one host) dtensor hands
+the column blocks to c10d's list \`alltoall\` as views, copied straight into the shared slots, so the
+first baseline is within its reach there. Throughput is input bytes per rank / median time.
 *ratio* = raw median / DTensor median (goal >= 0.95; bold when below);
 *ratio of best* = fastest raw call / fastest DTensor call (other load only adds time).
 Planning: \`plan_redistribute\` is the pure planner; \`redistribute_plan\` is the path

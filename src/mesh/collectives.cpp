@@ -173,6 +173,41 @@ at::Tensor all_to_all(const DeviceMesh& mesh, int64_t dim, const at::Tensor& inp
   return output;
 }
 
+at::Tensor all_to_all_pieces(const DeviceMesh& mesh, int64_t dim, const std::vector<at::Tensor>& pieces,
+                             const std::vector<Shape>& recv_shapes) {
+  std::vector<int64_t> send_counts, recv_counts;
+  for (const at::Tensor& piece : pieces) send_counts.push_back(piece.numel());
+  for (const Shape& shape : recv_shapes) recv_counts.push_back(c10::multiply_integers(shape));
+#ifdef DTENSOR_WITH_MPI
+  if (!alone(mesh, dim) && mesh.backend() == CommBackend::Mpi && mpi_shares_memory(*mesh.group(dim))) {
+    int64_t total = 0, bytes = 0;
+    for (const int64_t count : recv_counts) total += count;
+    at::Tensor output = at::empty({total}, pieces.front().options());
+    std::vector<at::Tensor> outputs, inputs;
+    int64_t at = 0;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      outputs.push_back(as_real(output.narrow(0, at, recv_counts[i]).view(recv_shapes[i])));
+      inputs.push_back(as_real(pieces[i]));
+      at += recv_counts[i];
+      bytes += static_cast<int64_t>(pieces[i].nbytes());
+    }
+    run(mesh, dim, "all-to-all", bytes, [&](c10d::Backend& g) { return g.alltoall(outputs, inputs); });
+    return output;
+  }
+#endif
+  // Copying whole pieces moves contiguous runs (a piece's extent along its cut dim times the dims
+  // after it) rather than the single elements a transpose of that dim to the front would.
+  int64_t total = 0;
+  for (const int64_t count : send_counts) total += count;
+  at::Tensor packed = at::empty({total}, pieces.front().options());
+  int64_t at = 0;
+  for (const at::Tensor& piece : pieces) {
+    packed.narrow(0, at, piece.numel()).view(piece.sizes()).copy_(piece);
+    at += piece.numel();
+  }
+  return all_to_all(mesh, dim, packed, std::move(send_counts), std::move(recv_counts));
+}
+
 void broadcast_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, int64_t root) {
   if (alone(mesh, dim)) return;
   std::vector<at::Tensor> tensors{as_real(tensor)};

@@ -27,6 +27,11 @@ at::Tensor reduce_scatter(const DeviceMesh& mesh, int64_t dim, const at::Tensor&
 // Flat contiguous `input`; send_counts[i] elements go to member i, recv_counts[i] come from it.
 at::Tensor all_to_all(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input, std::vector<int64_t> send_counts,
                       std::vector<int64_t> recv_counts);
+// pieces[i] (any layout) goes to member i; what arrives, flattened and back to back in member order,
+// the piece from member i of recv_shapes[i]. On MPI with shared memory the pieces are copied straight
+// into it; elsewhere they are first packed into one contiguous send buffer.
+at::Tensor all_to_all_pieces(const DeviceMesh& mesh, int64_t dim, const std::vector<at::Tensor>& pieces,
+                             const std::vector<Shape>& recv_shapes);
 // In place, from the member at coordinate `root` along `dim`; `tensor` must be contiguous.
 void broadcast_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, int64_t root = 0);
 // The member at coordinate 0 sends chunks[i] to member i; everyone receives into `output` (shaped like

@@ -101,21 +101,14 @@ bool leads(c10::IntArrayRef sizes, int64_t d) {
   return std::all_of(sizes.begin(), sizes.begin() + d, [](int64_t s) { return s == 1; });
 }
 
-// `x` cut into n torch.chunk pieces along `d`, flattened, each piece a contiguous block and the blocks
-// back to back in piece order: the send buffer of an all-to-all (member q gets block q), which Gloo
-// needs contiguous. Copying whole pieces moves contiguous runs (the piece's extent along `d` times the
-// dims after it) rather than the single elements a transpose of `d` to the front would.
-at::Tensor chunk_major(const at::Tensor& x, int64_t d, int64_t n) {
-  if (x.is_contiguous() && leads(x.sizes(), d)) return x.view({-1});
-  at::Tensor flat = at::empty({x.numel()}, x.options());
-  int64_t offset = 0;
+// `x` cut into n torch.chunk pieces along `d` (views).
+std::vector<at::Tensor> chunks_along(const at::Tensor& x, int64_t d, int64_t n) {
+  std::vector<at::Tensor> pieces;
   for (int64_t q = 0; q < n; ++q) {
     const ChunkExtent c = chunk_extent(x.size(d), n, q);
-    const at::Tensor piece = x.narrow(d, c.offset, c.size);
-    flat.narrow(0, offset, piece.numel()).view(piece.sizes()).copy_(piece);
-    offset += piece.numel();
+    pieces.push_back(x.narrow(d, c.offset, c.size));
   }
-  return flat;
+  return pieces;
 }
 
 // The contiguous blocks of `flat` (shapes[q] each, back to back) joined along `d`.
@@ -150,7 +143,11 @@ at::Tensor all_to_all_step(const at::Tensor& local, const RedistributeStep& step
     recv_shapes.push_back(block);
     recv_counts.push_back(numel(block));
   }
-  at::Tensor received = all_to_all(mesh, step.mesh_dim, chunk_major(local, to, n), send_counts, recv_counts);
+  // Chunks of a contiguous tensor along a leading dim are its memory in chunk order: the send buffer as is.
+  const at::Tensor received =
+      local.is_contiguous() && leads(local.sizes(), to)
+          ? all_to_all(mesh, step.mesh_dim, local.view({-1}), send_counts, recv_counts)
+          : all_to_all_pieces(mesh, step.mesh_dim, chunks_along(local, to, n), recv_shapes);
   return join_blocks(received, recv_shapes, from);
 }
 

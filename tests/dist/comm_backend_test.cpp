@@ -138,9 +138,10 @@ TEST_F(CommBackendTest, EveryCollectiveMatchesTheOracle) {
             EXPECT_TRUE(tensors_equal(out, reduce_oracle(ranks, {rows * n, 3}, at::kFloat, op).narrow(0, rows * index, rows)));
             EXPECT_TRUE(tensors_equal(in, before)) << "reduce-scatter changed its input";
           }
-        // all-to-all with uneven splits: member i sends (i + j) % 3 rows to member j (zero included)
-        {
-          const auto rows = [](int64_t from, int64_t to) { return (from + to) % 3; };
+        // all-to-all with uneven splits: member i sends (i + j) % 3 rows to member j (zero included);
+        // scaled by 20000 (up to 640 KB a block), MPI's shared memory moves them in several rounds
+        for (const int64_t scale : {int64_t{1}, int64_t{20000}}) {
+          const auto rows = [scale](int64_t from, int64_t to) { return (from + to) % 3 * scale; };
           std::vector<int64_t> send, recv;
           for (int64_t j = 0; j < n; ++j) {
             send.push_back(rows(index, j));
@@ -157,7 +158,7 @@ TEST_F(CommBackendTest, EveryCollectiveMatchesTheOracle) {
             for (int64_t k = 0; k < n; ++k) their_total += rows(j, k);
             expected.push_back(input_of(ranks[j], {their_total, 4}, at::kDouble).narrow(0, offset, rows(j, index)));
           }
-          EXPECT_TRUE(tensors_equal(out, at::cat(expected)));
+          EXPECT_TRUE(tensors_equal(out, at::cat(expected))) << "all-to-all, rows scaled by " << scale;
         }
         // broadcast from the last member, scatter from the first
         {
@@ -215,6 +216,41 @@ TEST_F(CommBackendTest, MpiReducesBoolAndRefusesWhatItCannotReduce) {
   at::Tensor strided = at::ones({4, 4}).t();
   std::vector<at::Tensor> s{strided};
   EXPECT_THAT(error_of([&] { group->allreduce(s)->wait(); }), HasSubstr("the output tensor must be contiguous"));
+}
+
+// MPI's list all-to-all takes strided inputs (a redistribution's column blocks): member i sends member
+// j its rows' columns of chunk j (torch.chunk of the columns, so uneven), through shared memory in one
+// round or several; with slices too large for a slot's share (every member falls back together), and
+// on groups without shared memory, through MPI.
+TEST_F(CommBackendTest, MpiAllToAllOfStridedBlocks) {
+  if (!mpi_available()) GTEST_SKIP() << "not under mpirun (DTENSOR_LAUNCHER=fork or no MPI): Gloo only";
+  setenv("DTENSOR_MPI_SHARED_MEMORY", "0", 1);
+  const MeshPtr without_shared_memory = DeviceMesh::create(world(), {4}, {.backend = CommBackend::Mpi});
+  unsetenv("DTENSOR_MPI_SHARED_MEMORY");
+  const int64_t me = world()->rank();
+  for (const MeshPtr& mesh : {mesh_on(CommBackend::Mpi, {4}), mesh_on(CommBackend::Mpi, {2, 2}), without_shared_memory})
+    for (int64_t dim = 0; dim < mesh->ndim(); ++dim) {
+      auto group = mesh->group(dim);
+      const auto ranks = members(mesh, dim);
+      const int64_t n = static_cast<int64_t>(ranks.size()), index = (*mesh->coordinate())[dim];
+      // rows x columns: one round; several rounds (uneven columns, 3 MB a member); slices of 300-600 KB,
+      // more than a share
+      for (const Shape& shape : {Shape{5, 7}, Shape{1501, 501}, Shape{3, 300007}}) {
+        SCOPED_TRACE("mesh " + mesh->str() + " dim " + std::to_string(dim) + " shape " + c10::str(shape));
+        const auto columns = [&](const at::Tensor& t, int64_t j) { return t.chunk(n, 1)[static_cast<size_t>(j)]; };
+        const at::Tensor mine = input_of(me, shape, at::kFloat);
+        std::vector<at::Tensor> inputs, outputs, expected;
+        for (int64_t j = 0; j < n; ++j) {
+          inputs.push_back(columns(mine, j));
+          outputs.push_back(at::empty_like(columns(mine, index), at::MemoryFormat::Contiguous));
+          expected.push_back(columns(input_of(ranks[static_cast<size_t>(j)], shape, at::kFloat), index));
+        }
+        ASSERT_FALSE(inputs[0].is_contiguous());
+        group->alltoall(outputs, inputs)->wait();
+        for (int64_t j = 0; j < n; ++j)
+          EXPECT_TRUE(tensors_equal(outputs[static_cast<size_t>(j)], expected[static_cast<size_t>(j)])) << "from member " << j;
+      }
+    }
 }
 
 // Under mpirun CPU meshes default to MPI (DTENSOR_BACKEND=gloo says otherwise), and meshes of both

@@ -6,6 +6,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <stdexcept>
 
@@ -33,6 +34,11 @@ class MpiBackend final : public c10d::Backend {
       : c10d::Backend(comm->rank, comm->size), comm_(std::move(comm)) {}
 
   const std::string getBackendName() const override { return "mpi"; }
+
+  bool shares_memory() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return comm_ && comm_->shared_memory;
+  }
 
   void shutdown() override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -133,19 +139,49 @@ class MpiBackend final : public c10d::Backend {
     const at::Tensor in = readable(input, "all-to-all");
     expect(in.dim() > 0 && output.dim() > 0, "all-to-all", "0-d tensors cannot be split; give 1-d or more");
     const auto send = byte_splits(in, input_splits), recv = byte_splits(output, output_splits);
-    std::vector<int64_t> all(send);
-    all.insert(all.end(), recv.begin(), recv.end());
-    all.push_back(static_cast<int64_t>(in.nbytes()));
-    all.push_back(static_cast<int64_t>(output.nbytes()));
-    // Counts and displacements MPI reads until the call completes: kept by the work's last step.
-    auto arrays = std::make_shared<std::vector<std::vector<int>>>();
-    return start("all-to-all", {in, output}, {output}, [arrays] {}, [&](MPI_Comm comm, MPI_Request* request) {
-      const auto unit = mpi::unit_for(all, "all-to-all");
-      auto& a = *arrays;
-      a = {to_units(send, unit), displacements(send, unit), to_units(recv, unit), displacements(recv, unit)};
-      return MPI_Ialltoallv(in.data_ptr(), a[0].data(), a[1].data(), unit.type, output.data_ptr(), a[2].data(),
-                            a[3].data(), unit.type, comm, request);
-    });
+    if (auto comm = communicator("all-to-all"); comm->shared_memory) {
+      auto work = shared_all_to_all(comm, rows_by_bytes(output, recv), rows_by_bytes(in, send));
+      if (work) return work;
+    }
+    return mpi_all_to_all(output, in, send, recv, nullptr);
+  }
+
+  // inputs[m] goes to member m and outputs[m] (contiguous) comes from it. An input may be strided (a
+  // redistribution's column blocks): through shared memory it is copied straight into the slots; over
+  // MPI the inputs are first packed into one buffer, and the outputs filled from another.
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions&) override {
+    expect(outputs.size() == static_cast<size_t>(size_) && inputs.size() == outputs.size(), "all-to-all",
+           "give one input and one output per member");
+    std::vector<int64_t> send, recv;
+    for (int m = 0; m < size_; ++m) {
+      const at::Tensor &in = inputs[static_cast<size_t>(m)], &out = outputs[static_cast<size_t>(m)];
+      on_cpu(in, "all-to-all");
+      writable(out, "all-to-all");
+      expect(in.dim() > 0 && out.dim() > 0, "all-to-all", "0-d tensors cannot be cut in slices; give 1-d or more");
+      expect(in.scalar_type() == inputs[0].scalar_type() && out.scalar_type() == inputs[0].scalar_type(), "all-to-all",
+             "every input and output must have one dtype");
+      send.push_back(static_cast<int64_t>(in.nbytes()));
+      recv.push_back(static_cast<int64_t>(out.nbytes()));
+    }
+    if (auto comm = communicator("all-to-all"); comm->shared_memory) {
+      auto work = shared_all_to_all(comm, outputs, inputs);
+      if (work) return work;
+    }
+    std::vector<at::Tensor> flat_inputs;
+    for (const at::Tensor& in : inputs) flat_inputs.push_back(in.reshape({-1}));
+    at::Tensor packed = at::cat(flat_inputs);
+    int64_t total = 0;
+    for (const at::Tensor& out : outputs) total += out.numel();
+    at::Tensor received = at::empty({total}, packed.options());
+    auto unpack = [received, outputs] {
+      int64_t at = 0;
+      for (const at::Tensor& out : outputs) {
+        out.view({-1}).copy_(received.narrow(0, at, out.numel()));
+        at += out.numel();
+      }
+    };
+    return mpi_all_to_all(received, packed, send, recv, unpack);
   }
 
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
@@ -220,6 +256,30 @@ class MpiBackend final : public c10d::Backend {
   }
 
  private:
+  // MPI's all-to-all of the contiguous `in`, send[m] bytes to member m, into `output`, recv[m] bytes
+  // from member m; `finish` runs when it completes.
+  c10::intrusive_ptr<c10d::Work> mpi_all_to_all(const at::Tensor& output, const at::Tensor& in,
+                                                const std::vector<int64_t>& send, const std::vector<int64_t>& recv,
+                                                std::function<void()> finish) {
+    std::vector<int64_t> all(send);
+    all.insert(all.end(), recv.begin(), recv.end());
+    all.push_back(static_cast<int64_t>(in.nbytes()));
+    all.push_back(static_cast<int64_t>(output.nbytes()));
+    // Counts and displacements MPI reads until the call completes: kept by the work's last step.
+    auto arrays = std::make_shared<std::vector<std::vector<int>>>();
+    auto done = [arrays, finish = std::move(finish)] {
+      if (finish) finish();
+    };
+    return start("all-to-all", {in, output}, {output}, done, [&](MPI_Comm comm, MPI_Request* request) {
+      const auto unit = mpi::unit_for(all, "all-to-all");
+      auto& a = *arrays;
+      a = {to_units(send, unit), displacements(send, unit), to_units(recv, unit), displacements(recv, unit)};
+      return MPI_Ialltoallv(in.data_ptr(), a[0].data(), a[1].data(), unit.type, output.data_ptr(), a[2].data(),
+                            a[3].data(), unit.type, comm, request);
+    });
+  }
+
+
   // Whether reducing `input` with `op` goes round the ring (mpi_ring.h) rather than through MPI.
   bool rings(const at::Tensor& input, const c10d::ReduceOp& op) const {
     return size_ > 1 && mpi::ring_reduces(input.scalar_type(), op.op_) && static_cast<int64_t>(input.nbytes()) >= kRingBytes;
@@ -286,6 +346,41 @@ class MpiBackend final : public c10d::Backend {
     return through_shared_memory(comm, "all-reduce", {output}, [&](mpi::SharedMemory& shared) {
       shared.all_reduce(in.data_ptr(), output.data_ptr(), static_cast<int64_t>(in.nbytes()), reduce, comm->timeout);
     });
+  }
+
+  // The all-to-all of `inputs` (any strides) into `outputs` (contiguous) through the shared segment;
+  // null, on every member, when some block's slices are too large for it (MPI's all-to-all then runs).
+  static c10::intrusive_ptr<c10d::Work> shared_all_to_all(const std::shared_ptr<Communicator>& comm,
+                                                          const std::vector<at::Tensor>& outputs,
+                                                          const std::vector<at::Tensor>& inputs) {
+    const auto blocks = [](const std::vector<at::Tensor>& tensors) {
+      std::vector<mpi::SharedMemory::Block> out;
+      for (const at::Tensor& t : tensors) {
+        const auto bytes = static_cast<int64_t>(t.nbytes());
+        out.push_back({bytes, t.size(0) == 0 ? 0 : bytes / t.size(0)});
+      }
+      return out;
+    };
+    const auto sends = blocks(inputs), receives = blocks(outputs);
+    const auto pack = [&](int m, int64_t offset, int64_t length, void* slot) {
+      const at::Tensor& in = inputs[static_cast<size_t>(m)];
+      if (in.is_contiguous()) {
+        std::memcpy(slot, static_cast<const char*>(in.data_ptr()) + offset, static_cast<size_t>(length));
+        return;
+      }
+      const int64_t unit = sends[static_cast<size_t>(m)].unit;
+      const at::Tensor slices = in.narrow(0, offset / unit, length / unit);
+      at::from_blob(slot, slices.sizes(), slices.options()).copy_(slices);
+    };
+    const auto unpack = [&](int m, int64_t offset, int64_t length, const void* slot) {
+      std::memcpy(static_cast<char*>(outputs[static_cast<size_t>(m)].data_ptr()) + offset, slot, static_cast<size_t>(length));
+    };
+    bool done = false;
+    auto work = through_shared_memory(comm, "all-to-all", outputs, [&](mpi::SharedMemory& shared) {
+      done = shared.all_to_all(sends, receives, pack, unpack, comm->timeout);
+      if (done) outputs[static_cast<size_t>(comm->rank)].copy_(inputs[static_cast<size_t>(comm->rank)]);
+    });
+    return done ? work : nullptr;
   }
 
   // Starts one non-blocking MPI call (`call(comm, request)` returns its MPI code; it runs at once, so it
@@ -356,6 +451,19 @@ class MpiBackend final : public c10d::Backend {
     return out;
   }
 
+  // `t` cut along dim 0 into blocks of bytes[m] each.
+  static std::vector<at::Tensor> rows_by_bytes(const at::Tensor& t, const std::vector<int64_t>& bytes) {
+    const int64_t row_bytes = t.size(0) == 0 ? 0 : static_cast<int64_t>(t.nbytes()) / t.size(0);
+    std::vector<at::Tensor> out;
+    int64_t row = 0;
+    for (const int64_t b : bytes) {
+      const int64_t rows = row_bytes == 0 ? 0 : b / row_bytes;
+      out.push_back(t.narrow(0, row, rows));
+      row += rows;
+    }
+    return out;
+  }
+
   static std::vector<int> to_units(const std::vector<int64_t>& bytes, const mpi::ByteUnit& unit) {
     std::vector<int> out;
     for (auto b : bytes) out.push_back(unit.count(b));
@@ -400,6 +508,11 @@ c10::intrusive_ptr<c10d::Work> mpi_all_reduce_into(c10d::Backend& backend, at::T
   auto* mpi_backend = dynamic_cast<MpiBackend*>(&backend);
   if (!mpi_backend) throw DTensorError("mpi_all_reduce_into: the process group is " + backend.getBackendName() + ", not MPI");
   return mpi_backend->all_reduce_into(output, input, op);
+}
+
+bool mpi_shares_memory(c10d::Backend& backend) {
+  auto* mpi_backend = dynamic_cast<MpiBackend*>(&backend);
+  return mpi_backend && mpi_backend->shares_memory();
 }
 
 c10::intrusive_ptr<c10d::Backend> make_mpi_backend(const c10::intrusive_ptr<c10d::Store>& store,

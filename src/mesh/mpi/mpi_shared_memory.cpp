@@ -105,6 +105,12 @@ void SharedMemory::wait_for_all(uint64_t chunks, std::chrono::steady_clock::time
     }
 }
 
+void SharedMemory::publish_and_wait(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout,
+                                    const char* operation) {
+  published(rank_).store(++chunks_, std::memory_order_release);
+  wait_for_all(chunks_, deadline, timeout, operation);
+}
+
 void SharedMemory::exchange(const char* operation, const void* input, int64_t bytes, std::chrono::milliseconds timeout,
                             const std::function<void(int64_t, size_t, const std::vector<const void*>&)>& use) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -115,8 +121,7 @@ void SharedMemory::exchange(const char* operation, const void* input, int64_t by
     const auto length = static_cast<size_t>(std::min(kChunkBytes, bytes - offset));
     const uint64_t parity = chunks_;
     std::memcpy(slot(rank_, parity), in + offset, length);
-    published(rank_).store(++chunks_, std::memory_order_release);
-    wait_for_all(chunks_, deadline, timeout, operation);
+    publish_and_wait(deadline, timeout, operation);
     for (int m = 0; m < size_; ++m) slots[static_cast<size_t>(m)] = slot(m, parity);
     use(offset, length, slots);
   }
@@ -141,6 +146,54 @@ void SharedMemory::all_reduce(const void* input, void* output, int64_t bytes, co
   exchange("all-reduce", input, bytes, timeout, [&](int64_t offset, size_t length, const std::vector<const void*>& slots) {
     reduce(slots, out + offset, static_cast<int64_t>(length));
   });
+}
+
+bool SharedMemory::all_to_all(const std::vector<Block>& sends, const std::vector<Block>& receives, const Pack& pack,
+                              const Unpack& unpack, std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // A slot holds a share for every receiver, each a whole number of cache lines.
+  const int64_t share = kChunkBytes / size_ / 64 * 64;
+  const auto step = [share](const Block& b) { return b.unit > 0 ? share / b.unit * b.unit : share; };
+  // First an exchange of headers: the rounds this member's sends need, or -1 when one of its blocks
+  // (sent or received) cannot be cut to fit a share. Then every member runs the most rounds any needs.
+  int64_t rounds = 0;
+  bool fits = true;
+  for (int m = 0; m < size_; ++m)
+    for (const Block& b : {sends[static_cast<size_t>(m)], receives[static_cast<size_t>(m)]}) {
+      if (m == rank_ || b.bytes == 0) continue;
+      fits = fits && b.unit <= share;
+      if (fits) rounds = std::max(rounds, (b.bytes + step(b) - 1) / step(b));
+    }
+  if (!fits) rounds = -1;
+  const uint64_t header_parity = chunks_;
+  std::memcpy(slot(rank_, header_parity), &rounds, sizeof rounds);
+  publish_and_wait(deadline, timeout, "all-to-all");
+  int64_t all_rounds = 0;
+  for (int m = 0; m < size_; ++m) {
+    int64_t theirs;
+    std::memcpy(&theirs, slot(m, header_parity), sizeof theirs);
+    if (theirs < 0) return false;
+    all_rounds = std::max(all_rounds, theirs);
+  }
+  // The piece of `b` in round r: [offset, offset + length), length 0 once the block is done.
+  const auto piece = [&](const Block& b, int64_t r) {
+    const int64_t offset = r * step(b);
+    return std::pair<int64_t, int64_t>{offset, std::clamp<int64_t>(b.bytes - offset, 0, step(b))};
+  };
+  for (int64_t r = 0; r < all_rounds; ++r) {
+    const uint64_t parity = chunks_;
+    for (int m = 0; m < size_; ++m) {
+      const auto [offset, length] = piece(sends[static_cast<size_t>(m)], r);
+      if (m != rank_ && length > 0) pack(m, offset, length, slot(rank_, parity) + static_cast<size_t>(m) * share);
+    }
+    publish_and_wait(deadline, timeout, "all-to-all");
+    for (int m = 0; m < size_; ++m) {
+      const auto [offset, length] = piece(receives[static_cast<size_t>(m)], r);
+      if (m != rank_ && length > 0) unpack(m, offset, length, slot(m, parity) + static_cast<size_t>(rank_) * share);
+    }
+  }
+  return true;
 }
 
 }  // namespace dtensor::detail::mpi

@@ -6,6 +6,9 @@
 //   at all but 256 MiB on 4 (bench/results/collectives.md): the kernel pins pages per call and the
 //   rendezvous costs round trips, where this costs two memcpys from cache-warm slots and one flag
 //   per chunk.
+// - All-to-alls: each member's slot is cut into a share per receiver; a strided block (a redistribute's
+//   column blocks) is copied into it directly, so that a redistribution costs the two copies an
+//   all-to-all of contiguous blocks does (MPI's would need a packing copy first).
 // - Small all-reduces: the slots are reduced into the output, in member order on every member (so
 //   every member gets the same bits). The GPT TP step's 128 KiB all-reduces made it 5-10% faster at
 //   TP=2 and TP=4 than with MPI_Iallreduce.
@@ -51,6 +54,25 @@ class SharedMemory {
   void all_reduce(const void* input, void* output, int64_t bytes, const Reduce& reduce,
                   std::chrono::milliseconds timeout);
 
+  // A block one member sends another in an all-to-all: its bytes, and the granule its pieces are cut
+  // in (the bytes of one slice along dim 0, so that a piece of a strided block is a range of slices
+  // the sender copies straight into its slot, with no packing first). A pair's block is described
+  // alike by its sender and its receiver.
+  struct Block {
+    int64_t bytes;
+    int64_t unit;
+  };
+  // pack(m, offset, length, slot): bytes [offset, offset + length) of this member's block for member m
+  // into `slot`; unpack(m, offset, length, slot): those bytes of member m's block for this one, from
+  // `slot`.
+  using Pack = std::function<void(int member, int64_t offset, int64_t length, void* slot)>;
+  using Unpack = std::function<void(int member, int64_t offset, int64_t length, const void* slot)>;
+  // sends[m] goes to member m, receives[m] comes from it, in pieces of whole units; the block a member
+  // keeps (its own index) is left to the caller. Returns false, on every member and having moved
+  // nothing, when some member's unit exceeds a slot's share per member: run MPI's all-to-all instead.
+  bool all_to_all(const std::vector<Block>& sends, const std::vector<Block>& receives, const Pack& pack,
+                  const Unpack& unpack, std::chrono::milliseconds timeout);
+
  private:
   SharedMemory(void* segment, size_t segment_bytes, int rank, int size);
 
@@ -61,6 +83,9 @@ class SharedMemory {
   // the others may still read the last one (a member starts chunk c + 2 only after everyone
   // published chunk c + 1, which each did after reading chunk c).
   char* slot(int m, uint64_t p) const;
+  // Publishes the chunk just written to this member's slot and waits until every member published theirs.
+  void publish_and_wait(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout,
+                        const char* operation);
   // Waits until every member published `chunks`.
   void wait_for_all(uint64_t chunks, std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout,
                     const char* operation) const;
