@@ -179,7 +179,7 @@ at::Tensor all_to_all_pieces(const DeviceMesh& mesh, int64_t dim, const std::vec
   for (const at::Tensor& piece : pieces) send_counts.push_back(piece.numel());
   for (const Shape& shape : recv_shapes) recv_counts.push_back(c10::multiply_integers(shape));
 #ifdef DTENSOR_WITH_MPI
-  if (!alone(mesh, dim) && mesh.backend() == CommBackend::Mpi && mpi_shares_memory(*mesh.group(dim))) {
+  if (!alone(mesh, dim) && mesh.backend() == CommBackend::Mpi && mpi_all_to_all_through_shared_memory(*mesh.group(dim))) {
     int64_t total = 0, bytes = 0;
     for (const int64_t count : recv_counts) total += count;
     at::Tensor output = at::empty({total}, pieces.front().options());

@@ -26,6 +26,19 @@ std::vector<CommBackend> backends() {
   return out;
 }
 
+// make() with environment variable `name` set to `value`, then as it was: groups read
+// DTENSOR_MPI_SHARED_MEMORY when they are made.
+template <typename Make>
+auto with_env(const char* name, const char* value, Make&& make) {
+  const char* before = std::getenv(name);
+  const std::string saved = before ? before : "";
+  setenv(name, value, 1);
+  auto made = make();
+  if (before) setenv(name, saved.c_str(), 1);
+  else unsetenv(name);
+  return made;
+}
+
 // A mesh of its own per backend and shape (cached: every rank asks in the same order).
 MeshPtr mesh_on(CommBackend backend, const Shape& shape) {
   static std::map<std::pair<CommBackend, Shape>, MeshPtr> meshes;
@@ -224,11 +237,12 @@ TEST_F(CommBackendTest, MpiReducesBoolAndRefusesWhatItCannotReduce) {
 // on groups without shared memory, through MPI.
 TEST_F(CommBackendTest, MpiAllToAllOfStridedBlocks) {
   if (!mpi_available()) GTEST_SKIP() << "not under mpirun (DTENSOR_LAUNCHER=fork or no MPI): Gloo only";
-  setenv("DTENSOR_MPI_SHARED_MEMORY", "0", 1);
-  const MeshPtr without_shared_memory = DeviceMesh::create(world(), {4}, {.backend = CommBackend::Mpi});
-  unsetenv("DTENSOR_MPI_SHARED_MEMORY");
+  const auto made_with = [](const char* shared_memory, const Shape& shape) {
+    return with_env("DTENSOR_MPI_SHARED_MEMORY", shared_memory,
+                    [&] { return DeviceMesh::create(world(), shape, {.backend = CommBackend::Mpi}); });
+  };
   const int64_t me = world()->rank();
-  for (const MeshPtr& mesh : {mesh_on(CommBackend::Mpi, {4}), mesh_on(CommBackend::Mpi, {2, 2}), without_shared_memory})
+  for (const MeshPtr& mesh : {made_with("1", {4}), made_with("1", {2, 2}), made_with("0", {4})})
     for (int64_t dim = 0; dim < mesh->ndim(); ++dim) {
       auto group = mesh->group(dim);
       const auto ranks = members(mesh, dim);
@@ -305,10 +319,10 @@ TEST_F(CommBackendTest, MpiCollectiveThatTimesOutFailsAndPoisonsItsGroup) {
   MeshOptions options{.dim_names = {"pair"}, .timeout = std::chrono::milliseconds(1000), .backend = CommBackend::Mpi};
   // Groups made while DTENSOR_MPI_SHARED_MEMORY=0 leave every collective to MPI (small all-reduces
   // otherwise go through shared memory, which has no abandoned requests to complete late).
-  setenv("DTENSOR_MPI_SHARED_MEMORY", "0", 1);
-  auto pair = DeviceMesh::create(world(), {2}, {0, 1}, options);
-  auto witness = DeviceMesh::create(world(), {2}, {0, 2}, options);  // drives MPI on rank 0 below
-  unsetenv("DTENSOR_MPI_SHARED_MEMORY");
+  auto [pair, witness] = with_env("DTENSOR_MPI_SHARED_MEMORY", "0", [&] {
+    return std::pair{DeviceMesh::create(world(), {2}, {0, 1}, options),
+                     DeviceMesh::create(world(), {2}, {0, 2}, options)};  // the witness drives MPI on rank 0 below
+  });
   const int64_t me = world()->rank();
   const std::string late_done = "comm_backend_test/late-all-reduce-done";
   // Rank 1 completes only while rank 0 makes MPI progress: rank 0 and 2 all-reduce "has rank 1

@@ -35,9 +35,9 @@ class MpiBackend final : public c10d::Backend {
 
   const std::string getBackendName() const override { return "mpi"; }
 
-  bool shares_memory() {
+  bool all_to_all_through_shared_memory() {
     std::lock_guard<std::mutex> lock(mutex_);
-    return comm_ && comm_->shared_memory;
+    return comm_ && comm_->all_to_all_shared;
   }
 
   void shutdown() override {
@@ -139,7 +139,7 @@ class MpiBackend final : public c10d::Backend {
     const at::Tensor in = readable(input, "all-to-all");
     expect(in.dim() > 0 && output.dim() > 0, "all-to-all", "0-d tensors cannot be split; give 1-d or more");
     const auto send = byte_splits(in, input_splits), recv = byte_splits(output, output_splits);
-    if (auto comm = communicator("all-to-all"); comm->shared_memory) {
+    if (auto comm = communicator("all-to-all"); comm->all_to_all_shared) {
       auto work = shared_all_to_all(comm, rows_by_bytes(output, recv), rows_by_bytes(in, send));
       if (work) return work;
     }
@@ -164,7 +164,7 @@ class MpiBackend final : public c10d::Backend {
       send.push_back(static_cast<int64_t>(in.nbytes()));
       recv.push_back(static_cast<int64_t>(out.nbytes()));
     }
-    if (auto comm = communicator("all-to-all"); comm->shared_memory) {
+    if (auto comm = communicator("all-to-all"); comm->all_to_all_shared) {
       auto work = shared_all_to_all(comm, outputs, inputs);
       if (work) return work;
     }
@@ -510,9 +510,9 @@ c10::intrusive_ptr<c10d::Work> mpi_all_reduce_into(c10d::Backend& backend, at::T
   return mpi_backend->all_reduce_into(output, input, op);
 }
 
-bool mpi_shares_memory(c10d::Backend& backend) {
+bool mpi_all_to_all_through_shared_memory(c10d::Backend& backend) {
   auto* mpi_backend = dynamic_cast<MpiBackend*>(&backend);
-  return mpi_backend && mpi_backend->shares_memory();
+  return mpi_backend && mpi_backend->all_to_all_through_shared_memory();
 }
 
 c10::intrusive_ptr<c10d::Backend> make_mpi_backend(const c10::intrusive_ptr<c10d::Store>& store,
@@ -543,10 +543,13 @@ c10::intrusive_ptr<c10d::Backend> make_mpi_backend(const c10::intrusive_ptr<c10d
   MPI_Comm_rank(comm->comm, &comm->rank);
   MPI_Comm_dup(comm->comm, &comm->schedules);
   // DTENSOR_MPI_SHARED_MEMORY=0 leaves every collective of the groups made meanwhile to MPI (to compare;
-  // the same on every rank).
-  const char* shared = std::getenv("DTENSOR_MPI_SHARED_MEMORY");
-  if (!shared || std::string(shared) != "0")
-    comm->shared_memory = mpi::SharedMemory::create(comm->schedules, comm->rank, comm->size);
+  // the same on every rank). All-to-alls use the segment only when ranks do not outnumber cores: every
+  // round then waits for each member's turn on a core, and Open MPI's single-copy all-to-all was faster
+  // (bench/results/redistribute.md, 4 ranks on 2 cores: 1.5 GB/s against 2.5-4);
+  // DTENSOR_MPI_SHARED_MEMORY=1 uses it for them anyway (the tests, which run 4 ranks on 2 cores).
+  const std::string shared = std::getenv("DTENSOR_MPI_SHARED_MEMORY") ? std::getenv("DTENSOR_MPI_SHARED_MEMORY") : "";
+  if (shared != "0") comm->shared_memory = mpi::SharedMemory::create(comm->schedules, comm->rank, comm->size);
+  comm->all_to_all_shared = comm->shared_memory && (shared == "1" || !mpi::oversubscribed());
   lock.unlock();
   return c10::make_intrusive<MpiBackend>(std::move(comm));
 }

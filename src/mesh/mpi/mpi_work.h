@@ -34,8 +34,10 @@ struct Communicator {
   std::chrono::milliseconds timeout{0};
   // A collective on it never completed: MPI cannot retire the request, so the communicator is unusable.
   std::atomic<bool> stuck{false};
-  // Where its all-gathers go when every member is on this host (else null: MPI's all-gather).
+  // Where its all-gathers and small all-reduces go when every member is on this host (else null: MPI's).
   std::unique_ptr<SharedMemory> shared_memory;
+  // Whether its all-to-alls go there too (mpi_backend.cpp says when).
+  bool all_to_all_shared = false;
 
   ~Communicator();
 };
