@@ -11,6 +11,7 @@
 #include "dtensor/errors.h"
 #include "dtensor/world.h"
 #include "mesh_group.h"
+#include "packing.h"
 
 #ifdef DTENSOR_WITH_MPI
 #include "mpi/mpi_backend.h"
@@ -179,7 +180,7 @@ at::Tensor all_to_all_pieces(const DeviceMesh& mesh, int64_t dim, const std::vec
   for (const at::Tensor& piece : pieces) send_counts.push_back(piece.numel());
   for (const Shape& shape : recv_shapes) recv_counts.push_back(c10::multiply_integers(shape));
 #ifdef DTENSOR_WITH_MPI
-  if (!alone(mesh, dim) && mesh.backend() == CommBackend::Mpi && mpi_all_to_all_through_shared_memory(*mesh.group(dim))) {
+  if (!alone(mesh, dim) && mesh.backend() == CommBackend::Mpi) {  // MPI's list all-to-all takes views
     int64_t total = 0, bytes = 0;
     for (const int64_t count : recv_counts) total += count;
     at::Tensor output = at::empty({total}, pieces.front().options());
@@ -195,17 +196,7 @@ at::Tensor all_to_all_pieces(const DeviceMesh& mesh, int64_t dim, const std::vec
     return output;
   }
 #endif
-  // Copying whole pieces moves contiguous runs (a piece's extent along its cut dim times the dims
-  // after it) rather than the single elements a transpose of that dim to the front would.
-  int64_t total = 0;
-  for (const int64_t count : send_counts) total += count;
-  at::Tensor packed = at::empty({total}, pieces.front().options());
-  int64_t at = 0;
-  for (const at::Tensor& piece : pieces) {
-    packed.narrow(0, at, piece.numel()).view(piece.sizes()).copy_(piece);
-    at += piece.numel();
-  }
-  return all_to_all(mesh, dim, packed, std::move(send_counts), std::move(recv_counts));
+  return all_to_all(mesh, dim, packed_back_to_back(pieces), std::move(send_counts), std::move(recv_counts));
 }
 
 void broadcast_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, int64_t root) {

@@ -28,8 +28,9 @@ at::Tensor reduce_scatter(const DeviceMesh& mesh, int64_t dim, const at::Tensor&
 at::Tensor all_to_all(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input, std::vector<int64_t> send_counts,
                       std::vector<int64_t> recv_counts);
 // pieces[i] (any layout) goes to member i; what arrives, flattened and back to back in member order,
-// the piece from member i of recv_shapes[i]. On MPI with shared memory (mpi_backend.h) the pieces are
-// copied straight into it; elsewhere they are first packed into one contiguous send buffer.
+// the piece from member i of recv_shapes[i]. On MPI the pieces go to its list all-to-all as they are
+// (through shared memory it copies them straight into the slots); on Gloo they are first packed into
+// one contiguous send buffer.
 at::Tensor all_to_all_pieces(const DeviceMesh& mesh, int64_t dim, const std::vector<at::Tensor>& pieces,
                              const std::vector<Shape>& recv_shapes);
 // In place, from the member at coordinate `root` along `dim`; `tensor` must be contiguous.

@@ -253,16 +253,25 @@ TEST_F(CommBackendTest, MpiAllToAllOfStridedBlocks) {
         SCOPED_TRACE("mesh " + mesh->str() + " dim " + std::to_string(dim) + " shape " + c10::str(shape));
         const auto columns = [&](const at::Tensor& t, int64_t j) { return t.chunk(n, 1)[static_cast<size_t>(j)]; };
         const at::Tensor mine = input_of(me, shape, at::kFloat);
-        std::vector<at::Tensor> inputs, outputs, expected;
+        std::vector<at::Tensor> inputs, expected;
         for (int64_t j = 0; j < n; ++j) {
           inputs.push_back(columns(mine, j));
-          outputs.push_back(at::empty_like(columns(mine, index), at::MemoryFormat::Contiguous));
           expected.push_back(columns(input_of(ranks[static_cast<size_t>(j)], shape, at::kFloat), index));
         }
         ASSERT_FALSE(inputs[0].is_contiguous());
-        group->alltoall(outputs, inputs)->wait();
-        for (int64_t j = 0; j < n; ++j)
-          EXPECT_TRUE(tensors_equal(outputs[static_cast<size_t>(j)], expected[static_cast<size_t>(j)])) << "from member " << j;
+        // into separate tensors, and into blocks back to back in one (as a redistribution receives)
+        const at::Tensor block = at::empty_like(columns(mine, index), at::MemoryFormat::Contiguous);
+        const at::Tensor received = at::empty({n * block.numel()});
+        for (const bool one_buffer : {false, true}) {
+          std::vector<at::Tensor> outputs;
+          for (int64_t j = 0; j < n; ++j)
+            outputs.push_back(one_buffer ? received.narrow(0, j * block.numel(), block.numel()).view(block.sizes())
+                                         : at::empty_like(block));
+          group->alltoall(outputs, inputs)->wait();
+          for (int64_t j = 0; j < n; ++j)
+            EXPECT_TRUE(tensors_equal(outputs[static_cast<size_t>(j)], expected[static_cast<size_t>(j)]))
+                << "from member " << j << (one_buffer ? ", into one buffer" : "");
+        }
       }
     }
 }

@@ -8,8 +8,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 
+#include "../packing.h"
 #include "dtensor/errors.h"
 #include "mpi_ring.h"
 #include "mpi_runtime.h"
@@ -34,11 +36,6 @@ class MpiBackend final : public c10d::Backend {
       : c10d::Backend(comm->rank, comm->size), comm_(std::move(comm)) {}
 
   const std::string getBackendName() const override { return "mpi"; }
-
-  bool all_to_all_through_shared_memory() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return comm_ && comm_->all_to_all_shared;
-  }
 
   void shutdown() override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -148,7 +145,8 @@ class MpiBackend final : public c10d::Backend {
 
   // inputs[m] goes to member m and outputs[m] (contiguous) comes from it. An input may be strided (a
   // redistribution's column blocks): through shared memory it is copied straight into the slots; over
-  // MPI the inputs are first packed into one buffer, and the outputs filled from another.
+  // MPI the inputs are first packed into one buffer, received straight into the outputs when they lie
+  // back to back in one (a redistribution's), else into another buffer first.
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions&) override {
     expect(outputs.size() == static_cast<size_t>(size_) && inputs.size() == outputs.size(), "all-to-all",
@@ -168,9 +166,8 @@ class MpiBackend final : public c10d::Backend {
       auto work = shared_all_to_all(comm, outputs, inputs);
       if (work) return work;
     }
-    std::vector<at::Tensor> flat_inputs;
-    for (const at::Tensor& in : inputs) flat_inputs.push_back(in.reshape({-1}));
-    at::Tensor packed = at::cat(flat_inputs);
+    const at::Tensor packed = packed_back_to_back(inputs);
+    if (const auto span = back_to_back(outputs)) return mpi_all_to_all(*span, packed, send, recv, nullptr);
     int64_t total = 0;
     for (const at::Tensor& out : outputs) total += out.numel();
     at::Tensor received = at::empty({total}, packed.options());
@@ -278,7 +275,6 @@ class MpiBackend final : public c10d::Backend {
                             a[3].data(), unit.type, comm, request);
     });
   }
-
 
   // Whether reducing `input` with `op` goes round the ring (mpi_ring.h) rather than through MPI.
   bool rings(const at::Tensor& input, const c10d::ReduceOp& op) const {
@@ -451,6 +447,18 @@ class MpiBackend final : public c10d::Backend {
     return out;
   }
 
+  // One flat view over `parts` when they are contiguous and lie back to back in one storage.
+  static std::optional<at::Tensor> back_to_back(const std::vector<at::Tensor>& parts) {
+    int64_t elements = 0;
+    for (const at::Tensor& part : parts) {
+      if (!part.is_contiguous() || !part.storage().is_alias_of(parts[0].storage()) ||
+          part.storage_offset() != parts[0].storage_offset() + elements)
+        return std::nullopt;
+      elements += part.numel();
+    }
+    return parts[0].as_strided({elements}, {1});
+  }
+
   // `t` cut along dim 0 into blocks of bytes[m] each.
   static std::vector<at::Tensor> rows_by_bytes(const at::Tensor& t, const std::vector<int64_t>& bytes) {
     const int64_t row_bytes = t.size(0) == 0 ? 0 : static_cast<int64_t>(t.nbytes()) / t.size(0);
@@ -510,11 +518,6 @@ c10::intrusive_ptr<c10d::Work> mpi_all_reduce_into(c10d::Backend& backend, at::T
   return mpi_backend->all_reduce_into(output, input, op);
 }
 
-bool mpi_all_to_all_through_shared_memory(c10d::Backend& backend) {
-  auto* mpi_backend = dynamic_cast<MpiBackend*>(&backend);
-  return mpi_backend && mpi_backend->all_to_all_through_shared_memory();
-}
-
 c10::intrusive_ptr<c10d::Backend> make_mpi_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                    const std::vector<int64_t>& ranks, int world_rank,
                                                    milliseconds timeout) {
@@ -547,7 +550,8 @@ c10::intrusive_ptr<c10d::Backend> make_mpi_backend(const c10::intrusive_ptr<c10d
   // round then waits for each member's turn on a core, and Open MPI's single-copy all-to-all was faster
   // (bench/results/redistribute.md, 4 ranks on 2 cores: 1.5 GB/s against 2.5-4);
   // DTENSOR_MPI_SHARED_MEMORY=1 uses it for them anyway (the tests, which run 4 ranks on 2 cores).
-  const std::string shared = std::getenv("DTENSOR_MPI_SHARED_MEMORY") ? std::getenv("DTENSOR_MPI_SHARED_MEMORY") : "";
+  const char* asked = std::getenv("DTENSOR_MPI_SHARED_MEMORY");
+  const std::string shared = asked ? asked : "";
   if (shared != "0") comm->shared_memory = mpi::SharedMemory::create(comm->schedules, comm->rank, comm->size);
   comm->all_to_all_shared = comm->shared_memory && (shared == "1" || !mpi::oversubscribed());
   lock.unlock();

@@ -32,10 +32,4 @@ c10::intrusive_ptr<c10d::Backend> make_mpi_backend(const c10::intrusive_ptr<c10d
 c10::intrusive_ptr<c10d::Work> mpi_all_reduce_into(c10d::Backend& backend, at::Tensor& output, const at::Tensor& input,
                                                    const c10d::ReduceOp& op);
 
-// Whether `backend` (an MPI backend made above) moves its all-to-alls through memory its members share
-// (they are on one host, and ranks do not outnumber cores): its list all-to-all (c10d's alltoall) then
-// copies strided inputs straight into that memory, with no packing first. False for any other kind
-// of backend.
-bool mpi_all_to_all_through_shared_memory(c10d::Backend& backend);
-
 }  // namespace dtensor::detail
