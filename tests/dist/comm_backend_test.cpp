@@ -274,6 +274,14 @@ TEST_F(CommBackendTest, MpiAllToAllOfStridedBlocks) {
         }
       }
     }
+  // Split sizes that do not cut dim 0 exactly are refused on every member before anything moves.
+  auto group = mesh_on(CommBackend::Mpi, {4})->group(0);
+  at::Tensor in = at::zeros({5, 2}), out = at::zeros({5, 2});
+  std::vector<int64_t> fits{2, 1, 1, 1}, short_of_it{1, 1, 1, 1}, too_few{4, 1};
+  EXPECT_THAT(error_of([&] { group->all_to_all_single(out, in, fits, short_of_it)->wait(); }),
+              HasSubstr("the split sizes must add up to dim 0"));
+  EXPECT_THAT(error_of([&] { group->all_to_all_single(out, in, too_few, fits)->wait(); }),
+              HasSubstr("give one split size per member"));
 }
 
 // Under mpirun CPU meshes default to MPI (DTENSOR_BACKEND=gloo says otherwise), and meshes of both

@@ -128,25 +128,22 @@ class MpiBackend final : public c10d::Backend {
     });
   }
 
-  // Split sizes count rows (slices along dim 0); empty means equal parts.
+  // Split sizes count rows (slices along dim 0); empty means equal parts. The list all-to-all of the
+  // row blocks, which lie back to back: MPI sends and receives them in place.
   c10::intrusive_ptr<c10d::Work> all_to_all_single(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
                                                    std::vector<int64_t>& input_splits,
-                                                   const c10d::AllToAllOptions&) override {
+                                                   const c10d::AllToAllOptions& opts) override {
     writable(output, "all-to-all");
     const at::Tensor in = readable(input, "all-to-all");
     expect(in.dim() > 0 && output.dim() > 0, "all-to-all", "0-d tensors cannot be split; give 1-d or more");
-    const auto send = byte_splits(in, input_splits), recv = byte_splits(output, output_splits);
-    if (auto comm = communicator("all-to-all"); comm->all_to_all_shared) {
-      auto work = shared_all_to_all(comm, rows_by_bytes(output, recv), rows_by_bytes(in, send));
-      if (work) return work;
-    }
-    return mpi_all_to_all(output, in, send, recv, nullptr);
+    std::vector<at::Tensor> outputs = row_blocks(output, output_splits), inputs = row_blocks(in, input_splits);
+    return alltoall(outputs, inputs, opts);
   }
 
   // inputs[m] goes to member m and outputs[m] (contiguous) comes from it. An input may be strided (a
-  // redistribution's column blocks): through shared memory it is copied straight into the slots; over
-  // MPI the inputs are first packed into one buffer, received straight into the outputs when they lie
-  // back to back in one (a redistribution's), else into another buffer first.
+  // redistribution's column blocks): through shared memory it is copied straight into the slots. Over
+  // MPI, inputs lying back to back in one buffer are sent from it (else packed into one first), and
+  // outputs lying so are received into it (else into another buffer first).
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions&) override {
     expect(outputs.size() == static_cast<size_t>(size_) && inputs.size() == outputs.size(), "all-to-all",
@@ -166,7 +163,8 @@ class MpiBackend final : public c10d::Backend {
       auto work = shared_all_to_all(comm, outputs, inputs);
       if (work) return work;
     }
-    const at::Tensor packed = packed_back_to_back(inputs);
+    const auto sent = back_to_back(inputs);
+    const at::Tensor packed = sent ? *sent : packed_back_to_back(inputs);
     if (const auto span = back_to_back(outputs)) return mpi_all_to_all(*span, packed, send, recv, nullptr);
     int64_t total = 0;
     for (const at::Tensor& out : outputs) total += out.numel();
@@ -429,22 +427,22 @@ class MpiBackend final : public c10d::Backend {
     return static_cast<int>(t.numel());
   }
 
-  std::vector<int64_t> byte_splits(const at::Tensor& t, const std::vector<int64_t>& rows) const {
-    const int64_t row_bytes = t.size(0) == 0 ? 0 : static_cast<int64_t>(t.nbytes()) / t.size(0);
-    std::vector<int64_t> out;
+  // `t` cut along dim 0 into a block per member, `rows` rows each (equal blocks when empty).
+  std::vector<at::Tensor> row_blocks(const at::Tensor& t, std::vector<int64_t> rows) const {
     if (rows.empty()) {
       expect(t.size(0) % size_ == 0, "all-to-all", "without split sizes, dim 0 must divide by the group size");
-      out.assign(static_cast<size_t>(size_), t.size(0) / size_ * row_bytes);
-      return out;
+      rows.assign(static_cast<size_t>(size_), t.size(0) / size_);
     }
     expect(rows.size() == static_cast<size_t>(size_), "all-to-all", "give one split size per member");
-    int64_t total = 0;
-    for (auto r : rows) {
-      out.push_back(r * row_bytes);
-      total += r;
+    std::vector<at::Tensor> blocks;
+    int64_t row = 0;
+    for (const int64_t r : rows) {
+      expect(r >= 0 && row + r <= t.size(0), "all-to-all", "the split sizes must add up to dim 0");
+      blocks.push_back(t.narrow(0, row, r));
+      row += r;
     }
-    expect(total == t.size(0), "all-to-all", "the split sizes must add up to dim 0");
-    return out;
+    expect(row == t.size(0), "all-to-all", "the split sizes must add up to dim 0");
+    return blocks;
   }
 
   // One flat view over `parts` when they are contiguous and lie back to back in one storage.
@@ -457,19 +455,6 @@ class MpiBackend final : public c10d::Backend {
       elements += part.numel();
     }
     return parts[0].as_strided({elements}, {1});
-  }
-
-  // `t` cut along dim 0 into blocks of bytes[m] each.
-  static std::vector<at::Tensor> rows_by_bytes(const at::Tensor& t, const std::vector<int64_t>& bytes) {
-    const int64_t row_bytes = t.size(0) == 0 ? 0 : static_cast<int64_t>(t.nbytes()) / t.size(0);
-    std::vector<at::Tensor> out;
-    int64_t row = 0;
-    for (const int64_t b : bytes) {
-      const int64_t rows = row_bytes == 0 ? 0 : b / row_bytes;
-      out.push_back(t.narrow(0, row, rows));
-      row += rows;
-    }
-    return out;
   }
 
   static std::vector<int> to_units(const std::vector<int64_t>& bytes, const mpi::ByteUnit& unit) {
