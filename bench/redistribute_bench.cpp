@@ -2,9 +2,10 @@
 // same run, plus the host-side planning time per redistribute call. Rank 0 prints markdown tables.
 // bench/run.sh (./dev bench) runs it for 2 and 4 ranks and writes bench/results/redistribute.md.
 //
-//   dtensor_redistribute_bench [--ranks N] [--sizes-mib 1,4,16,64,256] [--seconds S]
+//   dtensor_redistribute_bench [--ranks N] [--sizes-mib 1,4,16,64,256] [--seconds S] [--only S(0)->S(1)]
 //
-// --sizes-mib: each rank's local input in MiB; --seconds: time budget per transition and size.
+// --sizes-mib: each rank's local input in MiB; --seconds: time budget per transition and size;
+// --only: time just this transition (for profiling one path).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -44,6 +45,7 @@ struct Options {
   int ranks = 2;
   std::vector<int64_t> sizes_mib{1, 4, 16, 64, 256};
   double seconds = 1.0;
+  std::string only;  // empty: every transition
 };
 
 std::vector<int64_t> parse_list(const std::string& text) {
@@ -62,7 +64,8 @@ Options parse_options(int argc, char** argv) {
     if (flag == "--ranks") options.ranks = std::stoi(value);
     else if (flag == "--sizes-mib") options.sizes_mib = parse_list(value);
     else if (flag == "--seconds") options.seconds = std::stod(value);
-    else throw std::invalid_argument("unknown flag " + flag + " (use --ranks, --sizes-mib, --seconds)");
+    else if (flag == "--only") options.only = value;
+    else throw std::invalid_argument("unknown flag " + flag + " (use --ranks, --sizes-mib, --seconds, --only)");
   }
   if (options.ranks < 1 || kRowsPerMiB % options.ranks != 0)
     throw std::invalid_argument("--ranks must divide " + std::to_string(kRowsPerMiB) + " so that shards are even");
@@ -232,6 +235,7 @@ void print_throughput_row(const Case& c, int64_t mib, const Timing& t) {
 void run_throughput(c10d::Backend& g, const dtensor::MeshPtr& mesh, const Options& options, bool print) {
   if (print) print_throughput_header(options.ranks);
   for (const Case& c : make_cases()) {
+    if (!options.only.empty() && c.name != options.only) continue;
     for (int64_t mib : options.sizes_mib) {
       at::Tensor local = make_input(mib);
       // A donated buffer must have no other holder, so that DTensor gets an input of its own.

@@ -1,12 +1,18 @@
 #pragma once
-// Packing the pieces of an all-to-all into the one contiguous send buffer c10d's all_to_all_single
-// takes (Gloo's only all-to-all, and MPI's when its members do not share memory).
+// Packing the pieces of an all-to-all into contiguous bytes: the one send buffer c10d's
+// all_to_all_single takes (Gloo's only all-to-all, and MPI's when its members do not share memory),
+// or the slots of a shared-memory all-to-all.
 
 #include <ATen/core/Tensor.h>
 
 #include <vector>
 
 namespace dtensor::detail {
+
+// Copies `src` (any strides) into `dst`, which holds src.nbytes() bytes, in src's logical order.
+// A tensor whose elements form evenly spaced contiguous rows (a block cut along any dim of a
+// contiguous tensor) moves as one memcpy per row, about twice ATen's strided copy loop here.
+void copy_to_bytes(const at::Tensor& src, void* dst);
 
 // The pieces (any strides), flattened, back to back in member order in one new contiguous tensor.
 at::Tensor packed_back_to_back(const std::vector<at::Tensor>& pieces);

@@ -357,14 +357,8 @@ class MpiBackend final : public c10d::Backend {
     };
     const auto sends = blocks(inputs), receives = blocks(outputs);
     const auto pack = [&](int m, int64_t offset, int64_t length, void* slot) {
-      const at::Tensor& in = inputs[static_cast<size_t>(m)];
-      if (in.is_contiguous()) {
-        std::memcpy(slot, static_cast<const char*>(in.data_ptr()) + offset, static_cast<size_t>(length));
-        return;
-      }
       const int64_t unit = sends[static_cast<size_t>(m)].unit;
-      const at::Tensor slices = in.narrow(0, offset / unit, length / unit);
-      at::from_blob(slot, slices.sizes(), slices.options()).copy_(slices);
+      copy_to_bytes(inputs[static_cast<size_t>(m)].narrow(0, offset / unit, length / unit), slot);
     };
     const auto unpack = [&](int m, int64_t offset, int64_t length, const void* slot) {
       std::memcpy(static_cast<char*>(outputs[static_cast<size_t>(m)].data_ptr()) + offset, slot, static_cast<size_t>(length));
@@ -372,7 +366,8 @@ class MpiBackend final : public c10d::Backend {
     bool done = false;
     auto work = through_shared_memory(comm, "all-to-all", outputs, [&](mpi::SharedMemory& shared) {
       done = shared.all_to_all(sends, receives, pack, unpack, comm->timeout);
-      if (done) outputs[static_cast<size_t>(comm->rank)].copy_(inputs[static_cast<size_t>(comm->rank)]);
+      const auto self = static_cast<size_t>(comm->rank);
+      if (done) copy_to_bytes(inputs[self], outputs[self].data_ptr());
     });
     return done ? work : nullptr;
   }
