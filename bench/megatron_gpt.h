@@ -30,6 +30,9 @@ struct TpGroup {
   int64_t size = 1;
   std::map<std::string, int64_t> all_reduces;
   int64_t all_reduce_bytes = 0;
+  // The model's all-reduces return at once, leaving partial values: per-rank compute alone, the bound
+  // on what tensor parallelism can gain with free communication (tp_step_bench sets it per step).
+  bool skip_all_reduces = false;
 };
 
 inline TpGroup& tp_group() {
@@ -40,7 +43,7 @@ inline TpGroup& tp_group() {
 // In place. Skipped on one rank, as Megatron does.
 inline void all_reduce_(at::Tensor& t, c10d::ReduceOp op, const char* purpose) {
   TpGroup& group = tp_group();
-  if (group.size == 1) return;
+  if (group.size == 1 || group.skip_all_reduces) return;
   ++group.all_reduces[purpose];
   group.all_reduce_bytes += static_cast<int64_t>(t.nbytes());
   std::vector<at::Tensor> tensors{t};

@@ -8,6 +8,9 @@
 //   DTENSOR_BENCH_OP_COUNTS=1 also lists the DTensor ops one step dispatches, most frequent first.
 //   DTENSOR_OP_CENSUS=1 prints, instead of timing, every op each implementation's step runs (on DTensors
 //   and on plain tensors) with its count and inclusive time per step (bench/op_census.h).
+//   DTENSOR_BENCH_SKIP_ALL_REDUCES=1 times the hand-written steps with their all-reduces skipped, once
+//   the losses are checked (wrong values): per-rank compute alone, the bound on tensor parallelism's
+//   tokens/s over the single process on this machine whatever the communication costs.
 //   DTENSOR_BENCH_ONLY=dtensor|hand runs that implementation's steps alone after the warm-up (R x 5
 //   steps, nothing printed), for a profiler: `perf record -- dtensor_tp_step_bench --tp 1 ...`.
 //
@@ -107,6 +110,7 @@ struct Contender {
   // One process alone (rank 0, with this many intra-op threads) while the other ranks sleep; 0: every
   // rank runs it.
   int solo_threads = 0;
+  bool skip_all_reduces = false;  // hand-written only: TpGroup::skip_all_reduces during its steps
 };
 
 // Where the other ranks sleep (a store wait, not a polling collective) while rank 0 runs a solo step.
@@ -144,6 +148,7 @@ StepResult step(Contender& c, const std::vector<gpt::Batch>& batches, const Phas
   }
   const int threads_before = at::get_num_threads();
   if (c.solo_threads > 0) at::set_num_threads(c.solo_threads);
+  tp_group().skip_all_reduces = c.skip_all_reduces;
   const auto start = Clock::now();
   at::Tensor loss = c.loss(batch);
   const auto forward_done = phase_done(kForward);
@@ -154,6 +159,7 @@ StepResult step(Contender& c, const std::vector<gpt::Batch>& batches, const Phas
   const auto optimizer_done = phase_done(kOptimizer);
   const double value = gpt::value_of(loss);
   const auto end = phase_done(kLossRead);
+  tp_group().skip_all_reduces = false;
   if (c.solo_threads > 0) {
     at::set_num_threads(threads_before);
     solo_store()->set("solo/" + c.name + "/" + std::to_string(c.steps_done), std::vector<uint8_t>{1});
@@ -372,6 +378,10 @@ int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
     return 0;
   }
   print_collectives(dtensor_run, hand_run, batches);
+  if (std::getenv("DTENSOR_BENCH_SKIP_ALL_REDUCES")) {
+    hand_run.skip_all_reduces = true;
+    hand_run.name += ", all-reduces skipped (wrong values)";
+  }
 
   const auto times = time_rounds(contenders, batches, args.rounds);
   if (world->rank() == 0) print_table(contenders, times, args.tp, kBatch * config.seq_len);
