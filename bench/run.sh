@@ -35,9 +35,12 @@ place too; each call then wraps the result's buffer as the next call's input (ti
 S(0)->S(1) has two baselines: \`all_to_all_single\` on the input as is moves the same bytes, but row
 blocks rather than the column blocks S(1) needs (a bound: with \`all_to_all_single\`'s one contiguous
 send buffer no correct program reaches it); *pack + all_to_all_single* first packs the column blocks
-into that buffer, as a hand-written program must. On MPI with shared memory (one host) dtensor hands
-the column blocks to c10d's list \`alltoall\` as views, copied straight into the shared slots, so the
-first baseline is within its reach there. Throughput is input bytes per rank / median time.
+into that buffer, as a hand-written program must. On MPI with shared memory (one host, ranks no more
+than cores) dtensor hands the column blocks to c10d's list \`alltoall\` as views, copied straight into
+the shared slots (a memcpy per row), so it moves the bytes the first baseline moves, but reads them
+strided: 0.6-0.97 of it at 2 ranks across runs here. Where ranks outnumber cores (4 here) the
+all-to-all is Open MPI's, which takes one contiguous buffer, so dtensor packs as the second baseline
+does. Throughput is input bytes per rank / median time.
 *ratio* = raw median / DTensor median (goal >= 0.95; bold when below);
 *ratio of best* = fastest raw call / fastest DTensor call (other load only adds time).
 Planning: \`plan_redistribute\` is the pure planner; \`redistribute_plan\` is the path
