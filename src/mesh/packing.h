@@ -11,7 +11,7 @@ namespace dtensor::detail {
 
 // Copies `src` (any strides) into `dst`, which holds src.nbytes() bytes, in src's logical order.
 // A tensor whose elements form evenly spaced contiguous rows (a block cut along any dim of a
-// contiguous tensor) moves as one memcpy per row, about twice ATen's strided copy loop here.
+// contiguous tensor) moves as one memcpy per row: 1.3-2x ATen's strided copy loop here at 2 KiB rows.
 void copy_to_bytes(const at::Tensor& src, void* dst);
 
 // The pieces (any strides), flattened, back to back in member order in one new contiguous tensor.
