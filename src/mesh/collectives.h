@@ -30,7 +30,8 @@ at::Tensor all_to_all(const DeviceMesh& mesh, int64_t dim, const at::Tensor& inp
 // pieces[i] (any layout) goes to member i; what arrives, flattened and back to back in member order,
 // the piece from member i of recv_shapes[i]. On MPI the pieces go to its list all-to-all as they are
 // (through shared memory it copies them straight into the slots); on Gloo they are first packed into
-// one contiguous send buffer.
+// one contiguous send buffer, unless they lie back to back already (a contiguous tensor cut along its
+// leading dim).
 at::Tensor all_to_all_pieces(const DeviceMesh& mesh, int64_t dim, const std::vector<at::Tensor>& pieces,
                              const std::vector<Shape>& recv_shapes);
 // In place, from the member at coordinate `root` along `dim`; `tensor` must be contiguous.

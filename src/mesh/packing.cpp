@@ -47,7 +47,19 @@ void copy_to_bytes(const at::Tensor& src, void* dst) {
   for (int64_t r = 0; r < layout.rows; ++r, from += stride_bytes, to += row_bytes) std::memcpy(to, from, row_bytes);
 }
 
+std::optional<at::Tensor> back_to_back(const std::vector<at::Tensor>& parts) {
+  int64_t elements = 0;
+  for (const at::Tensor& part : parts) {
+    if (!part.is_contiguous() || !part.storage().is_alias_of(parts[0].storage()) ||
+        part.storage_offset() != parts[0].storage_offset() + elements)
+      return std::nullopt;
+    elements += part.numel();
+  }
+  return parts[0].as_strided({elements}, {1});
+}
+
 at::Tensor packed_back_to_back(const std::vector<at::Tensor>& pieces) {
+  if (auto in_place = back_to_back(pieces)) return *in_place;
   int64_t total = 0;
   for (const at::Tensor& piece : pieces) total += piece.numel();
   at::Tensor packed = at::empty({total}, pieces.front().options());

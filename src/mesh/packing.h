@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <vector>
 
 namespace dtensor::detail {
@@ -14,7 +15,12 @@ namespace dtensor::detail {
 // contiguous tensor) moves as one memcpy per row: 1.3-2x ATen's strided copy loop here at 2 KiB rows.
 void copy_to_bytes(const at::Tensor& src, void* dst);
 
-// The pieces (any strides), flattened, back to back in member order in one new contiguous tensor.
+// One flat view over `parts` when they are contiguous and lie back to back, in order, in one storage
+// (a contiguous tensor cut along its leading dim).
+std::optional<at::Tensor> back_to_back(const std::vector<at::Tensor>& parts);
+
+// The pieces (any strides), flattened, back to back in member order: their own memory when they lie
+// so already, else one new contiguous tensor.
 at::Tensor packed_back_to_back(const std::vector<at::Tensor>& pieces);
 
 }  // namespace dtensor::detail

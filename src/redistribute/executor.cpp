@@ -132,22 +132,14 @@ at::Tensor all_to_all_step(const at::Tensor& local, const RedistributeStep& step
   const int64_t from_length = step.logical_shape[from], to_length = local.size(to);
   // Member q gets our chunk q along `to`; from q we get its chunk along `from` of our chunk along `to`,
   // each block laid out in the tensor's own dim order.
-  const int64_t row = to_length == 0 ? 0 : local.numel() / to_length;
   Shape block = local.sizes().vec();
   block[to] = chunk_extent(to_length, n, me).size;
-  std::vector<int64_t> send_counts, recv_counts;
   std::vector<Shape> recv_shapes;
   for (int64_t q = 0; q < n; ++q) {
-    send_counts.push_back(chunk_extent(to_length, n, q).size * row);
     block[from] = chunk_extent(from_length, n, q).size;
     recv_shapes.push_back(block);
-    recv_counts.push_back(numel(block));
   }
-  // Chunks of a contiguous tensor along a leading dim are its memory in chunk order: the send buffer as is.
-  const at::Tensor received =
-      local.is_contiguous() && leads(local.sizes(), to)
-          ? all_to_all(mesh, step.mesh_dim, local.view({-1}), send_counts, recv_counts)
-          : all_to_all_pieces(mesh, step.mesh_dim, chunks_along(local, to, n), recv_shapes);
+  const at::Tensor received = all_to_all_pieces(mesh, step.mesh_dim, chunks_along(local, to, n), recv_shapes);
   return join_blocks(received, recv_shapes, from);
 }
 

@@ -52,5 +52,15 @@ TEST(PackingTest, PackedBackToBackIsThePiecesInOrder) {
   EXPECT_TRUE(at::equal(packed_back_to_back(pieces), at::cat(flat)));
 }
 
+TEST(PackingTest, PiecesAlreadyBackToBackAreSentFromTheirOwnMemory) {
+  const at::Tensor x = at::randn({10, 3});
+  const at::Tensor packed = packed_back_to_back(x.chunk(4, 0));
+  EXPECT_EQ(packed.data_ptr(), x.data_ptr()) << "a contiguous tensor cut along dim 0 needs no copy";
+  EXPECT_TRUE(at::equal(packed, x.view({-1})));
+  EXPECT_FALSE(back_to_back({x.narrow(0, 0, 2), x.narrow(0, 3, 2)}).has_value()) << "a gap";
+  EXPECT_FALSE(back_to_back({x.narrow(0, 2, 2), x.narrow(0, 0, 2)}).has_value()) << "out of order";
+  EXPECT_FALSE(back_to_back({x.narrow(0, 0, 2), at::randn({2, 3})}).has_value()) << "another storage";
+}
+
 }  // namespace
 }  // namespace dtensor::detail

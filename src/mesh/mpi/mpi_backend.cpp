@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <optional>
 #include <stdexcept>
 
 #include "../packing.h"
@@ -163,8 +162,7 @@ class MpiBackend final : public c10d::Backend {
       auto work = shared_all_to_all(comm, outputs, inputs);
       if (work) return work;
     }
-    const auto sent = back_to_back(inputs);
-    const at::Tensor packed = sent ? *sent : packed_back_to_back(inputs);
+    const at::Tensor packed = packed_back_to_back(inputs);
     if (const auto span = back_to_back(outputs)) return mpi_all_to_all(*span, packed, send, recv, nullptr);
     int64_t total = 0;
     for (const at::Tensor& out : outputs) total += out.numel();
@@ -438,18 +436,6 @@ class MpiBackend final : public c10d::Backend {
     }
     expect(row == t.size(0), "all-to-all", "the split sizes must add up to dim 0");
     return blocks;
-  }
-
-  // One flat view over `parts` when they are contiguous and lie back to back in one storage.
-  static std::optional<at::Tensor> back_to_back(const std::vector<at::Tensor>& parts) {
-    int64_t elements = 0;
-    for (const at::Tensor& part : parts) {
-      if (!part.is_contiguous() || !part.storage().is_alias_of(parts[0].storage()) ||
-          part.storage_offset() != parts[0].storage_offset() + elements)
-        return std::nullopt;
-      elements += part.numel();
-    }
-    return parts[0].as_strided({elements}, {1});
   }
 
   static std::vector<int> to_units(const std::vector<int64_t>& bytes, const mpi::ByteUnit& unit) {
