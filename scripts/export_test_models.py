@@ -7,6 +7,7 @@ Pinned to torch 2.15.0 (the project's venv). Deterministic: fixed seeds, one thr
 
 Archives (torch.export.save):
   mlp.pt2                 Linear(16,32) -> GELU -> Linear(32,16), input [4,16] float32.
+  mlp_deflated.pt2        mlp.pt2 re-zipped with deflate by Python's zipfile (the .pt2 reader's tests).
   mlp_head.pt2            the same MLP, then LayerNorm(16) and Linear(16,8) (a head).
   mlp_extras.pt2          the same MLP plus what the plain one lacks: a non-persistent buffer
                           (`scale`), a plain tensor attribute (lifted as a tensor constant `offset`)
@@ -49,6 +50,7 @@ import math
 import os
 import sys
 import time
+import zipfile
 
 import torch
 import torch.export.experimental  # not imported by torch.export itself
@@ -231,6 +233,15 @@ def main():
         y = run_loaded("mlp", x)
         check("mlp", y, mlp(*x))
         index["archives"]["mlp"]["io"].append(write_set(out_dir, "mlp_io", io_tensors(x, y)))
+        # The same archive re-zipped with deflate by Python's zipfile, as a user's zip tool would:
+        # PyTorch loads it (records unaligned, sizes in the local headers, no data descriptors).
+        with zipfile.ZipFile(os.path.join(out_dir, "mlp.pt2")) as stored, \
+                zipfile.ZipFile(os.path.join(out_dir, "mlp_deflated.pt2"), "w", zipfile.ZIP_DEFLATED) as deflated:
+            for info in stored.infolist():
+                deflated.writestr(zipfile.ZipInfo(info.filename, date_time=(1980, 1, 1, 0, 0, 0)), stored.read(info),
+                                  compress_type=zipfile.ZIP_DEFLATED)
+        check("mlp_deflated", run_loaded("mlp_deflated", x), y)
+        index["archives"]["mlp_deflated"] = dict(archive="mlp_deflated.pt2", params=index["archives"]["mlp"]["params"], io=[])
 
         # -- MLP with a layer norm and a head (for the whole-graph strategy choice); its own seed, so
         # that the models after it keep their weights

@@ -39,17 +39,23 @@ struct SavedTensor {
 class Catalog {
  public:
   // Reads the directory's index (when present) and every listed file's header. A dtensor checkpoint
-  // without its commit marker, a missing file, a corrupt header or pieces that do not cover their
-  // tensor is an error naming the directory, file or tensor.
+  // without its commit marker, a missing file, a corrupt header or metadata, pieces that do not tile
+  // their tensor exactly, or an index naming the wrong file is an error naming the directory, file
+  // or tensor.
   explicit Catalog(const std::string& dir);
   const std::map<std::string, SavedTensor>& tensors() const { return tensors_; }
 
  private:
+  std::vector<std::string> files_of(const std::filesystem::path& dir);
   // The pieces one file holds, at their offsets (DCP's sharding info, else whole tensors).
   void add_pieces(const SafetensorsFile& file, bool committed, const std::filesystem::path& dir);
+  // Sets the global shape (unless recorded) and checks that the pieces tile it exactly.
+  void check_tiling(const std::string& name, SavedTensor& saved) const;
 
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, SavedTensor> tensors_;
+  std::map<std::string, std::string> recorded_in_;  // tensor -> the file whose dtensor metadata gave its global shape
+  std::map<std::string, std::string> weight_map_;   // a Hugging Face index's: tensor -> file
 };
 
 }  // namespace dtensor::checkpoint::detail

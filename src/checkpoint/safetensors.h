@@ -21,9 +21,9 @@ struct StoredTensor {
 };
 
 // A safetensors file opened for reading byte ranges (mapped into memory: loading into another layout
-// reads many short runs). The header is validated when opened: a short or
-// truncated file, a header that is not valid JSON, an unknown dtype or a byte range that does not match
-// its shape is an error naming the file (and the tensor).
+// reads many short runs). The file is untrusted: its header is validated when opened as the format's
+// reference reader does (see read_header), and any flaw is an error naming the file, the tensor and
+// the field. After that every tensor's byte range lies inside the file and is its own.
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(std::string path);
@@ -38,6 +38,8 @@ class SafetensorsFile {
   void read(int64_t offset, int64_t bytes, void* out, const std::string& tensor) const;
 
  private:
+  void read_header();
+
   std::string path_;
   int fd_ = -1;
   int64_t file_size_ = 0;

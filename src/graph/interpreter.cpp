@@ -79,10 +79,13 @@ c10::IValue value_of(const Arg& a, const Environment& env) {
   return {};
 }
 
-int64_t integer_operator(const Node& node, const Environment& env) {
+// Errors name the program's file, when it came from one.
+std::string run_of(const Program& program) { return "graph run" + (program.source.empty() ? "" : " of " + program.source); }
+
+int64_t integer_operator(const Program& program, const Node& node, const Environment& env) {
   std::vector<int64_t> v;
   for (const Arg& a : node.args) v.push_back(a.kind == Arg::Kind::SymInt ? size_of(a.sizes[0], env) : a.constant.toInt());
-  return detail::apply_integer_operator(node.target, v, node.name);
+  return detail::apply_integer_operator(node.target, v, run_of(program) + ": node '" + node.name + "'");
 }
 
 // The last node (position) that reads each value; graph outputs are never freed.
@@ -108,15 +111,20 @@ std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& u
   for (const InputSpec& spec : program.inputs) {
     if (spec.kind == InputSpec::Kind::UserInput) {
       if (next_user >= user_inputs.size())
-        throw DTensorError("graph run: the program takes " + std::to_string(program.user_inputs().size()) + " user inputs, got " +
+        throw DTensorError(run_of(program) + ": the program takes " + std::to_string(program.user_inputs().size()) + " user inputs, got " +
                            std::to_string(user_inputs.size()));
-      env.bind(spec.value, user_inputs[next_user++], true);
+      const c10::IValue& input = user_inputs[next_user];
+      if (spec.value->is_tensor() ? !input.isTensor() : !input.isInt())
+        throw DTensorError(run_of(program) + ": user input " + std::to_string(next_user) + " (%" + spec.value->name + ") takes " +
+                           (spec.value->is_tensor() ? "a tensor" : "an integer") + ", got a " + input.tagKind());
+      env.bind(spec.value, input, true);
+      ++next_user;
     } else {
       env.bind(spec.value, program.state.at(spec.target).tensor(), false);
     }
   }
   if (next_user != user_inputs.size())
-    throw DTensorError("graph run: the program takes " + std::to_string(next_user) + " user inputs, got " +
+    throw DTensorError(run_of(program) + ": the program takes " + std::to_string(next_user) + " user inputs, got " +
                        std::to_string(user_inputs.size()));
 
   const auto last = last_uses(program.graph);
@@ -124,7 +132,7 @@ std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& u
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& node = *nodes[i];
     if (!node.op) {
-      env.bind(node.outputs.at(0), integer_operator(node, env), true);
+      env.bind(node.outputs.at(0), integer_operator(program, node, env), true);
     } else {
       torch::jit::Stack stack;
       stack.reserve(node.args.size());
@@ -134,9 +142,11 @@ std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& u
         else node.op->callBoxed(stack);
       } catch (const DTensorError&) {
         throw;
+      } catch (const c10::Error& e) {
+        throw DTensorError(run_of(program) + ": node '" + node.name + "' (" + node.op_name() + ") failed: " + e.what_without_backtrace());
       } catch (const std::exception& e) {
         const std::string what = e.what();
-        throw DTensorError("graph run: node '" + node.name + "' (" + node.op_name() + ") failed: " + what.substr(0, what.find('\n')));
+        throw DTensorError(run_of(program) + ": node '" + node.name + "' (" + node.op_name() + ") failed: " + what.substr(0, what.find('\n')));
       }
       size_t k = 0;
       for (c10::IValue& r : stack) {

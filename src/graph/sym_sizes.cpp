@@ -113,7 +113,7 @@ void ShardedSizes::compute_local_hints(const Graph& graph) {
     if (!node->op) {
       std::vector<int64_t> operands;
       for (const Arg& a : node->args) operands.push_back(a.kind == Arg::Kind::SymInt ? hint(a.sizes[0]) : a.constant.toInt());
-      local_hint_[out] = apply_integer_operator(node->target, operands, node->name);
+      local_hint_[out] = apply_integer_operator(node->target, operands, "graph: node '" + node->name + "'");
       continue;
     }
     const SizeQuery query = size_query(*node);

@@ -20,6 +20,11 @@
 #include "dtensor/device_mesh.h"
 #include "dtensor/graph/ir.h"
 
+namespace dtensor::io {
+class ZipArchive;
+struct ZipEntry;
+}  // namespace dtensor::io
+
 namespace dtensor::graph {
 namespace detail {
 class RegisteredGroup;
@@ -39,14 +44,16 @@ struct OutputSpec {
   std::string target;  // the buffer, parameter or user input it refers to, where it refers to one
 };
 
-// A tensor of the program's state: in the archive (read on demand) or in memory.
+// A tensor of the program's state: in the archive (read on demand, its CRC-32 checked on every read)
+// or in memory.
 class StateTensor {
  public:
   StateTensor() = default;
   explicit StateTensor(at::Tensor t);
-  // A tensor stored in `archive` at byte `offset` as the whole storage of `storage_elements` elements
-  // of `dtype`, viewed with sizes/strides/storage_offset.
-  StateTensor(std::string archive, std::string record, int64_t offset, int64_t storage_elements, TensorMeta meta,
+  // A tensor whose storage is the whole `record` of `archive` (`storage_elements` elements of
+  // meta.dtype), viewed with meta's sizes and strides from `storage_offset`. The reader has checked
+  // that the view lies within the storage.
+  StateTensor(std::shared_ptr<const io::ZipArchive> archive, const io::ZipEntry& record, int64_t storage_elements, TensorMeta meta,
               int64_t storage_offset);
 
   // The whole tensor (read once, then kept).
@@ -59,8 +66,9 @@ class StateTensor {
 
  private:
   mutable at::Tensor tensor_;
-  std::string archive_, record_;
-  int64_t offset_ = 0, storage_elements_ = 0, storage_offset_ = 0;
+  std::shared_ptr<const io::ZipArchive> archive_;
+  const io::ZipEntry* record_ = nullptr;  // owned by archive_
+  int64_t storage_elements_ = 0, storage_offset_ = 0;
   TensorMeta meta_;
 };
 

@@ -1,13 +1,8 @@
 // Reading torch.export archives and running them: every exported model, in both IRs, static and
 // dynamic batch, equals PyTorch's own outputs (ep.module()(*inputs), written at build time), and the
-// weights read from the archive equal the model's state dict. Bad archives give clear errors.
+// weights read from the archive equal the model's state dict. Bad archives: tests/files/pt2_reader_test.cpp.
 
 #include <ATen/ATen.h>
-
-#include <cstdio>
-#include <fstream>
-
-#include <nlohmann/json.hpp>
 
 #include "../harness.h"
 #include "dtensor/graph/program.h"
@@ -125,71 +120,6 @@ TEST_F(DistTest, GraphSavedProgramsRoundTrip) {
     const auto out = g::run(again, {set.at("input0")});
     EXPECT_TRUE(tensors_close(out[0].toTensor(), set.at("output0"), 1e-5, 1e-6));
   }
-}
-
-// ---- bad archives ----------------------------------------------------------------------------------
-
-std::string scratch(const std::string& name) { return "/tmp/dtensor-graph-test-" + std::to_string(world()->rank()) + "-" + name; }
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-TEST_F(DistTest, GraphReaderNotAnArchive) {
-  ONLY_ON_RANK_0();
-  std::ofstream(scratch("text.pt2")) << "hello";
-  EXPECT_THAT(error_of([&] { g::load_program(scratch("text.pt2")); }), HasSubstr("not a readable .pt2 archive"));
-  EXPECT_THAT(error_of([&] { g::load_program(scratch("missing.pt2")); }), HasSubstr("not a readable .pt2 archive"));
-}
-
-TEST_F(DistTest, GraphReaderTruncatedArchive) {
-  ONLY_ON_RANK_0();
-  const std::string bytes = file_bytes(graph_model("mlp.pt2"));
-  std::ofstream(scratch("cut.pt2"), std::ios::binary) << bytes.substr(0, bytes.size() * 2 / 3);
-  EXPECT_THAT(error_of([&] { g::load_program(scratch("cut.pt2")); }), HasSubstr(scratch("cut.pt2")));
-}
-
-// mlp.pt2 with its model.json changed by `edit`.
-std::string mlp_with_model(const std::string& name, const std::function<void(nlohmann::json&)>& edit) {
-  rewrite_archive(graph_model("mlp.pt2"), scratch(name), [&](const std::string& record, const std::string& content) {
-    if (record != "models/model.json") return std::optional<std::string>(content);
-    auto model = nlohmann::json::parse(content);
-    edit(model);
-    return std::optional<std::string>(model.dump());
-  });
-  return scratch(name);
-}
-
-TEST_F(DistTest, GraphReaderRewrittenArchiveStillLoads) {
-  ONLY_ON_RANK_0();
-  // The editing helper itself changes nothing that matters.
-  g::Program program = g::load_program(mlp_with_model("same.pt2", [](nlohmann::json&) {}));
-  EXPECT_EQ(program.graph.size(), 3u);
-}
-
-TEST_F(DistTest, GraphReaderUnsupportedSchemaVersion) {
-  ONLY_ON_RANK_0();
-  const auto path = mlp_with_model("v9.pt2", [](nlohmann::json& m) { m["schema_version"]["major"] = 9; });
-  EXPECT_THAT(error_of([&] { g::load_program(path); }), HasSubstr("schema version 9.20 is not supported"));
-}
-
-TEST_F(DistTest, GraphReaderOpUnknownToTheDispatcher) {
-  ONLY_ON_RANK_0();
-  const auto path = mlp_with_model("unknown_op.pt2", [](nlohmann::json& m) {
-    m["graph_module"]["graph"]["nodes"][1]["target"] = "torch.ops.aten.no_such_op.default";
-  });
-  const std::string error = error_of([&] { g::load_program(path); });
-  EXPECT_THAT(error, HasSubstr(path + ": node 'gelu': field 'target': the op torch.ops.aten.no_such_op.default is unknown"));
-}
-
-TEST_F(DistTest, GraphReaderMissingWeightRecord) {
-  ONLY_ON_RANK_0();
-  rewrite_archive(graph_model("mlp.pt2"), scratch("no_weight.pt2"), [](const std::string& record, const std::string& content) {
-    return record == "data/weights/weight_0" ? std::nullopt : std::optional<std::string>(content);
-  });
-  EXPECT_THAT(error_of([&] { g::load_program(scratch("no_weight.pt2")); }),
-              HasSubstr("the weight record data/weights/weight_0 is missing from the archive"));
 }
 
 }  // namespace

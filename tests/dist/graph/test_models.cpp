@@ -3,7 +3,6 @@
 #include "dtensor/graph/program.h"
 
 #include <ATen/ATen.h>
-#include <caffe2/serialize/inline_container.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -55,21 +54,6 @@ std::map<std::string, at::Tensor> tensor_map(const std::string& name) {
   std::map<std::string, at::Tensor> out;
   for (auto& [k, v] : load_tensor_set(name)) out[k] = v;
   return out;
-}
-
-void rewrite_archive(const std::string& src, const std::string& dst,
-                     const std::function<std::optional<std::string>(const std::string&, const std::string&)>& edit) {
-  caffe2::serialize::PyTorchStreamReader reader(src);
-  caffe2::serialize::PyTorchStreamWriter writer(dst);
-  writer.setMinVersion(6);
-  for (const auto& name : reader.getAllRecords()) {
-    // The writer adds these itself.
-    if (name == ".data/version" || name == "byteorder" || name == ".data/serialization_id" || name == "version") continue;
-    auto [data, size] = reader.getRecord(name);
-    const auto content = edit(name, std::string(static_cast<const char*>(data.get()), size));
-    if (content) writer.writeRecord(name, content->data(), content->size());
-  }
-  writer.writeEndOfFile();
 }
 
 std::map<std::string, int> collectives_in(const graph::Program& program) {

@@ -4,9 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <functional>
 #include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,10 +34,5 @@ std::string graph_saved(const std::string& archive);
 std::vector<std::pair<std::string, at::Tensor>> load_tensor_set(const std::string& name);
 // The same, by name.
 std::map<std::string, at::Tensor> tensor_map(const std::string& name);
-
-// Copies archive `src` to `dst` record by record; `edit(name, content)` returns the new content, or
-// nullopt to drop the record.
-void rewrite_archive(const std::string& src, const std::string& dst,
-                     const std::function<std::optional<std::string>(const std::string&, const std::string&)>& edit);
 
 }  // namespace dtensor::testing
