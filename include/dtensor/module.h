@@ -214,9 +214,10 @@ decltype(auto) call(M&& module, Args&&... args) {
 
 template <typename Impl>
 void register_tensor_members(const std::vector<std::pair<std::string, at::Tensor Impl::*>>& members) {
+  // An init-capture, not the structured binding itself: clang before 16 cannot capture those.
   for (const auto& [name, member] : members)
     detail::add_tensor_member(typeid(Impl), name,
-                              [member](torch::nn::Module& m) -> at::Tensor& { return static_cast<Impl&>(m).*member; });
+                              [member = member](torch::nn::Module& m) -> at::Tensor& { return static_cast<Impl&>(m).*member; });
 }
 
 }  // namespace dtensor

@@ -172,8 +172,8 @@ void Catalog::check_tiling(const std::string& name, SavedTensor& saved) const {
   }
   const auto total = io::checked_numel(saved.global_shape);
   if (saved.global_shape.size() != ndim || !total)
-    throw DTensorError("checkpoint: tensor '" + name + "' has global shape " + shape_str(saved.global_shape) + " for pieces of " +
-                       std::to_string(ndim) + " dims: the checkpoint is corrupted");
+    throw DTensorError("checkpoint: " + dir_ + ": tensor '" + name + "' has global shape " + shape_str(saved.global_shape) +
+                       " for pieces of " + std::to_string(ndim) + " dims: the checkpoint is corrupted");
   std::optional<int64_t> held = 0;  // nullopt past int64: then they overlap, which the sweep reports
   for (const SavedPiece& p : saved.pieces) {
     bool fits = true;
@@ -205,11 +205,12 @@ void Catalog::check_tiling(const std::string& name, SavedTensor& saved) const {
                            shape_str(order[i]->box.offset) + " and in " + order[j]->file->path() + " at " +
                            shape_str(order[j]->box.offset) + " overlap: the checkpoint is corrupted");
   if (held != total)  // disjoint pieces inside the shape: fewer elements than it has
-    throw DTensorError("checkpoint: tensor '" + name + "' of global shape " + shape_str(saved.global_shape) + ": the saved pieces hold " +
-                       std::to_string(*held) + " of its " + std::to_string(*total) + " elements: a file of the checkpoint is missing");
+    throw DTensorError("checkpoint: " + dir_ + ": tensor '" + name + "' of global shape " + shape_str(saved.global_shape) +
+                       ": the saved pieces hold " + std::to_string(*held) + " of its " + std::to_string(*total) +
+                       " elements: a file of the checkpoint is missing");
 }
 
-Catalog::Catalog(const std::string& dir_name) {
+Catalog::Catalog(const std::string& dir_name) : dir_(dir_name) {
   const fs::path dir(dir_name);
   const bool committed = fs::exists(dir / kCommitFile);
   for (const std::string& name : files_of(dir)) {
@@ -218,14 +219,14 @@ Catalog::Catalog(const std::string& dir_name) {
   }
   for (auto& [name, saved] : tensors_) check_tiling(name, saved);
   // A Hugging Face index says which file holds each tensor: it must be so.
-  for (const auto& [tensor, file] : weight_map_) {
-    const auto it = tensors_.find(tensor);
+  for (const auto& entry : weight_map_) {
+    const auto it = tensors_.find(entry.first);
     const bool there = it != tensors_.end() && std::any_of(it->second.pieces.begin(), it->second.pieces.end(), [&](const SavedPiece& p) {
-                         return fs::path(p.file->path()).filename() == file;
+                         return fs::path(p.file->path()).filename() == entry.second;
                        });
     if (!there)
-      throw DTensorError("checkpoint: " + (dir / kIndexFile).string() + ": weight_map puts tensor '" + tensor + "' in " + file +
-                         ", which does not hold it: the index is corrupted");
+      throw DTensorError("checkpoint: " + (dir / kIndexFile).string() + ": weight_map puts tensor '" + entry.first + "' in " +
+                         entry.second + ", which does not hold it: the index is corrupted");
   }
 }
 

@@ -52,6 +52,7 @@ class Catalog {
   // Sets the global shape (unless recorded) and checks that the pieces tile it exactly.
   void check_tiling(const std::string& name, SavedTensor& saved) const;
 
+  std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, SavedTensor> tensors_;
   std::map<std::string, std::string> recorded_in_;  // tensor -> the file whose dtensor metadata gave its global shape

@@ -14,9 +14,12 @@
 namespace dtensor::graph {
 namespace {
 
+// Errors name the program's file, when it came from one.
+std::string run_of(const Program& program) { return "graph run" + (program.source.empty() ? "" : " of " + program.source); }
+
 class Environment {
  public:
-  explicit Environment(RunStats* stats) : stats_(stats) {}
+  Environment(RunStats* stats, std::string where) : stats_(stats), where_(std::move(where)) {}
 
   void bind(const Value* v, c10::IValue value, bool counted) {
     if (counted && value.isTensor()) add(value.toTensor().defined() ? value.toTensor().nbytes() : 0);
@@ -25,7 +28,7 @@ class Environment {
   }
   const c10::IValue& at(const Value* v) const {
     auto it = values_.find(v);
-    if (it == values_.end()) throw DTensorError("graph run: value %" + v->name + " has no value (freed or never computed)");
+    if (it == values_.end()) throw DTensorError(where_ + ": value %" + v->name + " has no value (freed, or never computed by its node)");
     return it->second;
   }
   void free(const Value* v) {
@@ -44,6 +47,7 @@ class Environment {
   std::unordered_set<const Value*> counted_;
   int64_t live_ = 0;
   RunStats* stats_;
+  std::string where_;  // for errors: the run and its program's file
 };
 
 int64_t size_of(const SymSize& s, const Environment& env) { return s.symbol ? env.at(s.symbol).toInt() : s.value; }
@@ -79,13 +83,47 @@ c10::IValue value_of(const Arg& a, const Environment& env) {
   return {};
 }
 
-// Errors name the program's file, when it came from one.
-std::string run_of(const Program& program) { return "graph run" + (program.source.empty() ? "" : " of " + program.source); }
-
 int64_t integer_operator(const Program& program, const Node& node, const Environment& env) {
   std::vector<int64_t> v;
   for (const Arg& a : node.args) v.push_back(a.kind == Arg::Kind::SymInt ? size_of(a.sizes[0], env) : a.constant.toInt());
   return detail::apply_integer_operator(node.target, v, run_of(program) + ": node '" + node.name + "'");
+}
+
+// Binds what an op returned to the node's outputs, each of the kind the file declares.
+void bind_results(const Program& program, const Node& node, torch::jit::Stack& results, Environment& env) {
+  size_t k = 0;
+  auto bind = [&](c10::IValue r) {
+    if (k >= node.outputs.size()) return;
+    Value* out = node.outputs[k++];
+    if (out->is_tensor() ? !(r.isTensor() || r.isNone()) : !r.isInt())
+      throw DTensorError(run_of(program) + ": node '" + node.name + "' (" + node.op_name() + ") returned a " + r.tagKind() + " for %" +
+                         out->name + ", which the file declares a " + (out->is_tensor() ? "tensor" : "symbolic integer"));
+    env.bind(out, std::move(r), true);
+  };
+  for (c10::IValue& r : results) {
+    if (!r.isTensorList()) bind(std::move(r));
+    else
+      for (const at::Tensor& t : r.toTensorList()) bind(t);
+  }
+}
+
+// Runs one dispatcher op node on its arguments' values; every failure names the file and the node.
+void call(const Program& program, const Node& node, Environment& env) {
+  try {
+    torch::jit::Stack stack;
+    stack.reserve(node.args.size());
+    for (const Arg& a : node.args) stack.push_back(value_of(a, env));
+    if (node.local_kernel) node.local_kernel(*node.op, stack);
+    else node.op->callBoxed(stack);
+    bind_results(program, node, stack, env);
+  } catch (const DTensorError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw DTensorError(run_of(program) + ": node '" + node.name + "' (" + node.op_name() + ") failed: " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    throw DTensorError(run_of(program) + ": node '" + node.name + "' (" + node.op_name() + ") failed: " + what.substr(0, what.find('\n')));
+  }
 }
 
 // The last node (position) that reads each value; graph outputs are never freed.
@@ -106,7 +144,7 @@ std::unordered_map<const Value*, size_t> last_uses(const Graph& graph) {
 
 std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& user_inputs, const RunOptions& options,
                              RunStats* stats) {
-  Environment env(stats);
+  Environment env(stats, run_of(program));
   size_t next_user = 0;
   for (const InputSpec& spec : program.inputs) {
     if (spec.kind == InputSpec::Kind::UserInput) {
@@ -134,29 +172,7 @@ std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& u
     if (!node.op) {
       env.bind(node.outputs.at(0), integer_operator(program, node, env), true);
     } else {
-      torch::jit::Stack stack;
-      stack.reserve(node.args.size());
-      for (const Arg& a : node.args) stack.push_back(value_of(a, env));
-      try {
-        if (node.local_kernel) node.local_kernel(*node.op, stack);
-        else node.op->callBoxed(stack);
-      } catch (const DTensorError&) {
-        throw;
-      } catch (const c10::Error& e) {
-        throw DTensorError(run_of(program) + ": node '" + node.name + "' (" + node.op_name() + ") failed: " + e.what_without_backtrace());
-      } catch (const std::exception& e) {
-        const std::string what = e.what();
-        throw DTensorError(run_of(program) + ": node '" + node.name + "' (" + node.op_name() + ") failed: " + what.substr(0, what.find('\n')));
-      }
-      size_t k = 0;
-      for (c10::IValue& r : stack) {
-        if (r.isTensorList()) {
-          for (const at::Tensor& t : r.toTensorList())
-            if (k < node.outputs.size()) env.bind(node.outputs[k++], t, true);
-        } else if (k < node.outputs.size()) {
-          env.bind(node.outputs[k++], std::move(r), true);
-        }
-      }
+      call(program, node, env);
     }
     if (!options.free_after_last_use) continue;
     for (const Value* v : node.inputs())
@@ -172,7 +188,12 @@ std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& u
     if (program.outputs[k].kind == OutputSpec::Kind::BufferMutation) {
       // The buffer's tensor takes the new value in place, as torch.export's runtime does.
       at::Tensor buffer = program.state.at(program.outputs[k].target).tensor();
-      buffer.copy_(value.toTensor());
+      try {
+        buffer.copy_(value.toTensor());
+      } catch (const c10::Error& e) {
+        throw DTensorError(run_of(program) + ": the new value of buffer '" + program.outputs[k].target + "' does not fit it: " +
+                           e.what_without_backtrace());
+      }
       continue;
     }
     out.push_back(value);

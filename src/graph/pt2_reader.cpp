@@ -3,6 +3,8 @@
 // io::JsonField (the graph itself in pt2_graph_reader.cpp), and every weight's view must lie within
 // its record. Weights stay in the archive (StateTensor reads them on demand).
 
+#include <algorithm>
+
 #include "../io/checked_int.h"
 #include "../io/untrusted_json.h"
 #include "../io/zip_archive.h"
@@ -117,6 +119,28 @@ OutputSpec output_spec(const JsonField& spec) {
   spec.fail("unsupported output kind '" + kind + "'");
 }
 
+// An output that mutates a buffer or is a gradient names a buffer, parameter or user input of the
+// program, and a buffer's new value is a tensor.
+void check_output_targets(const JsonField& specs, const Program& program) {
+  for (size_t k = 0; k < program.outputs.size(); ++k) {
+    const OutputSpec& out = program.outputs[k];
+    std::optional<InputSpec::Kind> wanted;
+    if (out.kind == OutputSpec::Kind::BufferMutation) wanted = InputSpec::Kind::Buffer;
+    if (out.kind == OutputSpec::Kind::GradientToParameter) wanted = InputSpec::Kind::Parameter;
+    if (out.kind == OutputSpec::Kind::GradientToUserInput || out.kind == OutputSpec::Kind::UserInputMutation)
+      wanted = InputSpec::Kind::UserInput;
+    if (!wanted) continue;
+    const bool found = std::any_of(program.inputs.begin(), program.inputs.end(), [&](const InputSpec& in) {
+      return in.kind == *wanted && (in.kind == InputSpec::Kind::UserInput ? in.value->name : in.target) == out.target;
+    });
+    const Arg& value = program.graph.outputs()[k];
+    if (!found || (out.kind == OutputSpec::Kind::BufferMutation && value.kind != Arg::Kind::Tensor))
+      specs.fail("output spec " + std::to_string(k) + " names '" + out.target + "', which is not a " +
+                 (*wanted == InputSpec::Kind::Buffer ? "buffer" : *wanted == InputSpec::Kind::Parameter ? "parameter" : "user input") +
+                 " of the program" + (found ? " (or its output is not a tensor)" : ""));
+  }
+}
+
 void read_signature(const JsonField& signature, Program& program) {
   for (const JsonField& spec : signature.at("input_specs").elements()) program.inputs.push_back(input_spec(spec, program.graph));
   for (const JsonField& spec : signature.at("output_specs").elements()) program.outputs.push_back(output_spec(spec));
@@ -126,6 +150,7 @@ void read_signature(const JsonField& signature, Program& program) {
     if (program.inputs[i].value != program.graph.inputs()[i])
       signature.at("input_specs").fail("input spec " + std::to_string(i) + " names '" + program.inputs[i].value->name +
                                        "', not graph input " + std::to_string(i) + " ('" + program.graph.inputs()[i]->name + "')");
+  check_output_targets(signature.at("output_specs"), program);
 }
 
 // Every parameter, buffer and constant has its tensor, and the graph input it feeds has that tensor's

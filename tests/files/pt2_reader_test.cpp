@@ -266,6 +266,29 @@ TEST(Pt2Json, DeviceWithoutIndexIsTheDefaultDevice) {
   EXPECT_TRUE(found) << "the model has no device argument: pick one that has";
 }
 
+TEST(Pt2Json, OutputSpecsNameTheirTargets) {
+  const auto path = with_model_json("mlp_extras_aten.pt2", "mutation.pt2", [](json& m) {
+    m["graph_module"]["signature"]["output_specs"][0]["buffer_mutation"]["buffer_name"] = "nope";
+  });
+  expect_load_error(path, "field 'graph_module.signature.output_specs'", "output spec 0 names 'nope', which is not a buffer of the program");
+}
+
+TEST(Pt2Run, AnOpReturningAnotherKindThanDeclaredNamesTheNode) {
+  // A sym_size node whose integer result the file declares a tensor: it loads (the tensor has a meta,
+  // nothing reads it), and running it fails naming the node.
+  const auto path = with_model_json("gpt_aten_dynamic.pt2", "kind.pt2", [](json& m) {
+    json& graph = m["graph_module"]["graph"];
+    json bogus = node_named(m, "sym_size_int_14");
+    bogus["name"] = "bogus";
+    bogus["outputs"] = json::array({{{"as_tensor", {{"name", "bogus"}}}}});
+    graph["tensor_values"]["bogus"] = graph["tensor_values"]["tokens"];
+    graph["nodes"].insert(graph["nodes"].begin() + 1, bogus);
+  });
+  g::Program program = g::load_program(path);
+  EXPECT_THAT(error_of([&] { g::run(program, example_inputs(program)); }),
+              AllOf(HasSubstr(path), HasSubstr("node 'bogus' (aten::sym_size.int) returned a Int for %bogus, which the file declares a tensor")));
+}
+
 // ---- tensor metadata ----------------------------------------------------------------------------------------
 
 TEST(Pt2Metadata, NegativeOrOverflowingSizesStridesAndOffsets) {

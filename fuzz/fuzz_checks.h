@@ -1,0 +1,37 @@
+#pragma once
+// What every fuzz target enforces besides the sanitizers: a reader refuses bad input only with a
+// DTensorError whose text names the file. Any other exception (a raw nlohmann or LibTorch error)
+// escapes the target, and libFuzzer reports it as a crash. (The text is not searched for other
+// libraries' phrases: errors quote names from the file, and libFuzzer learns the strings a target
+// compares, so it would write those phrases into names.)
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "dtensor/errors.h"
+
+namespace dtensor::fuzz {
+
+// A per-process scratch path in shared memory (fuzzing writes one file per execution).
+inline std::string scratch_path(const std::string& name) {
+  return "/dev/shm/dtensor-fuzz-" + std::to_string(::getpid()) + "-" + name;
+}
+
+// Aborts (a crash libFuzzer reports, with the input) when `error` does not name `path`.
+inline void check_error_text(const DTensorError& error, const std::string& path) {
+  const std::string what = error.what();
+  if (what.find(path) == std::string::npos) {
+    std::fprintf(stderr, "fuzz: an error does not name the file %s:\n%s\n", path.c_str(), what.c_str());
+    std::abort();
+  }
+}
+
+}  // namespace dtensor::fuzz
+
+// Sanitizer settings the targets need: a huge allocation a crafted file asks for returns null (LibTorch
+// then throws, which dtensor reports) instead of ending the run; LibTorch keeps allocations until exit.
+// Defined here because each target (one executable) includes this header once.
+extern "C" __attribute__((used)) const char* __asan_default_options() { return "allocator_may_return_null=1:detect_leaks=0"; }
