@@ -234,9 +234,11 @@ def main():
         check("mlp", y, mlp(*x))
         index["archives"]["mlp"]["io"].append(write_set(out_dir, "mlp_io", io_tensors(x, y)))
         # The same archive re-zipped with deflate by Python's zipfile, as a user's zip tool would:
-        # PyTorch loads it (records unaligned, sizes in the local headers, no data descriptors).
+        # PyTorch loads it (a directory entry first, records unaligned, sizes in the local headers, no
+        # data descriptors).
         with zipfile.ZipFile(os.path.join(out_dir, "mlp.pt2")) as stored, \
                 zipfile.ZipFile(os.path.join(out_dir, "mlp_deflated.pt2"), "w", zipfile.ZIP_DEFLATED) as deflated:
+            deflated.writestr(zipfile.ZipInfo("mlp/", date_time=(1980, 1, 1, 0, 0, 0)), b"")
             for info in stored.infolist():
                 deflated.writestr(zipfile.ZipInfo(info.filename, date_time=(1980, 1, 1, 0, 0, 0)), stored.read(info),
                                   compress_type=zipfile.ZIP_DEFLATED)

@@ -8,7 +8,7 @@
 // writer used one, as PyTorch's does); entries neither overlap each other nor the directory; names
 // are unique, relative, free of "." and ".." components and backslashes, and all lie in one top-level
 // folder, which is stripped (as PyTorchStreamReader does). Only stored and deflated entries, without
-// encryption, are accepted.
+// encryption, are accepted; directory entries (which zip tools add) must be empty and are left out.
 //
 // Reading checks the CRC-32 of every record as its bytes go by, so a flipped byte is an error, never
 // a wrong value; partial reads stream the whole record for that reason (see read_ranges).
