@@ -62,6 +62,7 @@ $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo ' 
 with the same flags; the two alternate, $BLOCKS blocks, which side goes first alternating by block).
 
 - Date: $(date -u '+%Y-%m-%d %H:%M UTC')
+- Build: RelWithDebInfo (both sides), LibTorch $(sed -n "s/^__version__ = '\(.*\)'.*/\1/p" "$TORCH_DIR/version.py")
 - Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), load average $(cut -d' ' -f1-3 /proc/loadavg)
 
 Measured: \`graph::load_program\` of the suite's GPT (\`gpt_train_ir_static.pt2\`, 1.7 MiB), alone and followed by

@@ -4,7 +4,7 @@
 // An input is the directory's files joined by kSeparator: first the Hugging Face / dtensor index
 // (model.safetensors.index.json; none when empty), then the safetensors files, named
 // model-0000K-of-0000N.safetensors in order. The directory always holds dtensor's commit marker, so
-// that dtensor's own metadata is read rather than refused. Seeds: scripts/fuzz_checkpoint_seeds.py
+// that dtensor's own metadata is read rather than refused. Seeds: scripts/fuzz_seeds.py
 // packs the suite's checkpoints this way (./dev fuzz runs it).
 
 #include <ATen/ATen.h>
@@ -16,14 +16,14 @@
 
 #include "dtensor/checkpoint.h"
 #include "dtensor/layout.h"
-#include "fuzz_checks.h"
+#include "fuzz_common.h"
 
 namespace {
 
 using namespace dtensor;
 namespace fs = std::filesystem;
 
-constexpr std::string_view kSeparator = "\n--dtensor-fuzz-next-file--\n";  // as in scripts/fuzz_checkpoint_seeds.py
+constexpr std::string_view kSeparator = "\n--dtensor-fuzz-next-file--\n";  // as in scripts/fuzz_seeds.py
 
 void write_file(const fs::path& path, std::string_view bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -1,13 +1,20 @@
-"""Seeds for fuzz/checkpoint_fuzzer.cpp: the checkpoints PyTorch wrote at build time, packed as that
-target reads its input (the index, then each safetensors file, joined by SEPARATOR), plus one in
-dtensor's own layout (dtensor metadata and index section on DCP's sharded files).
+"""Seeds for the fuzz targets (fuzz/), from the suite's own files, one directory per target:
 
-  fuzz_checkpoint_seeds.py PYTORCH_WRITTEN OUT_DIR
+  fuzz_seeds.py GRAPH_MODELS PYTORCH_WRITTEN OUT_DIR
+
+  OUT_DIR/pt2/         the exported archives as they are
+  OUT/pt2_graph/       per archive (in name order): its index as one byte, then its models/model.json
+  OUT/checkpoint/      the checkpoints PyTorch wrote, packed as checkpoint_fuzzer reads its input (the
+                       index, then each safetensors file, joined by SEPARATOR), plus one in dtensor's
+                       own layout (dtensor metadata and index section on DCP's sharded files)
 """
+import glob
 import json
 import os
+import shutil
 import struct
 import sys
+import zipfile
 
 SEPARATOR = b"\n--dtensor-fuzz-next-file--\n"  # as in fuzz/checkpoint_fuzzer.cpp
 INDEX = "model.safetensors.index.json"
@@ -42,7 +49,19 @@ def tensors_of(data):
     return {k: v for k, v in header_of(data)[0].items() if k != "__metadata__"}
 
 
-def main(written, out_dir):
+def graph_seeds(models, out_dir):
+    os.makedirs(os.path.join(out_dir, "pt2"), exist_ok=True)
+    os.makedirs(os.path.join(out_dir, "pt2_graph"), exist_ok=True)
+    for index, path in enumerate(sorted(glob.glob(os.path.join(models, "*.pt2")))):  # as fuzz/pt2_graph_fuzzer.cpp orders them
+        shutil.copy(path, os.path.join(out_dir, "pt2"))
+        with zipfile.ZipFile(path) as z:
+            model = next(n for n in z.namelist() if n.endswith("/models/model.json"))
+            with open(os.path.join(out_dir, "pt2_graph", os.path.basename(path)), "wb") as f:
+                f.write(bytes([index]) + z.read(model))
+
+
+def checkpoint_seeds(written, out_dir):
+    out_dir = os.path.join(out_dir, "checkpoint")
     os.makedirs(out_dir, exist_ok=True)
     for name in ("save_file", "hf_index", "dcp_whole", "dcp_sharded"):
         d = os.path.join(written, name)
@@ -70,4 +89,5 @@ def main(written, out_dir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    graph_seeds(sys.argv[1], sys.argv[3])
+    checkpoint_seeds(sys.argv[2], sys.argv[3])

@@ -5,13 +5,17 @@
 // libraries' phrases: errors quote names from the file, and libFuzzer learns the strings a target
 // compares, so it would write those phrases into names.)
 
+#include <ATen/ATen.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "dtensor/errors.h"
+#include "dtensor/graph/program.h"
 
 namespace dtensor::fuzz {
 
@@ -26,6 +30,33 @@ inline void check_error_text(const DTensorError& error, const std::string& path)
   if (what.find(path) == std::string::npos) {
     std::fprintf(stderr, "fuzz: an error does not name the file %s:\n%s\n", path.c_str(), what.c_str());
     std::abort();
+  }
+}
+
+// Tensors of ones for a program's user inputs, or nothing when one would be too large to be worth
+// running (a crafted meta may ask for any size; what the program then computes is not the reader's
+// business).
+inline std::optional<std::vector<c10::IValue>> example_inputs(const graph::Program& program) {
+  constexpr int64_t kMaxElements = int64_t{1} << 20;
+  std::vector<c10::IValue> out;
+  for (const graph::Value* v : program.user_inputs()) {
+    if (!v->is_tensor()) {
+      out.emplace_back(v->sym_hint);
+      continue;
+    }
+    if (numel(v->meta.shape) > kMaxElements) return std::nullopt;
+    out.emplace_back(at::ones(v->meta.shape, at::TensorOptions().dtype(v->meta.dtype)));
+  }
+  return out;
+}
+
+// The .pt2 targets' body: load the archive at `path` and run it; its refusals must name the file.
+inline void load_and_run(const std::string& path) {
+  try {
+    graph::Program program = graph::load_program(path);
+    if (const auto inputs = example_inputs(program)) graph::run(program, *inputs);
+  } catch (const DTensorError& e) {
+    check_error_text(e, path);
   }
 }
 
