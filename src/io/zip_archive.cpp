@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "checked_int.h"
+#include "crc32.h"
 #include "dtensor/errors.h"
 #include "zip_directory.h"
 #include "zip_format.h"
@@ -78,14 +79,14 @@ const ZipEntry* ZipArchive::find(const std::string& name) const {
 
 template <typename Sink>
 void ZipArchive::stream(const ZipEntry& entry, char* destination, Sink&& sink) const {
-  uLong crc = crc32_z(0, nullptr, 0);
+  uint32_t crc = 0;
   if (!entry.deflated) {
     std::vector<char> buffer(destination ? 0 : static_cast<size_t>(std::min(kChunk, entry.size)));
     for (int64_t done = 0; done < entry.size;) {
       const int64_t n = std::min(kChunk, entry.size - done);
       char* p = destination ? destination + done : buffer.data();
       read_exact(entry.data_offset + done, n, p, entry);
-      crc = crc32_z(crc, reinterpret_cast<const Bytef*>(p), static_cast<z_size_t>(n));
+      crc = io::crc32(crc, p, static_cast<size_t>(n));
       if (!destination) sink(done, p, n);
       done += n;
     }
@@ -112,7 +113,7 @@ void ZipArchive::stream(const ZipEntry& entry, char* destination, Sink&& sink) c
       if (status != Z_OK && status != Z_STREAM_END && !(status == Z_BUF_ERROR && n == 0 && z.avail_in == 0 && read < entry.compressed_size))
         fail(entry, std::string("its deflated data is corrupted (") + (z.msg ? z.msg : "truncated") + ")");
       if (n > entry.size - produced) fail(entry, "it inflates to more than its declared " + std::to_string(entry.size) + " bytes");
-      crc = crc32_z(crc, reinterpret_cast<const Bytef*>(out.data()), static_cast<z_size_t>(n));
+      crc = io::crc32(crc, out.data(), static_cast<size_t>(n));
       if (destination) std::memcpy(destination + produced, out.data(), static_cast<size_t>(n));
       else sink(produced, out.data(), n);
       produced += n;
@@ -122,7 +123,7 @@ void ZipArchive::stream(const ZipEntry& entry, char* destination, Sink&& sink) c
   }
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION  // fuzzing: mutated records must reach the parsers behind this check
   if (crc != entry.crc32)
-    fail(entry, "CRC-32 mismatch (the directory says " + hex(entry.crc32) + ", the data gives " + hex(static_cast<uint32_t>(crc)) +
+    fail(entry, "CRC-32 mismatch (the directory says " + hex(entry.crc32) + ", the data gives " + hex(crc) +
                     "): the data is corrupted");
 #endif
 }
