@@ -62,8 +62,7 @@ int64_t read_part(const std::string& name, const SavedPiece& piece, const Box& p
   char* out = static_cast<char*>(buffer.data_ptr());
   int64_t bytes = 0;
   for (const ContiguousRun& run : runs_within(piece.box, part)) {
-    piece.file->read(piece.begin + run.piece_offset * element, run.length * element, out + run.part_offset * element,
-                     "tensor '" + name + "'");
+    piece.file->read(piece.begin + run.piece_offset * element, run.length * element, out + run.part_offset * element, name);
     bytes += run.length * element;
   }
   if (direct) destination.unsafeGetTensorImpl()->bump_version();  // as copy_ would: autograd sees the change

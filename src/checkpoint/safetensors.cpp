@@ -83,7 +83,7 @@ void SafetensorsFile::read_header() {
   if (file_size_ < 8)
     throw DTensorError(error_in(path_, "the file is truncated: " + std::to_string(file_size_) + " bytes, not even the 8-byte header length"));
   uint64_t header_bytes = 0;
-  read(0, 8, &header_bytes, "(the header length)");  // little-endian, as this machine
+  read(0, 8, &header_bytes, "");  // little-endian, as this machine
   if (header_bytes > static_cast<uint64_t>(kMaxHeaderBytes))
     throw DTensorError(error_in(path_, "the header claims " + std::to_string(header_bytes) + " bytes, more than the format's limit of " +
                                            std::to_string(kMaxHeaderBytes) + ": the file is corrupted or not a safetensors file"));
@@ -91,7 +91,7 @@ void SafetensorsFile::read_header() {
     throw DTensorError(error_in(path_, "the header claims " + std::to_string(header_bytes) + " bytes but the file has " +
                                            std::to_string(file_size_) + ": it is truncated or not a safetensors file"));
   std::string text(header_bytes, '\0');
-  read(8, static_cast<int64_t>(header_bytes), text.data(), "(the header)");
+  read(8, static_cast<int64_t>(header_bytes), text.data(), "");
   const int64_t data_start = 8 + static_cast<int64_t>(header_bytes);
   const size_t last = text.find_last_not_of(' ');
   if (text.empty() || text.front() != '{' || last == std::string::npos || text[last] != '}')
@@ -135,10 +135,15 @@ SafetensorsFile::~SafetensorsFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void SafetensorsFile::read(int64_t offset, int64_t bytes, void* out, const std::string& tensor) const {
-  if (offset < 0 || bytes < 0 || offset > file_size_ || bytes > file_size_ - offset)
-    throw DTensorError(error_in(path_, "reading " + tensor + ": " + std::to_string(bytes) + " bytes at " + std::to_string(offset) +
-                                           " lie outside the file's " + std::to_string(file_size_)));
+void SafetensorsFile::fail_read(std::string_view tensor, const std::string& what) const {
+  throw DTensorError(error_in(path_, (tensor.empty() ? std::string("reading the header") : "reading tensor '" + std::string(tensor) + "'") +
+                                         ": " + what));
+}
+
+void SafetensorsFile::read(int64_t offset, int64_t bytes, void* out, std::string_view tensor) const {
+  if (offset < 0 || bytes < 0 || offset > file_size_ || bytes > file_size_ - offset) [[unlikely]]
+    fail_read(tensor, std::to_string(bytes) + " bytes at " + std::to_string(offset) + " lie outside the file's " +
+                          std::to_string(file_size_));
   // Short runs (a row of a piece loaded into another layout) copy from the mapping; long ones go
   // through pread, which needs no page faults.
   constexpr int64_t kLongRun = int64_t{256} << 10;
@@ -150,10 +155,8 @@ void SafetensorsFile::read(int64_t offset, int64_t bytes, void* out, const std::
   while (bytes > 0) {
     const ssize_t n = ::pread(fd_, p, static_cast<size_t>(std::min<int64_t>(bytes, int64_t{1} << 30)), offset);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw DTensorError(error_in(path_, "reading " + tensor + " failed: " + std::strerror(errno)));
-    if (n == 0)
-      throw DTensorError(error_in(path_, "reading " + tensor + " stopped at byte " + std::to_string(offset) +
-                                             ": the file is truncated"));
+    if (n < 0) fail_read(tensor, std::string("failed: ") + std::strerror(errno));
+    if (n == 0) fail_read(tensor, "stopped at byte " + std::to_string(offset) + ": the file is truncated");
     p += n;
     offset += n;
     bytes -= n;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dtensor/layout.h"
@@ -34,11 +35,14 @@ class SafetensorsFile {
   const std::string& path() const { return path_; }
   const std::vector<StoredTensor>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
-  // `bytes` bytes from absolute offset `offset` into `out`, for error messages on behalf of `tensor`.
-  void read(int64_t offset, int64_t bytes, void* out, const std::string& tensor) const;
+  // `bytes` bytes from absolute offset `offset` into `out`, on behalf of tensor `tensor` ("" for the
+  // header), which errors name. Loading into another layout calls it once per row: the hot path is a
+  // bounds check and a copy.
+  void read(int64_t offset, int64_t bytes, void* out, std::string_view tensor) const;
 
  private:
   void read_header();
+  [[noreturn]] void fail_read(std::string_view tensor, const std::string& what) const;
 
   std::string path_;
   int fd_ = -1;
