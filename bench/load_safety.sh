@@ -7,6 +7,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${1:?usage: bench/load_safety.sh <build-dir> [--base COMMIT] [--blocks K] [--rounds R] [--mb M]}
 shift
+FLAGS="$*"
 BASE=83e783e BLOCKS=3 ROUNDS=20 MB=1024
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -57,7 +58,7 @@ RESULTS=$ROOT/bench/results/load_safety.md
   cat <<EOT
 # The price of safety: loading with the hardened readers against before
 
-Command: \`./dev bench load_safety${*:+ $*}\` (runs \`bench/load_safety.sh\`: \`load_safety_bench\` built against this tree,
+Command: \`./dev bench load_safety${FLAGS:+ $FLAGS}\` (runs \`bench/load_safety.sh\`: \`load_safety_bench\` built against this tree,
 $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo ' plus uncommitted changes'), and against $(git -C "$ROOT" rev-parse --short "$BASE"), the tree before the readers were hardened,
 with the same flags; the two alternate, $BLOCKS blocks, which side goes first alternating by block).
 
