@@ -34,8 +34,8 @@ std::vector<at::Tensor> returned_tensors(const torch::jit::Stack& stack) {
 
 // Checks every strategy the rule of `op` offers when its tensor arguments are placed as `current`
 // (one Placements per tensor argument, in order; the current layout changes what mesh rules offer).
-// Returns how many strategies were checked.
-size_t check_every_strategy(const std::string& op, const std::vector<c10::IValue>& args, const MeshPtr& mesh,
+// Returns the strategies checked.
+std::vector<OutputSharding> check_every_strategy(const std::string& op, const std::vector<c10::IValue>& args, const MeshPtr& mesh,
                             const std::vector<Placements>& current = {}, double rtol = 1e-5, double atol = 1e-6) {
   const c10::OperatorHandle handle = op_named(op);
   torch::jit::Stack stack(args.begin(), args.end());
@@ -73,7 +73,12 @@ size_t check_every_strategy(const std::string& op, const std::vector<c10::IValue
       EXPECT_TRUE(tensors_close(whole, expected[k], rtol, atol)) << "output " << k;
     }
   }
-  return decisions.size();
+  return decisions;
+}
+
+// Whether one of `strategies` takes its first input as it is.
+bool keeps_input(const std::vector<OutputSharding>& strategies, const Placements& current) {
+  return std::any_of(strategies.begin(), strategies.end(), [&](const OutputSharding& d) { return d.chosen.inputs.at(0) == current; });
 }
 
 at::Tensor values(const Shape& shape, uint64_t seed) { return test_tensor(shape, at::kFloat, seed); }
@@ -82,14 +87,16 @@ at::Tensor small(const Shape& shape, uint64_t seed) { return values(shape, seed)
 
 std::vector<MeshPtr> meshes() { return {mesh({4}), mesh({2, 2})}; }
 
+// Strategies are per mesh dim: a rule offering n on a 1-d mesh offers n^2 on the 2x2 one.
+size_t per_mesh(const MeshPtr& m, size_t n) { return m->ndim() == 1 ? n : n * n; }
+
 // The number of strategies checked pins each rule, so a lost strategy is noticed.
 TEST_F(DistTest, EveryLinearStrategy) {
   const at::Tensor x = values({3, 5, 7}, 1), w = values({6, 7}, 2), b = values({6}, 3);
   for (const auto& m : meshes()) {
     // R, S(0), S(1) of x, S(last) of the output, the contracted dim, Partial x and Partial weight (sum,
     // avg each): 9 per mesh dim.
-    const size_t n = check_every_strategy("aten::linear", {x, w, b}, m);
-    EXPECT_EQ(n, m->ndim() == 1 ? 9u : 81u);
+    EXPECT_EQ(check_every_strategy("aten::linear", {x, w, b}, m).size(), per_mesh(m, 9));
     check_every_strategy("aten::linear", {x, w, c10::IValue()}, m);
     check_every_strategy("aten::linear", {values({7}, 4), w, b}, m);
   }
@@ -106,32 +113,58 @@ TEST_F(DistTest, EveryMatmulStrategy) {
     }
   // The attention product keeps batch and heads sharded: R, both batch dims, rows, columns, contracted,
   // and Partial on either side (sum, avg).
-  EXPECT_EQ(check_every_strategy("aten::matmul", {values({2, 5, 6, 4}, 1), values({2, 5, 4, 6}, 2)}, mesh({4})), 10u);
+  EXPECT_EQ(check_every_strategy("aten::matmul", {values({2, 5, 6, 4}, 1), values({2, 5, 4, 6}, 2)}, mesh({4})).size(), 10u);
 }
 
 TEST_F(DistTest, EveryLayerNormAndSoftmaxStrategy) {
   const at::Tensor x = values({3, 5, 6}, 1), w = values({6}, 2), b = values({6}, 3);
   for (const auto& m : meshes()) {
-    check_every_strategy("aten::layer_norm", {x, std::vector<int64_t>{6}, w, b, 1e-5, false}, m);
-    check_every_strategy("aten::layer_norm", {x, std::vector<int64_t>{5, 6}, values({5, 6}, 4), c10::IValue(), 1e-5, false}, m);
-    check_every_strategy("aten::softmax.int", {small({3, 5, 6}, 5), int64_t{-1}, c10::IValue()}, m);
-    check_every_strategy("aten::softmax.int", {small({3, 5, 6}, 5), int64_t{1}, c10::IValue(at::kDouble)}, m);
+    // The input replicated or sharded on any dim that is not normalized (weight and bias replicated).
+    EXPECT_EQ(check_every_strategy("aten::layer_norm", {x, std::vector<int64_t>{6}, w, b, 1e-5, false}, m).size(), per_mesh(m, 3));
+    EXPECT_EQ(check_every_strategy("aten::layer_norm", {x, std::vector<int64_t>{5, 6}, values({5, 6}, 4), c10::IValue(), 1e-5, false}, m).size(),
+              per_mesh(m, 2));
+    // Softmax: replicated, or sharded on either dim it does not reduce.
+    EXPECT_EQ(check_every_strategy("aten::softmax.int", {small({3, 5, 6}, 5), int64_t{-1}, c10::IValue()}, m).size(), per_mesh(m, 3));
+    EXPECT_EQ(check_every_strategy("aten::softmax.int", {small({3, 5, 6}, 5), int64_t{1}, c10::IValue(at::kDouble)}, m).size(), per_mesh(m, 3));
   }
 }
 
 // reshape's rule keeps a sharded dim where the shards line up with the new shape, so it is checked
-// from every sharded layout of its input.
+// from every sharded layout of its input (sharded on the last mesh dim: 4 ranks on the 1-d mesh, 2 on
+// the 2x2 one). What it must offer, case by case:
+//  - a dim the reshape leaves alone stays sharded (1 strategy, keeping the input);
+//  - a dim split or merged stays sharded when every shard is whole rows of an output dim, which
+//    depends on the shard count (1 strategy keeping it), else only Replicate (1 strategy);
+//  - an inner dim of a merge becomes a StridedShard of the merged dim, or Replicate (2 strategies).
 TEST_F(DistTest, EveryReshapeStrategy) {
-  const std::vector<std::pair<Shape, Shape>> cases = {
-      {{3, 5, 8}, {3, 5, 2, 4}}, {{3, 5, 2, 4}, {3, 5, 8}}, {{5, 6}, {30}}, {{3, 5, 8}, {-1, 8}}, {{8, 4}, {2, 16}}};
-  for (const auto& [from, to] : cases)
-    for (int64_t d = -1; d < static_cast<int64_t>(from.size()); ++d)
-      for (const auto& m : meshes()) {
-        SCOPED_TRACE(shape_str(from) + " -> " + shape_str(to));
-        Placements current(m->ndim(), Replicate());
-        if (d >= 0) current.back() = Shard(d);
-        check_every_strategy("aten::reshape", {values(from, 1), to}, m, {current});
-      }
+  struct Case {
+    Shape from, to;
+    int64_t dim;        // sharded input dim, -1: replicated
+    bool kept_on_4, kept_on_2;  // a strategy keeps the input as it is
+    size_t strategies;
+  };
+  const std::vector<Case> cases = {
+      {{3, 5, 8}, {3, 5, 2, 4}, -1, true, true, 1},   {{3, 5, 8}, {3, 5, 2, 4}, 0, true, true, 1},
+      {{3, 5, 8}, {3, 5, 2, 4}, 1, true, true, 1},    {{3, 5, 8}, {3, 5, 2, 4}, 2, false, true, 1},  // 8 = 2 x 4: 4 ranks split the 2
+      {{3, 5, 2, 4}, {3, 5, 8}, -1, true, true, 1},   {{3, 5, 2, 4}, {3, 5, 8}, 0, true, true, 1},
+      {{3, 5, 2, 4}, {3, 5, 8}, 1, true, true, 1},    {{3, 5, 2, 4}, {3, 5, 8}, 2, false, true, 1},
+      {{3, 5, 2, 4}, {3, 5, 8}, 3, true, true, 2},                                                   // inner: strided
+      {{5, 6}, {30}, -1, true, true, 1},              {{5, 6}, {30}, 0, false, false, 1},            // 5 rows: uneven
+      {{5, 6}, {30}, 1, true, true, 2},
+      {{3, 5, 8}, {-1, 8}, -1, true, true, 1},        {{3, 5, 8}, {-1, 8}, 0, false, false, 1},
+      {{3, 5, 8}, {-1, 8}, 1, true, true, 2},         {{3, 5, 8}, {-1, 8}, 2, true, true, 1},
+      {{8, 4}, {2, 16}, -1, true, true, 1},           {{8, 4}, {2, 16}, 0, false, true, 1},          // 2 ranks: a row each
+      {{8, 4}, {2, 16}, 1, false, false, 1},
+  };
+  for (const Case& c : cases)
+    for (const auto& m : meshes()) {
+      SCOPED_TRACE(shape_str(c.from) + " -> " + shape_str(c.to) + ", input dim " + std::to_string(c.dim) + " sharded");
+      Placements current(m->ndim(), Replicate());
+      if (c.dim >= 0) current.back() = Shard(c.dim);
+      const auto strategies = check_every_strategy("aten::reshape", {values(c.from, 1), c.to}, m, {current});
+      EXPECT_EQ(strategies.size(), c.strategies);
+      EXPECT_EQ(keeps_input(strategies, current), m->ndim() == 1 ? c.kept_on_4 : c.kept_on_2);
+    }
 }
 
 TEST_F(DistTest, EveryAttentionStrategy) {
@@ -141,21 +174,24 @@ TEST_F(DistTest, EveryAttentionStrategy) {
   const c10::IValue none;
   for (const auto& m : meshes()) {
     // R, batch, heads, queries.
-    EXPECT_EQ(check_every_strategy("aten::scaled_dot_product_attention", {q, k, v, mask, 0.0, false, none, false}, m),
-              m->ndim() == 1 ? 4u : 16u);
+    EXPECT_EQ(check_every_strategy("aten::scaled_dot_product_attention", {q, k, v, mask, 0.0, false, none, false}, m).size(), per_mesh(m, 4));
     // Causal: queries stay whole.
-    EXPECT_EQ(check_every_strategy("aten::scaled_dot_product_attention", {q, causal_k, causal_v, none, 0.0, true, 0.3, false}, m),
-              m->ndim() == 1 ? 3u : 9u);
-    check_every_strategy("aten::_scaled_dot_product_flash_attention_for_cpu", {q, k, v, 0.0, false, mask, none}, m);
-    check_every_strategy("aten::_scaled_dot_product_flash_attention_for_cpu", {q, causal_k, causal_v, 0.0, true, none, none}, m);
+    EXPECT_EQ(check_every_strategy("aten::scaled_dot_product_attention", {q, causal_k, causal_v, none, 0.0, true, 0.3, false}, m).size(),
+              per_mesh(m, 3));
+    // The CPU flash kernel (its logsumexp sharded like the output): the same strategies.
+    EXPECT_EQ(check_every_strategy("aten::_scaled_dot_product_flash_attention_for_cpu", {q, k, v, 0.0, false, mask, none}, m).size(),
+              per_mesh(m, 4));
+    EXPECT_EQ(check_every_strategy("aten::_scaled_dot_product_flash_attention_for_cpu", {q, causal_k, causal_v, 0.0, true, none, none}, m).size(),
+              per_mesh(m, 3));
   }
-  // The backward kernel, on the forward's own outputs: with queries sharded, key and value gradients
-  // are Partial sums.
+  // The backward kernel, on the forward's own outputs: R, batch, heads, queries (key and value
+  // gradients then Partial sums), and the two Partial incoming gradients (sum, avg) that pass through.
   auto fwd = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, false, mask);
   const at::Tensor grad = small({2, 5, 6, 4}, 7);
   for (const auto& m : meshes())
-    check_every_strategy("aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-                         {grad, q, k, v, std::get<0>(fwd), std::get<1>(fwd), 0.0, false, mask, none}, m, {}, 1e-4, 1e-5);
+    EXPECT_EQ(check_every_strategy("aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                                   {grad, q, k, v, std::get<0>(fwd), std::get<1>(fwd), 0.0, false, mask, none}, m, {}, 1e-4, 1e-5).size(),
+              per_mesh(m, 6));
 }
 
 }  // namespace
