@@ -28,6 +28,10 @@ int main(int argc, char** argv) {
       std::printf("rank %d had not finished when the launcher returned\n", r);
       return 1;
     }
-  std::printf("PASS: the launcher waited for both ranks (rc %d)\n", rc);
-  return rc;
+  if (rc != 0) {
+    std::printf("FAIL: a rank exited with %d\n", rc);
+    return rc;
+  }
+  std::printf("PASS: the launcher waited for both ranks\n");
+  return 0;
 }
