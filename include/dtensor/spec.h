@@ -28,8 +28,6 @@ struct DTensorSpec {
   int64_t ndim() const { return static_cast<int64_t>(meta.shape.size()); }
   // This rank's local shard shape (empty-sized on ranks outside the mesh).
   Shape local_shape() const;
-  // How many pieces the tensor is cut into (product of mesh sizes over Shard placements).
-  int64_t num_shards() const;
   bool has_partial() const;
   // The same spec with other placements.
   DTensorSpec with_placements(Placements p) const { return DTensorSpec{mesh, std::move(p), meta}; }

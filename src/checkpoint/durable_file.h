@@ -20,7 +20,6 @@ class DurableFile {
   void write(const void* data, int64_t bytes);
   // fsync, then rename to the final name.
   void commit();
-  const std::string& temporary_path() const { return temporary_path_; }
 
  private:
   std::string final_path_;

@@ -208,10 +208,4 @@ std::vector<Value*> Program::user_inputs() const {
   return out;
 }
 
-const InputSpec* Program::input_spec_of(const Value* v) const {
-  for (const InputSpec& s : inputs)
-    if (s.value == v) return &s;
-  return nullptr;
-}
-
 }  // namespace dtensor::graph

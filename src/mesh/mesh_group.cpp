@@ -29,11 +29,6 @@ void MeshGroup::shutdown() {
   if (backend) backend->shutdown();
 }
 
-bool MeshGroup::is_shut_down() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return !backend_;
-}
-
 MeshGroup::Exclusive::Exclusive(MeshGroup& group, const Where& where) : group_(group) {
   const std::thread::id me = std::this_thread::get_id();
   std::thread::id nobody{};

@@ -33,7 +33,6 @@ class MeshGroup {
   c10::intrusive_ptr<c10d::Backend> backend(const Where& where) const;
   // Shuts the backend down and drops it (its threads and sockets go with the last reference).
   void shutdown();
-  bool is_shut_down() const;
 
   // Marks this thread as inside a collective on the group for the guard's lifetime; throws
   // DTensorError naming `where` when another thread is inside one.

@@ -13,13 +13,6 @@ Shape DTensorSpec::local_shape() const {
   return dtensor::local_shape(meta.shape, mesh->shape(), *mesh->coordinate(), placements);
 }
 
-int64_t DTensorSpec::num_shards() const {
-  int64_t n = 1;
-  for (size_t m = 0; m < placements.size(); ++m)
-    if (placements[m].is_sharding()) n *= mesh->shape()[m];
-  return n;
-}
-
 bool DTensorSpec::has_partial() const {
   for (const auto& p : placements)
     if (p.is_partial()) return true;

@@ -255,9 +255,13 @@ TEST_F(DistTest, LinearForwardOnTwoByTwoMesh) {
 }
 
 // A custom op (not aten) that dtensor learns to shard through the public registration API.
-TORCH_LIBRARY(dtensor_test, m) { m.def("double_it(Tensor x) -> Tensor"); }
+TORCH_LIBRARY(dtensor_test, m) {
+  m.def("double_it(Tensor x) -> Tensor");
+  m.def("triple_it(Tensor x) -> Tensor");
+}
 TORCH_LIBRARY_IMPL(dtensor_test, CPU, m) {
   m.impl("double_it", [](const at::Tensor& x) { return x * 2; });
+  m.impl("triple_it", [](const at::Tensor& x) { return x * 3; });
 }
 
 TEST_F(DistTest, RegisteringAStrategyForACustomOp) {
@@ -276,6 +280,21 @@ TEST_F(DistTest, RegisteringAStrategyForACustomOp) {
   EXPECT_EQ(debug.total_count(), 0);
   EXPECT_EQ(placements_of(y), (Placements{Shard(1)}));
   EXPECT_TRUE(tensors_equal(full_tensor(y), x65() * 2));
+}
+
+// A mesh rule states whole-mesh strategies itself: this one offers a single layout, (S(1),S(0)), so a
+// 2x2 input placed (S(0),S(1)) is moved to it (no dim rule can pair the mesh dims this way alone).
+TEST_F(DistTest, RegisteringAMeshRuleForACustomOp) {
+  auto triple_it = c10::Dispatcher::singleton().findSchemaOrThrow("dtensor_test::triple_it", "").typed<at::Tensor(const at::Tensor&)>();
+  const Placements only{Shard(1), Shard(0)};
+  register_mesh_rule("dtensor_test::triple_it", [&](const OpSchema&) { return OpStrategy{PlacementStrategy{{only}, {only}, {}}}; });
+  EXPECT_EQ(sharding_rule_family("dtensor_test::triple_it"), "custom");
+  auto m = mesh({2, 2});
+  CommDebugMode debug;
+  at::Tensor y = triple_it.call(distribute_tensor(x65(), m, Placements{Shard(0), Shard(1)}));
+  EXPECT_GT(debug.total_count(), 0);
+  EXPECT_EQ(placements_of(y), only);
+  EXPECT_TRUE(tensors_equal(full_tensor(y), x65() * 3));
 }
 
 }  // namespace

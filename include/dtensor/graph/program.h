@@ -62,7 +62,6 @@ class StateTensor {
   // mesh dim, zeros elsewhere), reading only the bytes of that part. Not kept.
   at::Tensor shard(const DeviceMesh& mesh, const Placements& placements) const;
   const TensorMeta& meta() const;
-  bool in_memory() const { return tensor_.defined(); }
 
  private:
   mutable at::Tensor tensor_;
@@ -99,7 +98,6 @@ class Program {
   StrategyCosts strategy_costs;  // a per-rank program's
 
   std::vector<Value*> user_inputs() const;
-  const InputSpec* input_spec_of(const Value* v) const;
 };
 
 // Reads a .pt2 archive written by torch.export.save (torch 2.15, schema 8.x), in the training or the
