@@ -9,7 +9,9 @@ namespace {
 // first rank's data was the truth.
 at::Tensor rank_dependent(const at::Tensor& truth) { return truth + 100 * world()->rank(); }
 
-TEST_F(DistTest, DistributeTensorTakesTheFirstRanksData) {
+class ApiTest : public DistTest {};
+
+TEST_F(ApiTest, DistributeTensorTakesTheFirstRanksData) {
   const at::Tensor truth = test_tensor({5, 6}, at::kFloat, 7);
   for (const auto& m : {mesh({4}), mesh({2, 2})}) {
     std::vector<Placements> cases = m->ndim() == 1
@@ -28,7 +30,7 @@ TEST_F(DistTest, DistributeTensorTakesTheFirstRanksData) {
   }
 }
 
-TEST_F(DistTest, DistributeTensorDefaultsToReplicateAndKeepsRequiresGrad) {
+TEST_F(ApiTest, DistributeTensorDefaultsToReplicateAndKeepsRequiresGrad) {
   const at::Tensor truth = test_tensor({3, 2}, at::kDouble, 3).requires_grad_();
   at::Tensor dt = distribute_tensor(truth, mesh({2, 2}));
   EXPECT_EQ(placements_of(dt), (Placements{Replicate(), Replicate()}));
@@ -39,7 +41,7 @@ TEST_F(DistTest, DistributeTensorDefaultsToReplicateAndKeepsRequiresGrad) {
   EXPECT_TRUE(distribute_tensor(dt, mesh({2, 2})).is_same(dt));
 }
 
-TEST_F(DistTest, DistributeTensorOnRanksOutsideTheMesh) {
+TEST_F(ApiTest, DistributeTensorOnRanksOutsideTheMesh) {
   auto m = mesh({2}, {0, 1});
   at::Tensor dt = distribute_tensor(test_tensor({4, 4}, at::kFloat, 1), m, Placements{Shard(0)});
   EXPECT_EQ(dt.sizes(), (c10::IntArrayRef{4, 4}));
@@ -47,7 +49,7 @@ TEST_F(DistTest, DistributeTensorOnRanksOutsideTheMesh) {
   else EXPECT_EQ(local_tensor_of(dt).sizes(), (c10::IntArrayRef{2, 4}));
 }
 
-TEST_F(DistTest, FromLocalRunCheckDerivesUnevenGlobalShape) {
+TEST_F(ApiTest, FromLocalRunCheckDerivesUnevenGlobalShape) {
   const at::Tensor truth = test_tensor({5, 3}, at::kFloat, 11);
   auto m = mesh({4});
   const Placements s0{Shard(0)};
@@ -63,7 +65,7 @@ TEST_F(DistTest, FromLocalRunCheckDerivesUnevenGlobalShape) {
   EXPECT_TRUE(tensors_equal(full_tensor(dt2), truth));
 }
 
-TEST_F(DistTest, FromLocalRunCheckBroadcastsReplicas) {
+TEST_F(ApiTest, FromLocalRunCheckBroadcastsReplicas) {
   const at::Tensor truth = test_tensor({2, 3}, at::kLong, 5);
   at::Tensor local = rank_dependent(truth);
   at::Tensor dt = from_local(local, mesh({4}), {Replicate()});
@@ -71,7 +73,7 @@ TEST_F(DistTest, FromLocalRunCheckBroadcastsReplicas) {
   EXPECT_TRUE(tensors_equal(local, truth));  // in place: the DTensor shares the caller's memory
 }
 
-TEST_F(DistTest, FromLocalWithoutCheckAssumesEvenShards) {
+TEST_F(ApiTest, FromLocalWithoutCheckAssumesEvenShards) {
   at::Tensor local = at::ones({2, 3});
   FromLocalOptions no_check;
   no_check.run_check = false;
@@ -80,7 +82,7 @@ TEST_F(DistTest, FromLocalWithoutCheckAssumesEvenShards) {
   EXPECT_EQ(dt.strides(), (c10::IntArrayRef{6, 1}));
 }
 
-TEST_F(DistTest, FromLocalWithShapeAndStride) {
+TEST_F(ApiTest, FromLocalWithShapeAndStride) {
   const at::Tensor truth = test_tensor({3, 5}, at::kFloat, 2).t();  // non-contiguous: strides (1, 5)
   auto m = mesh({4});
   FromLocalOptions options;
@@ -93,13 +95,13 @@ TEST_F(DistTest, FromLocalWithShapeAndStride) {
   EXPECT_TRUE(tensors_equal(full_tensor(dt), truth));
 }
 
-TEST_F(DistTest, ToLocalSharesMemory) {
+TEST_F(ApiTest, ToLocalSharesMemory) {
   at::Tensor dt = distribute_tensor(at::zeros({4, 2}), mesh({4}), Placements{Shard(0)});
   to_local(dt).fill_(world()->rank());
   EXPECT_TRUE(tensors_equal(full_tensor(dt), at::arange(4, at::kFloat).repeat_interleave(2).view({4, 2})));
 }
 
-TEST_F(DistTest, DescribeShowsShapePlacementsAndMesh) {
+TEST_F(ApiTest, DescribeShowsShapePlacementsAndMesh) {
   at::Tensor dt = distribute_tensor(at::zeros({4, 6}), mesh({2, 2}, {}, {"dp", "tp"}), Placements{Shard(0), Replicate()});
   EXPECT_EQ(describe(dt),
             "DTensor(shape=[4, 6], dtype=Float, placements=(S(0),R), mesh=DeviceMesh([[0, 1], [2, 3]], names=(dp, tp)), "

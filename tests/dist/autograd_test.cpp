@@ -11,7 +11,9 @@ namespace {
 // The single-device gradient of loss(W) = sum(W^2 * C): 2 W C.
 at::Tensor square_weighted_grad(const at::Tensor& w, const at::Tensor& c) { return 2 * w * c; }
 
-TEST_F(DistTest, GradientThroughAllGatherComesBackSharded) {
+class AutogradTest : public DistTest {};
+
+TEST_F(AutogradTest, GradientThroughAllGatherComesBackSharded) {
   const at::Tensor w = test_tensor({5, 4}, at::kDouble, 1), c = test_tensor({5, 4}, at::kDouble, 2);
   for (const auto& m : {mesh({4}), mesh({3}, {0, 1, 2})}) {
     if (!m->contains_this_rank()) continue;
@@ -23,7 +25,7 @@ TEST_F(DistTest, GradientThroughAllGatherComesBackSharded) {
   }
 }
 
-TEST_F(DistTest, GradientThroughAllToAll) {
+TEST_F(AutogradTest, GradientThroughAllToAll) {
   const at::Tensor w = test_tensor({6, 7}, at::kDouble, 3), c = test_tensor({6, 7}, at::kDouble, 4);
   auto m = mesh({4});
   at::Tensor local = expected_shard(w, m, {Shard(1)}).clone().requires_grad_();
@@ -33,7 +35,7 @@ TEST_F(DistTest, GradientThroughAllToAll) {
   EXPECT_TRUE(tensors_close(local.grad(), expected_shard(square_weighted_grad(w, c), m, {Shard(1)})));
 }
 
-TEST_F(DistTest, PartialGradPlacementsSumTheRanksLosses) {
+TEST_F(AutogradTest, PartialGradPlacementsSumTheRanksLosses) {
   const at::Tensor w = test_tensor({4, 3}, at::kDouble, 5);
   auto m = mesh({4});
   at::Tensor local = expected_shard(w, m, {Shard(0)}).clone().requires_grad_();
@@ -48,7 +50,7 @@ TEST_F(DistTest, PartialGradPlacementsSumTheRanksLosses) {
 
 // grad_placements whose shard has another shape than the forward's: the local gradient cannot be that
 // shard, and backward says so instead of wrapping it with the wrong layout.
-TEST_F(DistTest, ToLocalGradientOfTheWrongShardShapeIsRefused) {
+TEST_F(AutogradTest, ToLocalGradientOfTheWrongShardShapeIsRefused) {
   auto m = mesh({4});
   at::Tensor dt = distribute_tensor(test_tensor({5, 6}, at::kDouble, 6).requires_grad_(), m, Placements{Shard(0)});
   at::Tensor local = to_local(dt, Placements{Replicate()});  // rows 2, 2, 1, 0: never the whole [5, 6]
@@ -58,7 +60,7 @@ TEST_F(DistTest, ToLocalGradientOfTheWrongShardShapeIsRefused) {
                                           "grad_placements (R) has shape [5, 6]"));
 }
 
-TEST_F(DistTest, PartialInputsGetTheWholeGradient) {
+TEST_F(AutogradTest, PartialInputsGetTheWholeGradient) {
   // X = reduce_r x_r; loss = sum(X^2 * C). dloss/dx_r = 2 X C for sum, 2 X C / n for avg.
   const at::Tensor x = test_tensor({3, 5}, at::kDouble, 6), c = test_tensor({3, 5}, at::kDouble, 7);
   auto m = mesh({4});
@@ -73,7 +75,7 @@ TEST_F(DistTest, PartialInputsGetTheWholeGradient) {
   }
 }
 
-TEST_F(DistTest, GradientOnTwoByTwoMesh) {
+TEST_F(AutogradTest, GradientOnTwoByTwoMesh) {
   const at::Tensor w = test_tensor({5, 6}, at::kDouble, 8), c = test_tensor({5, 6}, at::kDouble, 9);
   auto m = mesh({2, 2});
   const Placements src{Shard(0), Shard(1)}, dst{Replicate(), Shard(0)};
@@ -84,7 +86,7 @@ TEST_F(DistTest, GradientOnTwoByTwoMesh) {
   EXPECT_TRUE(tensors_close(local.grad(), expected_shard(square_weighted_grad(w, c), m, src)));
 }
 
-TEST_F(DistTest, LeafDTensorAccumulatesADTensorGradient) {
+TEST_F(AutogradTest, LeafDTensorAccumulatesADTensorGradient) {
   const at::Tensor w = test_tensor({6, 2}, at::kFloat, 10), c = test_tensor({6, 2}, at::kFloat, 11);
   auto m = mesh({4});
   at::Tensor param = distribute_tensor(w.clone().requires_grad_(), m, Placements{Shard(0)});
@@ -97,7 +99,7 @@ TEST_F(DistTest, LeafDTensorAccumulatesADTensorGradient) {
   EXPECT_TRUE(tensors_close(full_tensor(param.grad()), square_weighted_grad(w, c)));
 }
 
-TEST_F(DistTest, AutogradGradFunctionWorks) {
+TEST_F(AutogradTest, AutogradGradFunctionWorks) {
   const at::Tensor w = test_tensor({4, 4}, at::kDouble, 12);
   auto m = mesh({2, 2});
   at::Tensor local = expected_shard(w, m, {Shard(1), Replicate()}).clone().requires_grad_();
@@ -106,7 +108,7 @@ TEST_F(DistTest, AutogradGradFunctionWorks) {
   EXPECT_TRUE(tensors_close(grads[0], expected_shard(2 * w, m, {Shard(1), Replicate()})));
 }
 
-TEST_F(DistTest, BackwardIntoPartialMaxIsRefused) {
+TEST_F(AutogradTest, BackwardIntoPartialMaxIsRefused) {
   auto m = mesh({4});
   at::Tensor local = at::ones({2, 2}, at::kDouble).requires_grad_();
   FromLocalOptions options;

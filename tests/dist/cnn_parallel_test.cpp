@@ -144,9 +144,11 @@ TEST_P(CnnParallelTest, TrainingStepsFollowOneDevice) {
 INSTANTIATE_TEST_SUITE_P(Meshes, CnnParallelTest, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "DP2xTP2" : "TP4"; });
 
+class ParallelStyleCnnTest : public DistTest {};
+
 // Tensor parallel alone: forward one all-reduce (after the row-parallel conv), backward one (the
 // column-parallel conv's input gradient); the batch norm between needs none.
-TEST_F(DistTest, ConvBatchNormConvCommunicatesLikeMegatronsMlp) {
+TEST_F(ParallelStyleCnnTest, ConvBatchNormConvCommunicatesLikeMegatronsMlp) {
   auto m = mesh({4});
   auto reference = seeded<SmallCnn>(), parallel = seeded<SmallCnn>();
   parallelize_cnn(parallel, m);
@@ -179,7 +181,7 @@ class ConvPairImpl : public torch::nn::Module {
 };
 TORCH_MODULE(ConvPair);
 
-TEST_F(DistTest, ColwiseThenRowwiseConv1dWithLocalActivations) {
+TEST_F(ParallelStyleCnnTest, ColwiseThenRowwiseConv1dWithLocalActivations) {
   auto m = mesh({4});
   auto reference = seeded<ConvPair>(), parallel = seeded<ConvPair>();
   parallelize_module(*parallel, m, {{"up", ColwiseParallel{}}, {"down", RowwiseParallel{}}});
@@ -213,7 +215,7 @@ const at::Tensor& bag_offsets() {
   return t;
 }
 
-TEST_F(DistTest, RowwiseEmbeddingBagIsVocabularyParallel) {
+TEST_F(ParallelStyleCnnTest, RowwiseEmbeddingBagIsVocabularyParallel) {
   auto m = mesh({4});
   for (auto mode : {torch::nn::EmbeddingBagMode(torch::kSum), torch::nn::EmbeddingBagMode(torch::kMean)}) {
     const auto options = torch::nn::EmbeddingBagOptions(11, 6).mode(mode).padding_idx(7);
@@ -232,7 +234,7 @@ TEST_F(DistTest, RowwiseEmbeddingBagIsVocabularyParallel) {
   }
 }
 
-TEST_F(DistTest, ColwiseEmbeddingBagShardsTheEmbeddingDim) {
+TEST_F(ParallelStyleCnnTest, ColwiseEmbeddingBagShardsTheEmbeddingDim) {
   auto m = mesh({4});
   const auto options = torch::nn::EmbeddingBagOptions(11, 7).mode(torch::kMax);
   auto reference = seeded_bags(options), parallel = seeded_bags(options);
@@ -249,7 +251,7 @@ TEST_F(DistTest, ColwiseEmbeddingBagShardsTheEmbeddingDim) {
   expect_grads_equal(*parallel, *reference);
 }
 
-TEST_F(DistTest, ParallelStylesOnConvNetsSayWhatTheyDoNotSupport) {
+TEST_F(ParallelStyleCnnTest, ParallelStylesOnConvNetsSayWhatTheyDoNotSupport) {
   auto m = mesh({4});
   auto bags = seeded_bags(torch::nn::EmbeddingBagOptions(11, 6));
   EXPECT_THAT(error_of([&] { parallelize_module(*bags, m, {{"", RowwiseParallel{.input_layout = Shard(0)}}}); }),

@@ -23,7 +23,9 @@ const at::Tensor& w57() {
   return t;
 }
 
-TEST_F(DistTest, MatmulAndPointwiseOnDTensors) {
+class DispatchTest : public DistTest {};
+
+TEST_F(DispatchTest, MatmulAndPointwiseOnDTensors) {
   auto m = mesh({4});
   at::Tensor y = at::mm(distribute_tensor(x65(), m, Placements{Shard(0)}), distribute_tensor(w57(), m, Placements{Replicate()}));
   EXPECT_EQ(placements_of(y), (Placements{Shard(0)}));
@@ -32,7 +34,7 @@ TEST_F(DistTest, MatmulAndPointwiseOnDTensors) {
   EXPECT_TRUE(tensors_equal(full_tensor(z), at::relu(at::mm(x65(), w57()) + 1) * 2));
 }
 
-TEST_F(DistTest, ColumnShardedWeightMatmulNeedsNoCollective) {
+TEST_F(DispatchTest, ColumnShardedWeightMatmulNeedsNoCollective) {
   auto m = mesh({4});
   at::Tensor x = distribute_tensor(x65(), m), w = distribute_tensor(w57(), m, Placements{Shard(1)});
   CommDebugMode debug;
@@ -41,7 +43,7 @@ TEST_F(DistTest, ColumnShardedWeightMatmulNeedsNoCollective) {
   EXPECT_EQ(placements_of(y), (Placements{Shard(1)}));
 }
 
-TEST_F(DistTest, RowShardedMatmulThenReplicateIsOneAllReduce) {
+TEST_F(DispatchTest, RowShardedMatmulThenReplicateIsOneAllReduce) {
   auto m = mesh({4});
   at::Tensor x = distribute_tensor(x65(), m, Placements{Shard(1)}), w = distribute_tensor(w57(), m, Placements{Shard(0)});
   CommDebugMode debug;
@@ -54,7 +56,7 @@ TEST_F(DistTest, RowShardedMatmulThenReplicateIsOneAllReduce) {
   EXPECT_TRUE(tensors_close(to_local(whole), at::mm(x65(), w57())));
 }
 
-TEST_F(DistTest, StrategyNeedingNoRedistributionWins) {
+TEST_F(DispatchTest, StrategyNeedingNoRedistributionWins) {
   // x S(0) @ w S(0): keeping x and gathering w (35 doubles) beats gathering x (30 doubles) only when
   // it moves fewer bytes; either way the choice is the cheapest and the result is right.
   auto m = mesh({4});
@@ -65,14 +67,14 @@ TEST_F(DistTest, StrategyNeedingNoRedistributionWins) {
   EXPECT_TRUE(tensors_close(full_tensor(y), at::mm(x65(), w57())));
 }
 
-TEST_F(DistTest, ZeroDimPlainTensorActsAsReplicate) {
+TEST_F(DispatchTest, ZeroDimPlainTensorActsAsReplicate) {
   at::Tensor dt = distribute_tensor(x65(), mesh({4}), Placements{Shard(0)});
   at::Tensor y = dt * at::scalar_tensor(3.0, at::kDouble);
   EXPECT_EQ(placements_of(y), (Placements{Shard(0)}));
   EXPECT_TRUE(tensors_equal(full_tensor(y), x65() * 3));
 }
 
-TEST_F(DistTest, AddingANumberToAPartialSumStaysPartial) {
+TEST_F(DispatchTest, AddingANumberToAPartialSumStaysPartial) {
   auto m = mesh({4});
   at::Tensor p = make_dtensor_holding(x65(), m, {Partial()});
   CommDebugMode debug;
@@ -83,7 +85,7 @@ TEST_F(DistTest, AddingANumberToAPartialSumStaysPartial) {
   EXPECT_TRUE(tensors_equal(full_tensor(y), x65() + 3.5));
 }
 
-TEST_F(DistTest, AnyOfAPartialMaxIsReducedFirst) {
+TEST_F(DispatchTest, AnyOfAPartialMaxIsReducedFirst) {
   // amax over the sharded dim is Partial(max) with contributions 0, -1, -1, -1; any() of it is any(0).
   const at::Tensor x = at::tensor({0.0, -1.0, -1.0, -1.0, -1.0}, at::kDouble);
   at::Tensor dt = distribute_tensor(x, mesh({4}), Placements{Shard(0)});
@@ -91,13 +93,13 @@ TEST_F(DistTest, AnyOfAPartialMaxIsReducedFirst) {
   EXPECT_TRUE(tensors_equal(full_tensor(dt.amin(0).all()), x.amin(0).all()));
 }
 
-TEST_F(DistTest, NegativeOrderNormWithAnEmptyShard) {
+TEST_F(DispatchTest, NegativeOrderNormWithAnEmptyShard) {
   const at::Tensor x = test_tensor({5}, at::kDouble, 4) + 20;  // 5 over 4 ranks: the last shard is empty
   at::Tensor dt = distribute_tensor(x, mesh({4}), Placements{Shard(0)});
   EXPECT_TRUE(tensors_close(full_tensor(at::linalg_vector_norm(dt, -1)), at::linalg_vector_norm(x, -1)));
 }
 
-TEST_F(DistTest, RanksOutsideTheMeshReturnEmptyShardsOfEveryOutput) {
+TEST_F(DispatchTest, RanksOutsideTheMeshReturnEmptyShardsOfEveryOutput) {
   auto m = mesh({2}, {0, 1});
   at::Tensor dt = distribute_tensor(test_tensor({4, 6}, at::kDouble, 5), m, Placements{Shard(0)});
   auto pieces = at::split(dt, 2, 1);
@@ -106,7 +108,7 @@ TEST_F(DistTest, RanksOutsideTheMeshReturnEmptyShardsOfEveryOutput) {
   if (world()->rank() >= 2) EXPECT_EQ(local_tensor_of(pieces[0]).numel(), 0);
 }
 
-TEST_F(DistTest, ANumberReadOutsideTheMeshIsAnError) {
+TEST_F(DispatchTest, ANumberReadOutsideTheMeshIsAnError) {
   auto m = mesh({2}, {0, 1});
   at::Tensor total = distribute_tensor(test_tensor({4, 6}, at::kDouble, 5), m, Placements{Shard(0)}).sum();
   if (world()->rank() < 2)
@@ -115,7 +117,7 @@ TEST_F(DistTest, ANumberReadOutsideTheMeshIsAnError) {
     EXPECT_THAT(error_of([&] { total.item<double>(); }), HasSubstr("which this rank (" + std::to_string(world()->rank()) + ") is not part of"));
 }
 
-TEST_F(DistTest, PlainTensorNeedsImplicitReplication) {
+TEST_F(DispatchTest, PlainTensorNeedsImplicitReplication) {
   at::Tensor dt = distribute_tensor(x65(), mesh({4}), Placements{Shard(0)});
   const at::Tensor plain = test_tensor({6, 5}, at::kDouble, 9);
   EXPECT_THAT(error_of([&] { (void)(dt + plain); }),
@@ -124,12 +126,12 @@ TEST_F(DistTest, PlainTensorNeedsImplicitReplication) {
   EXPECT_TRUE(tensors_equal(full_tensor(dt + plain), x65() + plain));
 }
 
-TEST_F(DistTest, DTensorsOnDifferentMeshesAreAnError) {
+TEST_F(DispatchTest, DTensorsOnDifferentMeshesAreAnError) {
   at::Tensor a = distribute_tensor(x65(), mesh({4})), b = distribute_tensor(x65(), mesh({2, 2}));
   EXPECT_THAT(error_of([&] { (void)(a + b); }), HasSubstr("got DTensors on different meshes"));
 }
 
-TEST_F(DistTest, InPlaceOpKeepsPlacementsAndReturnsSelf) {
+TEST_F(DispatchTest, InPlaceOpKeepsPlacementsAndReturnsSelf) {
   at::Tensor dt = distribute_tensor(x65(), mesh({4}), Placements{Shard(0)});
   at::Tensor other = distribute_tensor(test_tensor({6, 5}, at::kDouble, 3), mesh({4}));
   at::Tensor& result = dt.add_(other, 2);
@@ -138,13 +140,13 @@ TEST_F(DistTest, InPlaceOpKeepsPlacementsAndReturnsSelf) {
   EXPECT_TRUE(tensors_equal(full_tensor(dt), x65() + 2 * test_tensor({6, 5}, at::kDouble, 3)));
 }
 
-TEST_F(DistTest, InPlaceOpThatWouldMoveShardsIsAnError) {
+TEST_F(DispatchTest, InPlaceOpThatWouldMoveShardsIsAnError) {
   // A cumulative sum along the sharded dim needs it whole: the written tensor's shards would move.
   at::Tensor dt = distribute_tensor(x65(), mesh({4}), Placements{Shard(0)});
   EXPECT_THAT(error_of([&] { dt.cumsum_(0); }), HasSubstr("that keeps the placements of the tensor it writes to"));
 }
 
-TEST_F(DistTest, OutVariantWritesIntoTheGivenDTensor) {
+TEST_F(DispatchTest, OutVariantWritesIntoTheGivenDTensor) {
   auto m = mesh({4});
   at::Tensor out = distribute_tensor(at::zeros({6, 5}, at::kDouble), m, Placements{Shard(1)});
   at::Tensor a = distribute_tensor(x65(), m, Placements{Shard(0)});
@@ -155,14 +157,14 @@ TEST_F(DistTest, OutVariantWritesIntoTheGivenDTensor) {
   EXPECT_TRUE(tensors_equal(full_tensor(out), x65() * x65()));
 }
 
-TEST_F(DistTest, ViewsAliasTheirInput) {
+TEST_F(DispatchTest, ViewsAliasTheirInput) {
   at::Tensor dt = distribute_tensor(x65(), mesh({4}), Placements{Shard(0)});
   at::Tensor t = dt.t();
   EXPECT_EQ(placements_of(t), (Placements{Shard(1)}));
   EXPECT_EQ(local_tensor_of(t).data_ptr(), local_tensor_of(dt).data_ptr());
 }
 
-TEST_F(DistTest, PropagationIsCachedPerCall) {
+TEST_F(DispatchTest, PropagationIsCachedPerCall) {
   at::Tensor a = distribute_tensor(x65(), mesh({4}), Placements{Shard(0)});
   clear_propagation_cache();
   (void)(a * 2);
@@ -177,7 +179,7 @@ TEST_F(DistTest, PropagationIsCachedPerCall) {
 // The cache key holds every part of an input spec: specs that differ in any one of them (a placement's
 // kind, shard dim, split factor or reduce op; dtype, shape, strides) are separate entries, and each
 // call still equals single-device LibTorch's.
-TEST_F(DistTest, PropagationCacheKeysEveryPartOfTheSpec) {
+TEST_F(DispatchTest, PropagationCacheKeysEveryPartOfTheSpec) {
   auto m = mesh({4});
   const at::Tensor x = test_tensor({8, 8}, at::kDouble, 19);
   const std::vector<at::Tensor> inputs = {
@@ -206,7 +208,7 @@ TEST_F(DistTest, PropagationCacheKeysEveryPartOfTheSpec) {
 
 // Which optional tensor argument a DTensor fills is part of the key too: clamp with a minimum and clamp
 // with a maximum of the same spec are two entries, not one decision reused for the other.
-TEST_F(DistTest, PropagationCacheKeysWhichOptionalTensorIsGiven) {
+TEST_F(DispatchTest, PropagationCacheKeysWhichOptionalTensorIsGiven) {
   auto m = mesh({4});
   const at::Tensor x = test_tensor({8, 6}, at::kDouble, 20), bound = test_tensor({8, 6}, at::kDouble, 21);
   const at::Tensor dx = distribute_tensor(x, m, Placements{Shard(0)}), dbound = distribute_tensor(bound, m, Placements{Shard(0)});
@@ -217,7 +219,7 @@ TEST_F(DistTest, PropagationCacheKeysWhichOptionalTensorIsGiven) {
   EXPECT_EQ(propagation_cache_stats().hits, 0);
 }
 
-TEST_F(DistTest, OpWithoutStrategyNamesOpAndWaysOut) {
+TEST_F(DispatchTest, OpWithoutStrategyNamesOpAndWaysOut) {
   at::Tensor dt = distribute_tensor(x65(), mesh({4}), Placements{Shard(0)});
   const std::string error = error_of([&] { (void)at::cumprod(dt, 0); });
   EXPECT_THAT(error, HasSubstr("no sharding strategy for op aten::cumprod"));
@@ -225,7 +227,7 @@ TEST_F(DistTest, OpWithoutStrategyNamesOpAndWaysOut) {
   EXPECT_THAT(error, HasSubstr("register"));
 }
 
-TEST_F(DistTest, ReplicateParameterGradientIsPartialAndReducedWhenNeeded) {
+TEST_F(DispatchTest, ReplicateParameterGradientIsPartialAndReducedWhenNeeded) {
   auto m = mesh({4});
   at::Tensor w = distribute_tensor(w57().clone().requires_grad_(), m);
   at::Tensor x = distribute_tensor(x65(), m, Placements{Shard(0)});
@@ -243,7 +245,7 @@ TEST_F(DistTest, ReplicateParameterGradientIsPartialAndReducedWhenNeeded) {
   EXPECT_TRUE(tensors_close(to_local(w), w57() - 0.5 * expected_grad));
 }
 
-TEST_F(DistTest, LinearForwardOnTwoByTwoMesh) {
+TEST_F(DispatchTest, LinearForwardOnTwoByTwoMesh) {
   auto m = mesh({2, 2});
   const at::Tensor x = test_tensor({8, 6}, at::kDouble, 3), w = test_tensor({5, 6}, at::kDouble, 4),
                    b = test_tensor({5}, at::kDouble, 5);
@@ -264,7 +266,7 @@ TORCH_LIBRARY_IMPL(dtensor_test, CPU, m) {
   m.impl("triple_it", [](const at::Tensor& x) { return x * 3; });
 }
 
-TEST_F(DistTest, RegisteringAStrategyForACustomOp) {
+TEST_F(DispatchTest, RegisteringAStrategyForACustomOp) {
   auto double_it = c10::Dispatcher::singleton().findSchemaOrThrow("dtensor_test::double_it", "").typed<at::Tensor(const at::Tensor&)>();
   at::Tensor dt = distribute_tensor(x65(), mesh({4}), Placements{Shard(1)});
   EXPECT_THAT(error_of([&] { double_it.call(dt); }), HasSubstr("no sharding strategy for op dtensor_test::double_it"));
@@ -284,7 +286,7 @@ TEST_F(DistTest, RegisteringAStrategyForACustomOp) {
 
 // A mesh rule states whole-mesh strategies itself: this one offers a single layout, (S(1),S(0)), so a
 // 2x2 input placed (S(0),S(1)) is moved to it (no dim rule can pair the mesh dims this way alone).
-TEST_F(DistTest, RegisteringAMeshRuleForACustomOp) {
+TEST_F(DispatchTest, RegisteringAMeshRuleForACustomOp) {
   auto triple_it = c10::Dispatcher::singleton().findSchemaOrThrow("dtensor_test::triple_it", "").typed<at::Tensor(const at::Tensor&)>();
   const Placements only{Shard(1), Shard(0)};
   register_mesh_rule("dtensor_test::triple_it", [&](const OpSchema&) { return OpStrategy{PlacementStrategy{{only}, {only}, {}}}; });

@@ -17,7 +17,9 @@ FromLocalOptions no_check(const at::Tensor& full) {
   return options;
 }
 
-TEST_F(DistTest, DonatedPartialToReplicateReducesInTheDonatedBuffer) {
+class DonationTest : public DistTest {};
+
+TEST_F(DonationTest, DonatedPartialToReplicateReducesInTheDonatedBuffer) {
   const at::Tensor full = test_tensor({6, 5}, at::kFloat, 21);
   // 2x2: two all-reduces, both in the donated buffer.
   for (const auto& m : {mesh({4}), mesh({2, 2})}) {
@@ -31,7 +33,7 @@ TEST_F(DistTest, DonatedPartialToReplicateReducesInTheDonatedBuffer) {
   }
 }
 
-TEST_F(DistTest, DonationFallsBackToCopyingWhenTheBufferIsShared) {
+TEST_F(DonationTest, DonationFallsBackToCopyingWhenTheBufferIsShared) {
   const at::Tensor full = test_tensor({6, 5}, at::kFloat, 22);
   auto m = mesh({4});
   const at::Tensor contribution = local_tensor_of(make_dtensor_holding(full, m, {Partial()})).clone();
@@ -56,7 +58,7 @@ TEST_F(DistTest, DonationFallsBackToCopyingWhenTheBufferIsShared) {
   EXPECT_TRUE(tensors_equal(given, contribution));
 }
 
-TEST_F(DistTest, DonationKeepsGradientsOfDTensorsRequiringGrad) {
+TEST_F(DonationTest, DonationKeepsGradientsOfDTensorsRequiringGrad) {
   // The DTensor is the only holder of its buffer (from_local of a temporary), so it is donated even
   // though it requires grad: redistribute's backward needs none of its values.
   // loss = sum(X * C) with X the Partial(sum) value: dloss/dx_r = C.
@@ -76,7 +78,7 @@ TEST_F(DistTest, DonationKeepsGradientsOfDTensorsRequiringGrad) {
 // A DTensor an op saved for its backward is not donated: the node's handle is a second one. If it
 // were, the saved contributions would read the reduced value and C's gradient would be 4X, not X.
 // loss = sum(X) + sum(X * C): dloss/dC = X, dloss/dx_r = 1 + C.
-TEST_F(DistTest, DonationSkipsADTensorAnOpSavedForBackward) {
+TEST_F(DonationTest, DonationSkipsADTensorAnOpSavedForBackward) {
   const at::Tensor x = test_tensor({3, 4}, at::kDouble, 26), c_full = test_tensor({3, 4}, at::kDouble, 27);
   auto m = mesh({4});
   at::Tensor contribution = local_tensor_of(make_dtensor_holding(x, m, {Partial()})).clone().requires_grad_();
@@ -91,7 +93,7 @@ TEST_F(DistTest, DonationSkipsADTensorAnOpSavedForBackward) {
   EXPECT_TRUE(tensors_equal(contribution.grad(), 1 + c_full));
 }
 
-TEST_F(DistTest, DonatedNonContiguousShardIsCopiedIntoAContiguousResult) {
+TEST_F(DonationTest, DonatedNonContiguousShardIsCopiedIntoAContiguousResult) {
   const at::Tensor full = test_tensor({4, 6}, at::kLong, 25);
   auto m = mesh({4});
   const at::Tensor contribution = local_tensor_of(make_dtensor_holding(full, m, {Partial()}));
@@ -101,7 +103,7 @@ TEST_F(DistTest, DonatedNonContiguousShardIsCopiedIntoAContiguousResult) {
   EXPECT_TRUE(tensors_equal(to_local(out), full));
 }
 
-TEST_F(DistTest, RefusedDonationLeavesTheHandle) {
+TEST_F(DonationTest, RefusedDonationLeavesTheHandle) {
   at::Tensor dt = make_dtensor_holding(test_tensor({4, 4}, at::kFloat, 26), mesh({4}), {Replicate()});
   EXPECT_THROW(redistribute(std::move(dt), {Partial()}), DTensorError);
   EXPECT_TRUE(dt.defined());  // NOLINT(bugprone-use-after-move): validation comes before consuming

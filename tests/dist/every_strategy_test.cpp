@@ -90,8 +90,10 @@ std::vector<MeshPtr> meshes() { return {mesh({4}), mesh({2, 2})}; }
 // Strategies are per mesh dim: a rule offering n on a 1-d mesh offers n^2 on the 2x2 one.
 size_t per_mesh(const MeshPtr& m, size_t n) { return m->ndim() == 1 ? n : n * n; }
 
+class StrategyTest : public DistTest {};
+
 // The number of strategies checked pins each rule, so a lost strategy is noticed.
-TEST_F(DistTest, EveryLinearStrategy) {
+TEST_F(StrategyTest, EveryLinearStrategy) {
   const at::Tensor x = values({3, 5, 7}, 1), w = values({6, 7}, 2), b = values({6}, 3);
   for (const auto& m : meshes()) {
     // R, S(0), S(1) of x, S(last) of the output, the contracted dim, Partial x and Partial weight (sum,
@@ -102,7 +104,7 @@ TEST_F(DistTest, EveryLinearStrategy) {
   }
 }
 
-TEST_F(DistTest, EveryMatmulStrategy) {
+TEST_F(StrategyTest, EveryMatmulStrategy) {
   const std::vector<std::pair<Shape, Shape>> cases = {
       {{3, 5, 7}, {7, 6}},          {{2, 1, 5, 7}, {3, 7, 6}},   {{7}, {7}},
       {{5, 7}, {7}},                {{7}, {3, 7, 6}},            {{2, 5, 6, 4}, {2, 5, 4, 6}}};
@@ -116,7 +118,7 @@ TEST_F(DistTest, EveryMatmulStrategy) {
   EXPECT_EQ(check_every_strategy("aten::matmul", {values({2, 5, 6, 4}, 1), values({2, 5, 4, 6}, 2)}, mesh({4})).size(), 10u);
 }
 
-TEST_F(DistTest, EveryLayerNormAndSoftmaxStrategy) {
+TEST_F(StrategyTest, EveryLayerNormAndSoftmaxStrategy) {
   const at::Tensor x = values({3, 5, 6}, 1), w = values({6}, 2), b = values({6}, 3);
   for (const auto& m : meshes()) {
     // The input replicated or sharded on any dim that is not normalized (weight and bias replicated).
@@ -136,7 +138,7 @@ TEST_F(DistTest, EveryLayerNormAndSoftmaxStrategy) {
 //  - a dim split or merged stays sharded when every shard is whole rows of an output dim, which
 //    depends on the shard count (1 strategy keeping it), else only Replicate (1 strategy);
 //  - an inner dim of a merge becomes a StridedShard of the merged dim, or Replicate (2 strategies).
-TEST_F(DistTest, EveryReshapeStrategy) {
+TEST_F(StrategyTest, EveryReshapeStrategy) {
   struct Case {
     Shape from, to;
     int64_t dim;        // sharded input dim, -1: replicated
@@ -167,7 +169,7 @@ TEST_F(DistTest, EveryReshapeStrategy) {
     }
 }
 
-TEST_F(DistTest, EveryAttentionStrategy) {
+TEST_F(StrategyTest, EveryAttentionStrategy) {
   // 5 heads and 6 queries over 4 ranks: uneven, one rank without heads.
   const at::Tensor q = small({2, 5, 6, 4}, 1), k = small({2, 5, 7, 4}, 2), v = small({2, 5, 7, 4}, 3);
   const at::Tensor mask = small({6, 7}, 4), causal_k = small({2, 5, 6, 4}, 5), causal_v = small({2, 5, 6, 4}, 6);

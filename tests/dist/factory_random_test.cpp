@@ -14,7 +14,9 @@
 namespace dtensor::testing {
 namespace {
 
-TEST_F(DistTest, FactoriesMakeTheWholeTensorFromLocalShards) {
+class FactoryRandomTest : public DistTest {};
+
+TEST_F(FactoryRandomTest, FactoriesMakeTheWholeTensorFromLocalShards) {
   const Shape shape = {5, 3};
   for (const auto& [m, p] : layouts_2d()) {
     SCOPED_TRACE(describe(m, p));
@@ -33,7 +35,7 @@ TEST_F(DistTest, FactoriesMakeTheWholeTensorFromLocalShards) {
   }
 }
 
-TEST_F(DistTest, FactoriesDefaultToReplicateAndMakeLeaves) {
+TEST_F(FactoryRandomTest, FactoriesDefaultToReplicateAndMakeLeaves) {
   auto m = mesh({2, 2});
   at::Tensor t = ones({7}, m, std::nullopt, at::TensorOptions().requires_grad(true));
   EXPECT_EQ(placements_of(t), (Placements{Replicate(), Replicate()}));
@@ -47,14 +49,14 @@ TEST_F(DistTest, FactoriesDefaultToReplicateAndMakeLeaves) {
   EXPECT_TRUE(r.is_leaf());
 }
 
-TEST_F(DistTest, FactoriesRejectBadArguments) {
+TEST_F(FactoryRandomTest, FactoriesRejectBadArguments) {
   EXPECT_THROW(zeros({5, 3}, nullptr), DTensorError);
   EXPECT_THROW(zeros({5, -1}, mesh({4})), DTensorError);
   EXPECT_THROW(zeros({5, 3}, mesh({4}), Placements{Shard(2)}), DTensorError);
   EXPECT_THROW(ones({5}, mesh({2, 2}), Placements{Shard(0)}), DTensorError);
 }
 
-TEST_F(DistTest, RandAndRandnDrawWhatOneDeviceDraws) {
+TEST_F(FactoryRandomTest, RandAndRandnDrawWhatOneDeviceDraws) {
   for (const Shape& shape : {Shape{5, 3}, Shape{7, 4}}) {
     for (const auto& [m, p] : layouts_2d()) {
       SCOPED_TRACE(shape_str(shape) + " " + describe(m, p));
@@ -71,7 +73,7 @@ TEST_F(DistTest, RandAndRandnDrawWhatOneDeviceDraws) {
   }
 }
 
-TEST_F(DistTest, RandWithAGeneratorAndADtype) {
+TEST_F(FactoryRandomTest, RandWithAGeneratorAndADtype) {
   auto m = mesh({4});
   auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
   const at::Tensor expected = at::randn({9, 2}, gen, at::kDouble);
@@ -96,7 +98,7 @@ void expect_same_draws(const std::string& what, const std::function<at::Tensor(c
   }
 }
 
-TEST_F(DistTest, RandomOpsOnShardedDTensorsDrawWhatOneDeviceDraws) {
+TEST_F(FactoryRandomTest, RandomOpsOnShardedDTensorsDrawWhatOneDeviceDraws) {
   const at::Tensor x = test_tensor({7, 5}, at::kFloat, 5);  // 7 rows over 4 ranks: 2,2,2,1
   const at::Tensor probs = at::linspace(0.05, 0.95, 35).reshape({7, 5});
   expect_same_draws("uniform_", [](const at::Tensor& t) { return t.uniform_(-2, 2); }, x);
@@ -111,7 +113,7 @@ TEST_F(DistTest, RandomOpsOnShardedDTensorsDrawWhatOneDeviceDraws) {
   expect_same_draws("native_dropout mask", [](const at::Tensor& t) { return std::get<1>(at::native_dropout(t, 0.4, true)); }, x);
 }
 
-TEST_F(DistTest, DropoutGradientsMatchOneDevice) {
+TEST_F(FactoryRandomTest, DropoutGradientsMatchOneDevice) {
   const at::Tensor x = test_tensor({5, 3}, at::kDouble, 9);
   for (const auto& [m, p] : layouts_2d()) {
     if (has_partial(p)) continue;  // Shard and Replicate leaves
@@ -129,7 +131,7 @@ TEST_F(DistTest, DropoutGradientsMatchOneDevice) {
   }
 }
 
-TEST_F(DistTest, RandomFillOfAPartialTensorHoldsTheDrawnValue) {
+TEST_F(FactoryRandomTest, RandomFillOfAPartialTensorHoldsTheDrawnValue) {
   // The filled tensor keeps Partial: contributions that reduce to the drawn values.
   const at::Tensor x = test_tensor({5, 3}, at::kDouble, 2);
   for (const auto& [m, p] : layouts_2d()) {
@@ -145,7 +147,7 @@ TEST_F(DistTest, RandomFillOfAPartialTensorHoldsTheDrawnValue) {
   }
 }
 
-TEST_F(DistTest, RandomFillFollowsTheGlobalMemoryOrder) {
+TEST_F(FactoryRandomTest, RandomFillFollowsTheGlobalMemoryOrder) {
   // Filling a transposed view visits the elements in memory order, on one device and on DTensors.
   auto m = mesh({4});
   at::manual_seed(8);
@@ -157,7 +159,7 @@ TEST_F(DistTest, RandomFillFollowsTheGlobalMemoryOrder) {
   EXPECT_TRUE(tensors_equal(full_tensor(dt), expected));
 }
 
-TEST_F(DistTest, RandomOpsNeedNoCommunicationForShardedInputs) {
+TEST_F(FactoryRandomTest, RandomOpsNeedNoCommunicationForShardedInputs) {
   auto m = mesh({4});
   at::Tensor x = distribute_tensor(test_tensor({7, 5}, at::kFloat, 1), m, Placements{Shard(0)});
   CommDebugMode debug;
@@ -168,7 +170,7 @@ TEST_F(DistTest, RandomOpsNeedNoCommunicationForShardedInputs) {
   EXPECT_EQ(placements_of(z), Placements{Shard(0)});
 }
 
-TEST_F(DistTest, RanksOutsideTheMeshDrawWhatTheMeshDraws) {
+TEST_F(FactoryRandomTest, RanksOutsideTheMeshDrawWhatTheMeshDraws) {
   // Calls on a sub-mesh advance every rank's generator alike, so a later call on the whole world draws
   // the same values on every rank: those of one device making all the calls.
   auto sub = mesh({2}, {0, 1}), all = mesh({4});
@@ -186,7 +188,7 @@ TEST_F(DistTest, RanksOutsideTheMeshDrawWhatTheMeshDraws) {
   }
 }
 
-TEST_F(DistTest, LearningDropoutOutputsLeavesTheGeneratorToOtherThreads) {
+TEST_F(FactoryRandomTest, LearningDropoutOutputsLeavesTheGeneratorToOtherThreads) {
   // native_dropout has no Meta kernel, so each propagation-cache miss works its outputs out another way;
   // that must never touch the shared generator. One thread misses the cache again and again on eval
   // dropout (which itself draws nothing) while this one draws: this thread's values must be the ones it

@@ -56,7 +56,9 @@ at::Tensor placed(const at::Tensor& full, const MeshPtr& m, const Placements& pl
   return from_local(local, m, placements, {.run_check = false, .shape = full.sizes().vec(), .stride = full.strides().vec()});
 }
 
-TEST_F(DistTest, FastViewKernelsGiveWhatTheGeneralKernelGives) {
+class FastKernelsTest : public DistTest {};
+
+TEST_F(FastKernelsTest, FastViewKernelsGiveWhatTheGeneralKernelGives) {
   const at::Tensor full = test_tensor({5, 6}, at::kDouble, 11);
   const std::vector<ViewCase> cases = {
       {"aten::t", [](const at::Tensor& x) { return x.t(); }},
@@ -98,7 +100,7 @@ TEST_F(DistTest, FastViewKernelsGiveWhatTheGeneralKernelGives) {
 }
 
 // CommDebugMode sees ops the fast kernels run, with their inputs' placements.
-TEST_F(DistTest, FastViewKernelsAreCountedByCommDebugMode) {
+TEST_F(FastKernelsTest, FastViewKernelsAreCountedByCommDebugMode) {
   auto m = mesh({4});
   const at::Tensor d = distribute_tensor(test_tensor({5, 6}, at::kDouble, 12), m, Placements{Shard(0)});
   CommDebugMode debug;

@@ -24,7 +24,9 @@ at::Tensor mlp_loss(const Weights& w, const at::Tensor& x, const at::Tensor& tar
   return F::cross_entropy(F::linear(h, w.w2, w.b2), target);
 }
 
-TEST_F(DistTest, MegatronMlpWithTorchFunctional) {
+class FunctionalTest : public DistTest {};
+
+TEST_F(FunctionalTest, MegatronMlpWithTorchFunctional) {
   auto m = mesh({4});
   const int64_t batch = 5, hidden = 6, ffn = 10, classes = 3;
   Weights full{test_tensor({ffn, hidden}, at::kDouble, 1) / 8, test_tensor({ffn}, at::kDouble, 2) / 8,

@@ -62,7 +62,9 @@ void check_linear(const MeshPtr& m, const Operands& o, const LinearCase& c, cons
   if (has_bias) EXPECT_EQ(to_string(placements_of(db.grad())), to_string(c.grad_bias));
 }
 
-TEST_F(DistTest, FusedLinearTakesEveryShardLocalLayoutOnOneMeshDim) {
+class FusedLinearTest : public DistTest {};
+
+TEST_F(FusedLinearTest, FusedLinearTakesEveryShardLocalLayoutOnOneMeshDim) {
   auto m = mesh({4});
   // Uneven everywhere over 4 ranks: batch 3, sequence 5, 7 input and 6 output features.
   const Operands o = operands({3, 5, 7}, 6);
@@ -85,7 +87,7 @@ TEST_F(DistTest, FusedLinearTakesEveryShardLocalLayoutOnOneMeshDim) {
   }
 }
 
-TEST_F(DistTest, FusedLinearTakesMixedLayoutsOnATwoByTwoMesh) {
+TEST_F(FusedLinearTest, FusedLinearTakesMixedLayoutsOnATwoByTwoMesh) {
   auto m = mesh({2, 2});
   const Operands o = operands({5, 3, 7}, 6);
   const Placements RR = {Replicate(), Replicate()};
@@ -109,7 +111,7 @@ TEST_F(DistTest, FusedLinearTakesMixedLayoutsOnATwoByTwoMesh) {
   }
 }
 
-TEST_F(DistTest, FusedLinearTakesAVectorInput) {
+TEST_F(FusedLinearTest, FusedLinearTakesAVectorInput) {
   auto m = mesh({4});
   const Operands o = operands({7}, 6);
   check_linear(m, o, {{Replicate()}, {Shard(0)}, {Shard(0)}, {Shard(0)}, {Partial()}, {Shard(0)}, {Shard(0)}},
@@ -118,7 +120,7 @@ TEST_F(DistTest, FusedLinearTakesAVectorInput) {
                {Replicate()}, /*fused=*/true);
 }
 
-TEST_F(DistTest, LinearLayoutsThatNeedCommunicationDecompose) {
+TEST_F(FusedLinearTest, LinearLayoutsThatNeedCommunicationDecompose) {
   auto m = mesh({4});
   const Operands o = operands({3, 5, 7}, 6);
   const Placements R = {Replicate()};
@@ -133,7 +135,7 @@ TEST_F(DistTest, LinearLayoutsThatNeedCommunicationDecompose) {
 
 // A gradient of the gradient: backward under create_graph runs the DTensor ops themselves, so the
 // first derivative is differentiable again.
-TEST_F(DistTest, FusedLinearGradientIsDifferentiable) {
+TEST_F(FusedLinearTest, FusedLinearGradientIsDifferentiable) {
   auto m = mesh({4});
   const Operands o = operands({3, 5, 7}, 6);
   at::Tensor x = o.x.clone().requires_grad_(), w = o.weight.clone().requires_grad_();
@@ -151,7 +153,7 @@ TEST_F(DistTest, FusedLinearGradientIsDifferentiable) {
   EXPECT_TRUE(tensors_equal(full_tensor(dw.grad()), w.grad()));
 }
 
-TEST_F(DistTest, FusedLinearWithoutGradModeRecordsNothing) {
+TEST_F(FusedLinearTest, FusedLinearWithoutGradModeRecordsNothing) {
   auto m = mesh({4});
   const Operands o = operands({3, 5, 7}, 6);
   at::NoGradGuard no_grad;
@@ -162,7 +164,7 @@ TEST_F(DistTest, FusedLinearWithoutGradModeRecordsNothing) {
 
 // A frozen weight: only x's gradient is needed, so the node keeps the weight and not x, and x may be
 // changed in place after the forward (LibTorch's own linear allows it too).
-TEST_F(DistTest, FusedLinearWithAFrozenWeightKeepsNoActivation) {
+TEST_F(FusedLinearTest, FusedLinearWithAFrozenWeightKeepsNoActivation) {
   auto m = mesh({4});
   const Operands o = operands({3, 5, 7}, 6);
   at::Tensor x = o.x.clone().requires_grad_();
@@ -184,7 +186,7 @@ TEST_F(DistTest, FusedLinearWithAFrozenWeightKeepsNoActivation) {
 }
 
 // Complex operands decompose: their gradients conjugate the other operand, as LibTorch's formulas do.
-TEST_F(DistTest, FusedLinearLeavesComplexOperandsToTheComposite) {
+TEST_F(FusedLinearTest, FusedLinearLeavesComplexOperandsToTheComposite) {
   auto m = mesh({4});
   const at::Tensor x = at::complex(test_tensor({3, 7}, at::kDouble, 1), test_tensor({3, 7}, at::kDouble, 2));
   const at::Tensor w = at::complex(test_tensor({6, 7}, at::kDouble, 3), test_tensor({6, 7}, at::kDouble, 4));
@@ -201,7 +203,7 @@ TEST_F(DistTest, FusedLinearLeavesComplexOperandsToTheComposite) {
 
 // Shapes that do not multiply fail on every rank, as one device refuses them, instead of passing on
 // the ranks whose shards happen to broadcast (a bias of 4 against 8 output features, cut in 4).
-TEST_F(DistTest, FusedLinearRefusesShapesThatDoNotMultiplyOnEveryRank) {
+TEST_F(FusedLinearTest, FusedLinearRefusesShapesThatDoNotMultiplyOnEveryRank) {
   auto m = mesh({4});
   const at::Tensor x = distribute_tensor(test_tensor({3, 7}, at::kDouble, 1), m, Placements{Replicate()});
   const at::Tensor w = distribute_tensor(test_tensor({8, 7}, at::kDouble, 2), m, Placements{Shard(0)});
@@ -214,7 +216,7 @@ TEST_F(DistTest, FusedLinearRefusesShapesThatDoNotMultiplyOnEveryRank) {
 
 // The module path: dtensor::call runs a parallel torch::nn::Linear as one aten::linear on DTensors,
 // forward and backward, with the single device's values.
-TEST_F(DistTest, ParallelLinearModuleRunsAsOneDTensorOp) {
+TEST_F(FusedLinearTest, ParallelLinearModuleRunsAsOneDTensorOp) {
   auto m = mesh({4});
   torch::nn::Linear colwise(7, 6), rowwise(6, 7);
   {  // the same parameters on every rank

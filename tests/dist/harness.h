@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "../strided_piece.h"
+#include "../support/error_of.h"
+#include "../support/tensor_assertions.h"
 #include "dtensor/dtensor.h"
 
 namespace dtensor::testing {
@@ -49,17 +51,6 @@ at::Tensor make_dtensor_holding(const at::Tensor& full, const MeshPtr& mesh, con
 // This rank's expected shard of `full` for non-Partial placements.
 at::Tensor expected_shard(const at::Tensor& full, const MeshPtr& mesh, const Placements& placements);
 
-// The message of the DTensorError `f` throws, or "no DTensorError".
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const DTensorError& e) {
-    return e.what();
-  }
-  return "no DTensorError";
-}
-
 // Counts the host syncs (item(): aten::_local_scalar_dense calls, each a stall on CUDA) this thread
 // makes while alive.
 class HostSyncCounter {
@@ -73,9 +64,5 @@ class HostSyncCounter {
  private:
   uint64_t handle_;
 };
-
-::testing::AssertionResult tensors_equal(const at::Tensor& actual, const at::Tensor& expected);
-::testing::AssertionResult tensors_close(const at::Tensor& actual, const at::Tensor& expected, double rtol = 1e-5,
-                                         double atol = 1e-6);
 
 }  // namespace dtensor::testing

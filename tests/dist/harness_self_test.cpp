@@ -12,12 +12,14 @@ namespace {
 
 bool self_test_requested() { return std::getenv("DTENSOR_HARNESS_SELF_TEST") != nullptr; }
 
-TEST_F(DistTest, HarnessSelfTestFailureOnOneRank) {
+class HarnessSelfTest : public DistTest {};
+
+TEST_F(HarnessSelfTest, FailureOnOneRank) {
   if (!self_test_requested()) GTEST_SKIP() << "run by the harness_reports_rank_failures ctest";
   if (world()->rank() == 2) ADD_FAILURE() << "deliberate failure on rank 2";
 }
 
-TEST_F(DistTest, HarnessSelfTestHungRank) {
+TEST_F(HarnessSelfTest, HungRank) {
   if (!self_test_requested()) GTEST_SKIP() << "run by the harness_reports_rank_failures ctest";
   // Longer than the rank timeout the ctest sets (2 s).
   if (world()->rank() == 3) std::this_thread::sleep_for(std::chrono::seconds(4));

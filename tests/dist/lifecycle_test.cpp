@@ -40,7 +40,9 @@ void use_and_drop_a_mesh(const Shape& shape) {
   ASSERT_TRUE(tensors_equal(full_tensor(y), x * 2));
 }
 
-TEST_F(DistTest, TwoHundredMeshesComeAndGoWithoutLeakingFdsOrThreads) {
+class LifecycleTest : public DistTest {};
+
+TEST_F(LifecycleTest, TwoHundredMeshesComeAndGoWithoutLeakingFdsOrThreads) {
   for (int i = 0; i < 3; ++i) use_and_drop_a_mesh({4});  // warm up (lazy one-time resources)
   const int64_t fds = open_fds(), tasks = threads();
   for (int i = 0; i < 200; ++i) use_and_drop_a_mesh(i % 2 ? Shape{4} : Shape{2, 2});
@@ -48,7 +50,7 @@ TEST_F(DistTest, TwoHundredMeshesComeAndGoWithoutLeakingFdsOrThreads) {
   EXPECT_EQ(threads(), tasks);
 }
 
-TEST_F(DistTest, CachesKeepNoMeshAlive) {
+TEST_F(LifecycleTest, CachesKeepNoMeshAlive) {
   std::weak_ptr<const DeviceMesh> watched;
   {
     MeshPtr m = DeviceMesh::create(world(), {4});
@@ -67,7 +69,7 @@ TEST_F(DistTest, CachesKeepNoMeshAlive) {
   EXPECT_TRUE(sharded_on.expired()) << "shard_module's mesh map keeps its mesh alive";
 }
 
-TEST_F(DistTest, ShutDownMeshRefusesCollectivesClearly) {
+TEST_F(LifecycleTest, ShutDownMeshRefusesCollectivesClearly) {
   MeshPtr m = DeviceMesh::create(world(), {2, 2}, {.dim_names = {"dp", "tp"}});
   MeshPtr tp = (*m)["tp"];
   at::Tensor x = distribute_tensor(test_tensor({4, 4}, at::kFloat, 6), m, Placements{Shard(0), Shard(1)});
@@ -77,7 +79,7 @@ TEST_F(DistTest, ShutDownMeshRefusesCollectivesClearly) {
               HasSubstr("process groups were shut down"));
 }
 
-TEST_F(DistTest, WorldShutdownReleasesEveryGroupMadeThroughIt) {
+TEST_F(LifecycleTest, WorldShutdownReleasesEveryGroupMadeThroughIt) {
   // A second world over the job's store (its own key space), so the harness's world stays up.
   auto store = c10::make_intrusive<c10d::PrefixStore>("second-world", world()->store());
   auto second = std::make_shared<World>(store, world()->rank(), world()->size());
@@ -89,7 +91,7 @@ TEST_F(DistTest, WorldShutdownReleasesEveryGroupMadeThroughIt) {
   EXPECT_THAT(error_of([&] { DeviceMesh::create(second, {4}); }), HasSubstr("the world was shut down"));
 }
 
-TEST_F(DistTest, ClearingThePropagationCacheReachesEveryThread) {
+TEST_F(LifecycleTest, ClearingThePropagationCacheReachesEveryThread) {
   at::Tensor x = distribute_tensor(test_tensor({5, 3}, at::kDouble, 8), mesh({4}), Placements{Shard(0)});
   at::Tensor warm = x * 3;  // cached on this thread
   std::thread([] { clear_propagation_cache(); }).join();
@@ -103,7 +105,7 @@ TORCH_LIBRARY_IMPL(dtensor_lifecycle_test, CPU, m) {
   m.impl("scale", [](const at::Tensor& x) { return x * 2; });
 }
 
-TEST_F(DistTest, ReplacingARuleInvalidatesCachedDecisions) {
+TEST_F(LifecycleTest, ReplacingARuleInvalidatesCachedDecisions) {
   auto scale = c10::Dispatcher::singleton().findSchemaOrThrow("dtensor_lifecycle_test::scale", "").typed<at::Tensor(const at::Tensor&)>();
   const at::Tensor x = test_tensor({8, 3}, at::kDouble, 9);
   at::Tensor dt = distribute_tensor(x, mesh({4}), Placements{Shard(0)});
@@ -119,7 +121,7 @@ TEST_F(DistTest, ReplacingARuleInvalidatesCachedDecisions) {
   EXPECT_TRUE(tensors_equal(full_tensor(y), x * 2));
 }
 
-TEST_F(DistTest, RuleReplacedWhileAnotherThreadDispatches) {
+TEST_F(LifecycleTest, RuleReplacedWhileAnotherThreadDispatches) {
   // Re-registration used to overwrite the rule a dispatching thread was reading.
   auto scale = c10::Dispatcher::singleton().findSchemaOrThrow("dtensor_lifecycle_test::scale", "").typed<at::Tensor(const at::Tensor&)>();
   MeshPtr alone = DeviceMesh::create(world(), {1}, {world()->rank()});  // no collectives: local only
@@ -156,7 +158,7 @@ TEST_F(DistTest, RuleReplacedWhileAnotherThreadDispatches) {
   EXPECT_GT(registrations.load(), 0);
 }
 
-TEST_F(DistTest, TwoThreadsRacingOnOneMeshGetAClearError) {
+TEST_F(LifecycleTest, TwoThreadsRacingOnOneMeshGetAClearError) {
   // Rank 0's first thread sits inside an all-reduce (the other ranks join it only after a pause); its
   // second thread then starts a collective on the same group and must be refused, not interleaved.
   MeshPtr m = mesh({4});

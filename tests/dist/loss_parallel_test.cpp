@@ -73,10 +73,12 @@ TEST_P(LossParallelTest, ClassShardedCrossEntropyNeverGathersTheLogits) {
 
 INSTANTIATE_TEST_SUITE_P(Classes, LossParallelTest, ::testing::Values(7, 3));
 
+class LossTest : public DistTest {};
+
 // A class masked out with a -inf logit (a vocabulary entry a model must never predict) on a rank that
 // holds none of the targets: that rank offers no target logit for those rows, and its -inf must not
 // reach the sums as -inf * 0 = NaN.
-TEST_F(DistTest, LossParallelWithAMaskedClassIsExact) {
+TEST_F(LossTest, LossParallelWithAMaskedClassIsExact) {
   auto m = mesh({4});
   at::Tensor x = test_tensor({5, 7}, at::kDouble, 35) / 2;
   x.select(1, 2).fill_(-std::numeric_limits<double>::infinity());  // rank 1's first class (2, 2, 2, 1)
@@ -94,7 +96,7 @@ TEST_F(DistTest, LossParallelWithAMaskedClassIsExact) {
 
 // Samples split over one mesh dim and classes over the other: still no gather, and the mean divides
 // by the global total weight (one more all-reduce, of that total).
-TEST_F(DistTest, LossParallelWithShardedBatchIsExact) {
+TEST_F(LossTest, LossParallelWithShardedBatchIsExact) {
   auto m = mesh({2, 2});
   const at::Tensor x = test_tensor({5, 7}, at::kDouble, 33) / 2;
   const at::Tensor w = test_tensor({7}, at::kDouble, 34).abs() + 1;
@@ -120,7 +122,7 @@ TEST_F(DistTest, LossParallelWithShardedBatchIsExact) {
 // The fused path's other layouts and the decomposed fallback: a mesh over 3 of the 4 ranks (rank 0
 // outside it), per-row losses over a 2-d mesh with the batch sharded, bfloat16 logits (computed in
 // float, as Megatron does), and label smoothing (not fused: log_softmax + nll_loss rules).
-TEST_F(DistTest, FusedCrossEntropyLayoutsAndFallbackEqualOneDevice) {
+TEST_F(LossTest, FusedCrossEntropyLayoutsAndFallbackEqualOneDevice) {
   const at::Tensor x = test_tensor({6, 7}, at::kDouble, 35) / 2;
   const at::Tensor t = targets(7, -100).repeat({2}).slice(0, 0, 6);
   struct Case {
@@ -159,7 +161,7 @@ TEST_F(DistTest, FusedCrossEntropyLayoutsAndFallbackEqualOneDevice) {
 }
 
 // A target outside the classes is an error, as in LibTorch, not a quiet loss of log-sum-exp alone.
-TEST_F(DistTest, FusedCrossEntropyRefusesTargetsOutOfBounds) {
+TEST_F(LossTest, FusedCrossEntropyRefusesTargetsOutOfBounds) {
   const at::Tensor logits = distribute_tensor(test_tensor({3, 7}, at::kDouble, 36), mesh({4}), Placements{Shard(1)});
   const at::Tensor target = distribute_tensor(at::tensor({1, 7, 2}, at::kLong), mesh({4}));
   EXPECT_THAT(error_of([&] { at::cross_entropy_loss(logits, target); }),

@@ -14,7 +14,9 @@ int64_t sum_over(const DeviceMesh& m, int64_t dim, int64_t value) {
   return t[0].item<int64_t>();
 }
 
-TEST_F(DistTest, TwoByTwoMeshCoordinatesAndGroups) {
+class MeshTest : public DistTest {};
+
+TEST_F(MeshTest, TwoByTwoMeshCoordinatesAndGroups) {
   auto m = mesh({2, 2}, {}, {"dp", "tp"});
   const int64_t r = world()->rank();
   EXPECT_EQ(m->ndim(), 2);
@@ -31,7 +33,7 @@ TEST_F(DistTest, TwoByTwoMeshCoordinatesAndGroups) {
   EXPECT_EQ(m->str(), "DeviceMesh([[0, 1], [2, 3]], names=(dp, tp))");
 }
 
-TEST_F(DistTest, SlicingByNameReusesGroups) {
+TEST_F(MeshTest, SlicingByNameReusesGroups) {
   auto m = mesh({2, 2}, {}, {"dp", "tp"});
   const int64_t r = world()->rank();
   auto tp = (*m)["tp"];
@@ -47,7 +49,7 @@ TEST_F(DistTest, SlicingByNameReusesGroups) {
   EXPECT_EQ(swapped->group(0).get(), m->group(1).get());
 }
 
-TEST_F(DistTest, ThreeDimMeshSliceKeepsTwoDims) {
+TEST_F(MeshTest, ThreeDimMeshSliceKeepsTwoDims) {
   auto m = mesh({2, 1, 2}, {}, {"pp", "dp", "tp"});
   const int64_t r = world()->rank();
   auto sub = m->slice({"pp", "tp"});
@@ -57,7 +59,7 @@ TEST_F(DistTest, ThreeDimMeshSliceKeepsTwoDims) {
   EXPECT_EQ(sum_over(*sub, 0, r), (r % 2) * 2 + 2);
 }
 
-TEST_F(DistTest, MeshOverASubsetOfRanks) {
+TEST_F(MeshTest, MeshOverASubsetOfRanks) {
   auto m = mesh({2}, {3, 1});
   const int64_t r = world()->rank();
   if (r == 0 || r == 2) {
@@ -70,7 +72,7 @@ TEST_F(DistTest, MeshOverASubsetOfRanks) {
   EXPECT_EQ(sum_over(*m, 0, r), 4);
 }
 
-TEST_F(DistTest, ExplicitRankArray) {
+TEST_F(MeshTest, ExplicitRankArray) {
   auto m = mesh({2, 2}, {3, 2, 1, 0});
   const int64_t r = world()->rank();
   const int64_t flat = 3 - r;
@@ -79,7 +81,7 @@ TEST_F(DistTest, ExplicitRankArray) {
 }
 
 
-TEST_F(DistTest, MeshConstructionErrors) {
+TEST_F(MeshTest, MeshConstructionErrors) {
   auto w = world();
   EXPECT_THAT(error_of([&] { DeviceMesh::create(w, {3}); }), ::testing::HasSubstr("world has 4"));
   EXPECT_THAT(error_of([&] { DeviceMesh::create(w, {2}, {0, 1, 2}); }), ::testing::HasSubstr("do not fill"));

@@ -18,7 +18,9 @@
 namespace dtensor::testing {
 namespace {
 
-TEST_F(DistTest, DistributeModuleReplicatesWhatPartitionLeavesAndRunsInputAndOutputFns) {
+class ModuleTest : public DistTest {};
+
+TEST_F(ModuleTest, DistributeModuleReplicatesWhatPartitionLeavesAndRunsInputAndOutputFns) {
   auto m = mesh({4});
   auto reference = seeded<TwoLayer>(6, 10);
   for (bool with_partition : {false, true}) {
@@ -50,7 +52,7 @@ TEST_F(DistTest, DistributeModuleReplicatesWhatPartitionLeavesAndRunsInputAndOut
   }
 }
 
-TEST_F(DistTest, DistributeModuleWithoutFunctionsReplicatesParametersAndBuffers) {
+TEST_F(ModuleTest, DistributeModuleWithoutFunctionsReplicatesParametersAndBuffers) {
   auto m = mesh({2, 2});
   torch::nn::BatchNorm1d norm(3);
   distribute_module(*norm, m);
@@ -63,7 +65,7 @@ TEST_F(DistTest, DistributeModuleWithoutFunctionsReplicatesParametersAndBuffers)
 
 // torch::optim's SGD (momentum, weight decay), Adam and AdamW step DTensor parameters in place, keep
 // their placements, and follow the single-device optimizer step for step.
-TEST_F(DistTest, TorchOptimizersStepDTensorParametersLikeOneDevice) {
+TEST_F(ModuleTest, TorchOptimizersStepDTensorParametersLikeOneDevice) {
   auto m = mesh({4});
   using Make = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
   const std::vector<std::pair<std::string, Make>> optimizers = {
@@ -100,7 +102,7 @@ TEST_F(DistTest, TorchOptimizersStepDTensorParametersLikeOneDevice) {
 // The global norm over a mix of sharded, replicated (2-d: dp x tp) and plain gradients equals
 // LibTorch's clip_grad_norm_ on the whole gradients, clipping included, with one all-reduce per kind
 // of sharding rather than one per parameter.
-TEST_F(DistTest, ClipGradNormUsesTheGlobalNormAcrossShards) {
+TEST_F(ModuleTest, ClipGradNormUsesTheGlobalNormAcrossShards) {
   auto m = mesh({2, 2}, {}, {"dp", "tp"});
   for (double norm_type : {2.0, 1.0, std::numeric_limits<double>::infinity()}) {
     auto reference = seeded<TwoLayer>(6, 10), parallel = seeded<TwoLayer>(6, 10);
@@ -119,7 +121,7 @@ TEST_F(DistTest, ClipGradNormUsesTheGlobalNormAcrossShards) {
   }
 }
 
-TEST_F(DistTest, ModuleParallelizationErrorsSayWhatToDo) {
+TEST_F(ModuleTest, ModuleParallelizationErrorsSayWhatToDo) {
   auto m = mesh({4});
   auto model = seeded<TwoLayer>(6, 10);
   EXPECT_THAT(error_of([&] { parallelize_module(*model, m, {{"layers.*", ColwiseParallel{}}}); }),
@@ -140,7 +142,7 @@ TEST_F(DistTest, ModuleParallelizationErrorsSayWhatToDo) {
               ::testing::HasSubstr("down.weight: the old parameter is still referenced outside the module's registry"));
 }
 
-TEST_F(DistTest, CallRunsHooksAroundForwardAndMatchesSubmodulesByWildcard) {
+TEST_F(ModuleTest, CallRunsHooksAroundForwardAndMatchesSubmodulesByWildcard) {
   auto model = seeded<TwoLayer>(6, 10);
   const auto matches = match_submodules(*model, "*");
   ASSERT_EQ(matches.size(), 2u);

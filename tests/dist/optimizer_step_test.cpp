@@ -102,17 +102,19 @@ void check_against_one_device(const MeshPtr& m, const std::vector<Param>& params
   }
 }
 
-TEST_F(DistTest, StepOnLocalShardsMatchesTheOptimizerOnOneDevice) {
+class OptimizerTest : public DistTest {};
+
+TEST_F(OptimizerTest, StepOnLocalShardsMatchesTheOptimizerOnOneDevice) {
   for (const Case& c : optimizers()) check_against_one_device(mesh({4}), params_1d(), c);
 }
 
-TEST_F(DistTest, StepOnLocalShardsMatchesTheOptimizerOnOneDeviceOn2dMesh) {
+TEST_F(OptimizerTest, StepOnLocalShardsMatchesTheOptimizerOnOneDeviceOn2dMesh) {
   for (const Case& c : optimizers()) check_against_one_device(mesh({2, 2}), params_2d(), c);
 }
 
 // With gradients placed like their parameters the step dispatches no DTensor op at all (the DTensor
 // step dispatches several per parameter).
-TEST_F(DistTest, StepOnLocalShardsDispatchesNoDTensorOp) {
+TEST_F(OptimizerTest, StepOnLocalShardsDispatchesNoDTensorOp) {
   auto m = mesh({4});
   std::vector<at::Tensor> params;
   for (const Param& p : params_1d()) {
@@ -132,7 +134,7 @@ TEST_F(DistTest, StepOnLocalShardsDispatchesNoDTensorOp) {
 
 // State made by a plain DTensor step from a Partial gradient is Partial itself (SGD's momentum is a
 // clone of the gradient); the step on shards reduces it first instead of mixing contributions.
-TEST_F(DistTest, StepOnLocalShardsPlacesStateLikeItsParameter) {
+TEST_F(OptimizerTest, StepOnLocalShardsPlacesStateLikeItsParameter) {
   auto m = mesh({4});
   const at::Tensor value = test_tensor({6, 5}, at::kDouble, 5) / 4;
   at::Tensor p = distribute_tensor(value, m).requires_grad_();
@@ -153,7 +155,7 @@ TEST_F(DistTest, StepOnLocalShardsPlacesStateLikeItsParameter) {
 
 // A parameter listed twice (tied weights) keeps one state and is stepped twice, as optimizer.step()
 // does on one device.
-TEST_F(DistTest, StepOnLocalShardsKeepsOneStateForATiedParameter) {
+TEST_F(OptimizerTest, StepOnLocalShardsKeepsOneStateForATiedParameter) {
   auto m = mesh({4});
   const at::Tensor value = test_tensor({6, 5}, at::kDouble, 6) / 4;
   at::Tensor p = distribute_tensor(value, m, Placements{Shard(0)}).requires_grad_();
@@ -172,7 +174,7 @@ TEST_F(DistTest, StepOnLocalShardsKeepsOneStateForATiedParameter) {
   EXPECT_EQ(optimizer.state().size(), 1u);
 }
 
-TEST_F(DistTest, StepOnLocalShardsRefusesOptimizersThatMayMixElements) {
+TEST_F(OptimizerTest, StepOnLocalShardsRefusesOptimizersThatMayMixElements) {
   auto m = mesh({4});
   at::Tensor p = distribute_tensor(test_tensor({4, 4}, at::kDouble, 3), m, Placements{Shard(0)}).requires_grad_();
   p.mutable_grad() = distribute_tensor(test_tensor({4, 4}, at::kDouble, 4), m, Placements{Shard(0)});

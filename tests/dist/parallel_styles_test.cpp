@@ -15,7 +15,9 @@
 namespace dtensor::testing {
 namespace {
 
-TEST_F(DistTest, ColwiseThenRowwiseLinearIsMegatronsMlp) {
+class ParallelStyleTest : public DistTest {};
+
+TEST_F(ParallelStyleTest, ColwiseThenRowwiseLinearIsMegatronsMlp) {
   auto m = mesh({4});
   auto reference = seeded<TwoLayer>(6, 10);  // hidden 10 over 4 ranks: uneven shards 3, 3, 2, 2
   auto parallel = seeded<TwoLayer>(6, 10);
@@ -45,7 +47,7 @@ TEST_F(DistTest, ColwiseThenRowwiseLinearIsMegatronsMlp) {
   expect_grads_equal(*parallel, *reference);
 }
 
-TEST_F(DistTest, RowwiseEmbeddingIsVocabularyParallel) {
+TEST_F(ParallelStyleTest, RowwiseEmbeddingIsVocabularyParallel) {
   auto m = mesh({4});
   auto make = [] {
     torch::manual_seed(3);
@@ -68,7 +70,7 @@ TEST_F(DistTest, RowwiseEmbeddingIsVocabularyParallel) {
   expect_grads_equal(*parallel, *reference);
 }
 
-TEST_F(DistTest, ColwiseEmbeddingShardsTheEmbeddingDim) {
+TEST_F(ParallelStyleTest, ColwiseEmbeddingShardsTheEmbeddingDim) {
   auto m = mesh({4});
   torch::manual_seed(4);
   torch::nn::Embedding reference(9, 7);
@@ -97,7 +99,7 @@ class NormMlpImpl : public torch::nn::Module {
 };
 TORCH_MODULE(NormMlp);
 
-TEST_F(DistTest, SequenceParallelGathersBeforeColwiseAndReduceScattersAfterRowwise) {
+TEST_F(ParallelStyleTest, SequenceParallelGathersBeforeColwiseAndReduceScattersAfterRowwise) {
   auto m = mesh({4});
   auto reference = seeded<NormMlp>(6, 10), parallel = seeded<NormMlp>(6, 10);
   {
@@ -125,7 +127,7 @@ TEST_F(DistTest, SequenceParallelGathersBeforeColwiseAndReduceScattersAfterRowwi
   expect_grads_equal(*parallel, *reference);
 }
 
-TEST_F(DistTest, ColwiseLmHeadFeedsLossParallelCrossEntropyWithoutGatheringLogits) {
+TEST_F(ParallelStyleTest, ColwiseLmHeadFeedsLossParallelCrossEntropyWithoutGatheringLogits) {
   auto m = mesh({4});
   auto make = [] {
     torch::manual_seed(5);
@@ -158,7 +160,7 @@ TEST_F(DistTest, ColwiseLmHeadFeedsLossParallelCrossEntropyWithoutGatheringLogit
 
 // PrepareModuleInput / PrepareModuleOutput on a module no style knows: a row-sharded batch is gathered
 // on entry, and the output is handed back as this rank's rows.
-TEST_F(DistTest, PrepareModuleInputAndOutputConvertAtTheBoundary) {
+TEST_F(ParallelStyleTest, PrepareModuleInputAndOutputConvertAtTheBoundary) {
   auto m = mesh({4});
   auto reference = seeded<TwoLayer>(6, 10), parallel = seeded<TwoLayer>(6, 10);
   parallelize_module(*parallel, m,

@@ -18,7 +18,9 @@ at::Tensor quarters_of_three(const MeshPtr& m) {
   return from_local(at::full({2}, 0.75, at::kDouble), m, {Partial()}, options);
 }
 
-TEST_F(DistTest, DivisionWithRoundingOfAPartialSumRoundsTheSum) {
+class PartialTest : public DistTest {};
+
+TEST_F(PartialTest, DivisionWithRoundingOfAPartialSumRoundsTheSum) {
   auto m = mesh({4});
   const at::Tensor three = at::full({2}, 3.0, at::kDouble), divisor = at::full({2}, 3.0, at::kDouble);
   for (const char* mode : {"floor", "trunc"}) {
@@ -43,7 +45,7 @@ TEST_F(DistTest, DivisionWithRoundingOfAPartialSumRoundsTheSum) {
   EXPECT_TRUE(tensors_close(full_tensor(exact), three / 3));
 }
 
-TEST_F(DistTest, NonlinearOpsReduceAPartialFirst) {
+TEST_F(PartialTest, NonlinearOpsReduceAPartialFirst) {
   auto m = mesh({4});
   const at::Tensor x = test_tensor({5, 3}, at::kDouble, 11), y = test_tensor({5, 3}, at::kDouble, 12).abs() + 1;
   for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
@@ -60,7 +62,7 @@ TEST_F(DistTest, NonlinearOpsReduceAPartialFirst) {
   }
 }
 
-TEST_F(DistTest, IntegerAverageIsNotLinear) {
+TEST_F(PartialTest, IntegerAverageIsNotLinear) {
   // Contributions 3, 2, 2, 2 average (truncating) to 2. Scaled by 5 first, they would average
   // 45 / 4 -> 11 instead of 10; summed over 5 elements first, likewise.
   auto m = mesh({4});
@@ -73,7 +75,7 @@ TEST_F(DistTest, IntegerAverageIsNotLinear) {
   EXPECT_TRUE(tensors_equal(full_tensor(p.sum()), at::scalar_tensor(10, at::kLong)));
 }
 
-TEST_F(DistTest, OutArgumentReceivesTheResultNotAContribution) {
+TEST_F(PartialTest, OutArgumentReceivesTheResultNotAContribution) {
   auto m = mesh({4});
   const at::Tensor x = test_tensor({5, 3}, at::kDouble, 13), y = test_tensor({5, 3}, at::kDouble, 14);
   at::Tensor out = make_dtensor_holding(at::zeros({5, 3}, at::kDouble), m, {Partial()}, 3);
@@ -81,14 +83,14 @@ TEST_F(DistTest, OutArgumentReceivesTheResultNotAContribution) {
   EXPECT_TRUE(tensors_equal(full_tensor(out), x * y));
 }
 
-TEST_F(DistTest, InPlaceOpOnAPartialWhoseBufferIsSharedIsRefused) {
+TEST_F(PartialTest, InPlaceOpOnAPartialWhoseBufferIsSharedIsRefused) {
   auto m = mesh({4});
   at::Tensor p = make_dtensor_holding(test_tensor({4}, at::kDouble, 15), m, {Partial()}, 4);
   at::Tensor view = p.view({2, 2});  // shares p's local buffer and would see it reduced
   EXPECT_THAT(error_of([&] { p.floor_divide_(2); }), HasSubstr("its local buffer is shared"));
 }
 
-TEST_F(DistTest, InPlaceViewsReshapeTheDTensor) {
+TEST_F(PartialTest, InPlaceViewsReshapeTheDTensor) {
   auto m = mesh({2, 2});
   const at::Tensor x = test_tensor({5, 1, 3}, at::kDouble, 16);
   at::Tensor dt = distribute_tensor(x, m, Placements{Shard(0), Shard(2)});

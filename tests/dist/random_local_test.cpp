@@ -53,7 +53,9 @@ at::Tensor replicated_like(const at::Tensor& whole, const at::Tensor& like) {
   return make_dtensor_holding(whole, mesh_of(like), Placements(mesh_of(like)->ndim(), Replicate()));
 }
 
-TEST_F(DistTest, LocalShardsMakeOneGlobalTensorWhateverTheMeshAndLayout) {
+class RandomLocalTest : public DistTest {};
+
+TEST_F(RandomLocalTest, LocalShardsMakeOneGlobalTensorWhateverTheMeshAndLayout) {
   const at::Tensor x = test_tensor({7, 5}, at::kFloat, 5);  // 7 rows over 4 ranks: 2,2,2,1
   const at::Tensor probs = at::linspace(0.05, 0.95, 35).reshape({7, 5});
   const at::Tensor row = at::linspace(0.1, 0.9, 5);
@@ -83,7 +85,7 @@ TEST_F(DistTest, LocalShardsMakeOneGlobalTensorWhateverTheMeshAndLayout) {
                            at::empty({0, 5}));
 }
 
-TEST_F(DistTest, LocalShardsFollowTheirDistributions) {
+TEST_F(RandomLocalTest, LocalShardsFollowTheirDistributions) {
   RandomModeGuard local(RandomMode::LocalShards);
   const auto m = mesh({2, 2});
   const Shape shape = {1000, 1001};  // uneven over both mesh dims
@@ -136,7 +138,7 @@ TEST_F(DistTest, LocalShardsFollowTheirDistributions) {
   expect_mean("cauchy within one scale", (c - 1).abs().lt(2).to(at::kDouble), 0.5, 0.5);
 }
 
-TEST_F(DistTest, LocalShardsAreReproducibleAndDifferPerCall) {
+TEST_F(RandomLocalTest, LocalShardsAreReproducibleAndDifferPerCall) {
   RandomModeGuard local(RandomMode::LocalShards);
   const auto m = mesh({4});
   const Shape shape = {9, 4};
@@ -181,7 +183,7 @@ class LargestAllocation final : public c10::Allocator {
   std::atomic<size_t> largest_{0};
 };
 
-TEST_F(DistTest, LocalShardsNeverAllocateTheWholeTensor) {
+TEST_F(RandomLocalTest, LocalShardsNeverAllocateTheWholeTensor) {
   // 64 MiB of floats over 4 ranks: a shard is 16 MiB (its variates, doubles, 32 MiB).
   const Shape shape = {1 << 12, 1 << 12};
   const size_t whole = static_cast<size_t>(numel(shape)) * sizeof(float);
@@ -209,7 +211,7 @@ TEST_F(DistTest, LocalShardsNeverAllocateTheWholeTensor) {
   EXPECT_GE(exact_mode, whole);  // the exact mode does allocate it, and the recorder sees that
 }
 
-TEST_F(DistTest, LocalShardDropoutGradientsAreTheAppliedMask) {
+TEST_F(RandomLocalTest, LocalShardDropoutGradientsAreTheAppliedMask) {
   RandomModeGuard local(RandomMode::LocalShards);
   const at::Tensor x = test_tensor({7, 5}, at::kDouble, 9).abs() + 1;  // no zeros: a zero output was dropped
   for (const auto& [m, p] : layouts_2d()) {
@@ -230,7 +232,7 @@ TEST_F(DistTest, LocalShardDropoutGradientsAreTheAppliedMask) {
   }
 }
 
-TEST_F(DistTest, RandomIntegersDrawInTheExactModeWhateverTheMode) {
+TEST_F(RandomLocalTest, RandomIntegersDrawInTheExactModeWhateverTheMode) {
   RandomModeGuard local(RandomMode::LocalShards);
   const at::Tensor x = test_tensor({7, 5}, at::kFloat, 5);
   at::manual_seed(4);
@@ -250,7 +252,7 @@ std::string libtorch_error_of(F&& f) {
   return "no c10::Error";
 }
 
-TEST_F(DistTest, LocalShardsCheckTheirArguments) {
+TEST_F(RandomLocalTest, LocalShardsCheckTheirArguments) {
   RandomModeGuard local(RandomMode::LocalShards);
   const auto m = mesh({4});
   at::Tensor t = zeros({8, 2}, m, Placements{Shard(0)});  // every rank holds rows: each checks its own
@@ -267,7 +269,7 @@ TEST_F(DistTest, LocalShardsCheckTheirArguments) {
   EXPECT_THAT(error_of([&] { (void)at::native_dropout(t, 1.5, true); }), HasSubstr("native_dropout expects p in [0, 1]"));
 }
 
-TEST_F(DistTest, RandomModeGuardsNestAndHoldForTheirThreadOnly) {
+TEST_F(RandomLocalTest, RandomModeGuardsNestAndHoldForTheirThreadOnly) {
   EXPECT_EQ(random_mode(), RandomMode::Exact);  // the default
   {
     RandomModeGuard outer(RandomMode::LocalShards);

@@ -103,13 +103,15 @@ void run_all_transitions(const MeshPtr& mesh, const std::vector<Case>& cases) {
 // Uneven (5 over 2, 3, 4), even, zero-size and 0-d shapes, each in every dtype.
 const std::vector<Case> kOneDimCases = {{{5, 3}, kDtypes}, {{8, 4}, kDtypes}, {{0, 3}, kDtypes}, {{}, kDtypes}};
 
-TEST_F(DistTest, TransitionsOneRank) { run_all_transitions(mesh({1}, {0}), kOneDimCases); }
-TEST_F(DistTest, TransitionsTwoRanks) { run_all_transitions(mesh({2}, {0, 1}), kOneDimCases); }
-TEST_F(DistTest, TransitionsThreeRanks) { run_all_transitions(mesh({3}, {0, 1, 2}), kOneDimCases); }
-TEST_F(DistTest, TransitionsFourRanks) { run_all_transitions(mesh({4}), kOneDimCases); }
+class RedistributeTest : public DistTest {};
+
+TEST_F(RedistributeTest, TransitionsOneRank) { run_all_transitions(mesh({1}, {0}), kOneDimCases); }
+TEST_F(RedistributeTest, TransitionsTwoRanks) { run_all_transitions(mesh({2}, {0, 1}), kOneDimCases); }
+TEST_F(RedistributeTest, TransitionsThreeRanks) { run_all_transitions(mesh({3}, {0, 1, 2}), kOneDimCases); }
+TEST_F(RedistributeTest, TransitionsFourRanks) { run_all_transitions(mesh({4}), kOneDimCases); }
 // 2x2: every dtype on the uneven shape (5 rows over 2x2 nests as 3 = 2+1 and 2 = 1+1), two dtypes on
 // the even, zero-size and 0-d ones.
-TEST_F(DistTest, TransitionsTwoByTwo) {
+TEST_F(RedistributeTest, TransitionsTwoByTwo) {
   run_all_transitions(mesh({2, 2}), {{{5, 3}, kDtypes},
                                      {{4, 6}, {at::kFloat, at::kLong}},
                                      {{3, 0}, {at::kFloat, at::kLong}},
@@ -125,7 +127,7 @@ namespace {
 // Random shapes (uneven, zero-size, 0-d), meshes from 1-d to 3-d (some over a subset of ranks) and
 // random placement pairs, including a tensor dim sharded over several mesh dims. Every rank draws the
 // same sequence from the same seed.
-TEST_F(DistTest, RandomRedistributionsMatchTheFullTensor) {
+TEST_F(RedistributeTest, RandomRedistributionsMatchTheFullTensor) {
   std::mt19937 rng(20261122);
   auto pick = [&](int64_t n) { return static_cast<int64_t>(rng() % static_cast<uint64_t>(n)); };
   const std::vector<MeshPtr> meshes = {mesh({4}),       mesh({2, 2}),    mesh({1, 4}),         mesh({4, 1}),

@@ -9,7 +9,9 @@ namespace {
 
 at::Tensor x86() { return test_tensor({8, 6}, at::kDouble, 11); }
 
-TEST_F(DistTest, SumOverShardedDimThenFullTensorIsOneAllReduce) {
+class ReductionTest : public DistTest {};
+
+TEST_F(ReductionTest, SumOverShardedDimThenFullTensorIsOneAllReduce) {
   at::Tensor x = distribute_tensor(x86(), mesh({4}), Placements{Shard(0)});
   CommDebugMode debug;
   at::Tensor y = x.sum(0);
@@ -21,7 +23,7 @@ TEST_F(DistTest, SumOverShardedDimThenFullTensorIsOneAllReduce) {
   EXPECT_TRUE(tensors_equal(whole, x86().sum(0)));
 }
 
-TEST_F(DistTest, SumOverUnshardedDimKeepsTheShard) {
+TEST_F(ReductionTest, SumOverUnshardedDimKeepsTheShard) {
   at::Tensor x = distribute_tensor(test_tensor({2, 5, 6}, at::kDouble, 12), mesh({4}), Placements{Shard(1)});
   CommDebugMode debug;
   at::Tensor y = x.sum({0, 2});
@@ -29,7 +31,7 @@ TEST_F(DistTest, SumOverUnshardedDimKeepsTheShard) {
   EXPECT_EQ(placements_of(y), (Placements{Shard(0)}));
 }
 
-TEST_F(DistTest, MeanOverUnevenShardsIsExact) {
+TEST_F(ReductionTest, MeanOverUnevenShardsIsExact) {
   // 6 rows over 4 ranks: shards of 2, 2, 2 and 0 rows. Every rank contributes its local sum over the
   // global count (multiples of 6 here, so every step is exact), not its local mean.
   const at::Tensor full = test_tensor({6, 5}, at::kDouble, 13) * 6;
@@ -42,7 +44,7 @@ TEST_F(DistTest, MeanOverUnevenShardsIsExact) {
   EXPECT_TRUE(tensors_equal(full_tensor(x.mean()), full.mean()));
 }
 
-TEST_F(DistTest, MeanOverBothMeshDimsOfUnevenShards) {
+TEST_F(ReductionTest, MeanOverBothMeshDimsOfUnevenShards) {
   const at::Tensor full = test_tensor({5, 7}, at::kDouble, 14);
   at::Tensor x = distribute_tensor(full, mesh({2, 2}), Placements{Shard(0), Shard(1)});
   at::Tensor y = x.mean();
@@ -50,7 +52,7 @@ TEST_F(DistTest, MeanOverBothMeshDimsOfUnevenShards) {
   EXPECT_TRUE(tensors_close(full_tensor(y), full.mean(), 1e-15, 1e-15));
 }
 
-TEST_F(DistTest, AmaxOverShardedDimIsPartialMaxEvenWithAnEmptyShard) {
+TEST_F(ReductionTest, AmaxOverShardedDimIsPartialMaxEvenWithAnEmptyShard) {
   // 3 rows over 4 ranks: the last shard is empty and contributes max's identity.
   const at::Tensor full = test_tensor({3, 4}, at::kDouble, 15);
   at::Tensor x = distribute_tensor(full, mesh({4}), Placements{Shard(0)});
@@ -63,7 +65,7 @@ TEST_F(DistTest, AmaxOverShardedDimIsPartialMaxEvenWithAnEmptyShard) {
   EXPECT_TRUE(tensors_equal(full_tensor(x.min()), full.min()));
 }
 
-TEST_F(DistTest, VectorNormOverShardsIsOneAllReducePerMeshDim) {
+TEST_F(ReductionTest, VectorNormOverShardsIsOneAllReducePerMeshDim) {
   const at::Tensor full = test_tensor({7, 5}, at::kDouble, 16);
   at::Tensor x = distribute_tensor(full, mesh({2, 2}), Placements{Shard(0), Shard(1)});
   CommDebugMode debug;
@@ -74,7 +76,7 @@ TEST_F(DistTest, VectorNormOverShardsIsOneAllReducePerMeshDim) {
   EXPECT_TRUE(tensors_close(full_tensor(n), at::linalg_vector_norm(full), 1e-12, 1e-12));
 }
 
-TEST_F(DistTest, MaxDimOverShardedDimGivesGlobalIndices) {
+TEST_F(ReductionTest, MaxDimOverShardedDimGivesGlobalIndices) {
   const at::Tensor full = test_tensor({7, 5}, at::kDouble, 17);
   at::Tensor x = distribute_tensor(full, mesh({4}), Placements{Shard(0)});
   auto [values, indices] = x.max(0);
@@ -84,7 +86,7 @@ TEST_F(DistTest, MaxDimOverShardedDimGivesGlobalIndices) {
   EXPECT_TRUE(tensors_equal(full_tensor(x.argmin(0)), full.argmin(0)));
 }
 
-TEST_F(DistTest, SoftmaxKeepsShardsOfOtherDimsWithoutCommunication) {
+TEST_F(ReductionTest, SoftmaxKeepsShardsOfOtherDimsWithoutCommunication) {
   const at::Tensor full = test_tensor({5, 6}, at::kDouble, 18);
   at::Tensor x = distribute_tensor(full, mesh({4}), Placements{Shard(0)});
   CommDebugMode debug;
@@ -94,7 +96,7 @@ TEST_F(DistTest, SoftmaxKeepsShardsOfOtherDimsWithoutCommunication) {
   EXPECT_TRUE(tensors_close(full_tensor(y), at::softmax(full, 1), 1e-12, 1e-12));
 }
 
-TEST_F(DistTest, LayerNormWithShardedBatchGivesPartialParameterGradients) {
+TEST_F(ReductionTest, LayerNormWithShardedBatchGivesPartialParameterGradients) {
   const at::Tensor full = test_tensor({5, 6}, at::kDouble, 19);
   const at::Tensor w = test_tensor({6}, at::kDouble, 20), b = test_tensor({6}, at::kDouble, 21);
   auto m = mesh({4});

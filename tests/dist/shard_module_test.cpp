@@ -22,7 +22,9 @@ class ColwiseSharder : public Sharder {
   }
 };
 
-TEST_F(DistTest, ShardModuleChunksParametersFromTheSourceRankAndReshapesOutputs) {
+class ShardModuleTest : public DistTest {};
+
+TEST_F(ShardModuleTest, ShardModuleChunksParametersFromTheSourceRankAndReshapesOutputs) {
   auto m = mesh({4});
   auto reference = seeded<TwoLayer>(6, 10);
   auto model = seeded<TwoLayer>(6, 10);
@@ -57,7 +59,7 @@ TEST_F(DistTest, ShardModuleChunksParametersFromTheSourceRankAndReshapesOutputs)
   EXPECT_TRUE(tensors_close(y, expected_shard(call(reference, x), m, {Shard(0)}), 1e-10, 1e-12));
 }
 
-TEST_F(DistTest, ShardTensorFollowsTheSpecsRankOrderAndSubsets) {
+TEST_F(ShardModuleTest, ShardTensorFollowsTheSpecsRankOrderAndSubsets) {
   auto m = mesh({4});
   const at::Tensor t = test_tensor({7, 3}, at::kFloat, 2);
   const at::Tensor permuted = shard_tensor(t, chunk(0, {3, 1, 0, 2}), 0, m);
@@ -71,7 +73,7 @@ TEST_F(DistTest, ShardTensorFollowsTheSpecsRankOrderAndSubsets) {
     EXPECT_EQ(local_tensor_of(pair).numel(), 0);
 }
 
-TEST_F(DistTest, ShardModuleRunsCustomShardersAndUsesTheLoadProcessGroup) {
+TEST_F(ShardModuleTest, ShardModuleRunsCustomShardersAndUsesTheLoadProcessGroup) {
   auto m = mesh({4});
   auto reference = seeded<TwoLayer>(6, 10), model = seeded<TwoLayer>(6, 10);
   ShardingPlan plan;
@@ -89,7 +91,7 @@ TEST_F(DistTest, ShardModuleRunsCustomShardersAndUsesTheLoadProcessGroup) {
   EXPECT_TRUE(tensors_close(full_tensor(y), call(reference, x), 1e-10, 1e-12));
 }
 
-TEST_F(DistTest, ShardingPlanChecksNameTheProblem) {
+TEST_F(ShardModuleTest, ShardingPlanChecksNameTheProblem) {
   auto m = mesh({4});
   const int64_t rank = world()->rank();
   auto model = seeded<TwoLayer>(6, 10);

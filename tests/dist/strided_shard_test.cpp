@@ -26,7 +26,9 @@ struct Merge {
 // ranks: 2, 2, 1, 0) and a dim after the merge; [2,3,8] S(2) -> [48] merges two dims before it.
 const std::vector<Merge> kMerges = {{{8, 12}, 1, {96}, 8}, {{3, 5, 4}, 1, {15, 4}, 3}, {{2, 3, 8}, 2, {48}, 6}};
 
-TEST_F(DistTest, StridedShardMergingAShardedDimSendsNothingAndViewsBack) {
+class StridedShardTest : public DistTest {};
+
+TEST_F(StridedShardTest, StridedShardMergingAShardedDimSendsNothingAndViewsBack) {
   auto m = mesh({4});
   for (const Merge& c : kMerges) {
     const at::Tensor x = test_tensor(c.in, at::kDouble, 11);
@@ -53,7 +55,7 @@ TEST_F(DistTest, StridedShardMergingAShardedDimSendsNothingAndViewsBack) {
 
 // [3,6,4] S(1) -> [72]: chunks of 6 rows of 4 over 4 ranks (8, 8, 8, 0 elements per block) are not
 // torch.chunk pieces of a block of 24 (6 each), so the dim is gathered first, as before.
-TEST_F(DistTest, StridedShardMisalignedMergeStillReplicates) {
+TEST_F(StridedShardTest, StridedShardMisalignedMergeStillReplicates) {
   auto m = mesh({4});
   const at::Tensor x = test_tensor({3, 6, 4}, at::kDouble, 12);
   const at::Tensor dx = distribute_tensor(x, m, Placements{Shard(1)});
@@ -66,7 +68,7 @@ TEST_F(DistTest, StridedShardMisalignedMergeStillReplicates) {
 
 // Ops that treat every row on its own keep the strided rows as they are, with no communication;
 // reducing over them gives a Partial. Every result equals the op on the full tensors.
-TEST_F(DistTest, StridedShardStaysThroughRowWiseOpsWithoutCommunication) {
+TEST_F(StridedShardTest, StridedShardStaysThroughRowWiseOpsWithoutCommunication) {
   auto m = mesh({4});
   const at::Tensor a = test_tensor({3, 5, 4}, at::kDouble, 13), b = test_tensor({3, 5, 4}, at::kDouble, 14);
   const at::Tensor w = test_tensor({4, 6}, at::kDouble, 15);
@@ -106,7 +108,7 @@ TEST_F(DistTest, StridedShardStaysThroughRowWiseOpsWithoutCommunication) {
 // Ops that need more than each row on its own: a scan along the rows and a view that cannot keep the
 // runs (gathered first), a mean over them (local sums over the global count), and an operand sharded
 // plainly (one of the two is moved). Each equals the op on the full tensors.
-TEST_F(DistTest, StridedShardWithOpsOverTheRowsComputesTheRightValues) {
+TEST_F(StridedShardTest, StridedShardWithOpsOverTheRowsComputesTheRightValues) {
   auto m = mesh({4});
   const at::Tensor a = test_tensor({3, 5, 4}, at::kDouble, 16), c = test_tensor({15, 4}, at::kDouble, 17);
   const at::Tensor da = distribute_tensor(a, m, Placements{Shard(1)}).view({15, 4});
@@ -117,7 +119,7 @@ TEST_F(DistTest, StridedShardWithOpsOverTheRowsComputesTheRightValues) {
   EXPECT_TRUE(tensors_close(full_tensor(da.view({60})), fa.view({60})));
 }
 
-TEST_F(DistTest, StridedShardRedistributesToAndFromEveryPlacement) {
+TEST_F(StridedShardTest, StridedShardRedistributesToAndFromEveryPlacement) {
   auto m = mesh({4});
   for (const Merge& c : kMerges) {
     const at::Tensor x = test_tensor(c.out, at::kDouble, 18);
@@ -145,7 +147,7 @@ TEST_F(DistTest, StridedShardRedistributesToAndFromEveryPlacement) {
 
 // On a 2x2 mesh: [4,6,10] with dim 2 over the first mesh dim and dim 1 over the second, viewed as
 // [24,10]: dim 2 stays a Shard, dim 1 becomes a StridedShard of 4 blocks. Nothing is sent.
-TEST_F(DistTest, StridedShardOnTwoDimMesh) {
+TEST_F(StridedShardTest, StridedShardOnTwoDimMesh) {
   auto m = mesh({2, 2});
   const at::Tensor x = test_tensor({4, 6, 10}, at::kDouble, 19);
   const at::Tensor dx = distribute_tensor(x, m, Placements{Shard(2), Shard(1)});
@@ -166,7 +168,7 @@ TEST_F(DistTest, StridedShardOnTwoDimMesh) {
 
 // Gradients flow back through the merge, the strided rows and the split: x -> view -> mm -> relu ->
 // view back -> loss, against autograd on the full tensors.
-TEST_F(DistTest, StridedShardGradientsMatchOneDevice) {
+TEST_F(StridedShardTest, StridedShardGradientsMatchOneDevice) {
   auto m = mesh({4});
   const at::Tensor x = test_tensor({3, 5, 4}, at::kDouble, 20), w = test_tensor({4, 4}, at::kDouble, 21);
   const at::Tensor c = test_tensor({3, 5, 4}, at::kDouble, 22);

@@ -13,7 +13,9 @@ namespace {
 
 std::vector<at::Tensor> local_mm(const std::vector<at::Tensor>& in) { return {at::mm(in[0], in[1])}; }
 
-TEST_F(DistTest, LocalMapRowParallelLinearMatchesOneDevice) {
+class ToolsTest : public DistTest {};
+
+TEST_F(ToolsTest, LocalMapRowParallelLinearMatchesOneDevice) {
   // Rows of x (5 over 4 ranks: 2,2,1,0) times a replicated weight; the weight's local gradients are
   // each rank's rows' contribution, so they are Partial.
   auto m = mesh({4});
@@ -36,7 +38,7 @@ TEST_F(DistTest, LocalMapRowParallelLinearMatchesOneDevice) {
   EXPECT_TRUE(tensors_close(full_tensor(dw.grad()), fw.grad()));
 }
 
-TEST_F(DistTest, LocalMapPartialOutputOnA2dMesh) {
+TEST_F(ToolsTest, LocalMapPartialOutputOnA2dMesh) {
   // x^T y over row-sharded x and y: each rank's product is a contribution to the sum.
   auto m = mesh({2, 2});
   const at::Tensor x = test_tensor({7, 3}, at::kDouble, 3), y = test_tensor({7, 2}, at::kDouble, 4);
@@ -55,7 +57,7 @@ TEST_F(DistTest, LocalMapPartialOutputOnA2dMesh) {
   EXPECT_TRUE(tensors_close(full_tensor(dy.grad()), fy.grad()));
 }
 
-TEST_F(DistTest, LocalMapChecksOrRedistributesInputs) {
+TEST_F(ToolsTest, LocalMapChecksOrRedistributesInputs) {
   auto m = mesh({4});
   const at::Tensor x = test_tensor({6, 4}, at::kDouble, 5), w = test_tensor({4, 2}, at::kDouble, 6);
   at::Tensor replicated_x = distribute_tensor(x, m), dw = distribute_tensor(w, m);
@@ -74,7 +76,7 @@ TEST_F(DistTest, LocalMapChecksOrRedistributesInputs) {
   EXPECT_TRUE(tensors_equal(plain[0], at::mm(x, w)));
 }
 
-TEST_F(DistTest, VisualizeShardingOf2dLayouts) {
+TEST_F(ToolsTest, VisualizeShardingOf2dLayouts) {
   const TensorMeta meta{{5, 6}, {6, 1}, at::kFloat};
   const std::string grid = visualize_sharding(DTensorSpec{mesh({2, 2}), {Shard(0), Shard(1)}, meta});
   EXPECT_EQ(grid,
@@ -91,7 +93,7 @@ TEST_F(DistTest, VisualizeShardingOf2dLayouts) {
   if (world()->rank() == 0) std::cout << grid << mixed;
 }
 
-TEST_F(DistTest, VisualizeShardingOfA1dUnevenDTensor) {
+TEST_F(ToolsTest, VisualizeShardingOfA1dUnevenDTensor) {
   at::Tensor dt = zeros({5}, mesh({4}), Placements{Shard(0)});
   EXPECT_EQ(visualize_sharding(dt),
             "DTensor shape=[5], dtype=Float, placements=(S(0)), mesh=DeviceMesh([0, 1, 2, 3])\n"
@@ -129,7 +131,7 @@ std::string capture_stderr(const std::function<void()>& body) {
   return out;
 }
 
-TEST_F(DistTest, LogRedistributeNamesTheOpAndThePlan) {
+TEST_F(ToolsTest, LogRedistributeNamesTheOpAndThePlan) {
   auto m = mesh({4});
   at::Tensor x = distribute_tensor(test_tensor({8, 4}, at::kFloat, 1), m, Placements{Shard(0)});
   at::Tensor w = distribute_tensor(test_tensor({4, 4}, at::kFloat, 2), m, Placements{Shard(0)});

@@ -11,10 +11,12 @@
 namespace dtensor::testing {
 namespace {
 
+class ViewOpsTest : public DistTest {};
+
 // [B, S, H*D] -> [B, S, H, D] with H*D sharded: every chunk of H*D is whole rows of D, so H is
 // sharded; nothing is sent and the result is a view of the same local memory. H = 7 heads of D = 2
 // over 4 ranks gives uneven shards: H*D = 14 in chunks of 4, 4, 4, 2 = heads 2, 2, 2, 1.
-TEST_F(DistTest, ReshapeSplittingShardedHeadsRunsNoCollectiveAndAliases) {
+TEST_F(ViewOpsTest, ReshapeSplittingShardedHeadsRunsNoCollectiveAndAliases) {
   auto m = mesh({4});
   for (auto [heads, D] : {std::pair<int64_t, int64_t>{4, 8}, {7, 2}}) {
     const int64_t B = 2, S = 3;
@@ -37,7 +39,7 @@ TEST_F(DistTest, ReshapeSplittingShardedHeadsRunsNoCollectiveAndAliases) {
 }
 
 // Batch and heads sharded on a 2x2 mesh: both stay sharded, still without communication.
-TEST_F(DistTest, ReshapeKeepsBatchAndHeadShardsOn2dMesh) {
+TEST_F(ViewOpsTest, ReshapeKeepsBatchAndHeadShardsOn2dMesh) {
   auto m = mesh({2, 2});
   const at::Tensor x = test_tensor({4, 3, 6 * 2}, at::kDouble, 2);
   const at::Tensor dx = distribute_tensor(x, m, Placements{Shard(0), Shard(2)});
@@ -50,7 +52,7 @@ TEST_F(DistTest, ReshapeKeepsBatchAndHeadShardsOn2dMesh) {
 }
 
 // H*D = 10 over 4 ranks is chunked 3, 3, 3, 1: not whole rows of D = 2, so the dim is gathered first.
-TEST_F(DistTest, ReshapeWithMisalignedShardsReplicatesThatDim) {
+TEST_F(ViewOpsTest, ReshapeWithMisalignedShardsReplicatesThatDim) {
   auto m = mesh({4});
   const at::Tensor x = test_tensor({2, 3, 10}, at::kDouble, 3);
   const at::Tensor dx = distribute_tensor(x, m, Placements{Shard(2)});
@@ -68,7 +70,7 @@ struct Operands {
 
 // Ops that only move or copy values keep a Partial input Partial (no reduction); adding Partial into
 // Partial (scatter_add) too.
-TEST_F(DistTest, ShapeOpsKeepPartial) {
+TEST_F(ViewOpsTest, ShapeOpsKeepPartial) {
   auto m = mesh({4});
   const Operands full{test_tensor({5, 1, 6}, at::kDouble, 5), test_tensor({5, 1, 6}, at::kDouble, 6),
                       at::tensor({2, 0, 2}, at::kLong), at::zeros({5, 1, 6}, at::kLong)};
@@ -99,7 +101,7 @@ TEST_F(DistTest, ShapeOpsKeepPartial) {
 // conj() and the negative view of complex DTensors: the bit is the shard's, so to_local, full_tensor
 // and the ops that read the bit themselves (mm) see conjugated values, and gradients through them
 // equal one device's. Before, the bit sat on the DTensor and mm computed with unconjugated shards.
-TEST_F(DistTest, ConjugateViewsConjugateTheShard) {
+TEST_F(ViewOpsTest, ConjugateViewsConjugateTheShard) {
   const at::Tensor x = at::complex(test_tensor({5, 6}, at::kDouble, 1), test_tensor({5, 6}, at::kDouble, 2));
   const at::Tensor c = at::complex(test_tensor({5, 6}, at::kDouble, 3), test_tensor({5, 6}, at::kDouble, 4));
   for (const auto& m : {mesh({4}), mesh({2, 2})}) {
@@ -122,7 +124,7 @@ TEST_F(DistTest, ConjugateViewsConjugateTheShard) {
 
 // Complex DTensors move and sum through every backend (Gloo has no complex types: they travel as their
 // real and imaginary parts), on a 1-d mesh of 4 with uneven shards; max of complex values is refused.
-TEST_F(DistTest, ComplexDTensorsRedistributeOnEveryBackend) {
+TEST_F(ViewOpsTest, ComplexDTensorsRedistributeOnEveryBackend) {
   auto m = mesh({4});
   const at::Tensor x = at::complex(test_tensor({5, 6}, at::kDouble, 5), test_tensor({5, 6}, at::kDouble, 6));
   const Placements R = {Replicate()}, S0 = {Shard(0)}, S1 = {Shard(1)};
@@ -140,7 +142,7 @@ TEST_F(DistTest, ComplexDTensorsRedistributeOnEveryBackend) {
   EXPECT_THAT(error, ::testing::HasSubstr("complex numbers are not ordered"));
 }
 
-TEST_F(DistTest, WritesThroughAViewReachTheDTensor) {
+TEST_F(ViewOpsTest, WritesThroughAViewReachTheDTensor) {
   // The shard is laid out transposed against the global (contiguous) strides given to from_local; a view
   // of the DTensor must still alias it, so a write through the view changes the DTensor.
   auto m = mesh({4});

@@ -28,16 +28,18 @@ void expect_lookup_matches(const at::Tensor& indices, int64_t padding_idx, bool 
   EXPECT_TRUE(tensors_close(full_tensor(sharded.grad()), full.grad(), 1e-12, 1e-12));
 }
 
-TEST_F(DistTest, RowShardedLookupWithEveryIndexOnOneRank) {
+class VocabRowsTest : public DistTest {};
+
+TEST_F(VocabRowsTest, RowShardedLookupWithEveryIndexOnOneRank) {
   // Rank 0 holds every looked-up row (it masks nothing), the others none (they mask everything).
   expect_lookup_matches(at::tensor({1, 0, 1, 1}, at::kLong), -1, false);
 }
 
-TEST_F(DistTest, RowShardedLookupWithInt32IndicesPaddingAndFrequencyScaling) {
+TEST_F(VocabRowsTest, RowShardedLookupWithInt32IndicesPaddingAndFrequencyScaling) {
   expect_lookup_matches(at::tensor({4, 2, 2, 0, 3, 2}, at::kInt), /*padding_idx=*/3, /*scale_grad_by_freq=*/true);
 }
 
-TEST_F(DistTest, RowShardedLookupRefusesAnIndexOutsideTheTable) {
+TEST_F(VocabRowsTest, RowShardedLookupRefusesAnIndexOutsideTheTable) {
   auto m = mesh({4});
   const at::Tensor table = distribute_tensor(at::zeros({kRows, 3}), m, Placements{Shard(0)});
   for (const at::Tensor& indices : {at::tensor({0, 5}, at::kLong), at::tensor({-1, 2}, at::kInt)}) {

@@ -10,8 +10,6 @@
 namespace dtensor::testing {
 namespace fs = std::filesystem;
 
-std::string graph_model(const std::string& archive) { return std::string(DTENSOR_GRAPH_MODELS) + "/" + archive; }
-
 std::string pytorch_checkpoint(const std::string& name) {
   return std::string(DTENSOR_CHECKPOINT_INTEROP) + "/pytorch_written/" + name;
 }

@@ -13,33 +13,18 @@
 #include <string>
 #include <vector>
 
+#include "../support/error_of.h"
+#include "../support/test_models.h"
 #include "dtensor/errors.h"
 
 namespace dtensor::testing {
 
-std::string graph_model(const std::string& archive);      // a .pt2 the build exported
 std::string pytorch_checkpoint(const std::string& name);  // a checkpoint directory PyTorch wrote at build time
 // A fresh path (file or directory) under this process's scratch directory.
 std::string scratch(const std::string& name);
 
 std::string read_bytes(const std::string& path);
 void write_bytes(const std::string& path, const std::string& bytes);
-
-// The message of the DTensorError `fn` throws. Anything else it throws, or nothing, fails the test:
-// errors from untrusted files must be dtensor's own.
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const DTensorError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "not a DTensorError: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected a DTensorError";
-  return "";
-}
 
 // ---- .pt2 archives --------------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 // Layout math against torch's own at::chunk: which box of the global tensor each rank holds, how
 // placements are validated, and the shape/stride helpers DTensor metadata is built from.
 
+#include "../support/error_of.h"
 #include "unit_helpers.h"
 #include "dtensor/layout.h"
 
@@ -18,7 +19,7 @@ namespace dtensor {
 namespace {
 
 using dtensor::unit::all_coordinates;
-using dtensor::unit::error_message;
+using dtensor::testing::error_of;
 
 // ---- Oracles built on torch ----------------------------------------------------------------------
 
@@ -237,7 +238,7 @@ TEST(LocalLayout, RandomShardsTileTheGlobalTensorExactly) {
 // ---- validate_placements -----------------------------------------------------------------------
 
 TEST(ValidatePlacements, RejectsAWrongNumberOfPlacements) {
-  const std::string msg = error_message([] { validate_placements({Shard(0)}, 2, 2, "redistribute"); });
+  const std::string msg = error_of([] { validate_placements({Shard(0)}, 2, 2, "redistribute"); });
   EXPECT_NE(msg.find("redistribute:"), std::string::npos) << msg;
   EXPECT_NE(msg.find("1 placement(s) (S(0))"), std::string::npos) << msg;
   EXPECT_NE(msg.find("mesh with 2 dimension(s)"), std::string::npos) << msg;
@@ -248,7 +249,7 @@ TEST(ValidatePlacements, RejectsAWrongNumberOfPlacements) {
 TEST(ValidatePlacements, RejectsShardDimsOutOfRangeNamingTheCaller) {
   // The caller's name and the whole list come first, then Placement::normalized's own explanation,
   // with a single "dtensor: " prefix.
-  EXPECT_EQ(error_message([] { validate_placements({Shard(2), Replicate()}, 2, 2, "from_local"); }),
+  EXPECT_EQ(error_of([] { validate_placements({Shard(2), Replicate()}, 2, 2, "from_local"); }),
             "dtensor: from_local: placements (S(2),R): Shard(2) is out of range for a tensor with 2 dimension(s); "
             "pick a dim in [-2, 2)");
   EXPECT_THROW(validate_placements({Replicate(), Shard(-3)}, 2, 2, "x"), DTensorError);
@@ -257,7 +258,7 @@ TEST(ValidatePlacements, RejectsShardDimsOutOfRangeNamingTheCaller) {
 
 TEST(ValidatePlacements, RefusesPartialMixesWhoseResultDependsOnOrder) {
   const std::string msg =
-      error_message([] { validate_placements({Partial(ReduceOp::Sum), Partial(ReduceOp::Max)}, 2, 1, "x"); });
+      error_of([] { validate_placements({Partial(ReduceOp::Sum), Partial(ReduceOp::Max)}, 2, 1, "x"); });
   EXPECT_NE(msg.find("P(sum),P(max)"), std::string::npos) << msg;
   EXPECT_NE(msg.find("reduction order"), std::string::npos) << msg;
   EXPECT_THROW(validate_placements({Partial(ReduceOp::Max), Partial(ReduceOp::Min)}, 2, 1, "x"), DTensorError);

@@ -1,6 +1,7 @@
 // Placement is a value type: equality, hashing, printing and dim normalisation are what every other
 // layer (layout, planner, plan cache) builds on, so they are pinned down here.
 
+#include "../support/error_of.h"
 #include "unit_helpers.h"
 #include "dtensor/placement.h"
 
@@ -16,7 +17,7 @@
 namespace dtensor {
 namespace {
 
-using dtensor::unit::error_message;
+using dtensor::testing::error_of;
 
 const std::vector<ReduceOp> kOps = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
 
@@ -145,12 +146,12 @@ TEST(Placement, NormalizedLeavesNonShardPlacementsAlone) {
 
 TEST(Placement, NormalizedRejectsOutOfRangeDimsNamingDimAndRange) {
   // Exact message: it names the requested dim, the tensor's rank and the valid half-open range.
-  EXPECT_EQ(error_message([] { Shard(3).normalized(3); }),
+  EXPECT_EQ(error_of([] { Shard(3).normalized(3); }),
             "dtensor: Shard(3) is out of range for a tensor with 3 dimension(s); pick a dim in [-3, 3)");
-  EXPECT_EQ(error_message([] { Shard(-4).normalized(3); }),
+  EXPECT_EQ(error_of([] { Shard(-4).normalized(3); }),
             "dtensor: Shard(-4) is out of range for a tensor with 3 dimension(s); pick a dim in [-3, 3)");
   // A 0-d tensor cannot be sharded at all.
-  EXPECT_EQ(error_message([] { Shard(0).normalized(0); }),
+  EXPECT_EQ(error_of([] { Shard(0).normalized(0); }),
             "dtensor: Shard(0) is out of range for a tensor with 0 dimension(s); pick a dim in [0, 0)");
   EXPECT_THROW(Shard(-1).normalized(0), DTensorError);
   EXPECT_THROW(Shard(100).normalized(2), DTensorError);

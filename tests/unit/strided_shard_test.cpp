@@ -6,12 +6,13 @@
 #include <gtest/gtest.h>
 
 #include "../strided_piece.h"
+#include "../support/error_of.h"
 #include "unit_helpers.h"
 
 namespace dtensor {
 namespace {
 
-using unit::error_message;
+using testing::error_of;
 
 TEST(StridedShard, IsItsOwnKindAndPrintsItsBlocks) {
   const Placement p = StridedShard(0, 8);
@@ -31,8 +32,8 @@ TEST(StridedShard, IsItsOwnKindAndPrintsItsBlocks) {
   // One block is a plain shard.
   EXPECT_EQ(StridedShard(2, 1), Shard(2));
   EXPECT_EQ(StridedShard(-1, 3).normalized(2), StridedShard(1, 3));
-  EXPECT_NE(error_message([] { StridedShard(0, 0); }).find("at least 1"), std::string::npos);
-  EXPECT_NE(error_message([] { StridedShard(2, 3).normalized(2); }).find("StridedShard(2, 3) is out of range"), std::string::npos);
+  EXPECT_NE(error_of([] { StridedShard(0, 0); }).find("at least 1"), std::string::npos);
+  EXPECT_NE(error_of([] { StridedShard(2, 3).normalized(2); }).find("StridedShard(2, 3) is out of range"), std::string::npos);
 }
 
 TEST(StridedShard, LocalShapesAreTorchChunksOfEveryBlock) {
@@ -56,13 +57,13 @@ TEST(StridedShard, OnTwoDimMeshWithAnotherShardedDim) {
 
 TEST(StridedShard, IsRefusedWhereItCannotBe) {
   // No box: offsets into the global tensor do not describe it.
-  EXPECT_NE(error_message([] { local_layout({8}, {2}, {0}, {StridedShard(0, 2)}); }).find("strided shard"),
+  EXPECT_NE(error_of([] { local_layout({8}, {2}, {0}, {StridedShard(0, 2)}); }).find("strided shard"),
             std::string::npos);
   // Blocks must divide the dim.
-  EXPECT_NE(error_message([] { local_shape({7}, {2}, {0}, {StridedShard(0, 2)}); }).find("whole blocks"),
+  EXPECT_NE(error_of([] { local_shape({7}, {2}, {0}, {StridedShard(0, 2)}); }).find("whole blocks"),
             std::string::npos);
   // The only sharding of its dim.
-  const std::string both = error_message([] { validate_placements({Shard(0), StridedShard(0, 2)}, 2, 1, "test"); });
+  const std::string both = error_of([] { validate_placements({Shard(0), StridedShard(0, 2)}, 2, 1, "test"); });
   EXPECT_NE(both.find("only sharding of its dim"), std::string::npos) << both;
   EXPECT_NO_THROW(validate_placements({Shard(1), StridedShard(0, 2)}, 2, 2, "test"));
 }

@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "dtensor/errors.h"
 #include "dtensor/layout.h"
 
 namespace dtensor::unit {
@@ -25,18 +24,6 @@ inline std::vector<Shape> all_coordinates(const Shape& mesh) {
     out = next;
   }
   return out;
-}
-
-// The message of the DTensorError that `fn` throws, or a failure when it throws nothing.
-template <typename Fn>
-std::string error_message(Fn&& fn) {
-  try {
-    fn();
-  } catch (const DTensorError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a DTensorError";
-  return "";
 }
 
 }  // namespace dtensor::unit

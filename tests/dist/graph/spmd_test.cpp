@@ -12,7 +12,7 @@
 #include "dtensor/graph/spmd.h"
 #include "dtensor/graph/training.h"
 #include "gpt/graph_plan.h"
-#include "test_models.h"
+#include "../../support/test_models.h"
 
 namespace dtensor::testing {
 namespace {
@@ -94,9 +94,11 @@ INSTANTIATE_TEST_SUITE_P(Layouts, GraphSpmdTraining,
                                            Layout{"dp2tp2", {2, 2}, {"dp", "tp"}}),
                          [](const auto& info) { return info.param.name; });
 
+class GraphSpmdTest : public DistTest {};
+
 // Data parallel: the gradients are all-reduced together, in one bucket after the backward (as DDP
 // does), besides the one scalar the mean loss divides by (the count of targets).
-TEST_F(DistTest, GraphSpmdDataParallelAllReducesTheGradientsInOneBucket) {
+TEST_F(GraphSpmdTest, SpmdDataParallelAllReducesTheGradientsInOneBucket) {
   const Layout dp{"dp4", {4}, {"dp"}};
   g::Program step = expanded_joint_gpt(dp, dp.make());
   int gradients = 0;
@@ -112,7 +114,7 @@ TEST_F(DistTest, GraphSpmdDataParallelAllReducesTheGradientsInOneBucket) {
 // q/k/v, fc1 and the LM head) and nothing else of size. The expanded step runs Megatron's forward
 // all-reduces first, receives no more bytes in all than Megatron's 10 all-reduces, never moves more
 // than one of them at once (no activation gathered whole), and ends with one gradient bucket.
-TEST_F(DistTest, GraphSpmdTensorParallelStepMovesNoMoreThanMegatron) {
+TEST_F(GraphSpmdTest, SpmdTensorParallelStepMovesNoMoreThanMegatron) {
   const Layout tp{"tp4", {4}, {"tp"}};
   g::Program step = expanded_joint_gpt(tp, tp.make());
   const int64_t activation_all_reduce = 2 * (8 * 32 * 128 * 4) * 3 / 4;  // [batch, seq, dim] float32 over 4 ranks
@@ -138,7 +140,7 @@ TEST_F(DistTest, GraphSpmdTensorParallelStepMovesNoMoreThanMegatron) {
 
 // Forward TP by expansion from the plan's placements equals module-level TP's collectives (and the
 // graph TP transform's), when the logits are asked for Replicate.
-TEST_F(DistTest, GraphSpmdTensorParallelForwardHasModuleLevelCollectives) {
+TEST_F(GraphSpmdTest, SpmdTensorParallelForwardHasModuleLevelCollectives) {
   const MeshPtr m = mesh({4}, {}, {"tp"});
   const auto io = tensor_map("gpt_train_ir_static_io_b8");
   g::Program whole = g::load_program(graph_model("gpt_train_ir_static.pt2"));
@@ -158,7 +160,7 @@ TEST_F(DistTest, GraphSpmdTensorParallelForwardHasModuleLevelCollectives) {
 
 // DSymInt: the batch of a dynamic export is read with sym_size and used in views; sharded over dp,
 // each rank's views get its local batch, at any batch size that divides, without re-export.
-TEST_F(DistTest, GraphSpmdDynamicBatchRunsAtTwoSizes) {
+TEST_F(GraphSpmdTest, SpmdDynamicBatchRunsAtTwoSizes) {
   const Layout layout{"dp2tp2", {2, 2}, {"dp", "tp"}};
   const MeshPtr m = layout.make();
   const std::string path = graph_model("gpt_train_ir_dynamic.pt2");
@@ -183,7 +185,7 @@ TEST_F(DistTest, GraphSpmdDynamicBatchRunsAtTwoSizes) {
 // DSymInt consumers beyond views: a factory sized by the sharded batch makes this rank's part, and
 // arange(batch) gets the global batch (the local one times the shards). Added to the dynamic GPT's
 // tokens as zeros (tokens + zeros([B, 32]) + 0 * sum(arange(B))), so its logits stay PyTorch's.
-TEST_F(DistTest, GraphSpmdFactoriesSizedByAShardedBatch) {
+TEST_F(GraphSpmdTest, SpmdFactoriesSizedByAShardedBatch) {
   const Layout layout{"dp2tp2", {2, 2}, {"dp", "tp"}};
   const MeshPtr m = layout.make();
   g::Program program = g::load_program(graph_model("gpt_train_ir_dynamic.pt2"));
@@ -234,7 +236,7 @@ TEST_F(DistTest, GraphSpmdFactoriesSizedByAShardedBatch) {
 // Whole-graph choice against node-by-node: with lm_head replicated, node by node all-reduces the last
 // residual and runs the head replicated; the whole graph reduce-scatters it over the batch instead
 // and gathers the smaller logits (see tensor_parallel_test.cpp).
-TEST_F(DistTest, GraphSpmdWholeGraphChoiceMovesFewerBytes) {
+TEST_F(GraphSpmdTest, SpmdWholeGraphChoiceMovesFewerBytes) {
   const MeshPtr m = mesh({4}, {}, {"tp"});
   const auto io = tensor_map("gpt_train_ir_static_io_b8");
   auto expand = [&](g::SpmdOptions::Search search) {
@@ -267,7 +269,7 @@ TEST_F(DistTest, GraphSpmdWholeGraphChoiceMovesFewerBytes) {
 }
 
 // The exact search finishes on a small graph, and proves there that nothing beats its choice.
-TEST_F(DistTest, GraphSpmdExactSearchOnASmallGraph) {
+TEST_F(GraphSpmdTest, SpmdExactSearchOnASmallGraph) {
   const MeshPtr m = mesh({4}, {}, {"tp"});
   g::Program whole = g::load_program(graph_model("mlp_head.pt2"));
   g::SpmdPlacements where;
@@ -282,7 +284,7 @@ TEST_F(DistTest, GraphSpmdExactSearchOnASmallGraph) {
 
 // Freeing every value after its last consumer (the interpreter's default) keeps far fewer
 // activation bytes live in the expanded training step.
-TEST_F(DistTest, GraphSpmdFreeingAfterLastUseLowersThePeak) {
+TEST_F(GraphSpmdTest, SpmdFreeingAfterLastUseLowersThePeak) {
   const Layout layout{"dp2tp2", {2, 2}, {"dp", "tp"}};
   g::Program step = expanded_joint_gpt(layout, layout.make());
   const auto io = tensor_map("gpt_joint_io");
@@ -295,7 +297,7 @@ TEST_F(DistTest, GraphSpmdFreeingAfterLastUseLowersThePeak) {
 
 // ---- bad inputs -------------------------------------------------------------------------------
 
-TEST_F(DistTest, GraphSpmdRefusesPlacementsThatDoNotFit) {
+TEST_F(GraphSpmdTest, SpmdRefusesPlacementsThatDoNotFit) {
   const MeshPtr m = mesh({2, 2}, {}, {"dp", "tp"});
   auto expand = [&](const g::SpmdPlacements& where) {
     return error_of([&] { g::spmd_expand(g::load_program(graph_model("gpt_joint.pt2")), m, where); });
@@ -318,7 +320,7 @@ TEST_F(DistTest, GraphSpmdRefusesPlacementsThatDoNotFit) {
   EXPECT_THAT(expand(partial_input), HasSubstr("user inputs are Shard or Replicate"));
 }
 
-TEST_F(DistTest, GraphSpmdRefusesAJointGraphWithoutLoss) {
+TEST_F(GraphSpmdTest, SpmdRefusesAJointGraphWithoutLoss) {
   g::Program joint = g::load_program(graph_model("gpt_joint.pt2"));
   for (g::OutputSpec& o : joint.outputs)
     if (o.kind == g::OutputSpec::Kind::LossOutput) o.kind = g::OutputSpec::Kind::UserOutput;
@@ -328,7 +330,7 @@ TEST_F(DistTest, GraphSpmdRefusesAJointGraphWithoutLoss) {
 
 // A sharded value reaching an op without a sharding rule is an error naming the node, never a
 // silent gather.
-TEST_F(DistTest, GraphSpmdRefusesAShardedInputToAnOpWithoutRule) {
+TEST_F(GraphSpmdTest, SpmdRefusesAShardedInputToAnOpWithoutRule) {
   g::Program mlp = g::load_program(graph_model("mlp.pt2"));
   g::Node* fc1 = nullptr;
   for (g::Node* n : mlp.graph.nodes())

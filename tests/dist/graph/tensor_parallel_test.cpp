@@ -8,7 +8,7 @@
 #include "dtensor/graph/program.h"
 #include "dtensor/graph/tensor_parallel.h"
 #include "gpt/graph_plan.h"
-#include "test_models.h"
+#include "../../support/test_models.h"
 
 namespace dtensor::testing {
 namespace {
@@ -20,7 +20,9 @@ using gpt::graph_plan;
 
 at::Tensor run_one(g::Program& p, const at::Tensor& input) { return g::run(p, {input})[0].toTensor(); }
 
-TEST_F(DistTest, GraphTensorParallelMlp) {
+class GraphTensorParallelTest : public DistTest {};
+
+TEST_F(GraphTensorParallelTest, TensorParallelMlp) {
   const auto io = tensor_map("mlp_io");
   g::Program local = g::tensor_parallel_transform(g::load_program(graph_model("mlp.pt2")), mesh({4}),
                                                   {{"fc1", ColwiseParallel{}}, {"fc2", RowwiseParallel{}}});
@@ -32,7 +34,7 @@ TEST_F(DistTest, GraphTensorParallelMlp) {
   EXPECT_EQ(local.state.at("fc2.weight").tensor().size(1), 32 / 4);
 }
 
-TEST_F(DistTest, GraphTensorParallelGptTrainingIr) {
+TEST_F(GraphTensorParallelTest, TensorParallelGptTrainingIr) {
   const auto io = tensor_map("gpt_train_ir_static_io_b8");
   g::Program local =
       g::tensor_parallel_transform(g::load_program(graph_model("gpt_train_ir_static.pt2")), mesh({4}), graph_plan(true));
@@ -44,7 +46,7 @@ TEST_F(DistTest, GraphTensorParallelGptTrainingIr) {
 // level: instead of all-reducing the last residual (2 x 3/4 of [8, 32, 128] per rank), it
 // reduce-scatters it over the batch, runs the final layer norm and lm_head on a quarter of the batch,
 // and gathers the much smaller logits ([8, 32, 42]): fewer bytes moved, and a quarter of lm_head's work.
-TEST_F(DistTest, GraphTensorParallelGptReplicatedHeadRunsOnABatchShard) {
+TEST_F(GraphTensorParallelTest, TensorParallelGptReplicatedHeadRunsOnABatchShard) {
   const auto io = tensor_map("gpt_train_ir_static_io_b8");
   g::Program local =
       g::tensor_parallel_transform(g::load_program(graph_model("gpt_train_ir_static.pt2")), mesh({4}), graph_plan(false));
@@ -56,7 +58,7 @@ TEST_F(DistTest, GraphTensorParallelGptReplicatedHeadRunsOnABatchShard) {
 }
 
 // TP over one dim of a 2x2 mesh: the other dim holds replicas, which compute alike.
-TEST_F(DistTest, GraphTensorParallelGptOnTwoDimMesh) {
+TEST_F(GraphTensorParallelTest, TensorParallelGptOnTwoDimMesh) {
   const auto io = tensor_map("gpt_train_ir_static_io_b8");
   const MeshPtr m = mesh({2, 2}, {}, {"dp", "tp"});
   g::Program local = g::tensor_parallel_transform(g::load_program(graph_model("gpt_train_ir_static.pt2")), m, graph_plan(true),
@@ -66,7 +68,7 @@ TEST_F(DistTest, GraphTensorParallelGptOnTwoDimMesh) {
   EXPECT_EQ(local.state.at("blocks.0.mlp.fc1.weight").tensor().size(0), 512 / 2);
 }
 
-TEST_F(DistTest, GraphTensorParallelGptCoreAten) {
+TEST_F(GraphTensorParallelTest, TensorParallelGptCoreAten) {
   const auto io = tensor_map("gpt_aten_static_io_b8");
   g::Program local = g::tensor_parallel_transform(g::load_program(graph_model("gpt_aten_static.pt2")), mesh({4}), graph_plan(true));
   EXPECT_TRUE(tensors_close(run_one(local, io.at("input0")), io.at("output0"), 1e-4, 1e-5));
@@ -76,7 +78,7 @@ TEST_F(DistTest, GraphTensorParallelGptCoreAten) {
   g::save_program(local, graph_saved("tp_gpt_aten_rank" + std::to_string(world()->rank()) + ".pt2"));
 }
 
-TEST_F(DistTest, GraphPlanPathMatchingNothingIsAnError) {
+TEST_F(GraphTensorParallelTest, PlanPathMatchingNothingIsAnError) {
   EXPECT_THAT(error_of([&] {
                 g::tensor_parallel_transform(g::load_program(graph_model("mlp.pt2")), mesh({4}), {{"blocks.*.fc9", ColwiseParallel{}}});
               }),

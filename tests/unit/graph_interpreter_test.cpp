@@ -4,19 +4,17 @@
 
 #include <ATen/ATen.h>
 
-#include "../harness.h"
+#include <gmock/gmock.h>
+
+#include "../support/tensor_assertions.h"
+#include "../support/test_models.h"
 #include "dtensor/graph/program.h"
-#include "test_models.h"
 
 namespace dtensor::testing {
 namespace {
 
 using ::testing::HasSubstr;
 namespace g = dtensor::graph;
-
-// These tests are single-process: one rank runs them, the others only wait for its verdict.
-#define ONLY_ON_RANK_0() \
-  if (world()->rank() != 0) GTEST_SKIP() << "single-process test, run on rank 0"
 
 // Runs every input set of `archive` and compares each output with PyTorch's (rel 1e-5).
 void expect_outputs_match(const std::string& archive, const std::vector<std::string>& io_sets) {
@@ -36,13 +34,11 @@ void expect_outputs_match(const std::string& archive, const std::vector<std::str
   }
 }
 
-TEST_F(DistTest, GraphMlpEqualsPyTorch) {
-  ONLY_ON_RANK_0();
+TEST(GraphInterpreterTest, MlpEqualsPyTorch) {
   expect_outputs_match("mlp", {"mlp_io"});
 }
 
-TEST_F(DistTest, GraphBuffersConstantsAndMutationsInBothIrs) {
-  ONLY_ON_RANK_0();
+TEST(GraphInterpreterTest, BuffersConstantsAndMutationsInBothIrs) {
   // Training IR mutates the counter buffer in place; core ATen returns it as a buffer mutation.
   for (const std::string archive : {"mlp_extras", "mlp_extras_aten"}) {
     SCOPED_TRACE(archive);
@@ -57,8 +53,7 @@ TEST_F(DistTest, GraphBuffersConstantsAndMutationsInBothIrs) {
   }
 }
 
-TEST_F(DistTest, GraphGptInBothIrsStaticAndDynamic) {
-  ONLY_ON_RANK_0();
+TEST(GraphInterpreterTest, GptInBothIrsStaticAndDynamic) {
   expect_outputs_match("gpt_train_ir_static", {"gpt_train_ir_static_io_b8"});
   expect_outputs_match("gpt_aten_static", {"gpt_aten_static_io_b8"});
   // One program, two batch sizes, no re-export.
@@ -66,8 +61,7 @@ TEST_F(DistTest, GraphGptInBothIrsStaticAndDynamic) {
   expect_outputs_match("gpt_aten_dynamic", {"gpt_aten_dynamic_io_b8", "gpt_aten_dynamic_io_b3"});
 }
 
-TEST_F(DistTest, GraphJointGraphGivesLossAndGradients) {
-  ONLY_ON_RANK_0();
+TEST(GraphInterpreterTest, JointGraphGivesLossAndGradients) {
   g::Program program = g::load_program(graph_model("gpt_joint.pt2"));
   const auto io = tensor_map("gpt_joint_io");
   const auto outputs = g::run(program, {io.at("input0"), io.at("input1")});
@@ -80,14 +74,12 @@ TEST_F(DistTest, GraphJointGraphGivesLossAndGradients) {
   }
 }
 
-TEST_F(DistTest, GraphWeightsEqualTheStateDict) {
-  ONLY_ON_RANK_0();
+TEST(GraphInterpreterTest, WeightsEqualTheStateDict) {
   g::Program program = g::load_program(graph_model("gpt_aten_static.pt2"));
   for (const auto& [fqn, t] : load_tensor_set("gpt_params")) EXPECT_TRUE(tensors_equal(program.state.at(fqn).tensor(), t)) << fqn;
 }
 
-TEST_F(DistTest, GraphFreeingAfterLastUseLowersThePeak) {
-  ONLY_ON_RANK_0();
+TEST(GraphInterpreterTest, FreeingAfterLastUseLowersThePeak) {
   g::Program program = g::load_program(graph_model("gpt_aten_static.pt2"));
   const auto io = tensor_map("gpt_aten_static_io_b8");
   g::RunStats freed, kept;
@@ -97,8 +89,7 @@ TEST_F(DistTest, GraphFreeingAfterLastUseLowersThePeak) {
   EXPECT_LT(freed.peak_live_bytes * 3, kept.peak_live_bytes) << freed.peak_live_bytes << " vs " << kept.peak_live_bytes;
 }
 
-TEST_F(DistTest, GraphPrinterShowsOneLinePerNodeWithModulePaths) {
-  ONLY_ON_RANK_0();
+TEST(GraphInterpreterTest, PrinterShowsOneLinePerNodeWithModulePaths) {
   g::Program program = g::load_program(graph_model("gpt_train_ir_static.pt2"));
   const std::string text = program.graph.str();
   EXPECT_THAT(text, HasSubstr("aten::linear(%layer_norm, %p_blocks_0_attn_wq_weight, %p_blocks_0_attn_wq_bias)"));
@@ -109,8 +100,7 @@ TEST_F(DistTest, GraphPrinterShowsOneLinePerNodeWithModulePaths) {
 
 // Saved programs load back and run alike; scripts/check_saved_programs.py then runs them in PyTorch
 // (torch.export.load) against PyTorch's own outputs.
-TEST_F(DistTest, GraphSavedProgramsRoundTrip) {
-  ONLY_ON_RANK_0();
+TEST(GraphInterpreterTest, SavedProgramsRoundTrip) {
   for (const auto& [archive, io] : std::vector<std::pair<std::string, std::string>>{
            {"mlp", "mlp_io"}, {"gpt_aten_static", "gpt_aten_static_io_b8"}, {"gpt_train_ir_dynamic", "gpt_train_ir_dynamic_io_b3"}}) {
     SCOPED_TRACE(archive);

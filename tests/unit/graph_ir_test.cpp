@@ -4,9 +4,12 @@
 
 #include <ATen/ATen.h>
 
-#include "../harness.h"
+#include <gmock/gmock.h>
+
+#include "../support/error_of.h"
+#include "../support/tensor_assertions.h"
+#include "../support/test_models.h"
 #include "dtensor/graph/program.h"
-#include "test_models.h"
 
 namespace dtensor::testing {
 namespace {
@@ -30,8 +33,7 @@ struct Mlp {
   at::Tensor run() { return g::run(program, {x})[0].toTensor(); }
 };
 
-TEST_F(DistTest, GraphEditInsertReplaceErase) {
-  if (world()->rank() != 0) GTEST_SKIP() << "single-process test, run on rank 0";
+TEST(GraphIrTest, EditInsertReplaceErase) {
   Mlp m;
   g::Value* h = m.gelu->outputs[0];
   g::Node* doubled = m.program.graph.insert_after(m.gelu, "aten::mul.Tensor", {g::Arg::tensor(h), g::Arg{g::Arg::Kind::Number, 2.0}},
@@ -48,8 +50,7 @@ TEST_F(DistTest, GraphEditInsertReplaceErase) {
   EXPECT_TRUE(tensors_close(m.run(), m.fc2_of(m.hidden())));
 }
 
-TEST_F(DistTest, GraphEditInsertSubgraph) {
-  if (world()->rank() != 0) GTEST_SKIP() << "single-process test, run on rank 0";
+TEST(GraphIrTest, EditInsertSubgraph) {
   Mlp m;
   // sub(t) = exp(neg(t)), inserted between gelu and fc2.
   g::Graph sub;
