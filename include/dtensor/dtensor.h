@@ -11,6 +11,7 @@
 #include "dtensor/layout.h"
 #include "dtensor/local_map.h"
 #include "dtensor/placement.h"
+#include "dtensor/random.h"
 #include "dtensor/redistribute_plan.h"
 #include "dtensor/spec.h"
 #include "dtensor/visualize.h"

@@ -18,7 +18,6 @@
 
 #include "dtensor/device_mesh.h"
 #include "dtensor/placement.h"
-#include "dtensor/random.h"
 
 namespace dtensor {
 

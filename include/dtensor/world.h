@@ -55,9 +55,12 @@ class World {
   // Which environment started this process: "dtensor", "dtensor via mpirun", "torchrun", "mpirun" or
   // "manual".
   const std::string& launcher() const { return launcher_; }
-  // The backend `requested` means for meshes of `device` in this world. Automatic: CUDA meshes use
-  // NCCL; CPU meshes use DTENSOR_BACKEND (gloo or mpi) when set, else MPI when this world was started
-  // by mpirun and dtensor has MPI, else Gloo. Other values are returned as they are.
+  // Whether mpirun started this process (its world is MPI_COMM_WORLD's).
+  bool started_by_mpirun() const { return started_by_mpirun_; }
+  // The backend `requested` means for meshes of `device` in this world. Automatic: CPU meshes use
+  // DTENSOR_BACKEND when set; else the registered backend for the device that prefers this world (MPI
+  // when mpirun started it), else the device's default (Gloo for CPU, NCCL for CUDA). Other values are
+  // checked against the registered backends and returned as they are.
   CommBackend resolve(CommBackend requested, c10::DeviceType device) const;
 
   // The sum of `value` over every rank of the world, on every rank (through the store, so it needs no
@@ -92,7 +95,7 @@ class World {
   int size_;
   std::chrono::milliseconds timeout_;
   std::string launcher_ = "manual";
-  bool started_by_mpirun_with_mpi_ = false;  // MPI is initialized and its world is this one
+  bool started_by_mpirun_ = false;
   std::mutex mutex_;
   std::map<std::vector<int64_t>, int> groups_created_;
   int64_t sums_done_ = 0;

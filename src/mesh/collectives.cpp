@@ -7,15 +7,12 @@
 #include <cstdio>
 #include <thread>
 
+#include "dtensor/comm_backend.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/errors.h"
 #include "dtensor/world.h"
 #include "mesh_group.h"
 #include "packing.h"
-
-#ifdef DTENSOR_WITH_MPI
-#include "mpi/mpi_backend.h"
-#endif
 
 namespace dtensor::detail {
 namespace {
@@ -127,18 +124,16 @@ void all_reduce_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, Reduce
 }
 
 at::Tensor all_reduce(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input, ReduceOp op) {
-#ifdef DTENSOR_WITH_MPI
-  if (!alone(mesh, dim) && mesh.backend() == CommBackend::Mpi) {
+  const auto& into = comm_backend_description(mesh.backend()).all_reduce_into;
+  if (into && !alone(mesh, dim)) {
     require_reducible(input, op, "all-reduce");
     const at::Tensor in = input.contiguous();
     at::Tensor out = at::empty_like(in, at::MemoryFormat::Contiguous);
     at::Tensor out_real = as_real(out);
-    run(mesh, dim, "all-reduce", in.nbytes(),
-        [&](c10d::Backend& g) { return mpi_all_reduce_into(g, out_real, as_real(in), to_c10d(op)); });
+    run(mesh, dim, "all-reduce", in.nbytes(), [&](c10d::Backend& g) { return into(g, out_real, as_real(in), to_c10d(op)); });
     if (op == ReduceOp::Avg) divide_for_average(out, mesh.size(dim));
     return out;
   }
-#endif
   at::Tensor out = input.clone(at::MemoryFormat::Contiguous);
   all_reduce_(mesh, dim, out, op);
   return out;
@@ -179,8 +174,7 @@ at::Tensor all_to_all_pieces(const DeviceMesh& mesh, int64_t dim, const std::vec
   std::vector<int64_t> send_counts, recv_counts;
   for (const at::Tensor& piece : pieces) send_counts.push_back(piece.numel());
   for (const Shape& shape : recv_shapes) recv_counts.push_back(c10::multiply_integers(shape));
-#ifdef DTENSOR_WITH_MPI
-  if (!alone(mesh, dim) && mesh.backend() == CommBackend::Mpi) {  // MPI's list all-to-all takes views
+  if (!alone(mesh, dim) && comm_backend_description(mesh.backend()).all_to_all_takes_views) {
     int64_t total = 0, bytes = 0;
     for (const int64_t count : recv_counts) total += count;
     at::Tensor output = at::empty({total}, pieces.front().options());
@@ -195,7 +189,6 @@ at::Tensor all_to_all_pieces(const DeviceMesh& mesh, int64_t dim, const std::vec
     run(mesh, dim, "all-to-all", bytes, [&](c10d::Backend& g) { return g.alltoall(outputs, inputs); });
     return output;
   }
-#endif
   return all_to_all(mesh, dim, packed_back_to_back(pieces), std::move(send_counts), std::move(recv_counts));
 }
 

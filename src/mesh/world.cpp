@@ -17,11 +17,6 @@
 #include "dtensor/errors.h"
 #include "backend_environment.h"
 #include "mesh_group.h"
-#include "process_group_factory.h"
-
-#ifdef DTENSOR_WITH_MPI
-#include "mpi/mpi_runtime.h"
-#endif
 
 namespace dtensor {
 namespace {
@@ -183,15 +178,14 @@ std::shared_ptr<World> World::from_environment(WorldOptions options) {
     }
     world = std::make_shared<World>(store, rank, size, options);
     launcher = env("DTENSOR_LAUNCHED") ? "dtensor via mpirun" : "mpirun";
-#ifdef DTENSOR_WITH_MPI
-    detail::mpi::ensure_initialized(rank, size);
-    world->started_by_mpirun_with_mpi_ = true;
-#endif
+    world->started_by_mpirun_ = true;
   } else {
     throw DTensorError("this process was not started as a rank: set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
                        "(torchrun does), run under mpirun, or start the program through dtensor::run_local_ranks");
   }
   world->launcher_ = launcher;
+  for (const auto& backend : detail::comm_backends())
+    if (backend.on_world_started) backend.on_world_started(*world);
   return world;
 }
 
@@ -220,19 +214,31 @@ int64_t World::sum_across_ranks(int64_t value) {
 }
 
 CommBackend World::resolve(CommBackend requested, c10::DeviceType device) const {
-  if (requested != CommBackend::Automatic) return requested;
-  if (device == c10::DeviceType::CUDA) return CommBackend::Nccl;
-  if (const auto asked = detail::backend_from_environment()) return *asked;
-  return started_by_mpirun_with_mpi_ ? CommBackend::Mpi : CommBackend::Gloo;
+  if (requested != CommBackend::Automatic) return comm_backend_description(requested).backend;
+  if (device == c10::DeviceType::CPU)
+    if (const auto asked = detail::backend_from_environment()) return *asked;
+  std::optional<CommBackend> fallback;
+  for (const auto& backend : detail::comm_backends()) {
+    if (backend.device != device) continue;
+    if (backend.prefers && backend.prefers(*this)) return backend.backend;
+    if (backend.default_for_device) fallback = backend.backend;
+  }
+  if (fallback) return *fallback;
+  throw DTensorError("rank " + std::to_string(rank_) + ": no communication backend for " + c10::DeviceTypeName(device, true) +
+                     " meshes in this build of dtensor" +
+                     (device == c10::DeviceType::CUDA ? " (NCCL: reconfigure with -DDTENSOR_WITH_NCCL=ON on a machine with the "
+                                                        "CUDA toolkit), or use a CPU mesh"
+                                                      : ""));
 }
 
 c10::intrusive_ptr<c10d::Backend> World::new_group(const std::vector<int64_t>& ranks, c10::DeviceType device,
                                                    std::chrono::milliseconds timeout, CommBackend backend) {
-  backend = resolve(backend, device);
-  if (backend == CommBackend::Mpi && mpi_built_in() && !started_by_mpirun_with_mpi_)
-    throw DTensorError("rank " + std::to_string(rank_) + ": the MPI backend needs a world started by mpirun (" +
-                       launcher_ + " started this one): run the job under mpirun, or through dtensor's launcher "
-                       "with DTENSOR_LAUNCHER=mpirun, or use Gloo (DTENSOR_BACKEND=gloo)");
+  const CommBackendDescription& description = comm_backend_description(resolve(backend, device));
+  if (description.device != device)
+    throw DTensorError("rank " + std::to_string(rank_) + ": the " + to_string(description.backend) + " backend carries " +
+                       c10::DeviceTypeName(description.device, true) + " tensors, not " + c10::DeviceTypeName(device, true) +
+                       " ones; use " + comm_backends_for(device));
+  if (description.check_world) description.check_world(*this);
   const auto me = std::find(ranks.begin(), ranks.end(), rank_);
   if (me == ranks.end()) throw DTensorError("World::new_group: rank " + std::to_string(rank_) + " is not a member");
   int serial = 0;
@@ -246,7 +252,8 @@ c10::intrusive_ptr<c10d::Backend> World::new_group(const std::vector<int64_t>& r
   for (auto r : ranks) prefix += "-" + std::to_string(r);
   prefix += "/" + std::to_string(serial);
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, this->store());
-  return detail::make_process_group(store, ranks, rank_, device, backend, timeout);
+  const int rank = static_cast<int>(me - ranks.begin());
+  return description.make_group({store, ranks, rank, rank_, timeout});
 }
 
 }  // namespace dtensor

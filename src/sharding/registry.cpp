@@ -11,6 +11,7 @@
 #include "dispatch.h"
 #include "fast_kernels.h"
 #include "propagation.h"
+#include "../tensor/as_dtensor.h"
 #include "dtensor/errors.h"
 #include "dtensor/sharding.h"
 
@@ -109,18 +110,23 @@ void register_family(const std::vector<std::string>& names, const OpRule& rule) 
   }
 }
 
+namespace {
+// Routes every op whose kernel would otherwise compute on a DTensor's (absent) storage — structured
+// kernels registered for all backends (CompositeExplicitAutogradNonFunctional) — to dtensor's
+// dispatch, so that an op without a rule fails with a clear error instead. Run before the first
+// DTensor exists, when every library's ops are registered.
 void route_storage_touching_ops() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    auto& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
-      auto op = c10::Dispatcher::singleton().findOp(name);
-      if (op && op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
-        route_to_dtensor(r, name, qualified_name(name));
-    }
-  });
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    auto op = c10::Dispatcher::singleton().findOp(name);
+    if (op && op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
+      route_to_dtensor(r, name, qualified_name(name));
+  }
 }
+
+[[maybe_unused]] const bool kRoutedBeforeTheFirstDTensor = (before_first_dtensor(&route_storage_touching_ops), true);
+}  // namespace
 
 }  // namespace dtensor::detail
 

@@ -61,9 +61,4 @@ void register_composite(const std::vector<std::string>& qualified_names, const O
 
 std::string qualified_name(const c10::OperatorName& name);
 
-// Routes every op whose kernel would otherwise compute on a DTensor's (absent) storage — structured
-// kernels registered for all backends (CompositeExplicitAutogradNonFunctional) — to dtensor's
-// dispatch, so that an op without a rule fails with a clear error instead. Idempotent.
-void route_storage_touching_ops();
-
 }  // namespace dtensor::detail

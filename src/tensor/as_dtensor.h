@@ -23,4 +23,9 @@ const DTensorImpl* as_dtensor(const at::Tensor& t);
 // another's.
 at::Tensor wrap_local(at::Tensor local, std::shared_ptr<const DTensorSpec> spec);
 
+// Has `action` run once, just before the first DTensor is made. The sharding layer routes ops to its
+// dispatch this way: only then is every library's op in the dispatcher, and the tensor layer needs
+// no knowledge of sharding. Call during static initialisation.
+void before_first_dtensor(void (*action)());
+
 }  // namespace dtensor::detail

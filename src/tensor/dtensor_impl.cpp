@@ -4,7 +4,8 @@
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
-#include "../sharding/registry.h"
+#include <vector>
+
 #include "as_dtensor.h"
 #include "dtensor/errors.h"
 
@@ -50,13 +51,23 @@ void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& i
 }
 
 namespace {
-// The DTensor over `local`, registering the storage-touching ops' routing before the first one exists.
+std::vector<void (*)()>& first_dtensor_actions() {
+  static std::vector<void (*)()> actions;
+  return actions;
+}
+
+// The DTensor over `local`, running the actions registered for the first one before it exists.
 at::Tensor new_dtensor(at::Tensor local, std::shared_ptr<const DTensorSpec> spec) {
-  static const bool routed = (detail::route_storage_touching_ops(), true);
-  (void)routed;
+  static const bool ran = [] {
+    for (auto action : first_dtensor_actions()) action();
+    return true;
+  }();
+  (void)ran;
   return at::Tensor(c10::make_intrusive<DTensorImpl>(std::move(local), std::move(spec)));
 }
 }  // namespace
+
+void detail::before_first_dtensor(void (*action)()) { first_dtensor_actions().push_back(action); }
 
 at::Tensor make_dtensor(const at::Tensor& local, std::shared_ptr<const DTensorSpec> spec) {
   return new_dtensor(alias_without_history(local), std::move(spec));

@@ -308,6 +308,29 @@ TEST_F(CommBackendTest, MeshesOfBothBackendsAgree) {
   }
 }
 
+// A backend joins through one registration: here Gloo's description under another name, whose groups
+// count how many were made. A mesh asking for it by name runs its collectives there; a name nobody
+// registered is refused with the registered ones.
+TEST_F(CommBackendTest, ARegisteredBackendCarriesTheMeshesThatNameIt) {
+  static int groups_made = 0;
+  CommBackendDescription twin = comm_backend_description(CommBackend::Gloo);
+  twin.backend = CommBackend("gloo_twin");
+  twin.default_for_device = false;
+  twin.make_group = [gloo = twin.make_group](const CommBackendDescription::GroupRequest& request) {
+    ++groups_made;
+    return gloo(request);
+  };
+  register_comm_backend(twin);
+  EXPECT_THAT(comm_backends_for(c10::DeviceType::CPU), HasSubstr("gloo_twin"));
+  const MeshPtr m = DeviceMesh::create(world(), {2, 2}, {.backend = CommBackend("gloo_twin")});
+  EXPECT_EQ(m->backend(), CommBackend("gloo_twin"));
+  EXPECT_EQ(groups_made, 2);  // one per mesh dim
+  const at::Tensor full = test_tensor({5, 3}, at::kFloat, 13);
+  EXPECT_TRUE(tensors_equal(full_tensor(make_dtensor_holding(full, m, {Partial(), Shard(0)}, 5)), full));
+  EXPECT_THAT(error_of([&] { DeviceMesh::create(world(), {4}, {.backend = CommBackend("ucc")}); }),
+              HasSubstr("no communication backend 'ucc' in this build of dtensor (it has gloo"));
+}
+
 // Rank 1 of a pair joining a collective late: after rank 0 gave up on it (a 1 s timeout), runs
 // `join`, then tells rank 0 under `done_key`.
 template <typename Join>
