@@ -155,7 +155,7 @@ decltype(auto) hooked_argument(std::vector<at::Tensor>& inputs, Arg&& arg) {
 
 // torch::nn::Linear's forward (torch::nn::functional::linear) is a transpose, a matmul and a bias add.
 // With DTensor parameters the Linear runs as the one aten::linear they compute, which dtensor runs on
-// the shards as one op with one autograd node (src/sharding/rules/fused_linear.cpp); with plain
+// the shards as one op with one autograd node (src/sharding/kernels/fused_linear.cpp); with plain
 // parameters, as its own forward.
 at::Tensor forward_linear(torch::nn::LinearImpl& linear, const at::Tensor& input);
 

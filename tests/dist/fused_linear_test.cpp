@@ -1,4 +1,4 @@
-// aten::linear on DTensors as one op (src/sharding/rules/fused_linear.cpp): for every layout it takes,
+// aten::linear on DTensors as one op (src/sharding/kernels/fused_linear.cpp): for every layout it takes,
 // on a 1-d mesh of 4 and a 2x2 mesh with uneven shapes, the output and the three gradients equal
 // single-device LibTorch's, with the placements the layout table gives, whatever layout the incoming
 // gradient has; other layouts decompose; a gradient of the gradient (create_graph) is right too; and a

@@ -90,7 +90,7 @@ class ParallelStyleGptTest : public DistTest {};
 // Per layer, the Megatron-LM pattern: forward, one all-reduce for the vocabulary-parallel embedding and
 // one after each row-parallel layer (attention's wo, the MLP's fc2); backward, one all-reduce per
 // column-parallel input (q/k/v together, fc1, the LM head). The fused loss-parallel cross-entropy
-// (src/sharding/rules/loss_parallel.cpp) adds two all-reduces of per-row numbers forward (the max;
+// (src/sharding/kernels/loss_parallel.cpp) adds two all-reduces of per-row numbers forward (the max;
 // the sums of exponentials with the target logits) and none backward; Megatron's has three forward.
 // Nothing is ever gathered.
 TEST_F(ParallelStyleGptTest, GptCollectivesFollowMegatron) {

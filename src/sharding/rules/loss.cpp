@@ -5,7 +5,7 @@
 // that divide by the GLOBAL count or total weight, so a mean over uneven shards is exact.
 //
 // Loss parallelism: cross_entropy also runs on class-sharded logits without gathering them. The common
-// case is fused at the autograd level (loss_parallel.cpp: 2 all-reduces, none backward); the rules
+// case is fused at the autograd level (kernels/loss_parallel.cpp: 2 all-reduces, none backward); the rules
 // here serve the rest (label smoothing, a weight that needs a gradient, other layouts).
 // log_softmax over the sharded class dim all-reduces the row max and the row sum of exponentials
 // (small tensors, one value per row); nll_loss has each rank pick the target logits that fall in its

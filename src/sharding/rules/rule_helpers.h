@@ -16,6 +16,17 @@ inline int64_t wrap_dim(int64_t dim, int64_t ndim) {
   return dim < 0 ? dim + n : dim;
 }
 
+// The op's `dim` argument, normalised against `ndim`.
+inline int64_t dim_arg(const OpSchema& s, int64_t ndim) {
+  const auto& args = s.schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i].name() == "dim") return wrap_dim(s.args[i].toInt(), ndim);
+  throw DTensorError(s.op_name() + " has no dim argument");
+}
+
+// Partial reductions that commute with an op that only moves, copies or zero-fills values.
+inline const std::vector<ReduceOp> kMovesValues = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
+
 // One strategy for every input and output: all Replicate.
 inline DimStrategy all_replicate(const OpSchema& s) {
   return DimStrategy{Placements(s.outputs.size(), Replicate()), Placements(s.inputs.size(), Replicate())};

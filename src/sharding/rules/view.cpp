@@ -1,5 +1,5 @@
-// View and shape ops: views, squeezes, slices and selections, splits and concatenations, index
-// gathers and scatters, repeat. A dim an op leaves whole keeps its shard (renumbered when dims come
+// View and shape ops: views, squeezes, slices and selections, splits and concatenations, repeat
+// (index gathers and scatters: indexing.cpp). A dim an op leaves whole keeps its shard (renumbered when dims come
 // or go); a dim the op cuts, joins along or indexes into must be Replicate. Ops that only move or copy
 // values keep every Partial; views run on the local shard, so their results alias it. In-place views
 // (t_, transpose_, squeeze_, unsqueeze_) reshape the local shard and dispatch gives the DTensor the
@@ -20,18 +20,7 @@
 namespace dtensor::rules {
 namespace {
 
-// Partial reductions that commute with an op that only moves, copies or zero-fills values.
-const std::vector<ReduceOp> kMovesValues = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
-
 bool in_place(const OpSchema& s) { return s.schema.name().back() == '_'; }
-
-// The op's `dim` argument, normalised against `ndim`.
-int64_t dim_arg(const OpSchema& s, int64_t ndim) {
-  const auto& args = s.schema.arguments();
-  for (size_t i = 0; i < args.size(); ++i)
-    if (args[i].name() == "dim") return wrap_dim(s.args[i].toInt(), ndim);
-  throw DTensorError(s.op_name() + " has no dim argument");
-}
 
 // Strategies of an op that only moves, copies or zero-fills values, whose outputs have input dim d as
 // dim out_dim(d) (-1: the op cuts or removes it, so it cannot stay sharded). Every tensor input is
@@ -369,143 +358,12 @@ std::vector<DimStrategy> along_dim(const OpSchema& s) {
   return follow_dims(s, [dim](int64_t d) { return d == dim ? -1 : d; });
 }
 
-// ---- indexing ---------------------------------------------------------------------------------------
-
-// index_select(self, dim, index): self may be sharded off `dim`; or the index is sharded, each rank
-// selecting its share of the output along `dim`.
-std::vector<DimStrategy> index_select(const OpSchema& s) {
-  const int64_t dim = dim_arg(s, s.input_ndim(0));
-  std::vector<DimStrategy> out = {all_replicate(s), {{Shard(dim)}, {Replicate(), Shard(0)}}};
-  for (int64_t d = 0; d < s.input_ndim(0); ++d)
-    if (d != dim) out.push_back({{Shard(d)}, {Shard(d), Replicate()}});
-  for (auto op : kMovesValues) out.push_back({{Partial(op)}, {Partial(op), Replicate()}});
-  return out;
-}
-
-// index_add(self, dim, index, source): self and source (same dims) sharded alike off `dim`; the sum of
-// Partial self and source is Partial.
-std::vector<DimStrategy> index_add(const OpSchema& s) {
-  const int64_t dim = dim_arg(s, s.input_ndim(0));
-  std::vector<DimStrategy> out = {all_replicate(s)};
-  for (int64_t d = 0; d < s.input_ndim(0); ++d)
-    if (d != dim) out.push_back({{Shard(d)}, {Shard(d), Replicate(), Shard(d)}});
-  for (auto op : linear_reduce_ops(s, {0, 2})) out.push_back({{Partial(op)}, {Partial(op), Replicate(), Partial(op)}});
-  return out;
-}
-
-// Dims other than `dim` along which self, index and src (all of the same rank) have one size: only
-// there do their chunks line up.
-std::vector<int64_t> aligned_dims(const OpSchema& s, int64_t dim) {
-  std::vector<int64_t> out;
-  for (int64_t d = 0; d < s.input_ndim(0); ++d) {
-    bool same = d != dim;
-    for (size_t i = 1; same && i < s.inputs.size(); ++i)
-      same = s.input_ndim(i) == s.input_ndim(0) && s.input(i).meta.shape[d] == s.input(0).meta.shape[d];
-    if (same) out.push_back(d);
-  }
-  return out;
-}
-
-// gather(self, dim, index): out[..i..] = self[..index[..i..]..] along `dim`, self[..i..] elsewhere.
-// Sharded alike where aligned; or the index sharded along `dim` over a whole self, each rank
-// gathering its share of the output.
-std::vector<DimStrategy> gather(const OpSchema& s) {
-  const int64_t dim = dim_arg(s, s.input_ndim(0));
-  std::vector<DimStrategy> out = {all_replicate(s), {{Shard(dim)}, {Replicate(), Shard(dim)}}};
-  for (int64_t d : aligned_dims(s, dim)) out.push_back({{Shard(d)}, {Shard(d), Shard(d)}});
-  for (auto op : kMovesValues) out.push_back({{Partial(op)}, {Partial(op), Replicate()}});
-  return out;
-}
-
-// scatter / scatter_add(self, dim, index[, src]): sharded alike where aligned. Writing or adding a
-// Partial src into a Partial self gives the Partial result; a written constant (scatter.value) would
-// count once per rank, and the reduce overloads may multiply, so those need Replicate.
-std::vector<DimStrategy> scatter(const OpSchema& s) {
-  const int64_t dim = dim_arg(s, s.input_ndim(0));
-  std::vector<DimStrategy> out = {all_replicate(s)};
-  for (int64_t d : aligned_dims(s, dim)) out.push_back({{Shard(d)}, Placements(s.inputs.size(), Shard(d))});
-  if (s.inputs.size() == 3 && s.schema.overload_name() != "reduce")
-    for (auto op : linear_reduce_ops(s, {0, 2})) out.push_back({{Partial(op)}, {Partial(op), Replicate(), Partial(op)}});
-  return out;
-}
-
 // slice_scatter(self, src, dim, ...): self with a slice of `dim` replaced by src (of self's shape
 // but along `dim`). Other dims keep their shards in self, src and the output alike; every reduction
 // of Partial values commutes with writing one into the other elementwise.
 std::vector<DimStrategy> slice_scatter(const OpSchema& s) {
   const int64_t dim = dim_arg(s, s.input_ndim(0));
   return follow_dims(s, [dim](int64_t d) { return d == dim ? -1 : d; });
-}
-
-// Leading, non-None indices of index / index_put (`indices` at argument 1; the op's tensor inputs are
-// self, the indices, then any others): how many dims they index (k) and the dims of the indexed
-// result they make (index_ndim); nullopt where an index is None (x[:, i]).
-struct LeadingIndices {
-  int64_t k;
-  int64_t index_ndim;
-  size_t count;
-};
-std::optional<LeadingIndices> leading_indices(const OpSchema& s) {
-  const auto indices = s.args[1].toListRef();
-  for (const c10::IValue& index : indices)
-    if (index.isNone()) return std::nullopt;
-  LeadingIndices out{static_cast<int64_t>(indices.size()), 0, indices.size()};
-  for (size_t i = 1; i <= out.count; ++i) out.index_ndim = std::max(out.index_ndim, s.input_ndim(i));
-  return out;
-}
-
-// Whether every index has the same shape, so that their rows (dim 0) line up with each other and
-// with the indexed result's dim 0.
-bool index_rows_align(const OpSchema& s, const LeadingIndices& l) {
-  if (l.index_ndim < 1) return false;
-  for (size_t i = 1; i <= l.count; ++i)
-    if (s.input(i).meta.shape != s.input(1).meta.shape) return false;
-  return true;
-}
-
-// Placements of index's / index_put's tensor inputs: self, each index alike, then the values.
-Placements indexing_inputs(const OpSchema& s, Placement self, Placement index, std::optional<Placement> values = std::nullopt) {
-  Placements in(s.inputs.size(), index);
-  in.front() = self;
-  if (values) in.back() = *values;
-  return in;
-}
-
-// index(self, indices) = self[indices] (advanced indexing by leading indices): dims of self after
-// the indexed ones keep their shards (renumbered after the index dims); index rows sharded alike
-// select each rank's rows of the result from a whole self; a Partial self gives the Partial result.
-std::vector<DimStrategy> index(const OpSchema& s) {
-  std::vector<DimStrategy> out = {all_replicate(s)};
-  const auto l = leading_indices(s);
-  if (!l) return out;
-  for (int64_t d = l->k; d < s.input_ndim(0); ++d)
-    out.push_back({{Shard(d - l->k + l->index_ndim)}, indexing_inputs(s, Shard(d), Replicate())});
-  if (index_rows_align(s, *l)) out.push_back({{Shard(0)}, indexing_inputs(s, Replicate(), Shard(0))});
-  for (auto op : kMovesValues) out.push_back({{Partial(op)}, indexing_inputs(s, Partial(op), Replicate())});
-  return out;
-}
-
-// index_put(self, indices, values, accumulate): self[indices] = values (+= with accumulate), with
-// leading indices (embedding's backward: one index over the rows).
-//  - Dims of self after the indexed ones are left alone: sharded alike in self, values and the output.
-//  - With accumulate, Partial self and values give the Partial sum; and the index rows, sharded with
-//    the values' rows, each rank adding its share of the updates into a Partial(sum) self.
-std::vector<DimStrategy> index_put(const OpSchema& s) {
-  std::vector<DimStrategy> out = {all_replicate(s)};
-  const auto l = leading_indices(s);
-  if (!l) return out;
-  const size_t values = s.inputs.size() - 1;
-  const bool aligned = s.input_ndim(values) == l->index_ndim + s.input_ndim(0) - l->k;
-  for (int64_t d = l->k; aligned && d < s.input_ndim(0); ++d)
-    if (s.input(values).meta.shape[d - l->k + l->index_ndim] == s.input(0).meta.shape[d])
-      out.push_back({{Shard(d)}, indexing_inputs(s, Shard(d), Replicate(), Shard(d - l->k + l->index_ndim))});
-  const bool accumulate = s.args.size() > 3 && s.args[3].toBool();
-  if (!accumulate) return out;
-  const auto linear = linear_reduce_ops(s, {0, values});
-  for (auto op : linear) out.push_back({{Partial(op)}, indexing_inputs(s, Partial(op), Replicate(), Partial(op))});
-  if (aligned && !linear.empty() && index_rows_align(s, *l) && s.input(1).meta.shape[0] == s.input(values).meta.shape[0])
-    out.push_back({{Partial(ReduceOp::Sum)}, indexing_inputs(s, Partial(ReduceOp::Sum), Shard(0), Shard(0))});
-  return out;
 }
 
 const bool registered = [] {
@@ -531,13 +389,7 @@ const bool registered = [] {
   register_family({"aten::select", "aten::unbind"}, {.dim = select, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::select_backward"}, {.dim = select_backward, .local_args = local_size_arg, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::split", "aten::split_with_sizes", "aten::cat"}, {.dim = along_dim, .family = "view", .strided_shards = IndexWise});
-  register_family({"aten::index_select"}, {.dim = index_select, .family = "view", .strided_shards = IndexWise});
-  register_family({"aten::index_add"}, {.dim = index_add, .family = "view", .strided_shards = IndexWise});
-  register_family({"aten::gather"}, {.dim = gather, .family = "view", .strided_shards = IndexWise});
-  register_family({"aten::scatter", "aten::scatter_add"}, {.dim = scatter, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::slice_scatter"}, {.dim = slice_scatter, .family = "view", .strided_shards = IndexWise});
-  register_family({"aten::index_put", "aten::_index_put_impl"}, {.dim = index_put, .family = "view", .strided_shards = IndexWise});
-  register_family({"aten::index"}, {.dim = index, .family = "view", .strided_shards = IndexWise});
   return true;
 }();
 

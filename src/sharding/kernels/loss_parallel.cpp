@@ -26,7 +26,7 @@
 #include "dtensor/comm_debug.h"
 #include "dtensor/errors.h"
 #include "dtensor/sharding.h"
-#include "index_window.h"
+#include "../rules/index_window.h"
 
 namespace dtensor::rules {
 namespace {
