@@ -3,6 +3,7 @@
 # writes bench/results/checkpoint.md.
 #   bench/checkpoint.sh <build-dir> [--mb M] [--rounds R] [--dir DIR]     (what `./dev bench checkpoint` calls)
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/record.sh"
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${1:?usage: bench/checkpoint.sh <build-dir> [--mb M] [--rounds R] [--dir DIR]}
 shift
@@ -13,8 +14,8 @@ RESULTS=$ROOT/bench/results/checkpoint.md
 
 Command: \`./dev bench checkpoint${*:+ $*}\` (runs \`bench/checkpoint.sh\`, which runs \`dtensor_checkpoint_bench${*:+ $*}\`)
 
-- Date: $(date -u '+%Y-%m-%d %H:%M UTC')
-- Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), load average $(cut -d' ' -f1-3 /proc/loadavg); files under $(df -h --output=source,fstype "${TMPDIR:-/tmp}" | tail -1).
+$(bench_record "$BUILD")
+- Files under: $(df -h --output=source,fstype "${TMPDIR:-/tmp}" | tail -1)
 
 Method: 4 local ranks; a time runs from a barrier all ranks leave together until the closing barrier
 (a job goes on once every rank is done), the mean over ranks, medians over rounds. Every round writes

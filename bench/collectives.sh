@@ -3,6 +3,7 @@
 # bench/results/collectives.md.
 #   bench/collectives.sh <build-dir> [--max-mib M] [--seconds S]     (what `./dev bench collectives` calls)
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/record.sh"
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${1:?usage: bench/collectives.sh <build-dir> [--max-mib M] [--seconds S]}
 shift
@@ -13,8 +14,7 @@ RESULTS=$ROOT/bench/results/collectives.md
 
 Command: \`./dev bench collectives${*:+ $*}\` (runs \`bench/collectives.sh\`, which runs \`dtensor_collectives_bench --ranks N${*:+ $*}\` for N = 2, 4)
 
-- Date: $(date -u '+%Y-%m-%d %H:%M UTC')
-- Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), load average $(cut -d' ' -f1-3 /proc/loadavg); $(mpirun --version 2>/dev/null | head -1).
+$(bench_record "$BUILD")
 
 Method: one job of N local ranks started through mpirun (dtensor's launcher), one intra-op thread per
 rank, two 1-d meshes over the same ranks: one on Gloo (TCP over loopback), one on the MPI backend

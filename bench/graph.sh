@@ -3,6 +3,7 @@
 # for TP = 2, 4 and writes bench/results/graph.md.
 #   bench/graph.sh <build-dir> [--rounds R]      (what `./dev bench graph` calls)
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/record.sh"
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${1:?usage: bench/graph.sh <build-dir> [--rounds R]}
 shift
@@ -16,13 +17,12 @@ JOINT=$BUILD/graph_models/gpt_joint.pt2
 Command: \`./dev bench graph${*:+ $*}\` (runs \`bench/graph.sh\`, which runs \`dtensor_graph_bench --model $MODEL --tp N${*:+ $*}\`
 and \`dtensor_graph_bench --train --model $JOINT --tp N${*:+ $*}\` for N = 2, 4)
 
-- Date: $(date -u '+%Y-%m-%d %H:%M UTC')
-- Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), load average $(cut -d' ' -f1-3 /proc/loadavg).
+$(bench_record "$BUILD")
 
 Method: the GPT demo model (vocab 42, seq 32, dim 128, 8 heads, 2 layers, ffn 512, batch 8) exported
 from Python with torch.export (training IR; \`scripts/export_test_models.py\`), one intra-op thread
-per rank, over the launcher's default backend (the MPI backend through mpirun when dtensor has it, as
-here since 2026-11-24; Gloo over loopback before, and with \`DTENSOR_BACKEND=gloo\`). All three compute the whole logits on every rank from the exported
+per rank, over the launcher's default backend (the MPI backend through mpirun when dtensor has it;
+Gloo over loopback with \`DTENSOR_BACKEND=gloo\`). All three compute the whole logits on every rank from the exported
 weights and are checked equal to the single-process program before timing. *graph TP*: the program
 transformed by \`dtensor::graph::tensor_parallel_transform\` with the demo's TP plan (LM head column-
 parallel, its classes gathered at the end), run by the graph interpreter. *eager module-level TP*:

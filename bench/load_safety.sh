@@ -4,6 +4,7 @@
 # machine; writes bench/results/load_safety.md.
 #   bench/load_safety.sh <build-dir> [--base COMMIT] [--blocks K] [--rounds R] [--mb M]   (./dev bench load_safety)
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/record.sh"
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${1:?usage: bench/load_safety.sh <build-dir> [--base COMMIT] [--blocks K] [--rounds R] [--mb M]}
 shift
@@ -62,9 +63,7 @@ Command: \`./dev bench load_safety${FLAGS:+ $FLAGS}\` (runs \`bench/load_safety.
 $(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo ' plus uncommitted changes'), and against $(git -C "$ROOT" rev-parse --short "$BASE"), the tree before the readers were hardened,
 with the same flags; the two alternate, $BLOCKS blocks, which side goes first alternating by block).
 
-- Date: $(date -u '+%Y-%m-%d %H:%M UTC')
-- Build: RelWithDebInfo (both sides), LibTorch $(sed -n "s/^__version__ = '\(.*\)'.*/\1/p" "$TORCH_DIR/version.py")
-- Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), load average $(cut -d' ' -f1-3 /proc/loadavg)
+$(bench_record "$WORK/head") (both sides built alike)
 
 Measured: \`graph::load_program\` of the suite's GPT (\`gpt_train_ir_static.pt2\`, 1.7 MiB), alone and followed by
 reading every weight (which now checks each record's CRC-32), medians of $((ROUNDS * 5)) rounds per block; a

@@ -4,6 +4,7 @@
 # Flags go to dtensor_redistribute_bench, e.g. `--sizes-mib 1,4,16 --seconds 0.3` for a quick run.
 # DTENSOR_BENCH_RESULTS names another results file (so a quick run need not replace the full one).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/record.sh"
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${1:?usage: bench/run.sh <build-dir> [benchmark flags]}
@@ -17,9 +18,7 @@ header() {
 
 Command: \`./dev bench${*:+ $*}\` (runs \`bench/run.sh\`, which runs \`dtensor_redistribute_bench --ranks N\` for N = 2, 4)
 
-- Date: $(date -u '+%Y-%m-%d %H:%M UTC')
-- Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo) RAM, Linux $(uname -r)
-- Load average before the run: $(cut -d' ' -f1-3 /proc/loadavg)
+$(bench_record "$BUILD")
 
 Method: all ranks are local processes on this machine, talking through the backend each section names
 (MPI through mpirun by default; \`DTENSOR_BACKEND=gloo ./dev bench redistribute\` for Gloo), on a
@@ -38,7 +37,7 @@ send buffer no correct program reaches it); *pack + all_to_all_single* first pac
 into that buffer, as a hand-written program must. On MPI with shared memory (one host, ranks no more
 than cores) dtensor hands the column blocks to c10d's list \`alltoall\` as views, copied straight into
 the shared slots (a memcpy per row), so it moves the bytes the first baseline moves, but reads them
-strided: 0.6-0.97 of it at 2 ranks across runs here. Where ranks outnumber cores (4 here) the
+strided. Where ranks outnumber cores the
 all-to-all is Open MPI's, which takes one contiguous buffer, so dtensor packs as the second baseline
 does. Throughput is input bytes per rank / median time.
 *ratio* = raw median / DTensor median (goal >= 0.95; bold when below);

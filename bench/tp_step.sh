@@ -4,6 +4,7 @@
 # TP's speedup), and writes bench/results/tp_step.md.
 #   bench/tp_step.sh <build-dir> [--rounds R]      (what `./dev bench tp` calls)
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/record.sh"
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${1:?usage: bench/tp_step.sh <build-dir> [--rounds R]}
 shift
@@ -17,8 +18,8 @@ if ((CORES < 4)); then oversubscribed=" TP=4 runs 4 ranks on these $CORES cores 
 
 Command: \`./dev bench tp${*:+ $*}\` (runs \`bench/tp_step.sh\`, which runs \`dtensor_tp_step_bench --tp N${*:+ $*}\` for N = 1, then 2 and 4 with the launcher's default backend (MPI through mpirun) and with \`DTENSOR_BACKEND=gloo\`)
 
-- Date: $(date -u '+%Y-%m-%d %H:%M UTC')
-- Machine: $CORES cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), load average $(cut -d' ' -f1-3 /proc/loadavg).$oversubscribed
+$(bench_record "$BUILD")
+$oversubscribed
 
 Method: the GPT demo model (examples/gpt: seq 32, dim 128, 8 heads, 2 layers, ffn 512, the corpus's
 vocabulary, batch 8), every model from the same seed, local ranks talking through the MPI backend
@@ -31,8 +32,8 @@ autograd functions over the mesh's c10d process group (all-reduces in place, ski
 Megatron does), a vocabulary-parallel embedding and cross-entropy (all-reduces of the row max, the
 target logit and the sum of exponentials); its linear layers compute with \`at::linear\` (one addmm over
 the flattened input; a row-parallel layer adds its bias after the all-reduce), the kernels dtensor's
-parallel Linears run on their shards (since 2026-11-24 dtensor runs a \`torch::nn::Linear\` with DTensor
-parameters as one \`aten::linear\` op; before, both ran torch::nn::Linear's matmul and bias add). *plain
+parallel Linears run on their shards (dtensor runs a \`torch::nn::Linear\` with DTensor parameters as one
+\`aten::linear\` op). *plain
 LibTorch*: gpt::Gpt without dtensor (torch::nn::Linear's own forward), in one process;
 at TP>1 rank 0 runs it alone, with one intra-op thread and with one per core, while the other ranks
 sleep in a store wait (they take no core), in the same rounds as the parallel runs.
