@@ -1,8 +1,9 @@
 #pragma once
-// Multi-rank test harness. The test binary starts itself as N local ranks (real processes, real Gloo
-// process groups); every rank runs the same GoogleTest sequence. At the end of each test the ranks
-// exchange their outcomes through the job's store, so a failure on any rank fails the test on all of
-// them with that rank's message, and a rank that does not finish in time fails it by timeout.
+// Multi-rank test harness. The test binary starts itself as N local ranks (real processes, real c10d
+// process groups: through mpirun on dtensor's MPI backend when dtensor has MPI, or forked onto Gloo
+// with DTENSOR_BACKEND=gloo); every rank runs the same GoogleTest sequence. At the end of each test the
+// ranks exchange their outcomes through the job's store, so a failure on any rank fails the test on
+// all of them with that rank's message, and a rank that does not finish in time fails it by timeout.
 // Only rank 0 prints.
 
 #include <gmock/gmock.h>

@@ -1,4 +1,4 @@
-// DeviceMesh over real Gloo process groups: coordinates, per-dim groups, slicing, subsets, errors.
+// DeviceMesh over real process groups (the launcher's backend): coordinates, per-dim groups, slicing, subsets, errors.
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
