@@ -10,12 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace c10d {
-class Backend;
-class Store;
-class Work;
-struct ReduceOp;
-}  // namespace c10d
+#include "dtensor/comm_backend.h"  // the c10d types a backend's functions take
 
 namespace dtensor::detail {
 
