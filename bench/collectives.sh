@@ -23,10 +23,10 @@ rank, two 1-d meshes over the same ranks: one on Gloo (TCP over loopback), one o
 or all-to-all's input. A time is the slowest rank's, from a barrier, for one call through the c10d
 backend, the median over repetitions (at least 3, up to 0.5 s); which backend goes first alternates.
 *memcpy, 1 process*: rank 0 copies the same number of bytes (at::Tensor::copy_) while the other
-ranks sleep, the median of its repetitions: one process's copy bandwidth on this host (the issue's
+ranks sleep, the median of its repetitions: one process's copy bandwidth on this host (the goal's
 baseline). *memcpy, every rank*: every rank copies that many bytes at once, timed like a collective:
 what a one-host all-gather, in which every rank writes the whole tensor, can reach at best when the
-ranks share the memory bandwidth. Goal (issue 12): all-gather >= 0.6x memcpy.
+ranks share the memory bandwidth. Goal: all-gather >= 0.6x memcpy.
 
 EOT
   for ranks in 2 4; do

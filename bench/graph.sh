@@ -14,8 +14,8 @@ JOINT=$BUILD/graph_models/gpt_joint.pt2
   cat <<EOT
 # GPT under tensor parallelism from exported graphs vs eager module-level TP vs hand-written Megatron (CPU)
 
-Command: \`./dev bench graph${*:+ $*}\` (runs \`bench/graph.sh\`, which runs \`dtensor_graph_bench --model $MODEL --tp N${*:+ $*}\`
-and \`dtensor_graph_bench --train --model $JOINT --tp N${*:+ $*}\` for N = 2, 4)
+Command: \`./dev bench graph${*:+ $*}\` (runs \`bench/graph.sh\`, which runs \`dtensor_graph_bench --model <build>/graph_models/$(basename "$MODEL") --tp N${*:+ $*}\`
+and \`dtensor_graph_bench --train --model <build>/graph_models/$(basename "$JOINT") --tp N${*:+ $*}\` for N = 2, 4)
 
 $(bench_record "$BUILD")
 

@@ -45,7 +45,7 @@ steps of that phase's time (maximum over ranks), so phases need not add up to th
 ratio of dtensor's to hand-written's step within each round (medians of the round's 5 steps; the two
 run back to back, so load that moves whole rounds cancels out): its median and middle half over rounds,
 the spread to read the table's ratio with. Collectives
-are counted over one step on rank 0 (dtensor's with CommDebugMode). Goals (issue 12): dtensor's step
+are counted over one step on rank 0 (dtensor's with CommDebugMode). Goals: dtensor's step
 <= 1.02x the hand-written one on the same backend at TP=2 and TP=4; on MPI at TP=2, at least 1.2x the
 tokens/s of one process using every core.
 
@@ -68,7 +68,7 @@ EOF
   echo "The same run with DTENSOR_BENCH_SKIP_ALL_REDUCES=1: once the losses are checked, the hand-written"
   echo "steps skip their all-reduces (their values are wrong from then on). Its tokens/s over the single"
   echo "process is what tensor parallelism gains on this machine from splitting the per-rank compute alone,"
-  echo "with communication free; the issue's 1.2x goal can be no nearer than that."
+  echo "with communication free; the 1.2x goal can be no nearer than that."
   echo
   DTENSOR_BENCH_SKIP_ALL_REDUCES=1 "$BUILD/bench/dtensor_tp_step_bench" --tp 2 "$@"
   echo
