@@ -60,10 +60,11 @@ RESULTS=$ROOT/bench/results/load_safety.md
 # The price of safety: loading with the hardened readers against before
 
 Command: \`./dev bench load_safety${FLAGS:+ $FLAGS}\` (runs \`bench/load_safety.sh\`: \`load_safety_bench\` built against this tree,
-$(git -C "$ROOT" rev-parse --short HEAD)$(git -C "$ROOT" diff --quiet || echo ' plus uncommitted changes'), and against $(git -C "$ROOT" rev-parse --short "$BASE"), the tree before the readers were hardened,
+the commit below, and against $(git -C "$ROOT" rev-parse --short "$BASE"), the tree before the readers were hardened,
 with the same flags; the two alternate, $BLOCKS blocks, which side goes first alternating by block).
 
-$(bench_record "$WORK/head") (both sides built alike)
+$(bench_record "$WORK/head")
+- Both sides are built alike: the same build type, compiler, flags and LibTorch
 
 Measured: \`graph::load_program\` of the suite's GPT (\`gpt_train_ir_static.pt2\`, 1.7 MiB), alone and followed by
 reading every weight (which now checks each record's CRC-32), medians of $((ROUNDS * 5)) rounds per block; a
