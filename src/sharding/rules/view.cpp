@@ -15,6 +15,7 @@
 #include "../registry.h"
 #include "dtensor/errors.h"
 #include "dtensor/layout.h"
+#include "optional_tensors.h"
 #include "rule_helpers.h"
 
 namespace dtensor::rules {
@@ -358,6 +359,27 @@ std::vector<DimStrategy> along_dim(const OpSchema& s) {
   return follow_dims(s, [dim](int64_t d) { return d == dim ? -1 : d; });
 }
 
+// constant_pad_nd(self, pad, value): pad holds (before, after) amounts from the last dim backwards;
+// a negative amount crops. A dim with a non-zero amount must be Replicate (the shards' edges are not
+// the tensor's); every other dim keeps its shard. Every rank writes the same `value` where it pads,
+// which Avg, Max and Min reduce back to `value`, so those Partials stay; Sum only when `value` is 0
+// (or nothing is padded), as each rank's copy would otherwise count once.
+std::vector<DimStrategy> constant_pad_nd(const OpSchema& s) {
+  const int64_t ndim = s.input_ndim(0);
+  const std::vector<int64_t> pad = argument(s, "pad").toIntVector();
+  std::vector<bool> padded(ndim, false);
+  for (size_t i = 0; i + 1 < pad.size(); i += 2)
+    if (pad[i] != 0 || pad[i + 1] != 0) padded.at(ndim - 1 - static_cast<int64_t>(i / 2)) = true;
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  for (int64_t d = 0; d < ndim; ++d)
+    if (!padded[d]) out.push_back({{Shard(d)}, {Shard(d)}});
+  const bool pads_nothing = std::none_of(padded.begin(), padded.end(), [](bool p) { return p; });
+  for (auto op : kMovesValues)
+    if (op != ReduceOp::Sum || pads_nothing || argument(s, "value").toScalar().equal(0))
+      out.push_back({{Partial(op)}, {Partial(op)}});
+  return out;
+}
+
 // slice_scatter(self, src, dim, ...): self with a slice of `dim` replaced by src (of self's shape
 // but along `dim`). Other dims keep their shards in self, src and the output alike; every reduction
 // of Partial values commutes with writing one into the other elementwise.
@@ -390,6 +412,7 @@ const bool registered = [] {
   register_family({"aten::select_backward"}, {.dim = select_backward, .local_args = local_size_arg, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::split", "aten::split_with_sizes", "aten::cat"}, {.dim = along_dim, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::slice_scatter"}, {.dim = slice_scatter, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::constant_pad_nd"}, {.dim = constant_pad_nd, .family = "view", .strided_shards = IndexWise});
   return true;
 }();
 

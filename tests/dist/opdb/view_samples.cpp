@@ -154,6 +154,14 @@ const bool registered = add_op_samples({
     // The accumulating samples above check index_put's gradients.
     {.name = "index_put", .shapes = {{5, 4}, {3}, {3, 4}},
      .run = [](In x) { return outputs(x[0].index_put({x[1]}, x[2])); }, .make_input = index_input(1, 5), .backward = false},
+    // constant_pad_nd: padded dims replicated, the others keep their shards; Partial(sum) only for a
+    // zero value. Negative amounts crop (the backward of a pad is a crop).
+    {.name = "constant_pad_nd_last_dim", .shapes = {{5, 3, 7}},
+     .run = [](In x) { return outputs(at::constant_pad_nd(x[0], {1, 2}, 0.5)); }, .two_d = true},
+    {.name = "constant_pad_nd_zero_value", .shapes = {{5, 6}},
+     .run = [](In x) { return outputs(at::constant_pad_nd(x[0], {0, 0, 2, 1})); }, .two_d = true},
+    {.name = "constant_pad_nd_crop", .shapes = {{5, 6}},
+     .run = [](In x) { return outputs(at::constant_pad_nd(x[0], {-1, 2}, -3)); }},
     {.name = "slice_scatter", .shapes = {{5, 4}, {5, 2}},
      .run = [](In x) { return outputs(at::slice_scatter(x[0], x[1], 1, 1, 3)); }, .backward = false, .two_d = true,
      .no_backward_reason = "LibTorch's derivative zero-fills with a plain tensor it makes, which dtensor refuses to mix "
