@@ -213,6 +213,20 @@ std::vector<DimStrategy> scan(const OpSchema& s) {
   return out;
 }
 
+// ---- orderings -----------------------------------------------------------------------------------
+
+// sort and topk order values along `dim`, which must be Replicate (an order is global); every other
+// dim keeps its shard, in the values and the indices alike. No Partial: the order of a sum is not
+// the sum of the orders.
+std::vector<DimStrategy> ordering(const OpSchema& s) {
+  const int64_t ndim = s.input_ndim(0);
+  const int64_t dim = dim_arg(s, ndim);
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  for (int64_t d = 0; d < ndim; ++d)
+    if (d != dim) out.push_back({Placements(s.outputs.size(), Shard(d)), {Shard(d)}});
+  return out;
+}
+
 // ---- what autograd needs -------------------------------------------------------------------------
 
 // flip, which cumsum's backward runs (a reversed cumsum): a reversed dim must be Replicate (reversing
@@ -282,6 +296,8 @@ const bool registered = [] {
   register_overloads({"aten::linalg_vector_norm", "aten::norm.Scalar", "aten::norm.ScalarOpt_dim"},
                      {.dim = vector_norm, .local_kernel = norm_kernel, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::cumsum", "aten::cumsum_"}, {.dim = scan, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
+  register_overloads({"aten::sort", "aten::sort.stable", "aten::topk"},
+                     {.dim = ordering, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::flip"}, {.dim = flip, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::_local_scalar_dense"}, {.dim = replicate_only, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   return true;

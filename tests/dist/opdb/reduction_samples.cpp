@@ -11,6 +11,13 @@ using In = const std::vector<at::Tensor>&;
 // Boolean inputs for all / any: mostly true, so that all() is not trivially false everywhere.
 at::Tensor mostly_true(size_t i, const Shape& shape) { return test_tensor(shape, at::kDouble, 300 + i) > -6; }
 
+// Distinct values (7k mod n, a permutation when 7 does not divide n), so that sort and topk have one
+// right answer, whatever the algorithm does with ties.
+at::Tensor distinct(size_t, const Shape& shape) {
+  const int64_t n = numel(shape);
+  return at::arange(n, at::kDouble).mul(7).remainder(n).sub(n / 2).view(shape);
+}
+
 // Strictly positive inputs for prod (no zeros: their gradient would need a data-dependent path).
 at::Tensor positive(size_t i, const Shape& shape) { return test_tensor(shape, at::kDouble, 400 + i).abs() / 4 + 0.5; }
 
@@ -97,6 +104,24 @@ const bool registered = add_op_samples({
     // in place, the scanned dim cannot be resharded: only the placements that keep it whole
     {"cumsum_", {{2, 5, 6}}, [](In x) { return outputs(x[0].clone().cumsum_(0)); }, nullptr,
      {{Replicate(), Shard(1), Shard(2)}}},
+    // Orderings: stable, so that equal values come out in one order whatever the shard.
+    {"sort_stable", {{5, 6}},
+     [](In x) {
+       auto [values, indices] = x[0].sort(/*stable=*/true, 1, /*descending=*/true);
+       return outputs(values, indices);
+     }},
+    {"sort", {{2, 5, 6}},
+     [](In x) {
+       auto [values, indices] = at::sort(x[0], 0);
+       return outputs(values, indices);
+     },
+     distinct},
+    {"topk", {{5, 6, 3}},
+     [](In x) {
+       auto [values, indices] = x[0].topk(3, 1);
+       return outputs(values, indices);
+     },
+     distinct, {}, true, /*two_d=*/true},
     {"flip", {{2, 5, 6}}, [](In x) { return outputs(x[0].flip({0, 2})); }},
 });
 
