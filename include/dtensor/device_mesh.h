@@ -59,6 +59,9 @@ class DeviceMesh {
   const std::vector<std::string>& dim_names() const { return dim_names_; }
   c10::DeviceType device_type() const { return device_type_; }
   CommBackend backend() const { return backend_; }  // resolved: never Automatic
+  // The registered description of backend(), looked up once when the mesh is made (collectives read
+  // it on every call).
+  const CommBackendDescription& backend_description() const { return *backend_description_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   const std::shared_ptr<World>& world() const { return world_; }
 
@@ -111,6 +114,7 @@ class DeviceMesh {
   std::vector<std::string> dim_names_;
   c10::DeviceType device_type_;
   CommBackend backend_;
+  const CommBackendDescription* backend_description_;
   std::chrono::milliseconds timeout_;
   std::optional<Shape> coordinate_;
   std::vector<std::shared_ptr<detail::MeshGroup>> groups_;

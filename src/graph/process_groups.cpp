@@ -29,7 +29,7 @@ RegisteredGroup::RegisteredGroup(const DeviceMesh& mesh, int64_t dim, std::strin
   group_ = c10::make_intrusive<c10d::ProcessGroup>(mesh.world()->store(), backend->getRank(), backend->getSize());
   auto& group = group_;
   using Type = c10d::ProcessGroup::BackendType;
-  const auto type = static_cast<Type>(comm_backend_description(mesh.backend()).c10d_type);
+  const auto type = static_cast<Type>(mesh.backend_description().c10d_type);
   group->setBackend(mesh.device_type(), type, backend);
   group->setDefaultBackend(type);
   group->setGroupName(name_);

@@ -124,7 +124,7 @@ void all_reduce_(const DeviceMesh& mesh, int64_t dim, at::Tensor& tensor, Reduce
 }
 
 at::Tensor all_reduce(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input, ReduceOp op) {
-  const auto& into = comm_backend_description(mesh.backend()).all_reduce_into;
+  const auto& into = mesh.backend_description().all_reduce_into;
   if (into && !alone(mesh, dim)) {
     require_reducible(input, op, "all-reduce");
     const at::Tensor in = input.contiguous();
@@ -174,7 +174,7 @@ at::Tensor all_to_all_pieces(const DeviceMesh& mesh, int64_t dim, const std::vec
   std::vector<int64_t> send_counts, recv_counts;
   for (const at::Tensor& piece : pieces) send_counts.push_back(piece.numel());
   for (const Shape& shape : recv_shapes) recv_counts.push_back(c10::multiply_integers(shape));
-  if (!alone(mesh, dim) && comm_backend_description(mesh.backend()).all_to_all_takes_views) {
+  if (!alone(mesh, dim) && mesh.backend_description().all_to_all_takes_views) {
     int64_t total = 0, bytes = 0;
     for (const int64_t count : recv_counts) total += count;
     at::Tensor output = at::empty({total}, pieces.front().options());

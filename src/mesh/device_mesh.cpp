@@ -76,6 +76,7 @@ DeviceMesh::DeviceMesh(std::shared_ptr<World> world, Shape shape, std::vector<in
       dim_names_(std::move(options.dim_names)),
       device_type_(options.device_type),
       backend_(world_->resolve(options.backend, options.device_type)),
+      backend_description_(&comm_backend_description(backend_)),
       timeout_(options.timeout.value_or(world_->timeout())) {
   static std::atomic<uint64_t> next_id{1};
   id_ = next_id++;
