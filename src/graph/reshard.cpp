@@ -126,7 +126,49 @@ struct Emitter {
       local("aten::div.Scalar", {Arg::tensor(current), Arg::of(n)}, "average");
   }
 
+  // A StridedShard(d, sf) gathered: each rank holds its piece of every one of the sf blocks, so the
+  // gathered rows come rank by rank and are reordered block by block. Even pieces only.
+  void all_gather_strided(const RedistributeStep& step) {
+    const int64_t d = step.from.dim(), n = mesh->size(step.mesh_dim), sf = step.from.split_factor();
+    const int64_t length = step.logical_shape[d], piece = length / sf / n;
+    if (length % (sf * n) != 0) refuse_strided(step, "its blocks do not split evenly over the ranks");
+    rows_first(d);
+    contiguous();
+    Shape shape = current->meta.shape;
+    shape[0] = length;
+    collective("_c10d_functional::all_gather_into_tensor",
+               {Arg::tensor(current), Arg::of(n), Arg::of(group(step.mesh_dim))}, shape, "all_gather");
+    Shape split = {n, sf, piece};
+    split.insert(split.end(), shape.begin() + 1, shape.end());
+    local("aten::view", {Arg::tensor(current), Arg::ints(split)}, "rank_blocks");
+    local("aten::transpose.int", {Arg::tensor(current), Arg::of(int64_t{0}), Arg::of(int64_t{1})}, "block_ranks");
+    contiguous();
+    local("aten::view", {Arg::tensor(current), Arg::ints(shape)}, "blocks");
+    rows_back(d);
+  }
+
+  // This rank's piece of every block of dim d, side by side: the StridedShard(d, sf) of a whole value.
+  void local_chunk_strided(const RedistributeStep& step) {
+    const int64_t d = step.to.dim(), sf = step.to.split_factor(), length = current->meta.shape[d];
+    if (length % sf != 0) refuse_strided(step, "the dim is no whole number of blocks");
+    const ChunkExtent c = strided_block_chunk(length, sf, mesh->size(step.mesh_dim), (*mesh->coordinate())[step.mesh_dim]);
+    Value* whole = current;
+    std::vector<Value*> pieces;
+    for (int64_t b = 0; b < sf; ++b) {
+      const int64_t start = b * (length / sf) + c.offset;
+      pieces.push_back(local("aten::slice.Tensor", {Arg::tensor(whole), Arg::of(d), Arg::of(start), Arg::of(start + c.size)}, "block"));
+    }
+    local("aten::cat", {Arg{Arg::Kind::Tensors, {}, pieces}, Arg::of(d)}, "strided_chunk");
+  }
+
+  [[noreturn]] void refuse_strided(const RedistributeStep& step, const std::string& reason) {
+    throw DTensorError("graph: " + why + ": %" + source->name + " would move " + step.str() +
+                       " with a strided shard, which graph programs do only between StridedShard and Replicate with even pieces (" +
+                       reason + ")");
+  }
+
   void all_gather(const RedistributeStep& step) {
+    if (step.from.is_strided_shard()) return all_gather_strided(step);
     const int64_t d = step.from.dim(), n = mesh->size(step.mesh_dim), length = step.logical_shape[d];
     const int64_t padded = padded_chunk_size(length, n);
     // A dynamic dim is sharded evenly: no padding to add, none to trim (either would fix its size).
@@ -183,6 +225,11 @@ struct Emitter {
     this->step = &step;
     // Along a mesh dim of one rank every step is the identity (a gather, reduction or chunk of one).
     if (mesh->size(step.mesh_dim) == 1) return;
+    const bool gather_strided = step.kind == StepKind::AllGather && step.to.is_replicate();
+    const bool chunk_strided = step.kind == StepKind::LocalChunk && step.from.is_replicate();
+    if ((step.from.is_strided_shard() && !gather_strided) || (step.to.is_strided_shard() && !chunk_strided))
+      refuse_strided(step, "this step is neither a gather to Replicate nor a chunk of a Replicate value");
+    if (step.kind == StepKind::LocalChunk && step.to.is_strided_shard()) return local_chunk_strided(step);
     switch (step.kind) {
       case StepKind::AllGather: all_gather(step); break;
       case StepKind::AllReduce: all_reduce(step); break;

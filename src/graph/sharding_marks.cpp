@@ -381,8 +381,8 @@ void partition(Program& program, const MeshPtr& mesh, Marks& all_marks, const st
   auto localize = [&](Value* v) {
     if (!v->is_tensor() || !v->placements || global.count(v)) return;
     global[v] = v->meta;
-    const LocalLayout l = local_layout(v->meta.shape, mesh->shape(), *mesh->coordinate(), *v->placements);
-    v->meta = TensorMeta{l.shape, global_stride_like(l.shape, v->meta.shape, v->meta.stride), v->meta.dtype};
+    const Shape shape = local_shape(v->meta.shape, mesh->shape(), *mesh->coordinate(), *v->placements);
+    v->meta = TensorMeta{shape, global_stride_like(shape, v->meta.shape, v->meta.stride), v->meta.dtype};
   };
   for (Value* v : program.graph.inputs()) localize(v);
   for (Node* n : program.graph.nodes())

@@ -24,6 +24,12 @@ StateTensor::StateTensor(at::Tensor t)
 
 const TensorMeta& StateTensor::meta() const { return meta_; }
 
+bool StateTensor::same_tensor(const StateTensor& other) const {
+  if (record_ || other.record_)
+    return record_ == other.record_ && storage_offset_ == other.storage_offset_ && meta_ == other.meta_;
+  return tensor_.defined() && tensor_.is_same(other.tensor_);
+}
+
 const at::Tensor& StateTensor::tensor() const {
   if (tensor_.defined()) return tensor_;
   at::Tensor storage = at::empty({storage_elements_}, at::TensorOptions().dtype(meta_.dtype));
@@ -32,13 +38,42 @@ const at::Tensor& StateTensor::tensor() const {
   return tensor_;
 }
 
+namespace {
+
+// A strided shard (a packed layer's weight) is a run per block, not one box: cut from the whole tensor,
+// mesh dim by mesh dim as layout.h chunks.
+at::Tensor strided_part(const at::Tensor& whole, const DeviceMesh& mesh, const Shape& coordinate, const Placements& placements) {
+  at::Tensor t = whole;
+  for (size_t m = 0; m < placements.size(); ++m) {
+    const Placement& p = placements[m];
+    if (!p.is_sharding()) continue;
+    const int64_t d = p.dim(), n = mesh.size(static_cast<int64_t>(m)), sf = p.split_factor();
+    const int64_t block = t.size(d) / sf;
+    std::vector<at::Tensor> runs;
+    for (int64_t b = 0; b < sf; ++b) {
+      const ChunkExtent e = sf == 1 ? chunk_extent(t.size(d), n, coordinate[m]) : strided_block_chunk(t.size(d), sf, n, coordinate[m]);
+      runs.push_back(t.narrow(d, b * block + e.offset, e.size));
+    }
+    t = sf == 1 ? runs[0] : at::cat(runs, d);
+  }
+  return t.contiguous();
+}
+
+}  // namespace
+
 at::Tensor StateTensor::shard(const DeviceMesh& mesh, const Placements& placements) const {
   const Shape coordinate = mesh.coordinate().value_or(Shape(mesh.ndim(), 0));
+  for (size_t m = 0; m < placements.size(); ++m)
+    if (placements[m].is_partial() && coordinate[m] != 0)
+      return at::zeros(local_shape(meta().shape, mesh.shape(), coordinate, placements), at::TensorOptions().dtype(meta().dtype));
+  for (const Placement& p : placements)
+    if (p.is_strided_shard()) {
+      local_shape(meta().shape, mesh.shape(), coordinate, placements);  // throws unless each dim is whole blocks
+      return strided_part(tensor(), mesh, coordinate, placements).clone();
+    }
   const LocalLayout part = local_layout(meta().shape, mesh.shape(), coordinate, placements);
   at::Tensor out = at::empty(part.shape, at::TensorOptions().dtype(meta().dtype));
-  bool zero = false;
-  for (size_t m = 0; m < placements.size(); ++m) zero = zero || (placements[m].is_partial() && coordinate[m] != 0);
-  if (zero || out.numel() == 0) return out.zero_();
+  if (out.numel() == 0) return out;
   if (tensor_.defined()) {
     at::Tensor region = tensor_;
     for (size_t d = 0; d < part.shape.size(); ++d) region = region.narrow(static_cast<int64_t>(d), part.offset[d], part.shape[d]);

@@ -59,9 +59,13 @@ class StateTensor {
   // The whole tensor (read once, then kept).
   const at::Tensor& tensor() const;
   // This rank's part of it under `placements` on `mesh` (Partial: the value on coordinate 0 of that
-  // mesh dim, zeros elsewhere), reading only the bytes of that part. Not kept.
+  // mesh dim, zeros elsewhere), reading only the bytes of that part (a StridedShard, which is a run per
+  // block, reads the whole tensor). Not kept.
   at::Tensor shard(const DeviceMesh& mesh, const Placements& placements) const;
   const TensorMeta& meta() const;
+  // Whether `other` is this very tensor: the same bytes of the same archive record with the same view
+  // (tied weights: torch.export saves one record under both names), or the same tensor in memory.
+  bool same_tensor(const StateTensor& other) const;
 
  private:
   mutable at::Tensor tensor_;
