@@ -3,8 +3,8 @@
 // local kernel) runs on the local shards with the rule's local arguments, and the outputs, assembled
 // under the strategy's output placements, must equal the op on the full tensors on one device.
 //
-// This is how the rules of composite ops are tested: linear, matmul, layer_norm, softmax.int, reshape
-// and scaled_dot_product_attention decompose before eager dispatch sees them, so the op-db cannot
+// This is how the rules of composite ops are tested: linear, matmul, layer_norm, softmax.int, reshape,
+// contiguous, to and scaled_dot_product_attention decompose before eager dispatch sees them, so the op-db cannot
 // reach them, but exported graphs keep them whole and the graph passes rely on these rules. The
 // attention kernels' rules (eager too) are checked here as well, uneven heads and queries included.
 
@@ -167,6 +167,22 @@ TEST_F(StrategyTest, EveryReshapeStrategy) {
       EXPECT_EQ(strategies.size(), c.strategies);
       EXPECT_EQ(keeps_input(strategies, current), m->ndim() == 1 ? c.kept_on_4 : c.kept_on_2);
     }
+}
+
+// contiguous and to(dtype), which training-IR graphs keep whole (Hugging Face attention and norms), on
+// an uneven transposed tensor: Replicate, a shard of each dim, and the Partials each passes through.
+TEST_F(StrategyTest, EveryContiguousAndCastStrategy) {
+  const at::Tensor x = small({5, 3, 6}, 1).transpose(0, 2);
+  const c10::IValue none;
+  for (const auto& m : meshes()) {
+    // contiguous passes Partial sums and averages on as clone does; a cast to another dtype no Partial.
+    EXPECT_EQ(check_every_strategy("aten::contiguous", {x, c10::MemoryFormat::Contiguous}, m).size(), per_mesh(m, 6));
+    EXPECT_EQ(check_every_strategy("aten::to.dtype", {x, at::kDouble, false, false, none}, m).size(), per_mesh(m, 4));
+    EXPECT_EQ(check_every_strategy("aten::to.dtype_layout", {x, at::kDouble, none, none, none, false, false, none}, m).size(),
+              per_mesh(m, 4));
+    EXPECT_EQ(check_every_strategy("aten::to.device", {x, at::Device(at::kCPU), at::kDouble, false, false, none}, m).size(),
+              per_mesh(m, 4));
+  }
 }
 
 TEST_F(StrategyTest, EveryAttentionStrategy) {

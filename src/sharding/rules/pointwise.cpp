@@ -134,6 +134,14 @@ const bool registered = [] {
   using detail::register_family;
   register_family({"aten::add", "aten::sub", "aten::rsub", "aten::neg", "aten::clone", "aten::positive"},
                   rule(Linearity::Additive));
+  // Composite ops that training-IR graphs keep whole: Hugging Face attention ends in .contiguous(), its
+  // norms cast with .to(dtype). (every_strategy_test checks them.)
+  auto composite = [](detail::OpRule r) {
+    r.family = "composite";
+    return r;
+  };
+  detail::register_composite({"aten::contiguous"}, composite(rule(Linearity::Additive)));
+  detail::register_composite({"aten::to.dtype", "aten::to.dtype_layout", "aten::to.device"}, composite(rule(Linearity::None)));
   register_family({"aten::mul"}, rule(Linearity::Scaling));
   // out= forms of the arithmetic ops (written outputs keep their placements).
   detail::register_overloads({"aten::add.out", "aten::sub.out"}, rule(Linearity::Additive));
