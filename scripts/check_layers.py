@@ -38,7 +38,7 @@ PUBLIC_HEADERS = {
     "module.h": "module", "optim.h": "module", "parallel.h": "module", "shard_module.h": "module",
     "checkpoint.h": "checkpoint", "training_state.h": "checkpoint",
     "graph/ir.h": "graph", "graph/program.h": "graph", "graph/spmd.h": "graph",
-    "graph/tensor_parallel.h": "graph", "graph/training.h": "graph",
+    "graph/tensor_parallel.h": "graph", "graph/hugging_face.h": "graph", "graph/training.h": "graph",
     "dtensor.h": None,  # the umbrella header, for users only
 }
 

@@ -22,6 +22,10 @@ struct ColwiseParallel {
   Placement input_layout = Replicate();
   std::optional<Placement> output_layout;  // default: the feature dim, Shard(-1) or Shard(1) (channels)
   bool use_local_output = true;
+  // Graph level only: the output features are this many equal blocks fused into one layer (q, k and v;
+  // gate and up), and each rank holds its part of every block (weight StridedShard(0, packed) for a
+  // Linear), so that splitting the blocks apart needs no communication.
+  int64_t packed = 1;
 };
 
 // Shards the input features. Linear: weight Shard(1), bias Replicate; forward wants a Shard(-1)

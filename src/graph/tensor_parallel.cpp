@@ -3,71 +3,78 @@
 #include <set>
 
 #include "dtensor/errors.h"
+#include "module_kinds.h"
 #include "sharding_marks.h"
 
 namespace dtensor::graph {
 namespace {
 
-// The module type of every module path that ran a node (from nn_module_stack). Graphs without that
-// metadata (joint forward+backward graphs lose it) get the owners of their weights instead: a module
-// whose 2-d weight an aten::embedding reads is an Embedding, any other with a 2-d weight a Linear.
-std::map<std::string, std::string> module_types(const Program& program) {
-  std::map<std::string, std::string> out;
-  for (const Node* n : program.graph.nodes())
-    if (!n->module_path.empty()) out.emplace(n->module_path, n->module_type);
-  if (!out.empty()) return out;
-  std::set<const Value*> embedded;
-  for (const Node* n : program.graph.nodes())
-    if (n->op_name() == "aten::embedding" && !n->args.empty() && !n->args[0].values.empty()) embedded.insert(n->args[0].values[0]);
-  const std::string suffix = ".weight";
-  for (const InputSpec& spec : program.inputs) {
-    const std::string& name = spec.target;
-    if (spec.kind != InputSpec::Kind::Parameter || name.size() <= suffix.size() ||
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0 || spec.value->meta.shape.size() != 2)
-      continue;
-    out.emplace(name.substr(0, name.size() - suffix.size()), embedded.count(spec.value) ? "Embedding" : "Linear");
-  }
-  return out;
+using detail::ModuleInfo;
+using detail::ModuleKind;
+
+// Whether a column-parallel projection keeps its shard: an output split into heads is sharded by
+// whole heads, so `heads` must divide over the ranks. Fewer heads than ranks (grouped-query attention's
+// KV projections with fewer KV heads than ranks) are replicated instead, as Megatron and vLLM do: each
+// rank computes every KV head (a small layer) and its attention takes the heads its queries need
+// without a collective. Any other count cannot be spread.
+bool shards_by_heads(const std::string& entry, const std::string& path, const ModuleInfo& info, int64_t ranks) {
+  if (!info.heads || *info.heads % ranks == 0) return true;
+  if (ranks % *info.heads == 0) return false;
+  throw DTensorError("tensor_parallel_transform: plan entry '" + entry + "' shards " + path + ", whose output is " +
+                     std::to_string(*info.heads) + " heads, over " + std::to_string(ranks) +
+                     " ranks: the heads cannot be spread (neither divides the other); use a tensor-parallel size that divides " +
+                     std::to_string(*info.heads) + " or is a multiple of it, or leave " + path + " out of the plan to replicate it");
 }
 
-bool is_type(const std::string& type, const char* name) {
-  const auto dot = type.rfind('.');
-  return type.substr(dot == std::string::npos ? 0 : dot + 1) == name;
-}
-
-// Seed 000's parameter placements, with embeddings read as module-level styles read them.
-std::map<std::string, Placement> parameter_placements(const Program& program, const ParallelizePlan& plan) {
-  const auto types = module_types(program);
+// Seed 000's parameter placements, with each module sharded as what it is (module_kinds.h): a Linear's
+// weight is [out, in], a Conv1D's [in, out], an Embedding's [vocabulary, dim] (row-parallel shards the
+// vocabulary, column-parallel the embedding dim, as module-level styles do).
+std::map<std::string, Placement> parameter_placements(const Program& program, const ParallelizePlan& plan, int64_t ranks) {
+  const auto modules = detail::program_modules(program);
   std::map<std::string, Placement> out;
   for (const PlanEntry& entry : plan) {
-    const bool colwise = std::holds_alternative<ColwiseParallel>(entry.style);
+    const auto* colwise = std::get_if<ColwiseParallel>(&entry.style);
     if (!colwise && !std::holds_alternative<RowwiseParallel>(entry.style))
       throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path +
                          "': only ColwiseParallel and RowwiseParallel apply to graphs");
+    const int64_t packed = colwise ? colwise->packed : 1;
     std::vector<std::string> matched;
-    for (const auto& [path, type] : types)
+    for (const auto& [path, info] : modules)
       if (path_matches(entry.path, path)) matched.push_back(path);
     if (matched.empty()) {
       std::string known;
-      for (const auto& [path, type] : types) known += (known.empty() ? "" : ", ") + path;
+      for (const auto& [path, info] : modules) known += (known.empty() ? "" : ", ") + path;
       throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path + "' matches no module of the program " +
                          "(its modules: " + known + ")");
     }
     for (const std::string& path : matched) {
-      const std::string& type = types.at(path);
-      const std::string weight = path + ".weight", bias = path + ".bias";
-      if (!program.state.count(weight))
-        throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path + "' matches " + path + " (" + type +
-                           "), which has no parameter " + weight);
-      if (is_type(type, "Linear")) {
-        out.insert_or_assign(weight, colwise ? Shard(0) : Shard(1));
-        if (program.state.count(bias)) out.insert_or_assign(bias, colwise ? Shard(0) : Replicate());
-      } else if (is_type(type, "Embedding")) {
-        // Row-parallel shards the vocabulary; column-parallel the embedding dim (as module level).
+      const ModuleInfo& info = modules.at(path);
+      const std::string what = path + (info.type.empty() ? "" : " (" + info.type + ")");
+      const std::string bias = path + ".bias";
+      if (!info.weight)
+        throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path + "' matches " + what +
+                           ", which has no parameter " + path + ".weight");
+      const std::string& weight = info.weight_name;
+      if (info.kind == ModuleKind::Other)
+        throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path + "' matches " + what +
+                           ", whose weight no Linear, Conv1D or Embedding reads: graph-level styles apply to those layers only");
+      if (packed != 1 && info.kind == ModuleKind::Embedding)
+        throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path + "' packs " + what +
+                           ", an Embedding: packing applies to Linear and Conv1D layers");
+      const bool has_bias = program.state.count(bias) > 0;
+      if (info.kind == ModuleKind::Embedding) {
         out.insert_or_assign(weight, colwise ? Shard(1) : Shard(0));
+        continue;
+      }
+      // The weight's output-feature dim: 0 for a Linear, 1 for a Conv1D.
+      const int64_t features = info.kind == ModuleKind::Linear ? 0 : 1;
+      if (colwise) {
+        if (packed == 1 && !shards_by_heads(entry.path, path, info, ranks)) continue;
+        out.insert_or_assign(weight, StridedShard(features, packed));
+        if (has_bias) out.insert_or_assign(bias, StridedShard(0, packed));
       } else {
-        throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path + "' matches " + path + ", a " + type +
-                           "; graph-level styles apply to Linear and Embedding modules");
+        out.insert_or_assign(weight, Shard(1 - features));
+        if (has_bias) out.insert_or_assign(bias, Replicate());
       }
     }
   }
@@ -88,7 +95,7 @@ std::map<std::string, Placements> plan_placements(const Program& program, const 
                                                   const GraphParallelOptions& options) {
   const int64_t tp = tp_dim_of(mesh, options);
   std::map<std::string, Placements> out;
-  for (const auto& [name, placement] : parameter_placements(program, plan)) {
+  for (const auto& [name, placement] : parameter_placements(program, plan, mesh.size(tp))) {
     Placements p(mesh.ndim(), Replicate());
     p[tp] = placement;
     out.emplace(name, p);

@@ -149,6 +149,9 @@ void convert_output(const StyleTarget& target, std::optional<Placement> input_la
 
 void apply(const StyleTarget& target, const ColwiseParallel& style) {
   torch::nn::Module& m = target.module;
+  if (style.packed != 1)
+    throw DTensorError("ColwiseParallel{.packed = " + std::to_string(style.packed) + "} on " + target.path +
+                       ": packed layers are sharded by graph-level plans only (dtensor::graph::tensor_parallel_transform)");
   Placement features = Shard(-1);  // where the output's features are
   if (is_any_of<torch::nn::LinearImpl>(m) || conv_in_channels(m)) {
     target.distribute("weight", Shard(0));

@@ -33,6 +33,7 @@ std::string read_file(const std::string& path) {
 
 std::string graph_models_dir() { return DTENSOR_GRAPH_MODELS; }
 std::string graph_model(const std::string& archive) { return graph_models_dir() + "/" + archive; }
+std::string graph_model_text(const std::string& name) { return read_file(graph_model(name)); }
 std::string graph_saved(const std::string& archive) {
   std::filesystem::create_directories(DTENSOR_GRAPH_SAVED);
   return std::string(DTENSOR_GRAPH_SAVED) + "/" + archive;

@@ -30,6 +30,8 @@ std::string graph_model(const std::string& archive);  // graph_models_dir() + "/
 // Where tests save programs for scripts/check_saved_programs.py to load in PyTorch (created on use).
 std::string graph_saved(const std::string& archive);
 
+// A text file of the models' directory ("hf/llama_tp_plan.json").
+std::string graph_model_text(const std::string& name);
 // A reference set (NAME.json + NAME.bin), in file order.
 std::vector<std::pair<std::string, at::Tensor>> load_tensor_set(const std::string& name);
 // The same, by name.

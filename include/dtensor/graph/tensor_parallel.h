@@ -14,8 +14,12 @@
 // What it does, as the seed does on FX graphs:
 //  - parameter placements from the plan: a column-parallel Linear's weight and bias Shard(0), a
 //    row-parallel one's weight Shard(1) and bias Replicate (Embedding: row-parallel shards the
-//    vocabulary, Shard(0); column-parallel the embedding dim, Shard(1)); everything else Replicate;
-//    on a mesh of more dims, Replicate on all but the tensor-parallel one;
+//    vocabulary, Shard(0); column-parallel the embedding dim, Shard(1); a Conv1D, weight [in, out],
+//    the other weight dim); a packed layer (ColwiseParallel::packed) StridedShard; everything else
+//    Replicate; on a mesh of more dims, Replicate on all but the tensor-parallel one. What a module is
+//    comes from how the graph uses its weight (src/graph/module_kinds.h), checked against its class;
+//    a column-parallel projection split into fewer heads than ranks (GQA's KV heads) stays Replicate;
+//    heads that cannot be spread are an error;
 //  - every node marked by dtensor's own sharding propagation (the rules eager dispatch uses); a node
 //    whose op has no rule runs on Replicate inputs, and the printout says so;
 //  - before every node whose strategy needs an input elsewhere, a reshard subgraph of

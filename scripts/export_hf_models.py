@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Exports Hugging Face causal LMs built from small configs (random init, no downloads) for the graph
+layer's tests, with PyTorch's own outputs as reference.
+
+    ~/.cache/dtensor/venv-torch-2.15.0/bin/python scripts/export_hf_models.py OUT_DIR
+
+Pinned to torch 2.15.0 and transformers 5.24.0 (scripts/python-requirements.txt). Deterministic: fixed
+seeds, one thread. Families (FAMILIES below): Llama with grouped-query attention (2 KV heads, fewer
+than the tests' 4 tensor-parallel ranks), Mistral (8 heads over 4 KV heads), Qwen2 (biases on q, k,
+v) and GPT-2 (Conv1D layers, a packed q/k/v projection, tied embeddings). Vocabulary 62: uneven over
+4 ranks on purpose.
+
+Per family NAME, in OUT_DIR:
+  NAME_train_ir.pt2   forward(input_ids [B, S] int64) -> logits [B, S, V], training IR (torch.export)
+  NAME_aten.pt2       its core ATen IR (run_decompositions)
+  NAME_params         the state dict (a raw tensor set, see export_test_models.py)
+  NAME_io             input0 = input_ids, output0 = logits of the archive loaded back
+  NAME_tp_plan.json   the model's own tensor-parallel plan as transformers writes it (model.tp_plan:
+                      the config's base_model_tp_plan under the base model's prefix, plus the
+                      model's, e.g. lm_head); not for GPT-2, which has none (no transformers style
+                      fits its Conv1D layers).
+  NAME_config.json    the config, as save_pretrained writes it
+Attention is exported under sdpa_kernel(MATH): torch 2.15's CPU flash-attention decomposition puts
+the attention probabilities where logsumexp belongs, so core ATen and joint graphs of the default
+backend are wrong (GPT-2's core ATen export fails on it outright).
+"""
+import json
+import os
+import sys
+import time
+
+import torch
+import transformers
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from export_test_models import io_tensors, write_set  # noqa: E402  (the raw tensor format)
+
+assert torch.__version__.startswith("2.15."), f"pinned to torch 2.15, found {torch.__version__}"
+assert transformers.__version__ == "5.24.0", f"pinned to transformers 5.24.0, found {transformers.__version__}"
+
+VOCAB, BATCH, SEQ = 62, 2, 16
+SMALL = dict(vocab_size=VOCAB, max_position_embeddings=64, use_cache=False, tie_word_embeddings=False)
+FAMILIES = {
+    "llama": transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, **SMALL),
+    "mistral": transformers.MistralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                          num_attention_heads=8, num_key_value_heads=4, **SMALL),
+    "qwen2": transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=4, **SMALL),
+    "gpt2": transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                    use_cache=False, bos_token_id=0, eos_token_id=0),
+}
+
+
+def main():
+    out_dir = sys.argv[1]
+    os.makedirs(out_dir, exist_ok=True)
+    torch.set_num_threads(1)
+    t0 = time.time()
+    index = {"torch": torch.__version__, "transformers": transformers.__version__, "batch": BATCH, "seq": SEQ,
+             "families": {}}
+    for name, config in FAMILIES.items():
+        torch.manual_seed(0)
+        config._attn_implementation = "sdpa"
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+        params = write_set(out_dir, f"{name}_params", list(model.state_dict().items()))
+        with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+            want = model(input_ids=ids).logits
+            train_ir = torch.export.export(model, (ids,))
+            archives = {f"{name}_train_ir": train_ir, f"{name}_aten": train_ir.run_decompositions()}
+            for archive, ep in archives.items():
+                for node in ep.graph.nodes:  # provenance holds Python object ids: drop it for identical files
+                    node.meta.pop("from_node", None)
+                path = os.path.join(out_dir, archive + ".pt2")
+                torch.export.save(ep, path)
+                got = torch.export.load(path).module()(ids).logits
+                err = (got - want).abs().max().item()
+                assert err <= 1e-5, f"{archive}: loaded archive differs from eager by {err}"
+        write_set(out_dir, f"{name}_io", io_tensors((ids,), (want,)))
+        if model.tp_plan:
+            with open(os.path.join(out_dir, f"{name}_tp_plan.json"), "w") as f:
+                json.dump(model.tp_plan, f, indent=1)
+        config.to_json_file(os.path.join(out_dir, f"{name}_config.json"))
+        index["families"][name] = dict(archives=list(archives), params=params, io=f"{name}_io")
+        print(f"[{time.time() - t0:6.1f}s] exported {name}", flush=True)
+    with open(os.path.join(out_dir, "index.json"), "w") as f:
+        json.dump(index, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+#include "module_kinds.h"
+
+#include <set>
+
+#include "dtensor/errors.h"
+
+namespace dtensor::graph::detail {
+namespace {
+
+bool is_class(const std::string& type, const char* name) {
+  const auto dot = type.rfind('.');
+  return type.substr(dot == std::string::npos ? 0 : dot + 1) == name;
+}
+
+std::optional<ModuleKind> kind_of_class(const std::string& type) {
+  if (is_class(type, "Linear")) return ModuleKind::Linear;
+  if (is_class(type, "Conv1D")) return ModuleKind::Conv1D;
+  if (is_class(type, "Embedding")) return ModuleKind::Embedding;
+  return std::nullopt;
+}
+
+// Ops that pass a weight on as a view of the same values (a dtype cast included, for mixed precision).
+bool is_alias(const std::string& op) {
+  static const std::set<std::string> ops = {"aten::alias", "aten::detach", "aten::_to_copy", "aten::to.dtype",
+                                            "aten::view", "aten::_unsafe_view", "aten::reshape"};
+  return ops.count(op) > 0;
+}
+bool is_transpose(const Node& n) {
+  const std::string op = n.op_name();
+  if (op == "aten::t" || op == "aten::transpose.int" || op == "aten::numpy_T") return true;
+  return op == "aten::permute" && n.args.size() > 1 && n.args[1].constant.isIntList() &&
+         n.args[1].constant.toIntVector() == std::vector<int64_t>{1, 0};
+}
+bool is_matmul(const std::string& op) {
+  return op == "aten::mm" || op == "aten::addmm" || op == "aten::matmul" || op == "aten::bmm";
+}
+
+struct FirstUse {
+  ModuleKind kind = ModuleKind::Other;
+  const Node* product = nullptr;  // the node whose output is the layer's output
+};
+
+// The first node in graph order that reads `weight` (forward comes first in a joint graph, so its use
+// decides), followed through aliases and transposes to the op that consumes it.
+FirstUse first_use(const Graph& graph, const Value* weight) {
+  const Value* v = weight;
+  bool transposed = false;
+  for (int hops = 0; hops < 8; ++hops) {
+    const auto users = graph.users(v);
+    if (users.empty()) return {};
+    const Node* n = users.front();
+    const std::string op = n->op_name();
+    if (op == "aten::embedding") return {ModuleKind::Embedding, n};
+    if (op == "aten::linear") return {ModuleKind::Linear, n};
+    if (is_matmul(op)) return {transposed ? ModuleKind::Linear : ModuleKind::Conv1D, n};
+    if (is_transpose(*n)) transposed = !transposed;
+    else if (!is_alias(op)) return {};
+    if (n->outputs.empty()) return {};
+    v = n->outputs[0];
+  }
+  return {};
+}
+
+// The heads a projection's output is split into: follows views that keep the feature dim last until
+// one splits it in two.
+std::optional<int64_t> heads_of(const Graph& graph, const Node* product) {
+  if (!product || product->outputs.empty()) return std::nullopt;
+  const Value* v = product->outputs[0];
+  if (v->meta.shape.empty()) return std::nullopt;
+  const int64_t features = v->meta.shape.back();
+  for (int hops = 0; hops < 4; ++hops) {
+    const auto users = graph.users(v);
+    if (users.size() != 1 || users[0]->outputs.empty()) return std::nullopt;
+    const std::string op = users[0]->op_name();
+    if (op != "aten::view" && op != "aten::_unsafe_view" && op != "aten::reshape") return std::nullopt;
+    const Value* out = users[0]->outputs[0];
+    const auto& shape = out->meta.shape;
+    if (shape.empty()) return std::nullopt;
+    if (shape.back() != features) {
+      if (shape.size() >= 2 && shape[shape.size() - 2] * shape.back() == features) return shape[shape.size() - 2];
+      return std::nullopt;
+    }
+    v = out;
+  }
+  return std::nullopt;
+}
+
+// The parameter input the graph reads for `spec`: itself, or, where torch.export kept one input for
+// tied weights, the read input holding the same tensor.
+const InputSpec* read_parameter(const Program& program, const InputSpec& spec) {
+  if (!program.graph.users(spec.value).empty()) return &spec;
+  const auto state = program.state.find(spec.target);
+  if (state == program.state.end()) return &spec;
+  for (const InputSpec& other : program.inputs)
+    if (other.kind == InputSpec::Kind::Parameter && &other != &spec && program.state.count(other.target) &&
+        program.state.at(other.target).same_tensor(state->second) && !program.graph.users(other.value).empty())
+      return &other;
+  return &spec;
+}
+
+}  // namespace
+
+std::string to_string(ModuleKind kind) {
+  switch (kind) {
+    case ModuleKind::Linear: return "Linear";
+    case ModuleKind::Conv1D: return "Conv1D";
+    case ModuleKind::Embedding: return "Embedding";
+    case ModuleKind::Other: break;
+  }
+  return "other";
+}
+
+std::map<std::string, ModuleInfo> program_modules(const Program& program) {
+  std::map<std::string, ModuleInfo> out;
+  for (const Node* n : program.graph.nodes())
+    if (!n->module_path.empty()) out[n->module_path].type = n->module_type;
+  const std::string suffix = ".weight";
+  std::map<const Value*, int> modules_per_weight;
+  for (const InputSpec& spec : program.inputs) {
+    const std::string& name = spec.target;
+    if (spec.kind != InputSpec::Kind::Parameter) continue;
+    const auto dot = name.rfind('.');
+    ModuleInfo& info = out[dot == std::string::npos ? "" : name.substr(0, dot)];
+    if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    const InputSpec& read = *read_parameter(program, spec);
+    info.weight = read.value;
+    info.weight_name = read.target;
+    ++modules_per_weight[read.value];
+    if (read.value->meta.shape.size() != 2) continue;
+    const FirstUse use = first_use(program.graph, read.value);
+    info.kind = use.kind;
+    info.heads = heads_of(program.graph, use.product);
+  }
+  for (const auto& [path, info] : out) {
+    const auto declared = kind_of_class(info.type);
+    if (declared && info.weight && modules_per_weight[info.weight] == 1 && *declared != info.kind)
+      throw DTensorError("module " + path + " is a " + info.type + ", but the graph uses its weight " +
+                         c10::Join("x", info.weight->meta.shape) + " as " +
+                         (info.kind == ModuleKind::Other       ? std::string("no layer does")
+                          : info.kind == ModuleKind::Embedding ? std::string("an Embedding would")
+                                                               : "a " + to_string(info.kind) + " would") +
+                         ": dtensor cannot tell how to shard it; export the model without rewriting this layer");
+  }
+  return out;
+}
+
+}  // namespace dtensor::graph::detail
