@@ -259,13 +259,18 @@ void infer_local_metas(Node& node) {
   // stand-ins: one zero expanded to the shape, so the op costs little.
   for (const bool on_meta : {true, false}) {
     torch::jit::Stack stack;
+    auto stand_in = [&](const Value& v) {
+      return on_meta ? meta_tensor(v) : at::zeros({}, at::TensorOptions().dtype(v.meta.dtype)).expand(v.meta.shape);
+    };
     for (const Arg& a : node.args) {
       if (a.kind == Arg::Kind::Constant) {
         stack.push_back(a.constant);
       } else if (a.kind == Arg::Kind::Tensor) {
-        const Value& v = *a.values[0];
-        stack.emplace_back(on_meta ? meta_tensor(v)
-                                   : at::zeros({}, at::TensorOptions().dtype(v.meta.dtype)).expand(v.meta.shape));
+        stack.emplace_back(stand_in(*a.values[0]));
+      } else if (a.kind == Arg::Kind::Tensors) {  // a cat's pieces
+        std::vector<at::Tensor> list;
+        for (const Value* v : a.values) list.push_back(stand_in(*v));
+        stack.emplace_back(list);
       } else {
         throw DTensorError("graph: cannot infer the meta of node " + node.name + " (unsupported argument)");
       }

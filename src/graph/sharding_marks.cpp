@@ -164,15 +164,26 @@ std::string placements_of(const std::vector<Value*>& inputs) {
 // node without options: the one it has).
 using PossiblePlacements = std::map<const Value*, std::vector<Placements>>;
 
-// Graph programs keep every value in placements a lowering can take; a StridedShard is not one yet,
-// so the view strategies that make one are left out (views also offer the replicating alternative).
-bool makes_strided_shards(const OutputSharding& d) {
-  for (const auto* side : {&d.chosen.inputs, &d.chosen.outputs})
-    for (const Placements& placements : *side)
-      if (dtensor::detail::holds_strided(placements)) return true;
-  return false;
+// Graph programs hold a StridedShard only where a plan gives one (a packed layer's weights) and where
+// it follows from one: a strided input taken as it is or cut from a Replicate value, products and views
+// of it, the split into its blocks, and a cat joining equal blocks back (the backward of that split).
+// Views making one from plain shards (a sharded dim merged into dims before it) are left out, as is
+// moving a plain shard to a strided one: reshards of strided values are gathers and chunks only
+// (reshard.cpp), and the views also offer the replicating alternative.
+bool keeps_strided_shards_reshardable(const c10::OperatorHandle& op, const OutputSharding& d, const std::vector<TensorInput>& inputs) {
+  bool strided_input = false;
+  for (size_t k = 0; k < d.chosen.inputs.size(); ++k) {
+    const Placements& want = d.chosen.inputs[k];
+    if (!dtensor::detail::holds_strided(want)) continue;
+    const Placements& have = inputs[k].spec->placements;
+    for (size_t m = 0; m < want.size(); ++m)
+      if (want[m].is_strided_shard() && want[m] != have[m] && !have[m].is_replicate()) return false;
+    strided_input = true;
+  }
+  bool strided_output = false;
+  for (const Placements& placements : d.chosen.outputs) strided_output = strided_output || dtensor::detail::holds_strided(placements);
+  return !strided_output || strided_input || op.schema().name() == "aten::cat";
 }
-
 // Every strategy of the node's rule. Mesh rules (views) offer those that fit the inputs' placements
 // as they are; so that a whole-graph choice may change the producers, a node reading one value is
 // also asked for every placement that value may take, and any node for Replicate inputs.
@@ -182,7 +193,7 @@ std::vector<OutputSharding> options_for(const c10::OperatorHandle& op, const Cal
   std::set<std::string> known, probed = {to_string(c.inputs.empty() ? Placements{} : c.inputs[0].spec->placements)};
   auto probe = [&](std::vector<TensorInput> variant) {
     for (OutputSharding& d : dtensor::detail::every_decision(op, c.args, variant, mesh))
-      if (!makes_strided_shards(d) && known.insert(d.chosen.str()).second) out.push_back(std::move(d));
+      if (keeps_strided_shards_reshardable(op, d, variant) && known.insert(d.chosen.str()).second) out.push_back(std::move(d));
   };
   probe(c.inputs);
   auto placed = [&](const TensorInput& in, const Placements& p) {

@@ -28,7 +28,13 @@ at::Tensor meta_of(const at::Tensor& t) { return at::empty_strided(t.sizes(), t.
 
 std::vector<at::Tensor> returned_tensors(const torch::jit::Stack& stack) {
   std::vector<at::Tensor> out;
-  for (const auto& v : stack) out.push_back(v.toTensor());
+  for (const auto& v : stack) {
+    if (!v.isTensorList()) {
+      out.push_back(v.toTensor());
+      continue;
+    }
+    for (const at::Tensor& t : v.toTensorVector()) out.push_back(t);  // split's pieces
+  }
   return out;
 }
 
@@ -182,6 +188,46 @@ TEST_F(StrategyTest, EveryContiguousAndCastStrategy) {
               per_mesh(m, 4));
     EXPECT_EQ(check_every_strategy("aten::to.device", {x, at::Device(at::kCPU), at::kDouble, false, false, none}, m).size(),
               per_mesh(m, 4));
+  }
+}
+
+// A packed layer (q, k and v fused, as GPT-2's c_attn): its product with the packed weight comes out
+// StridedShard where the weight is (each rank holds its piece of every block); split into its three
+// blocks (split_with_sizes and split) each block is a Shard where it is; the three joined again (cat,
+// as the backward does) make the StridedShard. Uneven pieces (10 over 4 ranks), 1-d and 2x2 meshes.
+TEST_F(StrategyTest, PackedBlocksSplitAndJoinInPlace) {
+  const at::Tensor x = small({2, 3, 30}, 1);
+  const std::vector<at::Tensor> blocks = x.split(10, 2);
+  for (const auto& m : meshes()) {
+    // On 2x2 the packed dim is sharded along the second mesh dim (a StridedShard's dim is sharded once).
+    Placements packed(m->ndim(), Replicate()), block(m->ndim(), Replicate());
+    packed.back() = StridedShard(2, 3);
+    block.back() = Shard(2);
+    auto has = [](const std::vector<OutputSharding>& all, const Placements& in, const Placements& out) {
+      return std::any_of(all.begin(), all.end(),
+                         [&](const OutputSharding& d) { return d.chosen.inputs[0] == in && d.chosen.outputs[0] == out; });
+    };
+    const std::vector<int64_t> sizes = {10, 10, 10};
+    EXPECT_TRUE(has(check_every_strategy("aten::split_with_sizes", {x, sizes, int64_t{2}}, m, {packed}), packed, block));
+    EXPECT_TRUE(has(check_every_strategy("aten::split.Tensor", {x, int64_t{10}, int64_t{2}}, m, {packed}), packed, block));
+    // cat takes a tensor list, which check_every_strategy does not lay out: through eager dispatch,
+    // which picks the strategy that moves nothing.
+    std::vector<at::Tensor> pieces;
+    for (const at::Tensor& b : blocks) pieces.push_back(distribute_tensor(b, m, block));
+    const at::Tensor joined = at::cat(pieces, 2);
+    EXPECT_EQ(placements_of(joined), packed);
+    EXPECT_TRUE(at::equal(full_tensor(joined), x));
+    // The product (GPT-2's Conv1D: addmm(bias, x, weight [in, out])).
+    const at::Tensor bias = small({30}, 3), in = small({6, 4}, 4), weight = small({4, 30}, 5);
+    Placements packed_bias(m->ndim(), Replicate()), packed_weight(m->ndim(), Replicate());
+    packed_bias.back() = StridedShard(0, 3);
+    packed_weight.back() = StridedShard(1, 3);
+    const Placements& packed_out = packed_weight;
+    const auto products = check_every_strategy("aten::addmm", {bias, in, weight, 1, 1}, m,
+                                               {packed_bias, Placements(m->ndim(), Replicate()), packed_weight});
+    EXPECT_TRUE(std::any_of(products.begin(), products.end(), [&](const OutputSharding& d) {
+      return d.chosen.inputs[2] == packed_weight && d.chosen.outputs[0] == packed_out;
+    }));
   }
 }
 

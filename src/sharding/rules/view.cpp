@@ -359,6 +359,55 @@ std::vector<DimStrategy> along_dim(const OpSchema& s) {
   return follow_dims(s, [dim](int64_t d) { return d == dim ? -1 : d; });
 }
 
+// ---- packed layers: split into blocks, cat back -----------------------------------------------------
+// A packed layer's output is StridedShard(dim, k): each rank holds its piece of every one of the k
+// blocks (q, k and v; gate and up). Split into its k equal blocks, each block is a plain Shard(dim)
+// where it is; cat of k equal Shard(dim) pieces along dim is the StridedShard(dim, k) of the whole,
+// the local cat being this rank's piece of each block. Neither moves data (GPT-2's c_attn, forward and
+// backward).
+
+// The input's StridedShard along the split dim in k blocks, if it has one.
+std::optional<Placement> packed_blocks(const OpSchema& s, int64_t dim) {
+  const auto pieces = static_cast<int64_t>(s.outputs.size());
+  for (const TensorMeta& o : s.outputs)
+    if (o.shape.at(dim) != s.outputs[0].shape.at(dim)) return std::nullopt;
+  for (const Placement& p : s.input(0).placements)
+    if (p.is_strided_shard() && p.dim() == dim && p.split_factor() == pieces) return p;
+  return std::nullopt;
+}
+
+// split and split_with_sizes: along_dim's strategies, plus the packed blocks. The rule sees strided
+// inputs as they are (StridedShards::Own): any other strided input is moved to one of along_dim's.
+std::vector<DimStrategy> split_packed(const OpSchema& s) {
+  std::vector<DimStrategy> out = along_dim(s);
+  const int64_t dim = dim_arg(s, s.output_ndim());
+  if (auto p = packed_blocks(s, dim)) out.push_back({Placements(s.outputs.size(), Shard(dim)), {*p}});
+  return out;
+}
+
+// Splitting packed blocks locally cuts this rank's pieces: sizes become the local blocks'.
+LocalArgs split_packed_args(const OpSchema& s, const PlacementStrategy& chosen) {
+  const int64_t dim = dim_arg(s, s.output_ndim());
+  const Placements& in = chosen.inputs[0];
+  if (std::none_of(in.begin(), in.end(), [&](const Placement& p) { return p.is_strided_shard() && p.dim() == dim; })) return {};
+  const int64_t piece = local_output_shape(s, chosen)[dim];
+  if (s.args[1].isIntList()) return {{1, c10::IValue(std::vector<int64_t>(s.outputs.size(), piece))}};
+  return {{1, c10::IValue(piece)}};
+}
+
+// cat: along_dim's strategies, plus k equal Shard(dim) pieces joined into StridedShard(dim, k).
+std::vector<DimStrategy> cat_packed(const OpSchema& s) {
+  std::vector<DimStrategy> out = along_dim(s);
+  const int64_t dim = dim_arg(s, s.output_ndim());
+  const auto pieces = static_cast<int64_t>(s.inputs.size());
+  bool equal = pieces > 1;
+  for (size_t k = 0; k < s.inputs.size(); ++k)
+    equal = equal && s.input(k).meta.shape.size() == s.outputs[0].shape.size() &&
+            s.input(k).meta.shape.at(dim) * pieces == s.outputs[0].shape.at(dim);
+  if (equal) out.push_back({{Placement::strided_shard(dim, pieces)}, Placements(s.inputs.size(), Shard(dim))});
+  return out;
+}
+
 // constant_pad_nd(self, pad, value): pad holds (before, after) amounts from the last dim backwards;
 // a negative amount crops. A dim with a non-zero amount must be Replicate (the shards' edges are not
 // the tensor's); every other dim keeps its shard. Every rank writes the same `value` where it pads,
@@ -410,7 +459,9 @@ const bool registered = [] {
   register_family({"aten::slice_backward"}, {.dim = slice, .local_args = local_size_arg, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::select", "aten::unbind"}, {.dim = select, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::select_backward"}, {.dim = select_backward, .local_args = local_size_arg, .family = "view", .strided_shards = IndexWise});
-  register_family({"aten::split", "aten::split_with_sizes", "aten::cat"}, {.dim = along_dim, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::split", "aten::split_with_sizes"},
+                  {.dim = split_packed, .local_args = split_packed_args, .family = "view", .strided_shards = Own});
+  register_family({"aten::cat"}, {.dim = cat_packed, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::slice_scatter"}, {.dim = slice_scatter, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::constant_pad_nd"}, {.dim = constant_pad_nd, .family = "view", .strided_shards = IndexWise});
   return true;
