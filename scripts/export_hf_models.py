@@ -20,6 +20,14 @@ Per family NAME, in OUT_DIR:
                       model's, e.g. lm_head); not for GPT-2, which has none (no transformers style
                       fits its Conv1D layers).
   NAME_config.json    the config, as save_pretrained writes it
+  NAME_joint.pt2      the joint forward+backward graph of forward(input_ids, labels) -> Hugging Face's
+                      own causal-LM loss (ForCausalLMLoss: labels shifted with constant_pad_nd, mean
+                      cross-entropy), by torch.export.experimental._export_forward_backward, batch 4;
+                      exported in eval mode (no dropout), so that one process is an exact oracle.
+                      GPT-2's is untied: a joint export of tied weights fails in torch 2.15 ("a
+                      parameter that did not receive a gradient", the second name's placeholder).
+  NAME_joint_io       input0 input_ids, input1 labels, loss and grad.PARAM for every parameter, from
+                      the joint graph loaded back, checked against eager autograd
 Attention is exported under sdpa_kernel(MATH): torch 2.15's CPU flash-attention decomposition puts
 the attention probabilities where logsumexp belongs, so core ATen and joint graphs of the default
 backend are wrong (GPT-2's core ATen export fails on it outright).
@@ -39,7 +47,7 @@ from export_test_models import io_tensors, write_set  # noqa: E402  (the raw ten
 assert torch.__version__.startswith("2.15."), f"pinned to torch 2.15, found {torch.__version__}"
 assert transformers.__version__ == "5.24.0", f"pinned to transformers 5.24.0, found {transformers.__version__}"
 
-VOCAB, BATCH, SEQ = 62, 2, 16
+VOCAB, BATCH, JOINT_BATCH, SEQ = 62, 2, 4, 16
 SMALL = dict(vocab_size=VOCAB, max_position_embeddings=64, use_cache=False, tie_word_embeddings=False)
 FAMILIES = {
     "llama": transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -51,6 +59,48 @@ FAMILIES = {
     "gpt2": transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                                     use_cache=False, bos_token_id=0, eos_token_id=0),
 }
+
+
+def export_joint(out_dir, name, config):
+    """NAME_joint.pt2 and NAME_joint_io (see the module docstring)."""
+    torch.manual_seed(1)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+
+    class LossOnly(type(model)):  # the model itself (parameter names unchanged), returning the loss only
+        def forward(self, input_ids, labels):
+            return super().forward(input_ids=input_ids, labels=labels).loss
+
+    model.__class__ = LossOnly
+    ids = torch.randint(0, VOCAB, (JOINT_BATCH, SEQ))
+    args = (ids, ids)
+    with sdpa_kernel(SDPBackend.MATH):
+        joint = torch.export.experimental._export_forward_backward(torch.export.export(model, args), joint_loss_index=0)
+    for node in joint.graph.nodes:
+        node.meta.pop("from_node", None)
+    path = os.path.join(out_dir, f"{name}_joint.pt2")
+    torch.export.save(joint, path)
+    # The joint program's module() holds the loss only in its treespec: call the loaded graph module on
+    # flat inputs in input_specs order.
+    loaded = torch.export.load(path)
+    state, user = {**loaded.state_dict, **loaded.constants}, iter(args)
+    flat = [next(user) if s.kind.name == "USER_INPUT" else state[s.target] for s in loaded.graph_signature.input_specs]
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        outs = loaded.graph_module(*flat)
+    with sdpa_kernel(SDPBackend.MATH):
+        loss = model(*args)
+        loss.backward()
+    tensors = []
+    for spec, value in zip(loaded.graph_signature.output_specs, outs):
+        if spec.kind.name == "LOSS_OUTPUT":
+            assert (value - loss).abs().item() <= 1e-5, f"{name} joint loss differs from eager"
+            tensors.insert(0, ("loss", value))
+        elif spec.kind.name == "GRADIENT_TO_PARAMETER":
+            want = model.get_parameter(spec.target).grad
+            err = (value - want).abs().max().item()
+            assert err <= 1e-5, f"{name} joint gradient of {spec.target} differs from eager by {err}"
+            tensors.append((f"grad.{spec.target}", value))
+    assert len(tensors) == 1 + len(list(model.parameters())), "expected the loss and one gradient per parameter"
+    write_set(out_dir, f"{name}_joint_io", io_tensors(args, ()) + tensors)
 
 
 def main():
@@ -83,7 +133,13 @@ def main():
             with open(os.path.join(out_dir, f"{name}_tp_plan.json"), "w") as f:
                 json.dump(model.tp_plan, f, indent=1)
         config.to_json_file(os.path.join(out_dir, f"{name}_config.json"))
-        index["families"][name] = dict(archives=list(archives), params=params, io=f"{name}_io")
+        joint_config = config
+        if name == "gpt2":  # untied for the joint export (see the module docstring)
+            joint_config = transformers.GPT2Config(**{**config.to_dict(), "tie_word_embeddings": False})
+            joint_config._attn_implementation = "sdpa"
+        export_joint(out_dir, name, joint_config)
+        index["families"][name] = dict(archives=list(archives) + [f"{name}_joint"], params=params, io=f"{name}_io",
+                                       joint_io=f"{name}_joint_io")
         print(f"[{time.time() - t0:6.1f}s] exported {name}", flush=True)
     with open(os.path.join(out_dir, "index.json"), "w") as f:
         json.dump(index, f, indent=1)

@@ -159,11 +159,15 @@ at::Tensor make_dtensor_holding(const at::Tensor& full, const MeshPtr& mesh, con
 }
 
 at::Tensor expected_shard(const at::Tensor& full, const MeshPtr& mesh, const Placements& placements) {
-  Placements normalized;
-  for (const auto& p : placements) normalized.push_back(p.normalized(full.dim()));
-  const LocalLayout l = local_layout(full.sizes().vec(), mesh->shape(), *mesh->coordinate(), normalized);
+  // From torch.chunk alone, mesh dim by mesh dim (a dim sharded twice is chunked in mesh-dim order).
   at::Tensor out = full;
-  for (int64_t d = 0; d < full.dim(); ++d) out = out.narrow(d, l.offset[d], l.shape[d]);
+  const Shape coordinate = *mesh->coordinate();
+  for (size_t m = 0; m < placements.size(); ++m) {
+    const Placement p = placements[m].normalized(full.dim());
+    if (!p.is_sharding()) continue;
+    const int64_t ranks = mesh->size(static_cast<int64_t>(m));
+    out = strided_piece(out, p.dim(), p.split_factor(), ranks, coordinate[m]);
+  }
   return out;
 }
 
