@@ -333,22 +333,24 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
   costs.node_by_node = costs.chosen = choice.total_cost(chosen, needed);
   costs.method = "greedy";
   if (options.search != MarkOptions::Search::Greedy) {
-    // Local search from two starts, node-by-node choice and Megatron's (Partial values all-reduced),
-    // keeping the cheaper: each start sits in a basin single changes cannot leave (a reduce-scatter
-    // feeding three gathers of views of one value needs four nodes changed at once).
+    // Local search from three starts, node-by-node choice and two of Megatron's (Partial values
+    // all-reduced; the second reusing a value's all-reduce for all its readers), keeping the cheapest:
+    // each start sits in a basin single changes cannot leave (a reduce-scatter feeding three gathers of
+    // views of one value needs four nodes changed at once).
     costs.chosen = choice.improve(chosen, needed).second;
-    std::vector<size_t> first;
-    for (const NodeOptions& n : chosen) first.push_back(n.chosen);
-    choice.choose_all_greedily(chosen, StrategyChoice::Greedy::PartialToReplicate);
-    const double second = choice.improve(chosen, needed).second;
-    if (second < costs.chosen) {
-      costs.chosen = second;
-    } else {
-      for (size_t i = 0; i < chosen.size(); ++i) {
-        NodeOptions& n = chosen[i];
-        n.chosen = first[i];
-        for (size_t k = 0; k < n.outputs.size(); ++k) n.outputs[k]->placements = n.options[n.chosen].chosen.outputs[k];
-      }
+    std::vector<size_t> best;
+    for (const NodeOptions& n : chosen) best.push_back(n.chosen);
+    for (const auto start : {StrategyChoice::Greedy::PartialToReplicate, StrategyChoice::Greedy::PartialToReplicateOnce}) {
+      choice.choose_all_greedily(chosen, start);
+      const double cost = choice.improve(chosen, needed).second;
+      if (cost >= costs.chosen) continue;
+      costs.chosen = cost;
+      for (size_t i = 0; i < chosen.size(); ++i) best[i] = chosen[i].chosen;
+    }
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      NodeOptions& n = chosen[i];
+      n.chosen = best[i];
+      for (size_t k = 0; k < n.outputs.size(); ++k) n.outputs[k]->placements = n.options[n.chosen].chosen.outputs[k];
     }
     costs.method = "local search";
   }

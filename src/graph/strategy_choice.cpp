@@ -63,9 +63,10 @@ void StrategyChoice::choose_greedily(NodeOptions& n, Greedy policy) {
     for (size_t k = 0; k < n.inputs.size(); ++k) {
       if (!n.inputs[k]) continue;
       const Placements& from = *n.inputs[k]->placements;
+      if (policy == Greedy::PartialToReplicateOnce && moves_made_.count({n.inputs[k], to_string(st.inputs[k])})) continue;
       moves += move_cost(n.inputs[k], from, st.inputs[k]);
       moved = moved || from != st.inputs[k];
-      for (size_t m = 0; policy == Greedy::PartialToReplicate && m < from.size(); ++m)
+      for (size_t m = 0; policy != Greedy::Cheapest && m < from.size(); ++m)
         scattered += from[m].is_partial() && st.inputs[k][m].is_shard();
     }
     const std::tuple<bool, int, double> cost{moved, scattered, moves + st.kernel_cost};
@@ -76,9 +77,12 @@ void StrategyChoice::choose_greedily(NodeOptions& n, Greedy policy) {
   }
   const PlacementStrategy& st = n.options[n.chosen].chosen;
   for (size_t k = 0; k < n.outputs.size() && k < st.outputs.size(); ++k) n.outputs[k]->placements = st.outputs[k];
+  for (size_t k = 0; k < n.inputs.size(); ++k)
+    if (n.inputs[k] && *n.inputs[k]->placements != st.inputs[k]) moves_made_.insert({n.inputs[k], to_string(st.inputs[k])});
 }
 
 void StrategyChoice::choose_all_greedily(std::vector<NodeOptions>& nodes, Greedy policy) {
+  moves_made_.clear();
   for (NodeOptions& n : nodes)
     if (!n.fixed) choose_greedily(n, policy);
 }

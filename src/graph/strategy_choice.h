@@ -17,6 +17,7 @@
 //    choice stays.
 
 #include <map>
+#include <set>
 #include <optional>
 #include <tuple>
 #include <string>
@@ -54,9 +55,14 @@ class StrategyChoice {
 
   // How a node-by-node pass picks among options that move inputs.
   enum class Greedy {
-    Cheapest,           // the least moved, as eager propagation picks
-    PartialToReplicate  // the least moved among those that reduce Partial inputs to Replicate rather
-                        // than reduce-scatter them (Megatron's choice; the cheapest only locally)
+    Cheapest,            // the least moved, as eager propagation picks
+    PartialToReplicate,  // the least moved among those that reduce Partial inputs to Replicate rather
+                         // than reduce-scatter them (Megatron's choice; the cheapest only locally)
+    // The same, where a move an earlier node already made of the same value to the same placements
+    // counts as none, as partition shares that reshard: RMSNorm's pow all-reduces x, and its multiply
+    // then reads the replicated x rather than keeping x Partial, which would leave the attention's
+    // keys Partial (Llama's query heads were gathered for it).
+    PartialToReplicateOnce,
   };
 
   // The option for the inputs' current placements: one that moves nothing wins; otherwise as
@@ -91,6 +97,7 @@ class StrategyChoice {
  private:
   MeshPtr mesh_;
   std::map<std::tuple<const Value*, std::string, std::string>, double> costs_, output_costs_;
+  std::set<std::pair<const Value*, std::string>> moves_made_;  // by the node-by-node pass so far
 };
 
 }  // namespace dtensor::graph::detail
