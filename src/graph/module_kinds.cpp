@@ -35,6 +35,24 @@ bool is_matmul(const std::string& op) {
   return op == "aten::mm" || op == "aten::addmm" || op == "aten::matmul" || op == "aten::bmm";
 }
 
+// Each value's readers in graph order, gathered once (Graph::users scans the whole graph per call, and
+// this walks every parameter's uses).
+using Readers = std::map<const Value*, std::vector<const Node*>>;
+
+Readers readers_of(const Graph& graph) {
+  Readers out;
+  for (const Node* n : graph.nodes())
+    for (const Value* v : n->inputs())
+      if (out[v].empty() || out[v].back() != n) out[v].push_back(n);
+  return out;
+}
+
+const std::vector<const Node*>& readers(const Readers& all, const Value* v) {
+  static const std::vector<const Node*> none;
+  const auto it = all.find(v);
+  return it == all.end() ? none : it->second;
+}
+
 struct FirstUse {
   ModuleKind kind = ModuleKind::Other;
   const Node* product = nullptr;  // the node whose output is the layer's output
@@ -42,11 +60,11 @@ struct FirstUse {
 
 // The first node in graph order that reads `weight` (forward comes first in a joint graph, so its use
 // decides), followed through aliases and transposes to the op that consumes it.
-FirstUse first_use(const Graph& graph, const Value* weight) {
+FirstUse first_use(const Readers& all, const Value* weight) {
   const Value* v = weight;
   bool transposed = false;
   for (int hops = 0; hops < 8; ++hops) {
-    const auto users = graph.users(v);
+    const auto& users = readers(all, v);
     if (users.empty()) return {};
     const Node* n = users.front();
     const std::string op = n->op_name();
@@ -63,13 +81,13 @@ FirstUse first_use(const Graph& graph, const Value* weight) {
 
 // The heads a projection's output is split into: follows views that keep the feature dim last until
 // one splits it in two.
-std::optional<int64_t> heads_of(const Graph& graph, const Node* product) {
+std::optional<int64_t> heads_of(const Readers& all, const Node* product) {
   if (!product || product->outputs.empty()) return std::nullopt;
   const Value* v = product->outputs[0];
   if (v->meta.shape.empty()) return std::nullopt;
   const int64_t features = v->meta.shape.back();
   for (int hops = 0; hops < 4; ++hops) {
-    const auto users = graph.users(v);
+    const auto& users = readers(all, v);
     if (users.size() != 1 || users[0]->outputs.empty()) return std::nullopt;
     const std::string op = users[0]->op_name();
     if (op != "aten::view" && op != "aten::_unsafe_view" && op != "aten::reshape") return std::nullopt;
@@ -87,13 +105,13 @@ std::optional<int64_t> heads_of(const Graph& graph, const Node* product) {
 
 // The parameter input the graph reads for `spec`: itself, or, where torch.export kept one input for
 // tied weights, the read input holding the same tensor.
-const InputSpec* read_parameter(const Program& program, const InputSpec& spec) {
-  if (!program.graph.users(spec.value).empty()) return &spec;
+const InputSpec* read_parameter(const Program& program, const Readers& all, const InputSpec& spec) {
+  if (!readers(all, spec.value).empty()) return &spec;
   const auto state = program.state.find(spec.target);
   if (state == program.state.end()) return &spec;
   for (const InputSpec& other : program.inputs)
     if (other.kind == InputSpec::Kind::Parameter && &other != &spec && program.state.count(other.target) &&
-        program.state.at(other.target).same_tensor(state->second) && !program.graph.users(other.value).empty())
+        program.state.at(other.target).same_tensor(state->second) && !readers(all, other.value).empty())
       return &other;
   return &spec;
 }
@@ -115,6 +133,7 @@ std::map<std::string, ModuleInfo> program_modules(const Program& program) {
   for (const Node* n : program.graph.nodes())
     if (!n->module_path.empty()) out[n->module_path].type = n->module_type;
   const std::string suffix = ".weight";
+  const Readers all = readers_of(program.graph);
   std::map<const Value*, int> modules_per_weight;
   for (const InputSpec& spec : program.inputs) {
     const std::string& name = spec.target;
@@ -122,14 +141,14 @@ std::map<std::string, ModuleInfo> program_modules(const Program& program) {
     const auto dot = name.rfind('.');
     ModuleInfo& info = out[dot == std::string::npos ? "" : name.substr(0, dot)];
     if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
-    const InputSpec& read = *read_parameter(program, spec);
+    const InputSpec& read = *read_parameter(program, all, spec);
     info.weight = read.value;
     info.weight_name = read.target;
     ++modules_per_weight[read.value];
     if (read.value->meta.shape.size() != 2) continue;
-    const FirstUse use = first_use(program.graph, read.value);
+    const FirstUse use = first_use(all, read.value);
     info.kind = use.kind;
-    info.heads = heads_of(program.graph, use.product);
+    info.heads = heads_of(all, use.product);
   }
   for (const auto& [path, info] : out) {
     const auto declared = kind_of_class(info.type);

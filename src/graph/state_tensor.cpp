@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "../io/zip_archive.h"
+#include "../redistribute/executor.h"
 #include "dtensor/errors.h"
 #include "dtensor/graph/program.h"
 
@@ -41,20 +42,18 @@ const at::Tensor& StateTensor::tensor() const {
 namespace {
 
 // A strided shard (a packed layer's weight) is a run per block, not one box: cut from the whole tensor,
-// mesh dim by mesh dim as layout.h chunks.
+// mesh dim by mesh dim as layout.h chunks (each StridedShard as redistribution cuts one).
 at::Tensor strided_part(const at::Tensor& whole, const DeviceMesh& mesh, const Shape& coordinate, const Placements& placements) {
   at::Tensor t = whole;
   for (size_t m = 0; m < placements.size(); ++m) {
     const Placement& p = placements[m];
-    if (!p.is_sharding()) continue;
-    const int64_t d = p.dim(), n = mesh.size(static_cast<int64_t>(m)), sf = p.split_factor();
-    const int64_t block = t.size(d) / sf;
-    std::vector<at::Tensor> runs;
-    for (int64_t b = 0; b < sf; ++b) {
-      const ChunkExtent e = sf == 1 ? chunk_extent(t.size(d), n, coordinate[m]) : strided_block_chunk(t.size(d), sf, n, coordinate[m]);
-      runs.push_back(t.narrow(d, b * block + e.offset, e.size));
+    const auto mesh_dim = static_cast<int64_t>(m);
+    if (p.is_strided_shard()) {
+      t = dtensor::detail::strided_chunk(t, p, mesh, mesh_dim);
+    } else if (p.is_shard()) {
+      const ChunkExtent e = chunk_extent(t.size(p.dim()), mesh.size(mesh_dim), coordinate[m]);
+      t = t.narrow(p.dim(), e.offset, e.size);
     }
-    t = sf == 1 ? runs[0] : at::cat(runs, d);
   }
   return t.contiguous();
 }

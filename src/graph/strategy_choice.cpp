@@ -77,7 +77,7 @@ void StrategyChoice::choose_greedily(NodeOptions& n, Greedy policy) {
   }
   const PlacementStrategy& st = n.options[n.chosen].chosen;
   for (size_t k = 0; k < n.outputs.size() && k < st.outputs.size(); ++k) n.outputs[k]->placements = st.outputs[k];
-  for (size_t k = 0; k < n.inputs.size(); ++k)
+  for (size_t k = 0; policy == Greedy::PartialToReplicateOnce && k < n.inputs.size(); ++k)
     if (n.inputs[k] && *n.inputs[k]->placements != st.inputs[k]) moves_made_.insert({n.inputs[k], to_string(st.inputs[k])});
 }
 

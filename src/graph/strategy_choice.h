@@ -97,7 +97,8 @@ class StrategyChoice {
  private:
   MeshPtr mesh_;
   std::map<std::tuple<const Value*, std::string, std::string>, double> costs_, output_costs_;
-  std::set<std::pair<const Value*, std::string>> moves_made_;  // by the node-by-node pass so far
+  // Moves made so far by a PartialToReplicateOnce pass (value, target placements).
+  std::set<std::pair<const Value*, std::string>> moves_made_;
 };
 
 }  // namespace dtensor::graph::detail

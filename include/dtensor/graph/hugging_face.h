@@ -29,9 +29,9 @@
 namespace dtensor::graph {
 
 // `json_text`: a JSON object of module path -> style name, or a config (an object holding
-// "base_model_tp_plan" or "model_type"; no plan there is an empty plan), whose paths are relative to the base model and get `base_model_prefix` +
-// "." in front ("model" for Llama-like models, "transformer" for GPT-2). `source` names the text in
-// errors (a file name).
+// "base_model_tp_plan" or "model_type"; no plan there is an empty plan), whose paths are relative to
+// the base model and get `base_model_prefix` + "." in front ("model" for Llama-like models,
+// "transformer" for GPT-2). `source` names the text in errors (a file name).
 ParallelizePlan hugging_face_plan(const std::string& json_text, const std::string& base_model_prefix = "",
                                   const std::string& source = "the Hugging Face plan");
 
