@@ -7,8 +7,9 @@ layer's tests, with PyTorch's own outputs as reference.
 Pinned to torch 2.15.0 and transformers 5.24.0 (scripts/python-requirements.txt). Deterministic: fixed
 seeds, one thread. Families (FAMILIES below): Llama with grouped-query attention (2 KV heads, fewer
 than the tests' 4 tensor-parallel ranks), Mistral (8 heads over 4 KV heads), Qwen2 (biases on q, k,
-v) and GPT-2 (Conv1D layers, a packed q/k/v projection, tied embeddings). Vocabulary 62: uneven over
-4 ranks on purpose.
+v), Mixtral (a mixture of 4 experts, top 2, its experts' weights 3-d [expert, out, in] and gate/up
+packed) and GPT-2 (Conv1D layers, a packed q/k/v projection, tied embeddings). Vocabulary 62: uneven
+over 4 ranks on purpose.
 
 Per family NAME, in OUT_DIR:
   NAME_train_ir.pt2   forward(input_ids [B, S] int64) -> logits [B, S, V], training IR (torch.export)
@@ -31,6 +32,9 @@ Per family NAME, in OUT_DIR:
 Attention is exported under sdpa_kernel(MATH): torch 2.15's CPU flash-attention decomposition puts
 the attention probabilities where logsumexp belongs, so core ATen and joint graphs of the default
 backend are wrong (GPT-2's core ATen export fails on it outright).
+Mixtral's experts run as transformers' "batched_mm" implementation (each token-expert pair selects its
+expert's weights by index, then one bmm): the default loops over the experts hit (data-dependent
+shapes), and "grouped_mm" is a Python custom op that no C++ program can run.
 """
 import json
 import os
@@ -56,9 +60,20 @@ FAMILIES = {
                                           num_attention_heads=8, num_key_value_heads=4, **SMALL),
     "qwen2": transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=4, **SMALL),
+    "mixtral": transformers.MixtralConfig(hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=4, num_local_experts=4,
+                                          num_experts_per_tok=2, **SMALL),
     "gpt2": transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                                     use_cache=False, bos_token_id=0, eos_token_id=0),
 }
+
+
+def configure(config):
+    """The attention and experts implementations every export uses (see the module docstring)."""
+    config._attn_implementation = "sdpa"
+    if hasattr(config, "num_local_experts"):
+        config._experts_implementation = "batched_mm"
+    return config
 
 
 def export_joint(out_dir, name, config):
@@ -112,7 +127,7 @@ def main():
              "families": {}}
     for name, config in FAMILIES.items():
         torch.manual_seed(0)
-        config._attn_implementation = "sdpa"
+        configure(config)
         model = transformers.AutoModelForCausalLM.from_config(config).eval()
         ids = torch.randint(0, VOCAB, (BATCH, SEQ))
         params = write_set(out_dir, f"{name}_params", list(model.state_dict().items()))
@@ -135,8 +150,7 @@ def main():
         config.to_json_file(os.path.join(out_dir, f"{name}_config.json"))
         joint_config = config
         if name == "gpt2":  # untied for the joint export (see the module docstring)
-            joint_config = transformers.GPT2Config(**{**config.to_dict(), "tie_word_embeddings": False})
-            joint_config._attn_implementation = "sdpa"
+            joint_config = configure(transformers.GPT2Config(**{**config.to_dict(), "tie_word_embeddings": False}))
         export_joint(out_dir, name, joint_config)
         index["families"][name] = dict(archives=list(archives) + [f"{name}_joint"], params=params, io=f"{name}_io",
                                        joint_io=f"{name}_joint_io")

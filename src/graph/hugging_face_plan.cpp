@@ -28,6 +28,10 @@ const std::map<std::string, std::optional<ParallelStyle>>& mapped_styles() {
       {"replicate", std::nullopt},
       {"replicated_with_grad_allreduce", std::nullopt},
       {"all_reduce", std::nullopt},
+      // Each rank runs its shard of every expert, and sums the experts' partial outputs: in a graph the
+      // row-parallel down projection leaves them Partial, and sharding propagation reduces them where
+      // they are read, so the module itself needs no entry.
+      {"moe_tp_experts", std::nullopt},
   };
   return styles;
 }
@@ -39,7 +43,6 @@ const std::map<std::string, std::string>& refused_styles() {
       {"sequence_parallel", "activations sharded along the sequence around a norm"},
       {"local_params", "parameters kept as local tensors"},
       {"mla_kv_a_proj", "multi-head latent attention's KV down-projection"},
-      {"moe_tp_experts", "tensor-parallel mixture-of-experts experts"},
       {"moe_identity_expert", "an identity expert of a mixture of experts"},
       {"grouped_gemm", "expert-parallel grouped GEMM weights"},
       {"ep_dispatch_experts", "expert-parallel token dispatch"},

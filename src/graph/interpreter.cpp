@@ -55,13 +55,7 @@ int64_t size_of(const SymSize& s, const Environment& env) { return s.symbol ? en
 c10::IValue value_of(const Arg& a, const Environment& env) {
   switch (a.kind) {
     case Arg::Kind::Constant: return a.constant;
-    case Arg::Kind::Number: {
-      // Python passes a number given for a Tensor argument as a 0-d "wrapped number", which type
-      // promotion treats as a scalar (int64 * 0.5 stays float32, not float64).
-      at::Tensor t = c10::scalar_to_tensor(a.constant.toScalar());
-      t.unsafeGetTensorImpl()->set_wrapped_number(true);
-      return t;
-    }
+    case Arg::Kind::Number: return wrapped_number(a.constant.toScalar());
     case Arg::Kind::Tensor: return env.at(a.values[0]);
     case Arg::Kind::Tensors: {
       c10::List<at::Tensor> list;
@@ -73,7 +67,10 @@ c10::IValue value_of(const Arg& a, const Environment& env) {
       for (const Value* v : a.values) list.push_back(v ? std::optional<at::Tensor>(env.at(v).toTensor()) : std::nullopt);
       return list;
     }
-    case Arg::Kind::SymInt: return size_of(a.sizes[0], env);
+    case Arg::Kind::SymInt: {
+      const int64_t size = size_of(a.sizes[0], env);
+      return a.tensor_number ? c10::IValue(wrapped_number(size)) : c10::IValue(size);
+    }
     case Arg::Kind::SymInts: {
       std::vector<int64_t> sizes;
       for (const SymSize& s : a.sizes) sizes.push_back(size_of(s, env));

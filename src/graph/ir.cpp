@@ -3,9 +3,18 @@
 #include <algorithm>
 #include <sstream>
 
+#include <ATen/ScalarOps.h>
+
 #include "dtensor/errors.h"
 
 namespace dtensor::graph {
+
+at::Tensor wrapped_number(const c10::Scalar& number) {
+  at::Tensor t = c10::scalar_to_tensor(number);
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
 
 Arg Arg::ints(const std::vector<int64_t>& v) { return Arg::of(c10::IValue(v)); }
 

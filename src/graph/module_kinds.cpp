@@ -19,10 +19,11 @@ std::optional<ModuleKind> kind_of_class(const std::string& type) {
   return std::nullopt;
 }
 
-// Ops that pass a weight on as a view of the same values (a dtype cast included, for mixed precision).
+// Ops that pass a weight on as a view of the same values (a dtype cast included, for mixed precision;
+// expand: core ATen's matmul of a batch broadcasts the weight over it before a bmm).
 bool is_alias(const std::string& op) {
   static const std::set<std::string> ops = {"aten::alias", "aten::detach", "aten::_to_copy", "aten::to.dtype",
-                                            "aten::view", "aten::_unsafe_view", "aten::reshape"};
+                                            "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::expand"};
   return ops.count(op) > 0;
 }
 bool is_transpose(const Node& n) {
@@ -30,6 +31,13 @@ bool is_transpose(const Node& n) {
   if (op == "aten::t" || op == "aten::transpose.int" || op == "aten::numpy_T") return true;
   return op == "aten::permute" && n.args.size() > 1 && n.args[1].constant.isIntList() &&
          n.args[1].constant.toIntVector() == std::vector<int64_t>{1, 0};
+}
+// A transpose of a batch of matrices (their last two dims).
+bool is_last_two_dims_transpose(const Node& n) {
+  if (n.op_name() != "aten::transpose.int" || n.args.size() < 3 || !n.args[1].constant.isInt() || !n.args[2].constant.isInt())
+    return false;
+  const std::set<int64_t> dims = {n.args[1].constant.toInt(), n.args[2].constant.toInt()};
+  return dims == std::set<int64_t>{1, 2} || dims == std::set<int64_t>{-1, -2};
 }
 bool is_matmul(const std::string& op) {
   return op == "aten::mm" || op == "aten::addmm" || op == "aten::matmul" || op == "aten::bmm";
@@ -58,20 +66,43 @@ struct FirstUse {
   const Node* product = nullptr;  // the node whose output is the layer's output
 };
 
+// Whether `n` selects matrices of `v` along its first dim by one index tensor (x[ids]).
+bool selects_first_dim(const Node& n, const Value* v) {
+  return n.op_name() == "aten::index.Tensor" && n.args.size() == 2 && n.args[0].kind == Arg::Kind::Tensor &&
+         n.args[0].values[0] == v && n.args[1].kind == Arg::Kind::OptionalTensors && n.args[1].values.size() == 1;
+}
+
 // The first node in graph order that reads `weight` (forward comes first in a joint graph, so its use
-// decides), followed through aliases and transposes to the op that consumes it.
+// decides), followed through aliases and transposes to the op that consumes it. A 3-d weight counts
+// only once its experts' matrices are selected by index, and then only as an operand of a batched
+// multiply: the left one multiplies [out, in] matrices (a Linear's layout), the right one [in, out].
 FirstUse first_use(const Readers& all, const Value* weight) {
   const Value* v = weight;
   bool transposed = false;
+  const bool experts = weight->meta.shape.size() == 3;
+  bool selected = false;
   for (int hops = 0; hops < 8; ++hops) {
     const auto& users = readers(all, v);
     if (users.empty()) return {};
     const Node* n = users.front();
     const std::string op = n->op_name();
-    if (op == "aten::embedding") return {ModuleKind::Embedding, n};
-    if (op == "aten::linear") return {ModuleKind::Linear, n};
-    if (is_matmul(op)) return {transposed ? ModuleKind::Linear : ModuleKind::Conv1D, n};
-    if (is_transpose(*n)) transposed = !transposed;
+    if (experts) {
+      if (selected && op == "aten::bmm") {
+        const bool left = n->args[0].kind == Arg::Kind::Tensor && n->args[0].values[0] == v;
+        return {left != transposed ? ModuleKind::ExpertsLinear : ModuleKind::ExpertsConv1D, n};
+      }
+      if (!selected && selects_first_dim(*n, v) && !n->outputs.empty()) {
+        selected = true;
+        v = n->outputs[0];
+        continue;
+      }
+      if (!selected) return {};
+    } else {
+      if (op == "aten::embedding") return {ModuleKind::Embedding, n};
+      if (op == "aten::linear") return {ModuleKind::Linear, n};
+      if (is_matmul(op)) return {transposed ? ModuleKind::Linear : ModuleKind::Conv1D, n};
+    }
+    if (experts ? is_last_two_dims_transpose(*n) : is_transpose(*n)) transposed = !transposed;
     else if (!is_alias(op)) return {};
     if (n->outputs.empty()) return {};
     v = n->outputs[0];
@@ -123,9 +154,23 @@ std::string to_string(ModuleKind kind) {
     case ModuleKind::Linear: return "Linear";
     case ModuleKind::Conv1D: return "Conv1D";
     case ModuleKind::Embedding: return "Embedding";
+    case ModuleKind::ExpertsLinear: return "experts' [expert, out, in] weight";
+    case ModuleKind::ExpertsConv1D: return "experts' [expert, in, out] weight";
     case ModuleKind::Other: break;
   }
   return "other";
+}
+
+FeatureDims feature_dims(ModuleKind kind) {
+  switch (kind) {
+    case ModuleKind::Linear: return {0, 1};
+    case ModuleKind::Conv1D: return {1, 0};
+    case ModuleKind::Embedding: return {0, 1};
+    case ModuleKind::ExpertsLinear: return {1, 2};
+    case ModuleKind::ExpertsConv1D: return {2, 1};
+    case ModuleKind::Other: break;
+  }
+  throw DTensorError("internal: feature_dims of a module that is no layer");
 }
 
 std::map<std::string, ModuleInfo> program_modules(const Program& program) {
@@ -139,11 +184,23 @@ std::map<std::string, ModuleInfo> program_modules(const Program& program) {
     const std::string& name = spec.target;
     if (spec.kind != InputSpec::Kind::Parameter) continue;
     const auto dot = name.rfind('.');
-    ModuleInfo& info = out[dot == std::string::npos ? "" : name.substr(0, dot)];
+    const std::string owner = dot == std::string::npos ? "" : name.substr(0, dot);
+    if (spec.value->meta.shape.size() == 3) {  // perhaps experts' weights, listed under their own name
+      const FirstUse use = first_use(all, spec.value);
+      if (use.kind == ModuleKind::Other) continue;
+      ModuleInfo& info = out[name];
+      info.kind = use.kind;
+      info.weight = spec.value;
+      info.weight_name = info.bias_name = name;
+      info.bias_name += "_bias";
+      continue;
+    }
+    ModuleInfo& info = out[owner];
     if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
     const InputSpec& read = *read_parameter(program, all, spec);
     info.weight = read.value;
     info.weight_name = read.target;
+    info.bias_name = owner + ".bias";
     ++modules_per_weight[read.value];
     if (read.value->meta.shape.size() != 2) continue;
     const FirstUse use = first_use(all, read.value);

@@ -13,8 +13,19 @@
 
 namespace dtensor::graph::detail {
 
-enum class ModuleKind { Linear, Conv1D, Embedding, Other };
+// ExpertsLinear and ExpertsConv1D: a mixture of experts' 3-d weight [expert, out, in] (or [expert, in,
+// out]), each token-expert pair selecting its expert's matrix by index before a batched multiply
+// (transformers' "batched_mm" experts). Transformers' plans name such a weight itself
+// ("layers.*.mlp.experts.gate_up_proj"), so it is listed under its own path.
+enum class ModuleKind { Linear, Conv1D, Embedding, ExpertsLinear, ExpertsConv1D, Other };
 std::string to_string(ModuleKind kind);
+
+// The dims of a layer's weight that hold its output and its input features (Embedding: vocabulary,
+// embedding dim). Throws for Other.
+struct FeatureDims {
+  int64_t out, in;
+};
+FeatureDims feature_dims(ModuleKind kind);
 
 struct ModuleInfo {
   std::string type;  // the class nn_module_stack names ("transformers.pytorch_utils.Conv1D"), or ""
@@ -23,6 +34,7 @@ struct ModuleInfo {
   // module's (GPT-2's lm_head and wte) is one graph input, saved under one of the two names.
   Value* weight = nullptr;
   std::string weight_name;  // the state name of that input
+  std::string bias_name;    // where its bias would be: "<path>.bias", or an expert weight's "<path>_bias"
   // A projection into heads: the count its output features are split into by the first view that
   // splits them ([.., n * d] -> [.., n, d]); nullopt when no view does.
   std::optional<int64_t> heads;

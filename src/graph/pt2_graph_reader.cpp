@@ -164,6 +164,7 @@ class GraphReader {
     if (kind == "as_sym_int") {
       Arg a{Arg::Kind::SymInt};
       a.sizes.push_back(sym_size(v));
+      a.tensor_number = tensor_arg;
       return a;
     }
     if (kind == "as_sym_ints") {

@@ -309,7 +309,12 @@ Value* insert_reshard(Program& program, const MeshPtr& mesh, Node* before, Value
                            "); keep a dynamic dim sharded from the inputs on (or gathered), or export it static");
   }
   Emitter e{program, mesh, before, why, value, nullptr, value};
-  for (const auto& step : plan.steps) e.run(step);
+  try {
+    for (const auto& step : plan.steps) e.run(step);
+  } catch (const c10::Error& err) {
+    throw DTensorError("graph: " + why + ": moving %" + value->name + " [" + c10::Join(", ", global.shape) + "] from " +
+                       to_string(*value->placements) + " to " + to_string(to) + " failed: " + err.what_without_backtrace());
+  }
   if (e.current == value) return value;  // nothing to do on this rank (a partition it keeps whole)
   e.current->placements = to;
   return e.current;

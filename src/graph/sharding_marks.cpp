@@ -43,21 +43,20 @@ Call call_of(const Node& node, const MeshPtr& mesh) {
     c.sharding.tensor_args.push_back(arg);
     c.sharding.list_index.push_back(index);
   };
+  // A number given for a Tensor argument is a replicated 0-d tensor, as eager dispatch sees it.
+  auto add_number = [&](size_t arg, const c10::Scalar& number) {
+    const at::Tensor t = wrapped_number(number);
+    c.args.emplace_back(t);
+    c.inputs.push_back(TensorInput{arg, -1, std::make_shared<const DTensorSpec>(DTensorSpec{
+                                                 mesh, Placements(mesh->ndim(), Replicate()), TensorMeta{{}, {}, t.scalar_type()}})});
+    c.sharding.tensor_args.push_back(arg);
+    c.sharding.list_index.push_back(-2);  // not a graph value: never moved
+  };
   for (size_t i = 0; i < node.args.size(); ++i) {
     const Arg& a = node.args[i];
     switch (a.kind) {
       case Arg::Kind::Constant: c.args.push_back(a.constant); break;
-      case Arg::Kind::Number: {
-        // A number given for a Tensor argument is a replicated 0-d tensor, as eager dispatch sees it.
-        at::Tensor t = c10::scalar_to_tensor(a.constant.toScalar());
-        t.unsafeGetTensorImpl()->set_wrapped_number(true);
-        c.args.emplace_back(t);
-        c.inputs.push_back(TensorInput{i, -1, std::make_shared<const DTensorSpec>(DTensorSpec{
-                                                   mesh, Placements(mesh->ndim(), Replicate()), TensorMeta{{}, {}, t.scalar_type()}})});
-        c.sharding.tensor_args.push_back(i);
-        c.sharding.list_index.push_back(-2);  // not a graph value: never moved
-        break;
-      }
+      case Arg::Kind::Number: add_number(i, a.constant.toScalar()); break;
       case Arg::Kind::Tensor:
         c.args.emplace_back(meta_tensor(*a.values[0]));
         add_input(i, -1, *a.values[0]);
@@ -80,7 +79,10 @@ Call call_of(const Node& node, const MeshPtr& mesh) {
         c.args.emplace_back(list);
         break;
       }
-      case Arg::Kind::SymInt: c.args.emplace_back(hint_of(a.sizes[0])); break;
+      case Arg::Kind::SymInt:
+        if (a.tensor_number) add_number(i, hint_of(a.sizes[0]));
+        else c.args.emplace_back(hint_of(a.sizes[0]));
+        break;
       case Arg::Kind::SymInts: {
         std::vector<int64_t> sizes;
         for (const SymSize& s : a.sizes) sizes.push_back(hint_of(s));
@@ -311,6 +313,10 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
     if (n.options.empty())
       throw DTensorError("graph: node '" + node->name + "' (" + node->op_name() + "): its sharding rule offers no strategy for inputs placed " +
                          placements_of(n.inputs));
+    for (size_t k = 0; k < s.tensor_args.size(); ++k) {
+      const auto& alias = node->op->schema().arguments().at(s.tensor_args[k]).alias_info();
+      n.written.push_back(alias && alias->isWrite());
+    }
     n.fixed = writes_an_input(*node) || std::any_of(outputs.begin(), outputs.end(), [&](Value* v) { return written.count(v) > 0; });
     // A transposed or reshaped weight is still the weight (linear's decomposition reads t(W)).
     if (is_view_of_state(*node, state))

@@ -1,5 +1,6 @@
 #include "strategy_choice.h"
 
+#include <algorithm>
 #include <functional>
 #include <limits>
 #include <map>
@@ -55,8 +56,17 @@ void StrategyChoice::choose_greedily(NodeOptions& n, Greedy policy) {
   // Lexicographic: anything moved at all, then (under PartialToReplicate) Partial entries scattered,
   // then the cost.
   std::tuple<bool, int, double> best{true, 0, 0};
+  auto moves_a_written_input = [&](const PlacementStrategy& st) {
+    for (size_t k = 0; k < n.written.size() && k < n.inputs.size(); ++k)
+      if (n.written[k] && n.inputs[k] && *n.inputs[k]->placements != st.inputs[k]) return true;
+    return false;
+  };
+  const bool some_write_in_place = std::any_of(n.options.begin(), n.options.end(),
+                                               [&](const OutputSharding& d) { return !moves_a_written_input(d.chosen); });
+  bool any = false;
   for (size_t o = 0; o < n.options.size(); ++o) {
     const PlacementStrategy& st = n.options[o].chosen;
+    if (some_write_in_place && moves_a_written_input(st)) continue;
     double moves = 0;
     bool moved = false;  // any input placed otherwise, a free local chunk included
     int scattered = 0;
@@ -70,9 +80,10 @@ void StrategyChoice::choose_greedily(NodeOptions& n, Greedy policy) {
         scattered += from[m].is_partial() && st.inputs[k][m].is_shard();
     }
     const std::tuple<bool, int, double> cost{moved, scattered, moves + st.kernel_cost};
-    if (o == 0 || cost < best) {
+    if (!any || cost < best) {
       best = cost;
       n.chosen = o;
+      any = true;
     }
   }
   const PlacementStrategy& st = n.options[n.chosen].chosen;
@@ -83,8 +94,7 @@ void StrategyChoice::choose_greedily(NodeOptions& n, Greedy policy) {
 
 void StrategyChoice::choose_all_greedily(std::vector<NodeOptions>& nodes, Greedy policy) {
   moves_made_.clear();
-  for (NodeOptions& n : nodes)
-    if (!n.fixed) choose_greedily(n, policy);
+  for (NodeOptions& n : nodes) choose_greedily(n, policy);
 }
 
 namespace {

@@ -39,7 +39,11 @@ struct NodeOptions {
   std::vector<Value*> outputs;  // the node's tensor outputs, in the strategies' output order
   std::vector<OutputSharding> options;
   size_t chosen = 0;
-  bool fixed = false;  // kept as the greedy pass chose (in-place writes depend on their input's placement)
+  // Kept as the node-by-node passes chose: in-place writes depend on their input's placement, so the
+  // local and exact searches, which change one node at a time, leave writers and the producers of
+  // the values they write alone. Each node-by-node pass re-chooses them in graph order, consistently.
+  bool fixed = false;
+  std::vector<bool> written;  // per input: written in place by this node, so never moved (a copy would take the write)
 };
 
 // A graph output and the placements it must end in (nullopt: its own, Partial entries Replicate).

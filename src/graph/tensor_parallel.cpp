@@ -50,31 +50,33 @@ std::map<std::string, Placement> parameter_placements(const Program& program, co
     for (const std::string& path : matched) {
       const ModuleInfo& info = modules.at(path);
       const std::string what = path + (info.type.empty() ? "" : " (" + info.type + ")");
-      const std::string bias = path + ".bias";
       if (!info.weight)
         throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path + "' matches " + what +
                            ", which has no parameter " + path + ".weight");
       const std::string& weight = info.weight_name;
       if (info.kind == ModuleKind::Other)
         throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path + "' matches " + what +
-                           ", whose weight no Linear, Conv1D or Embedding reads: graph-level styles apply to those layers only");
+                           ", whose weight no Linear, Conv1D or Embedding reads: graph-level styles apply to those layers only "
+                           "(and to experts' 3-d weights, selected by index before a batched multiply)");
       if (packed != 1 && info.kind == ModuleKind::Embedding)
         throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path + "' packs " + what +
                            ", an Embedding: packing applies to Linear and Conv1D layers");
-      const bool has_bias = program.state.count(bias) > 0;
+      const bool has_bias = program.state.count(info.bias_name) > 0;
       if (info.kind == ModuleKind::Embedding) {
         out.insert_or_assign(weight, colwise ? Shard(1) : Shard(0));
         continue;
       }
-      // The weight's output-feature dim: 0 for a Linear, 1 for a Conv1D.
-      const int64_t features = info.kind == ModuleKind::Linear ? 0 : 1;
+      const detail::FeatureDims dims = detail::feature_dims(info.kind);
+      // A bias holds the output features last: [out], or an expert's [expert, out].
+      const bool experts = info.kind == ModuleKind::ExpertsLinear || info.kind == ModuleKind::ExpertsConv1D;
+      const int64_t bias_dim = experts ? 1 : 0;
       if (colwise) {
         if (packed == 1 && !shards_by_heads(entry.path, path, info, ranks)) continue;
-        out.insert_or_assign(weight, StridedShard(features, packed));
-        if (has_bias) out.insert_or_assign(bias, StridedShard(0, packed));
+        out.insert_or_assign(weight, StridedShard(dims.out, packed));
+        if (has_bias) out.insert_or_assign(info.bias_name, StridedShard(bias_dim, packed));
       } else {
-        out.insert_or_assign(weight, Shard(1 - features));
-        if (has_bias) out.insert_or_assign(bias, Replicate());
+        out.insert_or_assign(weight, Shard(dims.in));
+        if (has_bias) out.insert_or_assign(info.bias_name, Replicate());
       }
     }
   }

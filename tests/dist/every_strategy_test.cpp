@@ -193,7 +193,7 @@ TEST_F(StrategyTest, EveryContiguousAndCastStrategy) {
 
 // A packed layer (q, k and v fused, as GPT-2's c_attn): its product with the packed weight comes out
 // StridedShard where the weight is (each rank holds its piece of every block); split into its three
-// blocks (split_with_sizes and split) each block is a Shard where it is; the three joined again (cat,
+// blocks (split_with_sizes, split and chunk) each block is a Shard where it is; the three joined again (cat,
 // as the backward does) make the StridedShard. Uneven pieces (10 over 4 ranks), 1-d and 2x2 meshes.
 TEST_F(StrategyTest, PackedBlocksSplitAndJoinInPlace) {
   const at::Tensor x = small({2, 3, 30}, 1);
@@ -210,6 +210,7 @@ TEST_F(StrategyTest, PackedBlocksSplitAndJoinInPlace) {
     const std::vector<int64_t> sizes = {10, 10, 10};
     EXPECT_TRUE(has(check_every_strategy("aten::split_with_sizes", {x, sizes, int64_t{2}}, m, {packed}), packed, block));
     EXPECT_TRUE(has(check_every_strategy("aten::split.Tensor", {x, int64_t{10}, int64_t{2}}, m, {packed}), packed, block));
+    EXPECT_TRUE(has(check_every_strategy("aten::chunk", {x, int64_t{3}, int64_t{2}}, m, {packed}), packed, block));
     // cat takes a tensor list, which check_every_strategy does not lay out: through eager dispatch,
     // which picks the strategy that moves nothing.
     std::vector<at::Tensor> pieces;

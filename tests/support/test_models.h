@@ -24,6 +24,12 @@ constexpr int64_t kGptLayers = 2;  // scripts/export_test_models.py's GPT
 // and the gather of the logits (a Replicate output).
 std::map<std::string, int> gpt_module_level_collectives();
 
+// The Hugging Face families scripts/export_hf_models.py exports ("hf/NAME_train_ir.pt2", ...).
+inline const std::vector<std::string>& hugging_face_families() {
+  static const std::vector<std::string> families = {"llama", "mistral", "qwen2", "mixtral", "gpt2"};
+  return families;
+}
+
 // The directory holding the archives and reference sets.
 std::string graph_models_dir();
 std::string graph_model(const std::string& archive);  // graph_models_dir() + "/" + archive

@@ -37,7 +37,7 @@ void expect_outputs_match(const std::string& archive, const std::vector<std::str
 // Hugging Face causal LMs (scripts/export_hf_models.py): rotary embeddings, grouped-query attention,
 // HF's in-graph causal mask, GPT-2's Conv1D and tied embeddings; training IR and core ATen.
 TEST(GraphInterpreterTest, HuggingFaceModelsInBothIrs) {
-  for (const std::string family : {"llama", "mistral", "qwen2", "gpt2"})
+  for (const std::string& family : hugging_face_families())
     for (const std::string ir : {"_train_ir", "_aten"}) expect_outputs_match("hf/" + family + ir, {"hf/" + family + "_io"});
 }
 

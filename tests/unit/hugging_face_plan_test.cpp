@@ -31,6 +31,18 @@ TEST(HuggingFacePlanTest, LlamasOwnPlan) {
   EXPECT_TRUE(rowwise(*by_path.at("model.layers.*.mlp.down_proj")));
 }
 
+// Mixtral's plan names its experts' 3-d weights themselves: gate/up packed column-parallel, down
+// row-parallel; the experts module's own style (sum the ranks' partial outputs) needs no entry.
+TEST(HuggingFacePlanTest, MixtralsExpertsPlan) {
+  const ParallelizePlan plan = g::hugging_face_plan(graph_model_text("hf/mixtral_tp_plan.json"));
+  std::map<std::string, const PlanEntry*> by_path;
+  for (const PlanEntry& e : plan) by_path[e.path] = &e;
+  ASSERT_TRUE(colwise(*by_path.at("model.layers.*.mlp.experts.gate_up_proj")));
+  EXPECT_EQ(colwise(*by_path.at("model.layers.*.mlp.experts.gate_up_proj"))->packed, 2);
+  EXPECT_TRUE(rowwise(*by_path.at("model.layers.*.mlp.experts.down_proj")));
+  EXPECT_EQ(by_path.count("model.layers.*.mlp.experts"), 0u);
+}
+
 TEST(HuggingFacePlanTest, AConfigsBasePlanTakesThePrefix) {
   const std::string config = graph_model_text("hf/qwen2_config.json");
   const auto plan = g::hugging_face_plan(
@@ -46,9 +58,9 @@ TEST(HuggingFacePlanTest, AConfigsBasePlanTakesThePrefix) {
 }
 
 TEST(HuggingFacePlanTest, StylesWithoutMappingAreRefusedByName) {
-  EXPECT_THAT(error_of([] { g::hugging_face_plan(R"({"model.layers.*.mlp.experts": "moe_tp_experts"})", "", "plan.json"); }),
-              HasSubstr("plan.json: entry 'model.layers.*.mlp.experts': the Hugging Face style 'moe_tp_experts' "
-                        "(tensor-parallel mixture-of-experts experts) has no graph-level mapping"));
+  EXPECT_THAT(error_of([] { g::hugging_face_plan(R"({"model.layers.*.mlp.experts": "ep_dispatch_experts"})", "", "plan.json"); }),
+              HasSubstr("plan.json: entry 'model.layers.*.mlp.experts': the Hugging Face style 'ep_dispatch_experts' "
+                        "(expert-parallel token dispatch) has no graph-level mapping"));
   EXPECT_THAT(error_of([] { g::hugging_face_plan(R"({"model.norm": "sequence_parallel"})"); }),
               HasSubstr("'sequence_parallel'"));
   EXPECT_THAT(error_of([] { g::hugging_face_plan(R"({"lm_head": "colwize"})"); }),

@@ -69,6 +69,9 @@ struct Arg {
   c10::IValue constant;
   std::vector<Value*> values;
   std::vector<SymSize> sizes;
+  // SymInt given for a Tensor argument (positions = arange(n) + past_length): like Number, a 0-d
+  // wrapped number at run time.
+  bool tensor_number = false;
   bool given = true;    // present in the file (false: filled from the schema's default)
   bool keyword = false;
 
@@ -76,6 +79,10 @@ struct Arg {
   static Arg tensor(Value* v) { return Arg{Kind::Tensor, {}, {v}}; }
   static Arg ints(const std::vector<int64_t>& v);
 };
+
+// A number as Python passes it for a Tensor argument: a 0-d "wrapped number", which type promotion
+// treats as a scalar (int64 * 0.5 stays float32, not float64).
+at::Tensor wrapped_number(const c10::Scalar& number);
 
 class Node {
  public:

@@ -376,7 +376,7 @@ std::optional<Placement> packed_blocks(const OpSchema& s, int64_t dim) {
   return std::nullopt;
 }
 
-// split and split_with_sizes: along_dim's strategies, plus the packed blocks. The rule sees strided
+// split, split_with_sizes and chunk: along_dim's strategies, plus the packed blocks. The rule sees strided
 // inputs as they are (StridedShards::Own): any other strided input is moved to one of along_dim's.
 std::vector<DimStrategy> split_packed(const OpSchema& s) {
   std::vector<DimStrategy> out = along_dim(s);
@@ -461,6 +461,9 @@ const bool registered = [] {
   register_family({"aten::select_backward"}, {.dim = select_backward, .local_args = local_size_arg, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::split", "aten::split_with_sizes"},
                   {.dim = split_packed, .local_args = split_packed_args, .family = "view", .strided_shards = Own});
+  // chunk (composite: a split into `chunks` pieces) keeps its piece count on the shards: k chunks of
+  // StridedShard(dim, k) are this rank's k blocks.
+  detail::register_composite({"aten::chunk"}, {.dim = split_packed, .family = "composite", .strided_shards = Own});
   register_family({"aten::cat"}, {.dim = cat_packed, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::slice_scatter"}, {.dim = slice_scatter, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::constant_pad_nd"}, {.dim = constant_pad_nd, .family = "view", .strided_shards = IndexWise});

@@ -1,4 +1,5 @@
-// Hugging Face causal LMs (scripts/export_hf_models.py: Llama with 2 KV heads, Mistral, Qwen2, GPT-2)
+// Hugging Face causal LMs (scripts/export_hf_models.py: Llama with 2 KV heads, Mistral, Qwen2, Mixtral's
+// mixture of experts, GPT-2)
 // tensor-parallelised by graph plans on real ranks, with the plans transformers writes taken as they
 // are: the logits equal PyTorch's on one process, on 4 ranks and on a 2x2 mesh, in the training IR and
 // in core ATen, with Megatron's collectives; the joint training graphs with Hugging Face's own loss,
@@ -49,7 +50,7 @@ const std::map<std::string, int> kMegatron = {{"_c10d_functional::all_reduce", 1
 class HuggingFaceTensorParallelTest : public DistTest {};
 
 TEST_F(HuggingFaceTensorParallelTest, EveryFamilyWithItsPlanOnFourRanks) {
-  for (const std::string family : {"llama", "mistral", "qwen2", "gpt2"}) {
+  for (const std::string& family : hugging_face_families()) {
     for (const std::string ir : {"_train_ir", "_aten"}) {
       SCOPED_TRACE(family + ir);
       g::Program local = g::tensor_parallel_transform(g::load_program(graph_model("hf/" + family + ir + ".pt2")), mesh({4}),
@@ -62,7 +63,7 @@ TEST_F(HuggingFaceTensorParallelTest, EveryFamilyWithItsPlanOnFourRanks) {
 
 TEST_F(HuggingFaceTensorParallelTest, EveryFamilyOnTheTpDimOfATwoDimMesh) {
   const MeshPtr m = mesh({2, 2}, {}, {"dp", "tp"});
-  for (const std::string family : {"llama", "mistral", "qwen2", "gpt2"}) {
+  for (const std::string& family : hugging_face_families()) {
     SCOPED_TRACE(family);
     g::Program local = g::tensor_parallel_transform(g::load_program(graph_model("hf/" + family + "_train_ir.pt2")), m,
                                                     plan_of(family), {.tp_dim = "tp"});
@@ -90,6 +91,19 @@ TEST_F(HuggingFaceTensorParallelTest, EachLayerShardedAsWhatItIs) {
   EXPECT_TRUE(at::equal(gpt2.state.at("transformer.h.0.attn.c_attn.weight").tensor(), want));
   EXPECT_EQ(gpt2.state.at("transformer.h.0.mlp.c_fc.weight").tensor().sizes(), (at::IntArrayRef{32, 128 / 4}));
   EXPECT_EQ(gpt2.state.at("transformer.h.0.mlp.c_proj.weight").tensor().sizes(), (at::IntArrayRef{128 / 4, 32}));
+
+  // Mixtral's experts' weights, [expert, out, in], named by the plan themselves: gate/up packed
+  // column-parallel (every expert's gate rows [10r, 10r + 10) and up rows [40 + 10r, 40 + 10r + 10)),
+  // down row-parallel (every expert's input features [10r, 10r + 10)).
+  const std::string mixtral_archive = graph_model("hf/mixtral_train_ir.pt2");
+  g::Program mixtral = g::tensor_parallel_transform(g::load_program(mixtral_archive), mesh({4}), plan_of("mixtral"));
+  const g::Program whole = g::load_program(mixtral_archive);
+  const at::Tensor gate_up = whole.state.at("model.layers.0.mlp.experts.gate_up_proj").tensor();
+  EXPECT_TRUE(at::equal(mixtral.state.at("model.layers.0.mlp.experts.gate_up_proj").tensor(),
+                        at::cat({gate_up.slice(1, 10 * r, 10 * r + 10), gate_up.slice(1, 40 + 10 * r, 40 + 10 * r + 10)}, 1)));
+  EXPECT_TRUE(at::equal(mixtral.state.at("model.layers.0.mlp.experts.down_proj").tensor(),
+                        whole.state.at("model.layers.0.mlp.experts.down_proj").tensor().slice(2, 10 * r, 10 * r + 10)));
+  EXPECT_EQ(mixtral.state.at("model.layers.0.mlp.gate.weight").tensor().sizes(), (at::IntArrayRef{4, 32}));  // the router: whole
 }
 
 TEST_F(HuggingFaceTensorParallelTest, PlansThatDoNotFitAreRefused) {
@@ -120,7 +134,7 @@ struct TrainingLayout {
   std::vector<std::string> dims;
 };
 
-// A TP=4 training step's collectives. Megatron's (Mistral, Qwen2): forward, the embedding's and each
+// A TP=4 training step's collectives. Megatron's (Mistral, Qwen2, Mixtral): forward, the embedding's and each
 // row-parallel layer's all-reduce (1 + 2 per layer); backward, one all-reduce of the input gradient
 // per column-parallel block (2 per layer) and of lm_head's; the loss's; the logits gathered once.
 // GPT-2's plan leaves its (untied) lm_head replicated: no logits to gather, no input gradient to
@@ -145,7 +159,7 @@ std::vector<double> train(g::Program& program, const std::vector<c10::IValue>& i
 TEST_P(HuggingFaceTraining, EveryFamilyTrainsLikeOneProcess) {
   const TrainingLayout& layout = GetParam();
   const MeshPtr m = mesh(layout.mesh_shape, {}, layout.dims);
-  for (const std::string family : {"llama", "mistral", "qwen2", "gpt2"}) {
+  for (const std::string& family : hugging_face_families()) {
     SCOPED_TRACE(family);
     const std::string archive = graph_model("hf/" + family + "_joint.pt2");
     const auto io = tensor_map("hf/" + family + "_joint_io");
