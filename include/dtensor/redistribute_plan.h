@@ -20,6 +20,7 @@ enum class StepKind : std::uint8_t {
   ReduceScatter,     // P -> S(d)
   LocalChunk,        // R -> S(d) or SS(d,k): keep this rank's chunk(s), no communication
   LocalPartition,    // R -> P: split a replicated value into contributions, no communication
+  LocalPad,          // S(d) -> P(sum): this rank's shard in zeros of the whole, no communication
 };
 std::string to_string(StepKind kind);
 bool is_collective(StepKind kind);

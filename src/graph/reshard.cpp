@@ -221,6 +221,15 @@ struct Emitter {
       local("aten::zeros_like", {Arg::tensor(current)}, "partition");
   }
 
+  void local_pad(const RedistributeStep& step) {
+    const int64_t d = step.from.dim(), length = step.logical_shape[d];
+    const ChunkExtent c = chunk_extent(length, mesh->size(step.mesh_dim), (*mesh->coordinate())[step.mesh_dim]);
+    std::vector<int64_t> pad(2 * (current->meta.shape.size() - d), 0);  // (before, after) per dim, from the last backwards
+    pad[pad.size() - 2] = c.offset;
+    pad[pad.size() - 1] = length - c.offset - c.size;
+    local("aten::constant_pad_nd", {Arg::tensor(current), Arg::ints(pad), Arg::of(0.0)}, "padded");
+  }
+
   void run(const RedistributeStep& step) {
     this->step = &step;
     // Along a mesh dim of one rank every step is the identity (a gather, reduction or chunk of one).
@@ -236,6 +245,7 @@ struct Emitter {
       case StepKind::ReduceScatter: reduce_scatter(step); break;
       case StepKind::LocalChunk: local_chunk(step); break;
       case StepKind::LocalPartition: local_partition(step); break;
+      case StepKind::LocalPad: local_pad(step); break;
       case StepKind::AllToAll: {
         // S(i) -> S(j) as a gather along i then a chunk along j (more bytes than an all-to-all, which
         // functional collectives express with sizes only known per rank; a later improvement).

@@ -222,7 +222,8 @@ std::vector<OutputSharding> options_for(const c10::OperatorHandle& op, const Cal
 }
 
 // Drops the strategies the options rule out: ones placing anything off Replicate along mesh dims other
-// than `only_mesh_dim`, and ones moving state (parameters, buffers) with a collective. Should that
+// than `only_mesh_dim`, and ones moving state (parameters, buffers) other than in place (a collective,
+// or a shard padded to the whole). Should that
 // leave none, the state restriction is lifted for this node (the op needs its parameter elsewhere).
 void keep_allowed(NodeOptions& n, const MarkOptions& options, const std::set<const Value*>& state, StrategyChoice& choice) {
   auto off_dim = [&](const Placements& p) {
@@ -239,7 +240,7 @@ void keep_allowed(NodeOptions& n, const MarkOptions& options, const std::set<con
   };
   auto keeps_state = [&](const OutputSharding& d) {
     for (size_t k = 0; k < n.inputs.size(); ++k)
-      if (n.inputs[k] && state.count(n.inputs[k]) && choice.communicates(n.inputs[k], *n.inputs[k]->placements, d.chosen.inputs[k]))
+      if (n.inputs[k] && state.count(n.inputs[k]) && !choice.moves_in_place(n.inputs[k], *n.inputs[k]->placements, d.chosen.inputs[k]))
         return false;
     return true;
   };

@@ -1,7 +1,8 @@
 #include "strategy_choice.h"
 
+#include "local_search.h"
+
 #include <algorithm>
-#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -11,19 +12,6 @@
 #include "dtensor/redistribute_plan.h"
 
 namespace dtensor::graph::detail {
-namespace {
-
-// The placements the consumers of one value need it in: target -> (placements, how many consumers).
-using Needs = std::map<std::string, std::pair<Placements, int>>;
-
-void add_need(Needs& needs, const Placements& to, int count) {
-  auto& entry = needs[to_string(to)];
-  entry.first = to;
-  entry.second += count;
-}
-
-}  // namespace
-
 double StrategyChoice::move_cost(const Value* v, const Placements& from, const Placements& to) {
   if (from == to) return 0;
   const auto key = std::make_tuple(v, to_string(from), to_string(to));
@@ -31,9 +19,20 @@ double StrategyChoice::move_cost(const Value* v, const Placements& from, const P
   return costs_[key] = dtensor::detail::redistribute_cost(DTensorSpec{mesh_, from, v->meta}, to);
 }
 
+void StrategyChoice::count_output_reductions(const std::vector<NeededOutput>& needed) {
+  int reduced = 0;
+  for (const NeededOutput& o : needed) {
+    const Placements& at = *o.value->placements;
+    const auto plan = plan_redistribute(o.value->meta.shape, static_cast<int64_t>(c10::elementSize(o.value->meta.dtype)),
+                                        mesh_->shape(), *mesh_->coordinate(), at, o.target_from(at));
+    reduced += std::any_of(plan.steps.begin(), plan.steps.end(), [](const RedistributeStep& s) { return s.kind == StepKind::AllReduce; });
+  }
+  shared_bucket_ = reduced > 1;
+}
+
 double StrategyChoice::output_move_cost(const Value* v, const Placements& from, const Placements& to) {
   const double cost = move_cost(v, from, to);
-  if (cost == 0) return 0;
+  if (cost == 0 || !shared_bucket_) return cost;
   const auto key = std::make_tuple(v, to_string(from), to_string(to));
   if (auto it = output_costs_.find(key); it != output_costs_.end()) return it->second;
   const auto plan = plan_redistribute(v->meta.shape, static_cast<int64_t>(c10::elementSize(v->meta.dtype)), mesh_->shape(),
@@ -43,12 +42,21 @@ double StrategyChoice::output_move_cost(const Value* v, const Placements& from, 
   return output_costs_[key] = std::max(0.0, cost - latencies);
 }
 
+bool StrategyChoice::moves_in_place(const Value* v, const Placements& from, const Placements& to) const {
+  if (from == to) return true;
+  const auto plan = plan_redistribute(v->meta.shape, static_cast<int64_t>(c10::elementSize(v->meta.dtype)), mesh_->shape(),
+                                      *mesh_->coordinate(), from, to);
+  return std::all_of(plan.steps.begin(), plan.steps.end(), [](const RedistributeStep& s) {
+    return s.kind == StepKind::LocalChunk || s.kind == StepKind::LocalPartition;
+  });
+}
+
 bool StrategyChoice::communicates(const Value* v, const Placements& from, const Placements& to) const {
   if (from == to) return false;
   const auto plan = plan_redistribute(v->meta.shape, static_cast<int64_t>(c10::elementSize(v->meta.dtype)), mesh_->shape(),
                                       *mesh_->coordinate(), from, to);
   for (const auto& step : plan.steps)
-    if (step.kind != StepKind::LocalChunk && step.kind != StepKind::LocalPartition) return true;
+    if (is_collective(step.kind)) return true;
   return false;
 }
 
@@ -97,17 +105,6 @@ void StrategyChoice::choose_all_greedily(std::vector<NodeOptions>& nodes, Greedy
   for (NodeOptions& n : nodes) choose_greedily(n, policy);
 }
 
-namespace {
-
-// Which graph outputs each value is (a value may be more than one).
-std::map<const Value*, std::vector<const NeededOutput*>> outputs_by_value(const std::vector<NeededOutput>& needed) {
-  std::map<const Value*, std::vector<const NeededOutput*>> out;
-  for (const NeededOutput& n : needed) out[n.value].push_back(&n);
-  return out;
-}
-
-}  // namespace
-
 bool is_view_like(const Node& node) {
   static const std::set<std::string> views = {"aten::permute", "aten::t",      "aten::transpose.int", "aten::view",
                                               "aten::_unsafe_view", "aten::reshape", "aten::expand", "aten::alias",
@@ -124,171 +121,11 @@ Placements NeededOutput::target_from(const Placements& at) const {
 }
 
 std::pair<double, double> StrategyChoice::improve(std::vector<NodeOptions>& nodes, const std::vector<NeededOutput>& needed) {
-  std::map<const Value*, Needs> needs;
-  for (const NodeOptions& n : nodes)
-    for (size_t k = 0; k < n.inputs.size(); ++k)
-      if (n.inputs[k]) add_need(needs[n.inputs[k]], n.options[n.chosen].chosen.inputs[k], 1);
-  const auto outputs = outputs_by_value(needed);
-  for (const auto& [v, of] : outputs) needs[v];
-
-  // What the reshards of `v`, placed `at`, cost for the consumers' needs and the graph outputs it
-  // is (one reshard per target).
-  auto value_cost = [&](const Value* v, const Placements& at, const Needs& of) {
-    Needs all = of;
-    if (auto it = outputs.find(v); it != outputs.end())
-      for (const NeededOutput* o : it->second) add_need(all, o->target_from(at), 1);
-    double cost = 0;
-    for (const auto& [key, need] : all) {
-      if (need.second <= 0) continue;
-      const auto consumer = of.find(key);
-      const bool only_outputs = consumer == of.end() || consumer->second.second <= 0;
-      cost += only_outputs ? output_move_cost(v, at, need.first) : move_cost(v, at, need.first);
-    }
-    return cost;
-  };
-  auto total = [&] {
-    double cost = 0;
-    for (const auto& [v, of] : needs) cost += value_cost(v, *v->placements, of);
-    for (const NodeOptions& n : nodes) cost += n.options[n.chosen].chosen.kernel_cost;
-    return cost;
-  };
-  // The change in total cost if node `n` switched to option `o`.
-  auto delta_of = [&](const NodeOptions& n, size_t o) {
-    const PlacementStrategy& now = n.options[n.chosen].chosen;
-    const PlacementStrategy& alt = n.options[o].chosen;
-    double delta = alt.kernel_cost - now.kernel_cost;
-    std::map<const Value*, Needs> changed;  // the inputs' needs after the switch
-    for (size_t k = 0; k < n.inputs.size(); ++k) {
-      if (!n.inputs[k]) continue;
-      Needs& after = changed.try_emplace(n.inputs[k], needs[n.inputs[k]]).first->second;
-      add_need(after, now.inputs[k], -1);
-      add_need(after, alt.inputs[k], 1);
-    }
-    for (const auto& [v, after] : changed)
-      delta += value_cost(v, *v->placements, after) - value_cost(v, *v->placements, needs[v]);
-    for (size_t k = 0; k < n.outputs.size(); ++k)
-      delta += value_cost(n.outputs[k], alt.outputs[k], needs[n.outputs[k]]) -
-               value_cost(n.outputs[k], now.outputs[k], needs[n.outputs[k]]);
-    return delta;
-  };
-
-  const double before = total();
-  // Partial entries among a strategy's outputs: fewer is "more resolved".
-  auto partials = [](const PlacementStrategy& st) {
-    int n = 0;
-    for (const auto& p : st.outputs)
-      for (const auto& x : p) n += x.is_partial();
-    return n;
-  };
-  auto apply = [&](NodeOptions& n, size_t o) {
-    const PlacementStrategy& now = n.options[n.chosen].chosen;
-    const PlacementStrategy& alt = n.options[o].chosen;
-    for (size_t k = 0; k < n.inputs.size(); ++k) {
-      if (!n.inputs[k]) continue;
-      add_need(needs[n.inputs[k]], now.inputs[k], -1);
-      add_need(needs[n.inputs[k]], alt.inputs[k], 1);
-    }
-    for (size_t k = 0; k < n.outputs.size(); ++k) n.outputs[k]->placements = alt.outputs[k];
-    n.chosen = o;
-  };
-  // The views that only pass a node's output on (one input, a view-like op): a change of the node
-  // drags them along, each to its option that takes its input as it now is. A chain of views from a
-  // gradient to its graph output changes only as a whole: one view alone just moves the collective.
-  std::map<const Value*, NodeOptions*> producer;
-  for (NodeOptions& n : nodes)
-    for (Value* v : n.outputs) producer[v] = &n;
-  std::map<const NodeOptions*, std::vector<NodeOptions*>> followers;
-  for (NodeOptions& n : nodes) {
-    if (n.fixed || n.inputs.size() != 1 || !n.inputs[0] || !n.node || !is_view_like(*n.node)) continue;
-    if (auto it = producer.find(n.inputs[0]); it != producer.end()) followers[it->second].push_back(&n);
-  }
-  // Switches `n` to `o` and drags its followers; returns the change in total cost, `undo` records the
-  // previous choices (in the order made).
-  std::function<double(NodeOptions&, size_t, std::vector<std::pair<NodeOptions*, size_t>>&)> switch_with_followers =
-      [&](NodeOptions& n, size_t o, std::vector<std::pair<NodeOptions*, size_t>>& undo) {
-        double delta = delta_of(n, o);
-        undo.emplace_back(&n, n.chosen);
-        apply(n, o);
-        for (NodeOptions* f : followers[&n]) {
-          std::optional<size_t> fit;
-          double fit_delta = 0;
-          for (size_t k = 0; k < f->options.size(); ++k) {
-            if (f->options[k].chosen.inputs[0] != *f->inputs[0]->placements) continue;
-            if (const double d = k == f->chosen ? 0.0 : delta_of(*f, k); !fit || d < fit_delta) {
-              fit = k;
-              fit_delta = d;
-            }
-          }
-          if (fit && *fit != f->chosen) delta += switch_with_followers(*f, *fit, undo);
-        }
-        return delta;
-      };
-  // Whether a reshard touches the node: it takes an input moved, or a consumer (or the graph's
-  // output) needs one of its outputs elsewhere. Only then can moving it with its views help.
-  auto reshards_around = [&](const NodeOptions& n) {
-    const PlacementStrategy& now = n.options[n.chosen].chosen;
-    for (size_t k = 0; k < n.inputs.size(); ++k)
-      if (n.inputs[k] && now.inputs[k] != *n.inputs[k]->placements) return true;
-    for (const Value* v : n.outputs) {
-      for (const auto& [key, need] : needs[v])
-        if (need.second > 0 && need.first != *v->placements) return true;
-      if (auto it = outputs.find(v); it != outputs.end())
-        for (const NeededOutput* o : it->second)
-          if (o->target_from(*v->placements) != *v->placements) return true;
-    }
-    return false;
-  };
-  auto revert = [&](std::vector<std::pair<NodeOptions*, size_t>>& undo) {
-    for (auto it = undo.rbegin(); it != undo.rend(); ++it) apply(*it->first, it->second);
-  };
-  // Sweeps of strict improvements. Where none is left, one sweep of free changes that resolve a
-  // Partial output (a backward pass recomputing from a value already all-reduced for the forward
-  // can then take the reduced copy: two changes, the first of which alone saves nothing); they only
-  // ever lower the count of Partial outputs, so they cannot cycle.
-  constexpr int kMaxSweeps = 32;
-  bool plateau = false;
-  for (int sweep = 0; sweep < kMaxSweeps; ++sweep) {
-    bool changed = false;
-    for (NodeOptions& n : nodes) {
-      if (n.fixed) continue;
-      std::optional<size_t> best;
-      // (Local steps cost a byte each in the model, to break ties: a plateau allows a few.)
-      double best_delta = plateau ? 4.5 : -1e-6;
-      for (size_t o = 0; o < n.options.size(); ++o) {
-        if (o == n.chosen) continue;
-        if (plateau && partials(n.options[o].chosen) >= partials(n.options[n.chosen].chosen)) continue;
-        if (const double d = delta_of(n, o); d < best_delta) {
-          best_delta = d;
-          best = o;
-        }
-      }
-      if (best) {
-        apply(n, *best);
-        changed = true;
-        continue;
-      }
-      if (plateau || followers[&n].empty() || !reshards_around(n)) continue;
-      for (size_t o = 0; o < n.options.size(); ++o) {
-        if (o == n.chosen) continue;
-        std::vector<std::pair<NodeOptions*, size_t>> undo;
-        if (switch_with_followers(n, o, undo) < -1e-6) {
-          changed = true;
-          break;
-        }
-        revert(undo);
-      }
-    }
-    if (plateau) {
-      plateau = false;
-      if (!changed) break;
-    } else if (!changed) {
-      plateau = true;
-    }
-  }
-  return {before, total()};
+  return LocalSearch(*this, nodes, needed).run();
 }
 
 double StrategyChoice::total_cost(const std::vector<NodeOptions>& nodes, const std::vector<NeededOutput>& needed) {
+  count_output_reductions(needed);
   // Per value: the distinct targets, and whether a node (not only the graph's outputs) needs each.
   std::map<const Value*, std::map<std::string, std::pair<Placements, bool>>> targets;
   for (const NodeOptions& n : nodes)
@@ -432,6 +269,7 @@ class ExactSearch {
 
 std::optional<double> StrategyChoice::search_exactly(std::vector<NodeOptions>& nodes, const std::vector<NeededOutput>& needed,
                                                      size_t max_states) {
+  count_output_reductions(needed);
   std::vector<std::vector<Placements>> kept;
   for (const NodeOptions& n : nodes) {
     kept.emplace_back();

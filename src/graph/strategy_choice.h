@@ -5,9 +5,8 @@
 // reshard shared by all consumers of a value that need the same target counted once, plus what local
 // kernels communicate. Greedy reduce-scatters a Partial activation (cheaper than an all-reduce) and
 // then all-gathers it for the next matmul; the whole-graph view sees that one all-reduce costs less.
-//  - improve(): local search from the greedy choice: one node at a time, or a node with the chain of
-//    views that only pass its output on, while the total drops; where nothing drops, changes of about
-//    zero cost that resolve a Partial output (they set up the next drop, and cannot cycle).
+//  - improve(): local search from the greedy choice (local_search.h): single and compound changes
+//    while the total drops.
 //  - search_exactly(): dynamic programming over the graph in order. What is still to pay after node
 //    i depends only on the placements of the values live across i and which reshards of them are
 //    already paid for, so the best completion is computed once per such state; branch and bound
@@ -92,15 +91,22 @@ class StrategyChoice {
 
   // What moving `v` from `from` to `to` costs (0 when equal).
   double move_cost(const Value* v, const Placements& from, const Placements& to);
-  // The same for a graph output, whose all-reduces join one bucket at the end (bucketing.h): they
-  // pay no latency of their own.
+  // The same for a graph output, whose all-reduces join one bucket at the end (bucketing.h): where
+  // the current choice all-reduces more than one output, they pay no latency of their own; one alone
+  // (a forward program's logits) pays it.
   double output_move_cost(const Value* v, const Placements& from, const Placements& to);
-  // Whether that move needs a collective (a chunk or a partition of local data does not).
+  // Counts the outputs the current choice all-reduces, for output_move_cost.
+  void count_output_reductions(const std::vector<NeededOutput>& needed);
+  // Whether that move needs a collective (a chunk, a partition or a padding of local data does not).
   bool communicates(const Value* v, const Placements& from, const Placements& to) const;
+  // Whether it only cuts or partitions the local data: no collective, nothing padded to the whole (a
+  // sharded weight stays in place).
+  bool moves_in_place(const Value* v, const Placements& from, const Placements& to) const;
 
  private:
   MeshPtr mesh_;
   std::map<std::tuple<const Value*, std::string, std::string>, double> costs_, output_costs_;
+  bool shared_bucket_ = true;  // see output_move_cost
   // Moves made so far by a PartialToReplicateOnce pass (value, target placements).
   std::set<std::pair<const Value*, std::string>> moves_made_;
 };

@@ -150,6 +150,15 @@ at::Tensor local_chunk_step(const at::Tensor& local, const RedistributeStep& ste
   return local.narrow(d, c.offset, c.size).contiguous();
 }
 
+// This rank's shard of dim d padded with zeros to the group's whole: its contribution to a Partial sum.
+at::Tensor local_pad_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
+  const int64_t d = step.from.dim(), length = step.logical_shape[d];
+  const ChunkExtent c = chunk_extent(length, mesh.size(step.mesh_dim), (*mesh.coordinate())[step.mesh_dim]);
+  std::vector<int64_t> pad(2 * (local.dim() - d), 0);  // (before, after) per dim, from the last backwards
+  pad[pad.size() - 2] = c.offset;
+  pad[pad.size() - 1] = length - c.offset - c.size;
+  return at::constant_pad_nd(local, pad, 0);
+}
 
 at::Tensor run_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh, Direction direction,
                     Ownership ownership) {
@@ -161,6 +170,7 @@ at::Tensor run_step(const at::Tensor& local, const RedistributeStep& step, const
     case StepKind::ReduceScatter: return reduce_scatter_step(local, step, mesh);
     case StepKind::AllToAll: return all_to_all_step(local, step, mesh);
     case StepKind::LocalChunk: return local_chunk_step(local, step, mesh);
+    case StepKind::LocalPad: return local_pad_step(local, step, mesh);
     case StepKind::LocalPartition:
       return partition_replicated(local, mesh, step.mesh_dim, step.to.reduce_op(), direction);
     case StepKind::AllReduce: {

@@ -12,11 +12,14 @@ std::string to_string(StepKind kind) {
     case StepKind::ReduceScatter: return "reduce-scatter";
     case StepKind::LocalChunk: return "local chunk";
     case StepKind::LocalPartition: return "local partition";
+    case StepKind::LocalPad: return "local pad";
   }
   return "?";
 }
 
-bool is_collective(StepKind kind) { return kind != StepKind::LocalChunk && kind != StepKind::LocalPartition; }
+bool is_collective(StepKind kind) {
+  return kind != StepKind::LocalChunk && kind != StepKind::LocalPartition && kind != StepKind::LocalPad;
+}
 
 std::string format_bytes(double bytes) {
   char buf[32];
@@ -81,7 +84,11 @@ class Planner {
     if (from.is_replicate() && to.is_partial()) return add(m, to, StepKind::LocalPartition);
     if (from.is_partial() && to.is_replicate()) return add(m, to, StepKind::AllReduce);
     if (from.is_partial() && to.is_shard()) return add(m, to, StepKind::ReduceScatter);
-    // Shard -> Partial and Partial(a) -> Partial(b) have no direct collective: go through Replicate.
+    // A sum of the shards each padded with zeros to the whole is the whole: the gradient of a value
+    // read sharded where its producer needs it whole (a replicated projection's output read by
+    // sharded heads) goes back Partial, joining a reduction the graph runs anyway.
+    if (from.is_shard() && to.is_partial() && to.reduce_op() == ReduceOp::Sum) return add(m, to, StepKind::LocalPad);
+    // Other Shard -> Partial and Partial(a) -> Partial(b) have no direct collective: go through Replicate.
     transition(m, Placement::replicate());
     transition(m, to);
   }
@@ -117,7 +124,8 @@ class Planner {
         return numel(local) * element_size_ * (n - 1) / n;
       }
       case StepKind::LocalChunk:
-      case StepKind::LocalPartition: return 0;
+      case StepKind::LocalPartition:
+      case StepKind::LocalPad: return 0;
     }
     return 0;
   }

@@ -87,9 +87,15 @@ TEST(Plan1d, ReplicateToPartialIsALocalPartition) {
   EXPECT_FALSE(plan.needs_communication());
 }
 
-TEST(Plan1d, ShardToPartialGoesThroughReplicate) {
+TEST(Plan1d, ShardToPartialSumIsALocalPad) {
   const auto plan = plan_1d({8, 4}, 4, Shard(0), Partial());
-  EXPECT_EQ(step_lines(plan), (Lines{"0: S(0)->R all-gather", "0: R->P(sum) local partition"}));
+  EXPECT_EQ(step_lines(plan), (Lines{"0: S(0)->P(sum) local pad"}));
+  EXPECT_FALSE(plan.needs_communication());
+}
+
+TEST(Plan1d, ShardToOtherPartialsGoesThroughReplicate) {
+  const auto plan = plan_1d({8, 4}, 4, Shard(0), Partial(ReduceOp::Avg));
+  EXPECT_EQ(step_lines(plan), (Lines{"0: S(0)->R all-gather", "0: R->P(avg) local partition"}));
   EXPECT_EQ(plan.total_bytes_per_rank(), 96);
 }
 
@@ -156,8 +162,8 @@ TEST(PlanFormat, PlanListsItsStepsAfterTheTransition) {
   // [4, 8] floats on a 4x2 mesh: the all-gather on mesh dim 0 assembles all 128 bytes of dim 1.
   const auto plan = plan_redistribute({4, 8}, kFloat, {4, 2}, {0, 0}, {Shard(1), Replicate()}, {Replicate(), Shard(1)});
   EXPECT_EQ(plan.str(), "S(1),R -> R,S(1): all-gather on dim 0 (96 B/rank), then local chunk on dim 1");
-  EXPECT_EQ(plan_1d({8, 4}, 4, Shard(0), Partial()).str(),
-            "S(0) -> P(sum): all-gather on dim 0 (96 B/rank), then local partition on dim 0");
+  EXPECT_EQ(plan_1d({8, 4}, 4, Shard(0), Partial(ReduceOp::Max)).str(),
+            "S(0) -> P(max): all-gather on dim 0 (96 B/rank), then local partition on dim 0");
 }
 
 // ---- Multi-dim meshes ---------------------------------------------------------------------------
@@ -270,7 +276,8 @@ TEST(PlanBytes, CountOnlyWhatTheGroupHoldsWhenOtherMeshDimsShard) {
 // ---- Random property test: the plan is a valid walk from src to dst -----------------------------
 
 // The one step that moves a mesh dim from `from` to `to` directly, by hand from the collectives'
-// definitions; none for Shard -> Partial and Partial(a) -> Partial(b), and none for no change.
+// definitions (Shard -> Partial(sum): each shard padded with zeros); none for Shard -> other Partials
+// and Partial(a) -> Partial(b), and none for no change.
 std::optional<StepKind> direct_step(const Placement& from, const Placement& to) {
   if (from == to) return std::nullopt;
   if (from.is_shard() && to.is_replicate()) return StepKind::AllGather;
@@ -279,6 +286,7 @@ std::optional<StepKind> direct_step(const Placement& from, const Placement& to) 
   if (from.is_partial() && to.is_shard()) return StepKind::ReduceScatter;
   if (from.is_replicate() && to.is_shard()) return StepKind::LocalChunk;
   if (from.is_replicate() && to.is_partial()) return StepKind::LocalPartition;
+  if (from.is_shard() && to.is_partial() && to.reduce_op() == ReduceOp::Sum) return StepKind::LocalPad;
   return std::nullopt;
 }
 

@@ -134,17 +134,15 @@ struct TrainingLayout {
   std::vector<std::string> dims;
 };
 
-// A TP=4 training step's collectives. Megatron's (Mistral, Qwen2, Mixtral): forward, the embedding's and each
-// row-parallel layer's all-reduce (1 + 2 per layer); backward, one all-reduce of the input gradient
-// per column-parallel block (2 per layer) and of lm_head's; the loss's; the logits gathered once.
-// GPT-2's plan leaves its (untied) lm_head replicated: no logits to gather, no input gradient to
-// reduce. A known gap (issue 27), values right: Llama, whose KV heads are replicated, gathers 3 more
-// per layer (its query heads in the forward, the KV heads' gradients in the backward), which the
-// cost model rates cheaper than every Megatron-like start it tried.
+// A TP=4 training step's collectives, Megatron's: forward, the embedding's and each row-parallel
+// layer's all-reduce (1 + 2 per layer); backward, one all-reduce of the input gradient per
+// column-parallel block (2 per layer) and of lm_head's; the loss's; the logits gathered once. Llama's
+// replicated KV heads add none: their gradients come back Partial (each rank's heads' part, padded)
+// and join the input gradient's all-reduce. GPT-2's plan leaves its (untied) lm_head replicated: no
+// logits to gather, no input gradient to reduce.
 std::map<std::string, int> tp4_step_collectives(const std::string& family) {
   const int megatron_reduces = 1 + 2 * kLayers + 2 * kLayers + 2;
   const std::string reduce = "_c10d_functional::all_reduce", gather = "_c10d_functional::all_gather_into_tensor";
-  if (family == "llama") return {{reduce, megatron_reduces}, {gather, 1 + 3 * kLayers}};
   if (family == "gpt2") return {{reduce, megatron_reduces - 1}};
   return {{reduce, megatron_reduces}, {gather, 1}};
 }

@@ -1,0 +1,221 @@
+#include "local_search.h"
+
+#include <algorithm>
+#include <optional>
+
+namespace dtensor::graph::detail {
+namespace {
+
+// Partial entries among a strategy's outputs: fewer is "more resolved".
+int partials(const PlacementStrategy& st) {
+  int n = 0;
+  for (const auto& p : st.outputs)
+    for (const auto& x : p) n += x.is_partial();
+  return n;
+}
+
+constexpr double kDrop = -1e-6;  // a change must lower the total by more than rounding
+constexpr int kProducerDepth = 4;
+
+}  // namespace
+
+LocalSearch::LocalSearch(StrategyChoice& costs, std::vector<NodeOptions>& nodes, const std::vector<NeededOutput>& needed)
+    : costs_(costs), nodes_(nodes), needed_(needed) {
+  for (const NodeOptions& n : nodes_)
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      if (n.inputs[k]) add_need(needs_[n.inputs[k]], n.options[n.chosen].chosen.inputs[k], 1);
+  for (const NeededOutput& o : needed) {
+    outputs_[o.value].push_back(&o);
+    needs_[o.value];
+  }
+  for (NodeOptions& n : nodes_)
+    for (Value* v : n.outputs) producer_[v] = &n;
+  for (NodeOptions& n : nodes_) {
+    if (n.fixed || n.inputs.size() != 1 || !n.inputs[0] || !n.node || !is_view_like(*n.node)) continue;
+    if (auto it = producer_.find(n.inputs[0]); it != producer_.end()) followers_[it->second].push_back(&n);
+  }
+}
+
+void LocalSearch::add_need(Needs& needs, const Placements& to, int count) {
+  auto& entry = needs[to_string(to)];
+  entry.first = to;
+  entry.second += count;
+}
+
+double LocalSearch::value_cost(const Value* v, const Placements& at, const Needs& of) {
+  Needs all = of;
+  if (auto it = outputs_.find(v); it != outputs_.end())
+    for (const NeededOutput* o : it->second) add_need(all, o->target_from(at), 1);
+  double cost = 0;
+  for (const auto& [key, need] : all) {
+    if (need.second <= 0) continue;
+    const auto consumer = of.find(key);
+    const bool only_outputs = consumer == of.end() || consumer->second.second <= 0;
+    cost += only_outputs ? costs_.output_move_cost(v, at, need.first) : costs_.move_cost(v, at, need.first);
+  }
+  return cost;
+}
+
+double LocalSearch::total() {
+  double cost = 0;
+  for (const auto& [v, of] : needs_) cost += value_cost(v, *v->placements, of);
+  for (const NodeOptions& n : nodes_) cost += n.options[n.chosen].chosen.kernel_cost;
+  return cost;
+}
+
+double LocalSearch::delta_of(const NodeOptions& n, size_t o) {
+  const PlacementStrategy& now = n.options[n.chosen].chosen;
+  const PlacementStrategy& alt = n.options[o].chosen;
+  double delta = alt.kernel_cost - now.kernel_cost;
+  std::map<const Value*, Needs> changed;  // the inputs' needs after the switch
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    if (!n.inputs[k]) continue;
+    Needs& after = changed.try_emplace(n.inputs[k], needs_[n.inputs[k]]).first->second;
+    add_need(after, now.inputs[k], -1);
+    add_need(after, alt.inputs[k], 1);
+  }
+  for (const auto& [v, after] : changed) delta += value_cost(v, *v->placements, after) - value_cost(v, *v->placements, needs_[v]);
+  for (size_t k = 0; k < n.outputs.size(); ++k)
+    delta += value_cost(n.outputs[k], alt.outputs[k], needs_[n.outputs[k]]) - value_cost(n.outputs[k], now.outputs[k], needs_[n.outputs[k]]);
+  return delta;
+}
+
+void LocalSearch::apply(NodeOptions& n, size_t o) {
+  const PlacementStrategy& now = n.options[n.chosen].chosen;
+  const PlacementStrategy& alt = n.options[o].chosen;
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    if (!n.inputs[k]) continue;
+    add_need(needs_[n.inputs[k]], now.inputs[k], -1);
+    add_need(needs_[n.inputs[k]], alt.inputs[k], 1);
+  }
+  for (size_t k = 0; k < n.outputs.size(); ++k) n.outputs[k]->placements = alt.outputs[k];
+  n.chosen = o;
+}
+
+void LocalSearch::revert(Undo& undo) {
+  for (auto it = undo.rbegin(); it != undo.rend(); ++it) apply(*it->first, it->second);
+}
+
+bool LocalSearch::reshards_around(const NodeOptions& n) {
+  const PlacementStrategy& now = n.options[n.chosen].chosen;
+  for (size_t k = 0; k < n.inputs.size(); ++k)
+    if (n.inputs[k] && now.inputs[k] != *n.inputs[k]->placements) return true;
+  for (const Value* v : n.outputs) {
+    for (const auto& [key, need] : needs_[v])
+      if (need.second > 0 && need.first != *v->placements) return true;
+    if (auto it = outputs_.find(v); it != outputs_.end())
+      for (const NeededOutput* o : it->second)
+        if (o->target_from(*v->placements) != *v->placements) return true;
+  }
+  return false;
+}
+
+double LocalSearch::switch_with_followers(NodeOptions& n, size_t o, Undo& undo) {
+  double delta = delta_of(n, o);
+  undo.emplace_back(&n, n.chosen);
+  apply(n, o);
+  for (NodeOptions* f : followers_[&n]) {
+    std::optional<size_t> fit;
+    double fit_delta = 0;
+    for (size_t k = 0; k < f->options.size(); ++k) {
+      if (f->options[k].chosen.inputs[0] != *f->inputs[0]->placements) continue;
+      if (const double d = k == f->chosen ? 0.0 : delta_of(*f, k); !fit || d < fit_delta) {
+        fit = k;
+        fit_delta = d;
+      }
+    }
+    if (fit && *fit != f->chosen) delta += switch_with_followers(*f, *fit, undo);
+  }
+  return delta;
+}
+
+double LocalSearch::switch_with_producers(NodeOptions& n, size_t o, Undo& undo, int depth) {
+  double delta = delta_of(n, o);
+  undo.emplace_back(&n, n.chosen);
+  apply(n, o);
+  if (depth == 0) return delta;
+  const PlacementStrategy& chosen = n.options[n.chosen].chosen;
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    Value* v = n.inputs[k];
+    if (!v || !costs_.communicates(v, *v->placements, chosen.inputs[k])) continue;
+    const auto it = producer_.find(v);
+    if (it == producer_.end() || it->second->fixed) continue;
+    NodeOptions& p = *it->second;
+    const size_t out = static_cast<size_t>(std::find(p.outputs.begin(), p.outputs.end(), v) - p.outputs.begin());
+    std::optional<size_t> fit;
+    double fit_delta = 0;
+    for (size_t q = 0; q < p.options.size(); ++q) {
+      if (q == p.chosen || p.options[q].chosen.outputs.at(out) != chosen.inputs[k]) continue;
+      if (const double d = delta_of(p, q); !fit || d < fit_delta) {
+        fit = q;
+        fit_delta = d;
+      }
+    }
+    if (fit) delta += switch_with_producers(p, *fit, undo, depth - 1);
+  }
+  return delta;
+}
+
+bool LocalSearch::improve_compound(NodeOptions& n) {
+  for (size_t o = 0; o < n.options.size() && !followers_[&n].empty(); ++o) {
+    if (o == n.chosen) continue;
+    Undo undo;
+    if (switch_with_followers(n, o, undo) < kDrop) return true;
+    revert(undo);
+  }
+  // The node as it is, its producers pulled to hand it its inputs as it reads them.
+  const PlacementStrategy& now = n.options[n.chosen].chosen;
+  bool collective_in = false;
+  for (size_t k = 0; k < n.inputs.size(); ++k)
+    collective_in = collective_in || (n.inputs[k] && costs_.communicates(n.inputs[k], *n.inputs[k]->placements, now.inputs[k]));
+  if (!collective_in) return false;
+  Undo undo;
+  if (switch_with_producers(n, n.chosen, undo, kProducerDepth) < kDrop) return true;
+  revert(undo);
+  return false;
+}
+
+std::pair<double, double> LocalSearch::run() {
+  costs_.count_output_reductions(needed_);
+  const double before = total();
+  // Sweeps of strict improvements. Where none is left, one sweep of free changes that resolve a
+  // Partial output (a backward pass recomputing from a value already all-reduced for the forward
+  // can then take the reduced copy: two changes, the first of which alone saves nothing); they only
+  // ever lower the count of Partial outputs, so they cannot cycle.
+  constexpr int kMaxSweeps = 32;
+  bool plateau = false;
+  for (int sweep = 0; sweep < kMaxSweeps; ++sweep) {
+    costs_.count_output_reductions(needed_);
+    bool changed = false;
+    for (NodeOptions& n : nodes_) {
+      if (n.fixed) continue;
+      std::optional<size_t> best;
+      // (Local steps cost a byte each in the model, to break ties: a plateau allows a few.)
+      double best_delta = plateau ? 4.5 : kDrop;
+      for (size_t o = 0; o < n.options.size(); ++o) {
+        if (o == n.chosen) continue;
+        if (plateau && partials(n.options[o].chosen) >= partials(n.options[n.chosen].chosen)) continue;
+        if (const double d = delta_of(n, o); d < best_delta) {
+          best_delta = d;
+          best = o;
+        }
+      }
+      if (best) {
+        apply(n, *best);
+        changed = true;
+        continue;
+      }
+      if (!plateau && reshards_around(n) && improve_compound(n)) changed = true;
+    }
+    if (plateau) {
+      plateau = false;
+      if (!changed) break;
+    } else if (!changed) {
+      plateau = true;
+    }
+  }
+  costs_.count_output_reductions(needed_);
+  return {before, total()};
+}
+
+}  // namespace dtensor::graph::detail

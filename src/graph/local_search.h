@@ -1,0 +1,66 @@
+#pragma once
+// The whole-graph choice's local search (StrategyChoice::improve): from a complete choice, changes
+// that lower the modelled total cost, until none does.
+//  - one node at a time, to its cheapest option;
+//  - a node with the views that only pass its output on (one view alone just moves the collective);
+//  - the producers of the inputs a node reads through a collective, each switched to an option that
+//    makes the input as the node reads it, and so on up (a chain that chunked a replicated value only
+//    to gather it again a few nodes later changes only as a whole: each link alone saves nothing);
+//  - where nothing drops, changes of about zero cost that resolve a Partial output (they set up the
+//    next drop, and cannot cycle).
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strategy_choice.h"
+
+namespace dtensor::graph::detail {
+
+class LocalSearch {
+ public:
+  LocalSearch(StrategyChoice& costs, std::vector<NodeOptions>& nodes, const std::vector<NeededOutput>& needed);
+
+  // Runs the search; returns the total cost before and after.
+  std::pair<double, double> run();
+
+ private:
+  // The placements the consumers of one value need it in: target -> (placements, how many consumers).
+  using Needs = std::map<std::string, std::pair<Placements, int>>;
+  // Choices made by a compound change, to undo it: (node, its previous option), in order.
+  using Undo = std::vector<std::pair<NodeOptions*, size_t>>;
+
+  static void add_need(Needs& needs, const Placements& to, int count);
+  // What the reshards of `v`, placed `at`, cost for the consumers' needs `of` and the graph outputs
+  // it is (one reshard per target).
+  double value_cost(const Value* v, const Placements& at, const Needs& of);
+  double total();
+  // The change in total cost if `n` switched to option `o`.
+  double delta_of(const NodeOptions& n, size_t o);
+  void apply(NodeOptions& n, size_t o);
+  void revert(Undo& undo);
+  // Whether a reshard touches `n`: it takes an input moved, or a consumer (or the graph's output)
+  // needs one of its outputs elsewhere. Only then can a compound change around it help.
+  bool reshards_around(const NodeOptions& n);
+  // Switches `n` to `o` and drags its followers (views) to the options that take their input as it
+  // now is; returns the change in total cost.
+  double switch_with_followers(NodeOptions& n, size_t o, Undo& undo);
+  // Switches `n` to `o` and, up to `depth` producers up, each producer of an input `n` would move
+  // with a collective to its cheapest option that makes the input as `n` reads it; returns the change
+  // in total cost.
+  double switch_with_producers(NodeOptions& n, size_t o, Undo& undo, int depth);
+  // The compound changes around `n` (its views dragged, its producers pulled): keeps the first that
+  // lowers the total.
+  bool improve_compound(NodeOptions& n);
+
+  StrategyChoice& costs_;
+  std::vector<NodeOptions>& nodes_;
+  const std::vector<NeededOutput>& needed_;
+  std::map<const Value*, Needs> needs_;
+  std::map<const Value*, std::vector<const NeededOutput*>> outputs_;  // the graph outputs each value is
+  std::map<const Value*, NodeOptions*> producer_;
+  std::map<const NodeOptions*, std::vector<NodeOptions*>> followers_;
+};
+
+}  // namespace dtensor::graph::detail
