@@ -38,6 +38,10 @@ struct MeshOptions {
   // Who carries the collectives; Automatic is World::resolve's choice (MPI under mpirun, else Gloo, for
   // CPU; NCCL for CUDA).
   CommBackend backend = CommBackend::Automatic;
+  // No process groups: the mesh only lays out ranks, for transforms that plan collectives without
+  // running them (a graph transform of one rank's program, checked in one process). Any collective on
+  // it raises an error.
+  bool planning_only = false;
 };
 
 class DeviceMesh {
@@ -64,6 +68,7 @@ class DeviceMesh {
   const CommBackendDescription& backend_description() const { return *backend_description_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   const std::shared_ptr<World>& world() const { return world_; }
+  bool planning_only() const { return planning_only_; }  // MeshOptions::planning_only
 
   // This rank's position in the grid; empty when the rank is not part of the mesh.
   const std::optional<Shape>& coordinate() const { return coordinate_; }
@@ -119,6 +124,7 @@ class DeviceMesh {
   std::optional<Shape> coordinate_;
   std::vector<std::shared_ptr<detail::MeshGroup>> groups_;
   uint64_t id_;
+  bool planning_only_;
   mutable std::mutex bridges_mutex_;
   mutable std::map<std::vector<int64_t>, MeshPtr> bridges_;  // by the union's ranks
 };

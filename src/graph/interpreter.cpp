@@ -2,7 +2,6 @@
 // after its last use, and applying buffer mutations to the program's state.
 
 #include <ATen/ATen.h>
-#include <ATen/ScalarOps.h>
 
 #include <unordered_map>
 #include <unordered_set>

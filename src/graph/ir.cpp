@@ -1,6 +1,7 @@
 #include "dtensor/graph/ir.h"
 
 #include <algorithm>
+#include <set>
 #include <sstream>
 
 #include <ATen/ScalarOps.h>
@@ -73,9 +74,28 @@ std::vector<Node*> Graph::nodes() const {
 
 std::list<std::unique_ptr<Node>>::iterator Graph::position(const Node* node) {
   if (node == nullptr) return nodes_.end();
-  auto it = std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& n) { return n.get() == node; });
-  if (it == nodes_.end()) throw DTensorError("graph: node " + node->name + " is not in this graph");
-  return it;
+  auto it = where_.find(node);
+  if (it == where_.end()) throw DTensorError("graph: node " + node->name + " is not in this graph");
+  return it->second;
+}
+
+void Graph::link(Node* node) {
+  for (Value* v : node->inputs()) v->uses.push_back(node);
+}
+
+void Graph::unlink(Node* node) {
+  for (Value* v : node->inputs()) {
+    auto it = std::find(v->uses.begin(), v->uses.end(), node);
+    if (it != v->uses.end()) v->uses.erase(it);
+  }
+}
+
+Node* Graph::place(std::list<std::unique_ptr<Node>>::iterator at, std::unique_ptr<Node> node) {
+  Node* raw = node.get();
+  for (Value* out : raw->outputs) out->producer = raw;
+  link(raw);
+  where_[raw] = nodes_.insert(at, std::move(node));
+  return raw;
 }
 
 namespace {
@@ -124,12 +144,9 @@ Node* Graph::insert(Node* before, const std::string& qualified, std::vector<Arg>
                         schema.returns()[r].type()->kind() == c10::TypeKind::SymIntType;
     Value* out = new_value(r == 0 ? node->name : node->name + "_" + std::to_string(r),
                            is_int ? Value::Kind::SymInt : Value::Kind::Tensor);
-    out->producer = node.get();
     node->outputs.push_back(out);
   }
-  Node* raw = node.get();
-  nodes_.insert(position(before), std::move(node));
-  return raw;
+  return place(position(before), std::move(node));
 }
 
 Node* Graph::insert_after(Node* after, const std::string& qualified, std::vector<Arg> args, const std::string& name) {
@@ -143,19 +160,11 @@ Node* Graph::insert_integer_operator(Node* before, const std::string& op, std::v
   node->target = "_operator." + op;
   node->args = std::move(args);
   node->name = unique_name(name);
-  Value* out = new_value(node->name, Value::Kind::SymInt);
-  out->producer = node.get();
-  node->outputs.push_back(out);
-  Node* raw = node.get();
-  nodes_.insert(position(before), std::move(node));
-  return raw;
+  node->outputs.push_back(new_value(node->name, Value::Kind::SymInt));
+  return place(position(before), std::move(node));
 }
 
-Node* Graph::append(std::unique_ptr<Node> node) {
-  for (Value* out : node->outputs) out->producer = node.get();
-  nodes_.push_back(std::move(node));
-  return nodes_.back().get();
-}
+Node* Graph::append(std::unique_ptr<Node> node) { return place(nodes_.end(), std::move(node)); }
 
 namespace {
 
@@ -174,28 +183,51 @@ bool uses(const Arg& a, const Value* v) {
 }  // namespace
 
 void Graph::replace_all_uses(Value* from, Value* to, const Node* except) {
-  for (auto& n : nodes_) {
-    if (n.get() == except) continue;
+  for (Node* n : users(from)) {
+    if (n == except) continue;
+    unlink(n);
     for (Arg& a : n->args) replace_in(a, from, to);
+    link(n);
   }
   for (Arg& a : outputs_) replace_in(a, from, to);
 }
 
+void Graph::set_arg(Node* node, size_t index, Arg arg) {
+  position(node);  // this graph's
+  unlink(node);
+  node->args.at(index) = std::move(arg);
+  link(node);
+}
+
 std::vector<Node*> Graph::users(const Value* v) const {
   std::vector<Node*> out;
-  for (const auto& n : nodes_)
-    if (std::any_of(n->args.begin(), n->args.end(), [&](const Arg& a) { return uses(a, v); })) out.push_back(n.get());
+  for (Node* n : v->uses)
+    if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
   return out;
+}
+
+std::string Graph::check_uses() const {
+  std::map<const Value*, std::multiset<const Node*>> reads;
+  for (const auto& n : nodes_)
+    for (const Value* v : n->inputs()) reads[v].insert(n.get());
+  auto listed = [](const Value* v) { return std::multiset<const Node*>(v->uses.begin(), v->uses.end()); };
+  for (const auto& [v, by] : reads)
+    if (listed(v) != by) return "the use-list of %" + v->name + " does not match the nodes that read it";
+  for (const auto& v : values_)
+    if (!v->uses.empty() && !reads.count(v.get())) return "%" + v->name + " lists uses, but no node reads it";
+  return "";
 }
 
 void Graph::erase(Node* node) {
   auto it = position(node);
   for (Value* out : node->outputs) {
     const bool output_of_graph = std::any_of(outputs_.begin(), outputs_.end(), [&](const Arg& a) { return uses(a, out); });
-    if (output_of_graph || !users(out).empty())
+    if (output_of_graph || !out->uses.empty())
       throw DTensorError("graph: cannot erase node " + node->name + ": its output " + out->name + " is still used");
   }
+  unlink(node);
   for (Value* out : node->outputs) out->producer = nullptr;
+  where_.erase(node);
   nodes_.erase(it);
 }
 
@@ -229,12 +261,12 @@ std::vector<Value*> Graph::insert_subgraph(Node* before, const Graph& sub, const
       const std::string name = v->name;
       *v = *out;
       v->name = name;
-      v->producer = copy.get();
+      v->uses.clear();  // the sub-graph's readers are not this graph's
       by_name_[name] = v;
       mapped[out] = v;
       copy->outputs.push_back(v);
     }
-    nodes_.insert(at, std::move(copy));
+    place(at, std::move(copy));
   }
   std::vector<Value*> out;
   for (const Arg& a : sub.outputs_)

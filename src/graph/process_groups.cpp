@@ -40,9 +40,13 @@ RegisteredGroup::~RegisteredGroup() {
   if (c10d::is_process_group_registered(name_)) c10d::unregister_process_group(name_);
 }
 
+std::string group_name(const DeviceMesh& mesh, int64_t dim) {
+  return "dtensor_mesh" + std::to_string(mesh.id()) + "_" +
+         (mesh.dim_names().empty() ? "dim" + std::to_string(dim) : mesh.dim_names()[static_cast<size_t>(dim)]);
+}
+
 std::shared_ptr<RegisteredGroup> group_for(const DeviceMesh& mesh, int64_t dim) {
-  const std::string name = "dtensor_mesh" + std::to_string(mesh.id()) + "_" +
-                           (mesh.dim_names().empty() ? "dim" + std::to_string(dim) : mesh.dim_names()[static_cast<size_t>(dim)]);
+  const std::string name = group_name(mesh, dim);
   std::lock_guard<std::mutex> lock(registry_mutex());
   auto& slot = live_groups()[name];
   if (auto alive = slot.lock()) return alive;

@@ -28,9 +28,10 @@ class RegisteredGroup {
   c10::intrusive_ptr<c10d::ProcessGroup> group_;  // c10d's registry holds it weakly
 };
 
-// The registration of `mesh`'s group along `dim` (shared while anyone holds it). Its name,
-// "dtensor_mesh<id>_<dim name or dim<d>>", is the same on every rank that built its meshes in the
-// same order, as SPMD programs do.
+// The name of `mesh`'s group along `dim`, "dtensor_mesh<id>_<dim name or dim<d>>": the same on every
+// rank that built its meshes in the same order, as SPMD programs do.
+std::string group_name(const DeviceMesh& mesh, int64_t dim);
+// The registration of that group under that name (shared while anyone holds it).
 std::shared_ptr<RegisteredGroup> group_for(const DeviceMesh& mesh, int64_t dim);
 
 }  // namespace dtensor::graph::detail

@@ -48,6 +48,7 @@ struct Emitter {
   }
 
   std::string group(int64_t mesh_dim) {
+    if (mesh->planning_only()) return group_name(*mesh, mesh_dim);  // a program to read, not to run
     auto g = group_for(*mesh, mesh_dim);
     program.process_groups.push_back(g);
     return g->name();

@@ -1,7 +1,6 @@
 #include "sharding_marks.h"
 
 #include <ATen/ATen.h>
-#include <ATen/ScalarOps.h>
 
 #include <algorithm>
 #include <set>
@@ -9,8 +8,6 @@
 #include "../sharding/propagation.h"
 #include "../sharding/registry.h"
 #include "dtensor/errors.h"
-#include "batched_matmul.h"
-#include "bucketing.h"
 #include "lowerings.h"
 #include "reshard.h"
 #include "strategy_choice.h"
@@ -101,10 +98,17 @@ std::vector<Value*> tensor_outputs(const Node& node) {
   return out;
 }
 
-// Where the value read by a node's strategy input k lives in its arguments.
-Value*& input_slot(Node& node, const NodeSharding& s, size_t k) {
-  Arg& a = node.args[s.tensor_args[k]];
+// The value read by a node's strategy input k.
+Value* input_slot(const Node& node, const NodeSharding& s, size_t k) {
+  const Arg& a = node.args[s.tensor_args[k]];
   return a.values[s.list_index[k] < 0 ? 0 : static_cast<size_t>(s.list_index[k])];
+}
+
+// The node reads `v` for its strategy input k instead.
+void set_input(Graph& graph, Node& node, const NodeSharding& s, size_t k, Value* v) {
+  Arg a = node.args[s.tensor_args[k]];
+  a.values[s.list_index[k] < 0 ? 0 : static_cast<size_t>(s.list_index[k])] = v;
+  graph.set_arg(&node, s.tensor_args[k], std::move(a));
 }
 
 // Views' local kernel only refuses a shard that cannot be viewed; the op itself does that too.
@@ -380,20 +384,6 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
   return result;
 }
 
-void expand_marked(Program& program, const MeshPtr& mesh, const MarkOptions& options) {
-  program.mesh = mesh;
-  lift_merged_batch_matmuls(program.graph);
-  Marks marks = mark_sharding(program, mesh, options);
-  partition(program, mesh, marks, options.output_targets);
-  coalesce_output_all_reduces(program);
-  for (const InputSpec& spec : program.inputs) {
-    if (spec.kind == InputSpec::Kind::UserInput) continue;
-    auto& state = program.state.at(spec.target);
-    state = StateTensor(state.shard(*mesh, *spec.value->placements));
-  }
-  program.strategy_costs = marks.costs;
-}
-
 void partition(Program& program, const MeshPtr& mesh, Marks& all_marks, const std::vector<std::optional<Placements>>& output_targets) {
   auto& marks = all_marks.nodes;
   // Every marked value takes its local meta; the global one stays known for planning reshards.
@@ -421,9 +411,9 @@ void partition(Program& program, const MeshPtr& mesh, Marks& all_marks, const st
     NodeSharding& s = it->second;
     for (size_t k = 0; k < s.moves.size(); ++k) {
       if (!s.moves[k] || s.list_index[k] == -2) continue;
-      Value*& slot = input_slot(*node, s, k);
-      slot = moved(node, slot, *s.moves[k],
-                   "for " + node->name + ": " + to_string(*slot->placements) + " -> " + to_string(*s.moves[k]));
+      Value* in = input_slot(*node, s, k);
+      set_input(program.graph, *node, s, k,
+                moved(node, in, *s.moves[k], "for " + node->name + ": " + to_string(*in->placements) + " -> " + to_string(*s.moves[k])));
     }
     std::set<size_t> localized;
     for (const auto& [index, value] : s.local_args) {

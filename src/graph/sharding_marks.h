@@ -42,8 +42,6 @@ struct MarkOptions {
   std::vector<std::optional<Placements>> output_targets;
 };
 
-
-
 // Every node's strategy, and what the sizes read from sharded values are.
 struct Marks {
   std::map<const Node*, NodeSharding> nodes;
@@ -63,12 +61,5 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
 // and what it costs by the planner's model (also in Node::modelled_bytes).
 void partition(Program& program, const MeshPtr& mesh, Marks& marks,
                const std::vector<std::optional<Placements>>& output_targets = {});
-
-// The whole expansion of a program whose inputs are marked: bmm over merged dims lifted to 4-d
-// matmuls (batched_matmul.h), mark_sharding, partition (to options.output_targets), the output
-// all-reduces bucketed (bucketing.h), then the state sharded (each rank reads only its part of every
-// tensor).
-// The program becomes this rank's (its strategy_costs set).
-void expand_marked(Program& program, const MeshPtr& mesh, const MarkOptions& options);
 
 }  // namespace dtensor::graph::detail

@@ -7,7 +7,7 @@
 #include "dtensor/errors.h"
 #include "dtensor/layout.h"
 #include "dtensor/redistribute_plan.h"
-#include "sharding_marks.h"
+#include "pipeline.h"
 
 namespace dtensor::graph {
 namespace {

@@ -141,12 +141,9 @@ Value* ShardedSizes::global_value(Graph& graph, Node* before, Value* symbol) {
 }
 
 void ShardedSizes::localize_argument(Graph& graph, Node* node, size_t index, const c10::IValue& wanted) {
-  Arg& a = node->args[index];
+  Arg a = node->args[index];
   const bool list = a.kind == Arg::Kind::SymInts;
-  if (!list && a.kind != Arg::Kind::SymInt) {
-    a = Arg::of(wanted);
-    return;
-  }
+  if (!list && a.kind != Arg::Kind::SymInt) return graph.set_arg(node, index, Arg::of(wanted));
   const std::vector<int64_t> want = wanted.isIntList() ? wanted.toIntVector() : std::vector<int64_t>{wanted.toInt()};
   auto fail = [&](const std::string& why) {
     throw DTensorError("graph: node '" + node->name + "' (" + node->op_name() + "): " + why + " (its sizes on this rank must be " +
@@ -173,7 +170,7 @@ void ShardedSizes::localize_argument(Graph& graph, Node* node, size_t index, con
            std::to_string(s.symbol->sym_hint) + " is what the op needs here");
     }
   }
-  if (!symbolic) a = list ? Arg::of(want) : Arg::of(want[0]);
+  graph.set_arg(node, index, symbolic ? std::move(a) : list ? Arg::of(want) : Arg::of(want[0]));
 }
 
 }  // namespace dtensor::graph::detail

@@ -4,7 +4,7 @@
 
 #include "dtensor/errors.h"
 #include "module_kinds.h"
-#include "sharding_marks.h"
+#include "pipeline.h"
 
 namespace dtensor::graph {
 namespace {

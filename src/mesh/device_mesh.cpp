@@ -64,8 +64,9 @@ MeshPtr DeviceMesh::create(const std::shared_ptr<World>& world, const Shape& sha
     if (std::set<std::string>(options.dim_names.begin(), options.dim_names.end()).size() != options.dim_names.size())
       throw DTensorError(what + ": dim names must be unique");
   }
+  const bool planning_only = options.planning_only;
   std::shared_ptr<DeviceMesh> mesh(new DeviceMesh(world, shape, ranks, std::move(options)));
-  mesh->create_groups();
+  if (!planning_only) mesh->create_groups();
   return mesh;
 }
 
@@ -77,7 +78,8 @@ DeviceMesh::DeviceMesh(std::shared_ptr<World> world, Shape shape, std::vector<in
       device_type_(options.device_type),
       backend_(world_->resolve(options.backend, options.device_type)),
       backend_description_(&comm_backend_description(backend_)),
-      timeout_(options.timeout.value_or(world_->timeout())) {
+      timeout_(options.timeout.value_or(world_->timeout())),
+      planning_only_(options.planning_only) {
   static std::atomic<uint64_t> next_id{1};
   id_ = next_id++;
   const auto me = std::find(ranks_.begin(), ranks_.end(), world_->rank());
@@ -134,6 +136,9 @@ int64_t DeviceMesh::dim_index(const std::string& name) const {
 detail::MeshGroup& DeviceMesh::group_holder(int64_t dim) const {
   if (!coordinate_)
     throw DTensorError("rank " + std::to_string(world_->rank()) + " is not part of " + str() + ", so it has no process groups");
+  if (planning_only_)
+    throw DTensorError(str() + " is for planning only (MeshOptions::planning_only): it has no process groups to run a collective on " +
+                       dim_label(dim));
   return *groups_.at(static_cast<size_t>(dim));
 }
 
@@ -174,9 +179,10 @@ MeshPtr DeviceMesh::slice(const std::vector<std::string>& names) const {
       sub_index[k] = 0;
     }
   }
-  MeshOptions options{names, device_type_, timeout_, backend_};
+  MeshOptions options{names, device_type_, timeout_, backend_, planning_only_};
   std::shared_ptr<DeviceMesh> sub(new DeviceMesh(world_, std::move(sub_shape), std::move(sub_ranks), std::move(options)));
-  for (auto d : dims) sub->groups_.push_back(groups_[static_cast<size_t>(d)]);
+  if (!planning_only_)
+    for (auto d : dims) sub->groups_.push_back(groups_[static_cast<size_t>(d)]);
   return sub;
 }
 

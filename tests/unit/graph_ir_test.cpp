@@ -1,6 +1,6 @@
 // The graph IR's editing API on a real exported program (the MLP: linear -> gelu -> linear): inserting
 // a node, replacing uses, erasing, inserting a subgraph, each checked by running the edited program
-// against the same computation written with ATen calls.
+// against the same computation written with ATen calls, and the live use-lists each edit keeps.
 
 #include <ATen/ATen.h>
 
@@ -39,15 +39,34 @@ TEST(GraphIrTest, EditInsertReplaceErase) {
   g::Node* doubled = m.program.graph.insert_after(m.gelu, "aten::mul.Tensor", {g::Arg::tensor(h), g::Arg{g::Arg::Kind::Number, 2.0}},
                                                   "doubled");
   doubled->outputs[0]->meta = h->meta;
+  // Use-lists are live: every edit keeps them current, and check_uses finds them matching.
+  EXPECT_EQ(m.program.graph.users(h), (std::vector<g::Node*>{m.fc2, doubled}));
   m.program.graph.replace_all_uses(h, doubled->outputs[0], /*except=*/doubled);
   EXPECT_EQ(m.program.graph.users(h), std::vector<g::Node*>{doubled});
+  EXPECT_EQ(m.program.graph.users(doubled->outputs[0]), std::vector<g::Node*>{m.fc2});
+  EXPECT_EQ(m.program.graph.check_uses(), "");
   EXPECT_TRUE(tensors_close(m.run(), m.fc2_of(m.hidden() * 2)));
 
   EXPECT_THAT(error_of([&] { m.program.graph.erase(doubled); }), HasSubstr("its output doubled is still used"));
   m.program.graph.replace_all_uses(doubled->outputs[0], h);
   m.program.graph.erase(doubled);
+  EXPECT_EQ(m.program.graph.users(h), std::vector<g::Node*>{m.fc2});
+  EXPECT_EQ(m.program.graph.check_uses(), "");
   EXPECT_EQ(m.program.graph.size(), 3u);
   EXPECT_TRUE(tensors_close(m.run(), m.fc2_of(m.hidden())));
+}
+
+// An argument rewired behind the graph's back leaves the use-lists stale; check_uses (which the pass
+// pipeline runs after every pass) names the value.
+TEST(GraphIrTest, UseListsCatchEditsBehindTheGraphsBack) {
+  Mlp m;
+  g::Value* x = m.program.user_inputs()[0];
+  m.fc2->args[0].values[0] = x;
+  // Either end of the rewired edge is stale: x (read, not listed) or gelu's output (listed, unread).
+  EXPECT_THAT(m.program.graph.check_uses(), ::testing::AnyOf(HasSubstr("the use-list of %" + x->name + " does not match"),
+                                                             HasSubstr("%" + m.gelu->outputs[0]->name + " lists uses, but no node reads it")));
+  m.fc2->args[0].values[0] = m.gelu->outputs[0];
+  EXPECT_EQ(m.program.graph.check_uses(), "");
 }
 
 TEST(GraphIrTest, EditInsertSubgraph) {
@@ -61,7 +80,11 @@ TEST(GraphIrTest, EditInsertSubgraph) {
   g::Value* h = m.gelu->outputs[0];
   const auto out = m.program.graph.insert_subgraph(m.fc2, sub, {h});
   ASSERT_EQ(out.size(), 1u);
-  m.fc2->args[0].values[0] = out[0];  // fc2 now reads the subgraph's result
+  m.program.graph.set_arg(m.fc2, 0, g::Arg::tensor(out[0]));  // fc2 now reads the subgraph's result
+  ASSERT_EQ(m.program.graph.users(h).size(), 1u);
+  EXPECT_EQ(m.program.graph.users(h)[0]->op_name(), "aten::neg");
+  EXPECT_EQ(m.program.graph.users(out[0]), std::vector<g::Node*>{m.fc2});
+  EXPECT_EQ(m.program.graph.check_uses(), "");
   EXPECT_EQ(m.program.graph.size(), 5u);
   EXPECT_TRUE(tensors_close(m.run(), m.fc2_of(m.hidden().neg().exp())));
   EXPECT_THAT(m.program.graph.str(), HasSubstr("aten::exp(%neg)"));

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,9 @@ class Value {
   int64_t sym_hint = 0;
 
   Node* producer = nullptr;               // nullptr for a graph input
+  // The nodes that read it, once per read (an argument or a size), kept current by every edit the
+  // Graph makes: users() without a scan of the graph. Graph outputs are not uses.
+  std::vector<Node*> uses;
   std::optional<Placements> placements;   // the sharding mark a transform gives it
 
   bool is_tensor() const { return kind == Kind::Tensor; }
@@ -141,7 +145,12 @@ class Graph {
 
   // Every use of `from` (in node arguments and graph outputs) becomes `to`, except in `except`.
   void replace_all_uses(Value* from, Value* to, const Node* except = nullptr);
+  // Argument `index` of `node` becomes `arg` (the way to rewire a node: use-lists follow).
+  void set_arg(Node* node, size_t index, Arg arg);
+  // The nodes reading `v`, each once, in the order they came to read it.
   std::vector<Node*> users(const Value* v) const;
+  // "" when every value's use-list matches what the nodes read; otherwise the first difference.
+  std::string check_uses() const;
   // Removes a node whose outputs nothing uses any more (throws DTensorError otherwise).
   void erase(Node* node);
   // Copies `sub`'s nodes before `before`, its inputs bound to `inputs`; returns what its outputs
@@ -154,8 +163,13 @@ class Graph {
  private:
   std::string unique_name(const std::string& name);
   std::list<std::unique_ptr<Node>>::iterator position(const Node* node);
+  // Puts `node` into the list before `at`, its reads into its inputs' use-lists.
+  Node* place(std::list<std::unique_ptr<Node>>::iterator at, std::unique_ptr<Node> node);
+  static void link(Node* node);
+  static void unlink(Node* node);
 
   std::list<std::unique_ptr<Node>> nodes_;
+  std::unordered_map<const Node*, std::list<std::unique_ptr<Node>>::iterator> where_;  // each node's place
   std::vector<std::unique_ptr<Value>> values_;
   std::map<std::string, Value*> by_name_;
   std::vector<Value*> inputs_;

@@ -212,9 +212,12 @@ TEST_F(GraphSpmdTest, SpmdFactoriesSizedByAShardedBatch) {
   program.graph.replace_all_uses(tokens, same, nullptr);
   // ... except in the nodes just made, which read the tokens themselves.
   for (g::Node* n : {size, shifted->producer})
-    for (g::Arg& a : n->args)
+    for (size_t i = 0; i < n->args.size(); ++i) {
+      g::Arg a = n->args[i];
       for (g::Value*& v : a.values)
         if (v == same) v = tokens;
+      program.graph.set_arg(n, i, std::move(a));
+    }
   g::SpmdPlacements where = layout.placements(program, m);
   where.outputs = {{0, {Replicate(), Replicate()}}};
   g::Program local = g::spmd_expand(std::move(program), m, where);
