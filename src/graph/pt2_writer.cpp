@@ -1,16 +1,17 @@
-// Writes a program as a .pt2 archive that torch.export.load (torch 2.15) accepts: the records it
-// requires (archive_format, archive_version, models/model.json, the weights and constants configs,
+// Writes a program as a .pt2 archive that torch.export.load (torch 2.15) accepts, its model.json
+// built from torch's generated serialization types (torch/csrc/utils/generated_serialization_types.h,
+// from schema.yaml): the records it requires (archive_format, archive_version, models/model.json, the weights and constants configs,
 // an empty data/sample_inputs/model.pt) through LibTorch's PyTorchStreamWriter, which adds the
 // top-level folder, .data/version and 64-byte alignment. Every state tensor is written as its own
 // contiguous storage. The file appears under its final name only once complete.
 
 #include <caffe2/serialize/inline_container.h>
 #include <nlohmann/json.hpp>
+#include <torch/csrc/utils/generated_serialization_types.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
 
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -22,229 +23,339 @@ namespace dtensor::graph {
 namespace {
 
 using json = nlohmann::json;
+namespace ex = torch::_export;  // torch's own serialization types, generated from its schema.yaml
 
-json sym_int(int64_t value, const std::string& expr) {
-  if (expr.empty()) return {{"as_int", value}};
-  return {{"as_expr", {{"expr_str", expr}, {"hint", {{"as_int", value}}}}}};
+ex::SymInt sym_int(int64_t value, const std::string& expr) {
+  ex::SymInt out;
+  if (expr.empty()) {
+    out.set_as_int(value);
+    return out;
+  }
+  ex::SymExprHint hint;
+  hint.set_as_int(value);
+  ex::SymExpr e;
+  e.set_expr_str(expr);
+  e.set_hint(hint);
+  out.set_as_expr(e);
+  return out;
 }
 
-json sizes_of(const std::vector<int64_t>& values, const std::vector<std::string>& exprs) {
-  json out = json::array();
+std::vector<ex::SymInt> sizes_of(const std::vector<int64_t>& values, const std::vector<std::string>& exprs) {
+  std::vector<ex::SymInt> out;
   for (size_t i = 0; i < values.size(); ++i) out.push_back(sym_int(values[i], i < exprs.size() ? exprs[i] : ""));
   return out;
 }
 
-json tensor_meta(const TensorMeta& m, const std::vector<std::string>& sym_sizes, const std::vector<std::string>& sym_strides,
-                 int64_t storage_offset, bool requires_grad) {
-  return {{"dtype", detail::serialized_scalar_type(m.dtype)},
-          {"sizes", sizes_of(m.shape, sym_sizes)},
-          {"requires_grad", requires_grad},
-          {"device", {{"type", "cpu"}, {"index", nullptr}}},
-          {"strides", sizes_of(m.stride, sym_strides)},
-          {"storage_offset", {{"as_int", storage_offset}}},
-          {"layout", detail::serialized_layout(c10::kStrided)}};
-}
-
-json number(double d) {
-  if (std::isnan(d)) return "NaN";
-  if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
+ex::Device cpu() {
+  ex::Device d;
+  d.set_type("cpu");
   return d;
 }
 
-json sym_size(const SymSize& s) { return s.symbol ? json{{"as_name", s.symbol->name}} : json{{"as_int", s.value}}; }
+ex::TensorMeta tensor_meta(const TensorMeta& m, const std::vector<std::string>& sym_sizes, const std::vector<std::string>& sym_strides,
+                           int64_t storage_offset, bool requires_grad) {
+  ex::TensorMeta out;
+  out.set_dtype(detail::serialized_scalar_type(m.dtype));
+  out.set_sizes(sizes_of(m.shape, sym_sizes));
+  out.set_requires_grad(requires_grad);
+  out.set_device(cpu());
+  out.set_strides(sizes_of(m.stride, sym_strides));
+  out.set_storage_offset(sym_int(storage_offset, ""));
+  out.set_layout(detail::serialized_layout(c10::kStrided));
+  return out;
+}
 
-json tensor_ref(const Value* v) { return {{"name", v->name}}; }
+ex::F64 number(double d) {
+  ex::F64 out;
+  out.set(d);  // F64 writes NaN and infinities as the strings the schema uses
+  return out;
+}
+
+ex::SymIntArgument sym_size(const SymSize& s) {
+  ex::SymIntArgument out;
+  if (s.symbol) out.set_as_name(s.symbol->name);
+  else out.set_as_int(s.value);
+  return out;
+}
+
+ex::TensorArgument tensor_ref(const Value* v) {
+  ex::TensorArgument out;
+  out.set_name(v->name);
+  return out;
+}
+
+ex::Argument none() {
+  ex::Argument out;
+  out.set_as_none(true);
+  return out;
+}
+
+// A value produced or read by the graph: a tensor or a symbolic integer, by name.
+ex::Argument value_ref(const Value* v) {
+  ex::Argument out;
+  if (v->is_tensor()) {
+    out.set_as_tensor(tensor_ref(v));
+  } else {
+    ex::SymIntArgument s;
+    s.set_as_name(v->name);
+    out.set_as_sym_int(s);
+  }
+  return out;
+}
 
 // A constant argument, shaped by the schema type it is passed for (dtypes, layouts and memory formats
 // are plain ints inside an IValue).
-json constant(const c10::IValue& v, const c10::TypePtr& type, const std::string& where) {
+ex::Argument constant(const c10::IValue& v, const c10::TypePtr& type, const std::string& where) {
   c10::TypePtr t = type;
   if (t && t->kind() == c10::TypeKind::OptionalType) t = t->containedType(0);
   const auto kind = t ? t->kind() : c10::TypeKind::AnyType;
-  if (v.isNone()) return {{"as_none", true}};
-  if (kind == c10::TypeKind::ScalarTypeType) return {{"as_scalar_type", detail::serialized_scalar_type(v.toScalarType())}};
-  if (kind == c10::TypeKind::LayoutType) return {{"as_layout", detail::serialized_layout(v.toLayout())}};
-  if (kind == c10::TypeKind::MemoryFormatType) return {{"as_memory_format", detail::serialized_memory_format(v.toMemoryFormat())}};
-  if (v.isBool()) return {{"as_bool", v.toBool()}};
-  if (v.isInt()) return {{"as_int", v.toInt()}};
-  if (v.isDouble()) return {{"as_float", number(v.toDouble())}};
-  if (v.isString()) return {{"as_string", v.toStringRef()}};
-  if (v.isIntList()) return {{"as_ints", v.toIntVector()}};
-  if (v.isDoubleList()) {
-    json out = json::array();
-    for (double d : v.toDoubleVector()) out.push_back(number(d));
-    return {{"as_floats", out}};
-  }
-  if (v.isBoolList()) {
-    json out = json::array();
-    for (bool b : v.toBoolList()) out.push_back(b);
-    return {{"as_bools", out}};
-  }
-  if (v.isDevice()) {
+  ex::Argument out;
+  if (v.isNone()) return none();
+  if (kind == c10::TypeKind::ScalarTypeType) out.set_as_scalar_type(detail::serialized_scalar_type(v.toScalarType()));
+  else if (kind == c10::TypeKind::LayoutType) out.set_as_layout(detail::serialized_layout(v.toLayout()));
+  else if (kind == c10::TypeKind::MemoryFormatType) out.set_as_memory_format(detail::serialized_memory_format(v.toMemoryFormat()));
+  else if (v.isBool()) out.set_as_bool(v.toBool());
+  else if (v.isInt()) out.set_as_int(v.toInt());
+  else if (v.isDouble()) out.set_as_float(number(v.toDouble()));
+  else if (v.isString()) out.set_as_string(v.toStringRef());
+  else if (v.isIntList()) out.set_as_ints(v.toIntVector());
+  else if (v.isDoubleList()) {
+    std::vector<ex::F64> floats;
+    for (double d : v.toDoubleVector()) floats.push_back(number(d));
+    out.set_as_floats(floats);
+  } else if (v.isBoolList()) {
+    std::vector<bool> bools;
+    for (bool b : v.toBoolList()) bools.push_back(b);
+    out.set_as_bools(bools);
+  } else if (v.isDevice()) {
     const c10::Device d = v.toDevice();
-    return {{"as_device", {{"type", c10::DeviceTypeName(d.type(), true)}, {"index", d.has_index() ? json(d.index()) : json(nullptr)}}}};
+    ex::Device device;
+    device.set_type(c10::DeviceTypeName(d.type(), true));
+    if (d.has_index()) device.set_index(static_cast<int64_t>(d.index()));
+    out.set_as_device(device);
+  } else if (v.isList()) {
+    std::vector<std::string> strings;
+    for (const auto& x : v.toListRef()) strings.push_back(x.toStringRef());
+    out.set_as_strings(strings);
+  } else {
+    throw DTensorError("pt2 writer: " + where + ": cannot write the value " + v.tagKind());
   }
-  if (v.isList()) {
-    json out = json::array();
-    for (const auto& s : v.toListRef()) out.push_back(s.toStringRef());
-    return {{"as_strings", out}};
-  }
-  throw DTensorError("pt2 writer: " + where + ": cannot write the value " + v.tagKind());
+  return out;
 }
 
-json argument(const Arg& a, const c10::TypePtr& type, const std::string& where) {
+ex::Argument argument(const Arg& a, const c10::TypePtr& type, const std::string& where) {
+  ex::Argument out;
   switch (a.kind) {
     case Arg::Kind::Constant: return constant(a.constant, type, where);
     case Arg::Kind::Number:
-      if (a.constant.isDouble()) return {{"as_float", number(a.constant.toDouble())}};
-      if (a.constant.isBool()) return {{"as_bool", a.constant.toBool()}};
-      return {{"as_int", a.constant.toInt()}};
-    case Arg::Kind::Tensor: return {{"as_tensor", tensor_ref(a.values[0])}};
+      if (a.constant.isDouble()) out.set_as_float(number(a.constant.toDouble()));
+      else if (a.constant.isBool()) out.set_as_bool(a.constant.toBool());
+      else out.set_as_int(a.constant.toInt());
+      break;
+    case Arg::Kind::Tensor: out.set_as_tensor(tensor_ref(a.values[0])); break;
     case Arg::Kind::Tensors: {
-      json out = json::array();
-      for (const Value* v : a.values) out.push_back(tensor_ref(v));
-      return {{"as_tensors", out}};
+      std::vector<ex::TensorArgument> refs;
+      for (const Value* v : a.values) refs.push_back(tensor_ref(v));
+      out.set_as_tensors(refs);
+      break;
     }
     case Arg::Kind::OptionalTensors: {
-      json out = json::array();
-      for (const Value* v : a.values) out.push_back(v ? json{{"as_tensor", tensor_ref(v)}} : json{{"as_none", true}});
-      return {{"as_optional_tensors", out}};
+      std::vector<ex::OptionalTensorArgument> refs(a.values.size());
+      for (size_t i = 0; i < a.values.size(); ++i) {
+        if (a.values[i]) refs[i].set_as_tensor(tensor_ref(a.values[i]));
+        else refs[i].set_as_none(true);
+      }
+      out.set_as_optional_tensors(refs);
+      break;
     }
-    case Arg::Kind::SymInt: return {{"as_sym_int", sym_size(a.sizes[0])}};
+    case Arg::Kind::SymInt: out.set_as_sym_int(sym_size(a.sizes[0])); break;
     case Arg::Kind::SymInts: {
-      json out = json::array();
-      for (const SymSize& s : a.sizes) out.push_back(sym_size(s));
-      return {{"as_sym_ints", out}};
+      std::vector<ex::SymIntArgument> sizes;
+      for (const SymSize& s : a.sizes) sizes.push_back(sym_size(s));
+      out.set_as_sym_ints(sizes);
+      break;
     }
   }
-  return {};
+  return out;
 }
 
-json node_json(const Node& n) {
+ex::NamedArgument named(const std::string& name, ex::Argument arg, ex::ArgumentKind kind) {
+  ex::NamedArgument out;
+  out.set_name(name);
+  out.set_arg(std::move(arg));
+  out.set_kind(static_cast<int64_t>(kind));  // the schema keeps the kind as its integer
+  return out;
+}
+
+ex::Node node_of(const Node& n) {
   if (n.local_kernel)
     throw DTensorError("node '" + n.name + "' (" + n.op_name() + ") runs dtensor's local kernel, which has no graph form "
                        "yet: this program runs (graph::run) but cannot be saved");
-  json inputs = json::array();
+  std::vector<ex::NamedArgument> inputs;
   const std::string where = "node '" + n.name + "'";
   for (size_t i = 0; i < n.args.size(); ++i) {
     const Arg& a = n.args[i];
     if (n.op) {
       const auto& schema_arg = n.op->schema().arguments()[i];
       if (!a.given) continue;
-      inputs.push_back({{"name", schema_arg.name()},
-                        {"arg", argument(a, schema_arg.type(), where)},
-                        {"kind", schema_arg.kwarg_only() ? 2 : 1}});
+      inputs.push_back(named(schema_arg.name(), argument(a, schema_arg.type(), where),
+                             schema_arg.kwarg_only() ? ex::ArgumentKind::KEYWORD : ex::ArgumentKind::POSITIONAL));
     } else {
-      inputs.push_back({{"name", i == 0 ? "a" : "b"}, {"arg", argument(a, nullptr, where)}, {"kind", 1}});
+      inputs.push_back(named(i == 0 ? "a" : "b", argument(a, nullptr, where), ex::ArgumentKind::POSITIONAL));
     }
   }
-  json outputs = json::array();
+  std::vector<ex::Argument> outputs;
   const bool list_return = n.op && n.op->schema().returns().size() == 1 &&
                            n.op->schema().returns()[0].type()->kind() == c10::TypeKind::ListType;
   if (list_return) {
-    json list = json::array();
+    std::vector<ex::TensorArgument> list;
     for (const Value* v : n.outputs) list.push_back(tensor_ref(v));
-    outputs.push_back({{"as_tensors", list}});
+    outputs.emplace_back().set_as_tensors(list);
   } else {
-    for (const Value* v : n.outputs)
-      outputs.push_back(v->is_tensor() ? json{{"as_tensor", tensor_ref(v)}} : json{{"as_sym_int", {{"as_name", v->name}}}});
+    for (const Value* v : n.outputs) outputs.push_back(value_ref(v));
   }
-  json metadata = json::object();
-  for (const auto& [k, v] : n.metadata) metadata[k] = v;
-  return {{"target", n.target}, {"inputs", inputs},   {"outputs", outputs},
-          {"metadata", metadata}, {"is_hop_single_tensor_return", nullptr}, {"name", n.name}};
+  ex::Node out;
+  out.set_target(n.target);
+  out.set_inputs(inputs);
+  out.set_outputs(outputs);
+  out.set_metadata(std::unordered_map<std::string, std::string>(n.metadata.begin(), n.metadata.end()));
+  out.set_name(n.name);
+  return out;
 }
 
-void add_value(const Value* v, json& tensor_values, json& sym_int_values) {
-  if (v->is_tensor())
-    tensor_values[v->name] = tensor_meta(v->meta, v->symbolic_sizes, v->symbolic_strides, v->storage_offset, v->requires_grad);
-  else
-    sym_int_values[v->name] = sym_int(v->sym_hint, v->sym_expr);
-}
-
-json graph_json(const Program& p) {
-  json tensor_values = json::object(), sym_int_values = json::object(), nodes = json::array(), inputs = json::array();
+ex::Graph graph_of(const Program& p) {
+  std::unordered_map<std::string, ex::TensorMeta> tensor_values;
+  std::unordered_map<std::string, ex::SymInt> sym_int_values;
+  auto add_value = [&](const Value* v) {
+    if (v->is_tensor())
+      tensor_values[v->name] = tensor_meta(v->meta, v->symbolic_sizes, v->symbolic_strides, v->storage_offset, v->requires_grad);
+    else
+      sym_int_values[v->name] = sym_int(v->sym_hint, v->sym_expr);
+  };
+  std::vector<ex::Argument> inputs;
   for (const Value* v : p.graph.inputs()) {
-    add_value(v, tensor_values, sym_int_values);
-    inputs.push_back(v->is_tensor() ? json{{"as_tensor", tensor_ref(v)}} : json{{"as_sym_int", {{"as_name", v->name}}}});
+    add_value(v);
+    inputs.push_back(value_ref(v));
   }
+  std::vector<ex::Node> nodes;
   for (const Node* n : p.graph.nodes()) {
-    for (const Value* v : n->outputs) add_value(v, tensor_values, sym_int_values);
-    nodes.push_back(node_json(*n));
+    for (const Value* v : n->outputs) add_value(v);
+    nodes.push_back(node_of(*n));
   }
-  json outputs = json::array();
+  std::vector<ex::Argument> outputs;
   for (const Arg& a : p.graph.outputs()) outputs.push_back(argument(a, nullptr, "graph outputs"));
-  return {{"inputs", inputs},
-          {"outputs", outputs},
-          {"nodes", nodes},
-          {"tensor_values", tensor_values},
-          {"sym_int_values", sym_int_values},
-          {"sym_bool_values", json::object()},
-          {"is_single_tensor_return", false},
-          {"custom_obj_values", json::object()},
-          {"sym_float_values", json::object()}};
+  ex::Graph out;
+  out.set_inputs(inputs);
+  out.set_outputs(outputs);
+  out.set_nodes(nodes);
+  out.set_tensor_values(tensor_values);
+  out.set_sym_int_values(sym_int_values);
+  out.set_is_single_tensor_return(false);
+  return out;
 }
 
-json signature_json(const Program& p) {
-  json inputs = json::array(), outputs = json::array();
-  for (const InputSpec& s : p.inputs) {
-    const json arg = tensor_ref(s.value);
-    switch (s.kind) {
-      case InputSpec::Kind::Parameter: inputs.push_back({{"parameter", {{"arg", arg}, {"parameter_name", s.target}}}}); break;
-      case InputSpec::Kind::Buffer:
-        inputs.push_back({{"buffer", {{"arg", arg}, {"buffer_name", s.target}, {"persistent", s.persistent}}}});
-        break;
-      case InputSpec::Kind::TensorConstant:
-        inputs.push_back({{"tensor_constant", {{"arg", arg}, {"tensor_constant_name", s.target}}}});
-        break;
-      case InputSpec::Kind::UserInput:
-        inputs.push_back({{"user_input", {{"arg", s.value->is_tensor() ? json{{"as_tensor", arg}}
-                                                                        : json{{"as_sym_int", {{"as_name", s.value->name}}}}}}}});
-        break;
-    }
+// A spec of kind Spec reading `arg`, with `name` (if given) setting the name it refers to.
+template <typename Spec, typename Arg, typename Name = std::nullptr_t>
+Spec spec_of(const Arg& arg, Name name = nullptr) {
+  Spec spec;
+  spec.set_arg(arg);
+  if constexpr (!std::is_same_v<Name, std::nullptr_t>) name(spec);
+  return spec;
+}
+
+ex::InputSpec input_spec(const InputSpec& s) {
+  const ex::TensorArgument ref = tensor_ref(s.value);
+  ex::InputSpec out;
+  switch (s.kind) {
+    case InputSpec::Kind::Parameter:
+      out.set_parameter(spec_of<ex::InputToParameterSpec>(ref, [&](auto& x) { x.set_parameter_name(s.target); }));
+      break;
+    case InputSpec::Kind::Buffer:
+      out.set_buffer(spec_of<ex::InputToBufferSpec>(ref, [&](auto& x) {
+        x.set_buffer_name(s.target);
+        x.set_persistent(s.persistent);
+      }));
+      break;
+    case InputSpec::Kind::TensorConstant:
+      out.set_tensor_constant(spec_of<ex::InputToTensorConstantSpec>(ref, [&](auto& x) { x.set_tensor_constant_name(s.target); }));
+      break;
+    case InputSpec::Kind::UserInput: out.set_user_input(spec_of<ex::UserInputSpec>(value_ref(s.value))); break;
   }
-  const auto& graph_outputs = p.graph.outputs();
-  for (size_t k = 0; k < p.outputs.size(); ++k) {
-    const OutputSpec& s = p.outputs[k];
-    const Arg& a = graph_outputs[k];
-    const json ref = a.values.empty() ? json::object() : tensor_ref(a.values[0]);
-    switch (s.kind) {
-      case OutputSpec::Kind::UserOutput: outputs.push_back({{"user_output", {{"arg", argument(a, nullptr, "outputs")}}}}); break;
-      case OutputSpec::Kind::BufferMutation: outputs.push_back({{"buffer_mutation", {{"arg", ref}, {"buffer_name", s.target}}}}); break;
-      case OutputSpec::Kind::LossOutput: outputs.push_back({{"loss_output", {{"arg", ref}}}}); break;
-      case OutputSpec::Kind::GradientToParameter:
-        outputs.push_back({{"gradient_to_parameter", {{"arg", ref}, {"parameter_name", s.target}}}});
-        break;
-      case OutputSpec::Kind::GradientToUserInput:
-        outputs.push_back({{"gradient_to_user_input", {{"arg", ref}, {"user_input_name", s.target}}}});
-        break;
-      case OutputSpec::Kind::UserInputMutation:
-        outputs.push_back({{"user_input_mutation", {{"arg", ref}, {"user_input_name", s.target}}}});
-        break;
-    }
+  return out;
+}
+
+// An output spec: `a` is the graph output it describes.
+ex::OutputSpec output_spec(const OutputSpec& s, const Arg& a) {
+  const ex::TensorArgument ref = a.values.empty() ? ex::TensorArgument() : tensor_ref(a.values[0]);
+  auto user_input = [&](auto& x) { x.set_user_input_name(s.target); };
+  ex::OutputSpec out;
+  switch (s.kind) {
+    case OutputSpec::Kind::UserOutput: out.set_user_output(spec_of<ex::UserOutputSpec>(argument(a, nullptr, "outputs"))); break;
+    case OutputSpec::Kind::LossOutput: out.set_loss_output(spec_of<ex::LossOutputSpec>(ref)); break;
+    case OutputSpec::Kind::BufferMutation:
+      out.set_buffer_mutation(spec_of<ex::BufferMutationSpec>(ref, [&](auto& x) { x.set_buffer_name(s.target); }));
+      break;
+    case OutputSpec::Kind::GradientToParameter:
+      out.set_gradient_to_parameter(spec_of<ex::GradientToParameterSpec>(ref, [&](auto& x) { x.set_parameter_name(s.target); }));
+      break;
+    case OutputSpec::Kind::GradientToUserInput: out.set_gradient_to_user_input(spec_of<ex::GradientToUserInputSpec>(ref, user_input)); break;
+    case OutputSpec::Kind::UserInputMutation: out.set_user_input_mutation(spec_of<ex::UserInputMutationSpec>(ref, user_input)); break;
   }
-  return {{"input_specs", inputs}, {"output_specs", outputs}};
+  return out;
+}
+
+ex::GraphSignature signature_of(const Program& p) {
+  std::vector<ex::InputSpec> inputs;
+  for (const InputSpec& s : p.inputs) inputs.push_back(input_spec(s));
+  std::vector<ex::OutputSpec> outputs;
+  for (size_t k = 0; k < p.outputs.size(); ++k) outputs.push_back(output_spec(p.outputs[k], p.graph.outputs()[k]));
+  ex::GraphSignature out;
+  out.set_input_specs(inputs);
+  out.set_output_specs(outputs);
+  return out;
+}
+
+ex::ExportedProgram exported_program(const Program& p) {
+  ex::GraphModule module;
+  module.set_graph(graph_of(p));
+  module.set_signature(signature_of(p));
+  module.set_module_call_graph(json::parse(p.module_call_graph).get<std::vector<ex::ModuleCallEntry>>());
+  ex::SchemaVersion version;
+  version.set_major(p.schema_major);
+  version.set_minor(p.schema_minor);
+  ex::ExportedProgram out;
+  out.set_graph_module(module);
+  out.set_opset_version(std::unordered_map<std::string, int64_t>{{"aten", 10}});
+  out.set_range_constraints(json::parse(p.range_constraints).get<std::unordered_map<std::string, ex::RangeConstraint>>());
+  out.set_schema_version(version);
+  out.set_verifiers(json::parse(p.verifiers).get<std::vector<std::string>>());
+  out.set_torch_version("2.15.0");
+  return out;
 }
 
 // Writes the state tensors of one kind (weights: parameters and persistent buffers; constants: the
 // rest) and their config.
 void write_payloads(caffe2::serialize::PyTorchStreamWriter& writer, const Program& p, bool weights) {
-  json config = json::object();
+  std::unordered_map<std::string, ex::PayloadMeta> config;
   int n = 0;
   for (const InputSpec& s : p.inputs) {
     if (s.kind == InputSpec::Kind::UserInput) continue;
     const bool is_weight = s.kind == InputSpec::Kind::Parameter || (s.kind == InputSpec::Kind::Buffer && s.persistent);
-    if (is_weight != weights || config.contains(s.target)) continue;
+    if (is_weight != weights || config.count(s.target)) continue;
     const at::Tensor t = p.state.at(s.target).tensor().contiguous();
     const std::string name = (weights ? "weight_" : "tensor_") + std::to_string(n++);
     writer.writeRecord((weights ? "data/weights/" : "data/constants/") + name, t.data_ptr(), t.nbytes());
     const TensorMeta meta{t.sizes().vec(), t.strides().vec(), t.scalar_type()};
-    config[s.target] = {{"path_name", name},
-                        {"is_param", s.kind == InputSpec::Kind::Parameter},
-                        {"use_pickle", false},
-                        {"tensor_meta", tensor_meta(meta, {}, {}, 0, s.kind == InputSpec::Kind::Parameter)}};
+    ex::PayloadMeta entry;
+    entry.set_path_name(name);
+    entry.set_is_param(s.kind == InputSpec::Kind::Parameter);
+    entry.set_use_pickle(false);
+    entry.set_tensor_meta(tensor_meta(meta, {}, {}, 0, s.kind == InputSpec::Kind::Parameter));
+    config.emplace(s.target, entry);
   }
-  const std::string text = json{{"config", config}}.dump();
+  ex::PayloadConfig payloads;
+  payloads.set_config(config);
+  const std::string text = json(payloads).dump();
   writer.writeRecord(weights ? "data/weights/model_weights_config.json" : "data/constants/model_constants_config.json",
                      text.data(), text.size());
 }
@@ -261,18 +372,7 @@ void save_program(const Program& p, const std::string& path) {
   fs::create_directories(staging);
   const fs::path temporary = staging / target.filename();
   try {
-    json model = {{"graph_module",
-                   {{"graph", graph_json(p)},
-                    {"signature", signature_json(p)},
-                    {"module_call_graph", json::parse(p.module_call_graph)},
-                    {"metadata", json::object()},
-                    {"treespec_namedtuple_fields", json::object()}}},
-                  {"opset_version", {{"aten", 10}}},
-                  {"range_constraints", json::parse(p.range_constraints)},
-                  {"schema_version", {{"major", p.schema_major}, {"minor", p.schema_minor}}},
-                  {"verifiers", json::parse(p.verifiers)},
-                  {"torch_version", "2.15.0"},
-                  {"guards_code", json::array()}};
+    const json model = exported_program(p);
     caffe2::serialize::PyTorchStreamWriter writer(temporary.string());
     writer.setMinVersion(6);
     auto text = [&](const std::string& name, const std::string& content) { writer.writeRecord(name, content.data(), content.size()); };

@@ -9,46 +9,63 @@
 namespace dtensor::graph::detail {
 namespace {
 
+namespace ex = torch::_export;
 using c10::ScalarType;
 
-// schema.yaml's ScalarType: c10's order shifted by one up to Bool, then its own numbering.
-const std::vector<std::pair<int64_t, ScalarType>> kScalarTypes = {
-    {1, ScalarType::Byte},          {2, ScalarType::Char},          {3, ScalarType::Short},
-    {4, ScalarType::Int},           {5, ScalarType::Long},          {6, ScalarType::Half},
-    {7, ScalarType::Float},         {8, ScalarType::Double},        {9, ScalarType::ComplexHalf},
-    {10, ScalarType::ComplexFloat}, {11, ScalarType::ComplexDouble}, {12, ScalarType::Bool},
-    {13, ScalarType::BFloat16},     {28, ScalarType::UInt16},       {29, ScalarType::Float8_e4m3fn},
-    {30, ScalarType::Float8_e5m2},  {31, ScalarType::Float8_e4m3fnuz}, {32, ScalarType::Float8_e5m2fnuz},
-    {34, ScalarType::UInt32},       {35, ScalarType::UInt64},
+const std::vector<std::pair<ex::ScalarType, ScalarType>> kScalarTypes = {
+    {ex::ScalarType::BYTE, ScalarType::Byte},
+    {ex::ScalarType::CHAR, ScalarType::Char},
+    {ex::ScalarType::SHORT, ScalarType::Short},
+    {ex::ScalarType::INT, ScalarType::Int},
+    {ex::ScalarType::LONG, ScalarType::Long},
+    {ex::ScalarType::HALF, ScalarType::Half},
+    {ex::ScalarType::FLOAT, ScalarType::Float},
+    {ex::ScalarType::DOUBLE, ScalarType::Double},
+    {ex::ScalarType::COMPLEXHALF, ScalarType::ComplexHalf},
+    {ex::ScalarType::COMPLEXFLOAT, ScalarType::ComplexFloat},
+    {ex::ScalarType::COMPLEXDOUBLE, ScalarType::ComplexDouble},
+    {ex::ScalarType::BOOL, ScalarType::Bool},
+    {ex::ScalarType::BFLOAT16, ScalarType::BFloat16},
+    {ex::ScalarType::UINT16, ScalarType::UInt16},
+    {ex::ScalarType::FLOAT8E4M3FN, ScalarType::Float8_e4m3fn},
+    {ex::ScalarType::FLOAT8E5M2, ScalarType::Float8_e5m2},
+    {ex::ScalarType::FLOAT8E4M3FNUZ, ScalarType::Float8_e4m3fnuz},
+    {ex::ScalarType::FLOAT8E5M2FNUZ, ScalarType::Float8_e5m2fnuz},
+    {ex::ScalarType::FLOAT8E8M0FNU, ScalarType::Float8_e8m0fnu},
+    {ex::ScalarType::UINT32, ScalarType::UInt32},
+    {ex::ScalarType::UINT64, ScalarType::UInt64},
 };
-const std::vector<std::pair<int64_t, c10::Layout>> kLayouts = {
-    {1, c10::kSparse}, {2, c10::kSparseCsr}, {3, c10::kSparseCsc}, {4, c10::kSparseBsr},
-    {5, c10::kSparseBsc}, {6, c10::kMkldnn}, {7, c10::kStrided}};
-const std::vector<std::pair<int64_t, c10::MemoryFormat>> kMemoryFormats = {
-    {1, c10::MemoryFormat::Contiguous}, {2, c10::MemoryFormat::ChannelsLast},
-    {3, c10::MemoryFormat::ChannelsLast3d}, {4, c10::MemoryFormat::Preserve}};
+const std::vector<std::pair<ex::Layout, c10::Layout>> kLayouts = {
+    {ex::Layout::SparseCoo, c10::kSparse},    {ex::Layout::SparseCsr, c10::kSparseCsr}, {ex::Layout::SparseCsc, c10::kSparseCsc},
+    {ex::Layout::SparseBsr, c10::kSparseBsr}, {ex::Layout::SparseBsc, c10::kSparseBsc}, {ex::Layout::_mkldnn, c10::kMkldnn},
+    {ex::Layout::Strided, c10::kStrided}};
+const std::vector<std::pair<ex::MemoryFormat, c10::MemoryFormat>> kMemoryFormats = {
+    {ex::MemoryFormat::ContiguousFormat, c10::MemoryFormat::Contiguous},
+    {ex::MemoryFormat::ChannelsLast, c10::MemoryFormat::ChannelsLast},
+    {ex::MemoryFormat::ChannelsLast3d, c10::MemoryFormat::ChannelsLast3d},
+    {ex::MemoryFormat::PreserveFormat, c10::MemoryFormat::Preserve}};
 
-template <typename T>
-std::optional<T> from(const std::vector<std::pair<int64_t, T>>& table, int64_t code) {
-  for (const auto& [c, v] : table)
-    if (c == code) return v;
+template <typename E, typename T>
+std::optional<T> from(const std::vector<std::pair<E, T>>& table, int64_t code) {
+  for (const auto& [e, v] : table)
+    if (static_cast<int64_t>(e) == code) return v;
   return std::nullopt;
 }
 
-template <typename T>
-int64_t to(const std::vector<std::pair<int64_t, T>>& table, T value, const char* what) {
-  for (const auto& [c, v] : table)
-    if (v == value) return c;
+template <typename E, typename T>
+E to(const std::vector<std::pair<E, T>>& table, T value, const char* what) {
+  for (const auto& [e, v] : table)
+    if (v == value) return e;
   throw DTensorError(std::string("pt2 writer: no serialized form for this ") + what);
 }
 
 }  // namespace
 
 std::optional<c10::ScalarType> scalar_type_from_serialized(int64_t code) { return from(kScalarTypes, code); }
-int64_t serialized_scalar_type(c10::ScalarType type) { return to(kScalarTypes, type, "dtype"); }
+ex::ScalarType serialized_scalar_type(c10::ScalarType type) { return to(kScalarTypes, type, "dtype"); }
 std::optional<c10::Layout> layout_from_serialized(int64_t code) { return from(kLayouts, code); }
-int64_t serialized_layout(c10::Layout layout) { return to(kLayouts, layout, "layout"); }
+ex::Layout serialized_layout(c10::Layout layout) { return to(kLayouts, layout, "layout"); }
 std::optional<c10::MemoryFormat> memory_format_from_serialized(int64_t code) { return from(kMemoryFormats, code); }
-int64_t serialized_memory_format(c10::MemoryFormat format) { return to(kMemoryFormats, format, "memory format"); }
+ex::MemoryFormat serialized_memory_format(c10::MemoryFormat format) { return to(kMemoryFormats, format, "memory format"); }
 
 }  // namespace dtensor::graph::detail
