@@ -429,6 +429,37 @@ std::vector<DimStrategy> constant_pad_nd(const OpSchema& s) {
   return out;
 }
 
+// triu and tril keep the elements on one side of a diagonal of the last two dims (column - row >=
+// diagonal, or <=) and zero the rest. Every dim may stay sharded: a rank whose block starts at global
+// row r0 and column c0 applies diagonal + r0 - c0 to it (triangle_args). Zeroing commutes with every
+// Partial reduction, so each passes through.
+std::vector<DimStrategy> triangle(const OpSchema& s) {
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  for (int64_t d = 0; d < s.input_ndim(0); ++d) out.push_back({{Shard(d)}, {Shard(d)}});
+  for (auto op : kMovesValues) out.push_back({{Partial(op)}, {Partial(op)}});
+  return out;
+}
+
+LocalArgs triangle_args(const OpSchema& s, const PlacementStrategy& chosen) {
+  const Shape& shape = s.input(0).meta.shape;
+  const auto rows = static_cast<size_t>(s.input_ndim(0) - 2), cols = rows + 1;
+  const LocalLayout block = local_layout(shape, s.mesh->shape(), *s.mesh->coordinate(), chosen.inputs[0]);
+  const int64_t shift = block.offset[rows] - block.offset[cols];
+  if (shift == 0) return {};
+  return {{1, c10::IValue(argument(s, "diagonal").toInt() + shift)}};
+}
+
+// view_as_complex reads the last dim's (real, imaginary) pairs as one complex element, so that dim
+// must be whole; view_as_real splits each element back into a last dim of 2. The other dims keep their
+// shards, and as both are linear, Partial sums and averages pass through (max and min have no complex
+// meaning).
+std::vector<DimStrategy> complex_pairs(const OpSchema& s, int64_t kept_dims) {
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  for (int64_t d = 0; d < kept_dims; ++d) out.push_back({{Shard(d)}, {Shard(d)}});
+  for (auto op : {ReduceOp::Sum, ReduceOp::Avg}) out.push_back({{Partial(op)}, {Partial(op)}});
+  return out;
+}
+
 // slice_scatter(self, src, dim, ...): self with a slice of `dim` replaced by src (of self's shape
 // but along `dim`). Other dims keep their shards in self, src and the output alike; every reduction
 // of Partial values commutes with writing one into the other elementwise.
@@ -467,6 +498,11 @@ const bool registered = [] {
   register_family({"aten::cat"}, {.dim = cat_packed, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::slice_scatter"}, {.dim = slice_scatter, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::constant_pad_nd"}, {.dim = constant_pad_nd, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::view_as_complex"},
+                  {.dim = [](const OpSchema& s) { return complex_pairs(s, s.input_ndim(0) - 1); }, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::view_as_real"},
+                  {.dim = [](const OpSchema& s) { return complex_pairs(s, s.input_ndim(0)); }, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::triu", "aten::tril"}, {.dim = triangle, .local_args = triangle_args, .family = "view", .strided_shards = Own});
   return true;
 }();
 

@@ -162,6 +162,20 @@ const bool registered = add_op_samples({
      .run = [](In x) { return outputs(at::constant_pad_nd(x[0], {0, 0, 2, 1})); }, .two_d = true},
     {.name = "constant_pad_nd_crop", .shapes = {{5, 6}},
      .run = [](In x) { return outputs(at::constant_pad_nd(x[0], {-1, 2}, -3)); }},
+    // triu / tril: every dim may be sharded, each rank shifting the diagonal by its block's offset
+    // (uneven rows and columns over 4 ranks; a batch dim; a negative diagonal; in place).
+    {.name = "triu", .shapes = {{5, 7}}, .run = [](In x) { return outputs(x[0].triu(1)); }, .two_d = true},
+    {.name = "tril_batched", .shapes = {{3, 6, 5}}, .run = [](In x) { return outputs(x[0].tril(-2)); }, .two_d = true},
+    {.name = "triu_", .shapes = {{6, 5}}, .run = [](In x) { return outputs(x[0].clone().triu_()); }},
+    {.name = "tril_", .shapes = {{2, 5, 6}}, .run = [](In x) { return outputs(x[0].clone().tril_(3)); }},
+    // view_as_complex / view_as_real: the pairs' dim whole, the others sharded; a complex square mixes
+    // each pair's parts, so a misread pairing shows.
+    {.name = "view_as_complex_and_real", .shapes = {{5, 3, 2}},
+     .run = [](In x) {
+       const at::Tensor c = at::view_as_complex(x[0]);
+       return outputs(at::view_as_real(c * c));
+     },
+     .two_d = true},
     {.name = "slice_scatter", .shapes = {{5, 4}, {5, 2}},
      .run = [](In x) { return outputs(at::slice_scatter(x[0], x[1], 1, 1, 3)); }, .backward = false, .two_d = true,
      .no_backward_reason = "LibTorch's derivative zero-fills with a plain tensor it makes, which dtensor refuses to mix "
