@@ -36,22 +36,18 @@ LocalSearch::LocalSearch(StrategyChoice& costs, std::vector<NodeOptions>& nodes,
   }
 }
 
-void LocalSearch::add_need(Needs& needs, const Placements& to, int count) {
-  auto& entry = needs[to_string(to)];
-  entry.first = to;
-  entry.second += count;
-}
+void LocalSearch::add_need(Needs& needs, const Placements& to, int count) { needs[to] += count; }
 
 double LocalSearch::value_cost(const Value* v, const Placements& at, const Needs& of) {
   Needs all = of;
   if (auto it = outputs_.find(v); it != outputs_.end())
     for (const NeededOutput* o : it->second) add_need(all, o->target_from(at), 1);
   double cost = 0;
-  for (const auto& [key, need] : all) {
-    if (need.second <= 0) continue;
-    const auto consumer = of.find(key);
-    const bool only_outputs = consumer == of.end() || consumer->second.second <= 0;
-    cost += only_outputs ? costs_.output_move_cost(v, at, need.first) : costs_.move_cost(v, at, need.first);
+  for (const auto& [target, count] : all) {
+    if (count <= 0) continue;
+    const auto consumer = of.find(target);
+    const bool only_outputs = consumer == of.end() || consumer->second <= 0;
+    cost += only_outputs ? costs_.output_move_cost(v, at, target) : costs_.move_cost(v, at, target);
   }
   return cost;
 }
@@ -101,8 +97,8 @@ bool LocalSearch::reshards_around(const NodeOptions& n) {
   for (size_t k = 0; k < n.inputs.size(); ++k)
     if (n.inputs[k] && now.inputs[k] != *n.inputs[k]->placements) return true;
   for (const Value* v : n.outputs) {
-    for (const auto& [key, need] : needs_[v])
-      if (need.second > 0 && need.first != *v->placements) return true;
+    for (const auto& [target, count] : needs_[v])
+      if (count > 0 && target != *v->placements) return true;
     if (auto it = outputs_.find(v); it != outputs_.end())
       for (const NeededOutput* o : it->second)
         if (o->target_from(*v->placements) != *v->placements) return true;

@@ -26,8 +26,8 @@ class LocalSearch {
   std::pair<double, double> run();
 
  private:
-  // The placements the consumers of one value need it in: target -> (placements, how many consumers).
-  using Needs = std::map<std::string, std::pair<Placements, int>>;
+  // The placements the consumers of one value need it in, and how many consumers need each.
+  using Needs = std::map<Placements, int, PlacementsLess>;
   // Choices made by a compound change, to undo it: (node, its previous option), in order.
   using Undo = std::vector<std::pair<NodeOptions*, size_t>>;
 

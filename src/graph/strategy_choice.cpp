@@ -12,11 +12,51 @@
 #include "dtensor/redistribute_plan.h"
 
 namespace dtensor::graph::detail {
+namespace {
+
+auto fields(const Placement& p) { return std::make_tuple(p.kind(), p.reduce_op(), p.dim(), p.split_factor()); }
+
+// A placement list as one integer, 16 bits a mesh dim (kind, reduction, tensor dim < 64, split factor
+// < 64); nullopt for lists beyond that (4 mesh dims and more, or larger dims), which go uncached.
+std::optional<uint64_t> pack_placements(const Placements& placements) {
+  if (placements.size() > 4) return std::nullopt;
+  uint64_t out = 0;
+  for (const Placement& p : placements) {
+    if (p.dim() < 0 || p.dim() >= 64 || p.split_factor() < 0 || p.split_factor() >= 64) return std::nullopt;
+    const auto bits = static_cast<uint64_t>(p.kind()) | static_cast<uint64_t>(p.reduce_op()) << 2 |
+                      static_cast<uint64_t>(p.dim()) << 4 | static_cast<uint64_t>(p.split_factor()) << 10;
+    out = out << 16 | bits;
+  }
+  return out << 2 | placements.size();  // the count tells lists of Replicate apart
+}
+
+}  // namespace
+
+bool PlacementsLess::operator()(const Placements& a, const Placements& b) const {
+  return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end(),
+                                      [](const Placement& x, const Placement& y) { return fields(x) < fields(y); });
+}
+
+size_t StrategyChoice::MoveKeyHash::operator()(const MoveKey& k) const {
+  // splitmix64's finaliser over the three words: every input bit reaches the low bits buckets use.
+  auto mix = [](uint64_t x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+  };
+  return mix(reinterpret_cast<uintptr_t>(k.value) ^ mix(k.from ^ mix(k.to)));
+}
+
 double StrategyChoice::move_cost(const Value* v, const Placements& from, const Placements& to) {
   if (from == to) return 0;
-  const auto key = std::make_tuple(v, to_string(from), to_string(to));
+  const auto from_key = pack_placements(from), to_key = pack_placements(to);
+  auto compute = [&] { return dtensor::detail::redistribute_cost(DTensorSpec{mesh_, from, v->meta}, to); };
+  if (!from_key || !to_key) return compute();
+  const MoveKey key{v, *from_key, *to_key};
   if (auto it = costs_.find(key); it != costs_.end()) return it->second;
-  return costs_[key] = dtensor::detail::redistribute_cost(DTensorSpec{mesh_, from, v->meta}, to);
+  return costs_[key] = compute();
 }
 
 void StrategyChoice::count_output_reductions(const std::vector<NeededOutput>& needed) {
@@ -33,13 +73,17 @@ void StrategyChoice::count_output_reductions(const std::vector<NeededOutput>& ne
 double StrategyChoice::output_move_cost(const Value* v, const Placements& from, const Placements& to) {
   const double cost = move_cost(v, from, to);
   if (cost == 0 || !shared_bucket_) return cost;
-  const auto key = std::make_tuple(v, to_string(from), to_string(to));
-  if (auto it = output_costs_.find(key); it != output_costs_.end()) return it->second;
+  const auto from_key = pack_placements(from), to_key = pack_placements(to);
+  const MoveKey key{v, from_key.value_or(0), to_key.value_or(0)};
+  const bool cached = from_key && to_key;
+  if (auto it = output_costs_.find(key); cached && it != output_costs_.end()) return it->second;
   const auto plan = plan_redistribute(v->meta.shape, static_cast<int64_t>(c10::elementSize(v->meta.dtype)), mesh_->shape(),
                                       *mesh_->coordinate(), from, to);
   double latencies = 0;
   for (const auto& step : plan.steps) latencies += step.kind == StepKind::AllReduce ? kCollectiveLatencyBytes : 0;
-  return output_costs_[key] = std::max(0.0, cost - latencies);
+  const double discounted = std::max(0.0, cost - latencies);
+  if (cached) output_costs_[key] = discounted;
+  return discounted;
 }
 
 bool StrategyChoice::moves_in_place(const Value* v, const Placements& from, const Placements& to) const {

@@ -19,6 +19,7 @@
 #include <set>
 #include <optional>
 #include <tuple>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,12 @@ namespace dtensor::graph::detail {
 // Ops that only pass their one input on, reshaped or reordered (view, permute, t, expand, clone, ...):
 // a weight seen through one is still the weight, and a chain of them moves as a whole.
 bool is_view_like(const Node& node);
+
+// Placement lists ordered field by field (the search keys maps on them; their text would be built on
+// every lookup).
+struct PlacementsLess {
+  bool operator()(const Placements& a, const Placements& b) const;
+};
 
 // One node's strategies as the choice sees them.
 struct NodeOptions {
@@ -105,7 +112,16 @@ class StrategyChoice {
 
  private:
   MeshPtr mesh_;
-  std::map<std::tuple<const Value*, std::string, std::string>, double> costs_, output_costs_;
+  // Move costs by value and (from, to), each list packed into an integer (pack_placements).
+  struct MoveKey {
+    const Value* value;
+    uint64_t from, to;
+    bool operator==(const MoveKey& o) const { return value == o.value && from == o.from && to == o.to; }
+  };
+  struct MoveKeyHash {
+    size_t operator()(const MoveKey& k) const;
+  };
+  std::unordered_map<MoveKey, double, MoveKeyHash> costs_, output_costs_;
   bool shared_bucket_ = true;  // see output_move_cost
   // Moves made so far by a PartialToReplicateOnce pass (value, target placements).
   std::set<std::pair<const Value*, std::string>> moves_made_;
