@@ -116,7 +116,7 @@ return (%head1, %head2)
 return (%head1, %head2)
 )");
   // Rank 3's shapes (10 features over 4 ranks: 3, 3, 3, 1), and each output all-reduced.
-  EXPECT_EQ(after.at("partition"), R"(%fc1_weight : input [1, 6]  [S(0)]
+  const std::string rank3 = R"(%fc1_weight : input [1, 6]  [S(0)]
 %head1_weight : input [6, 1]  [S(1)]
 %head2_weight : input [4, 1]  [S(1)]
 %x : input [8, 6]  [R]
@@ -124,22 +124,15 @@ return (%head1, %head2)
 %relu = aten::relu(%fc1)  [8, 1] S(1)
 %head1 = aten::linear(%relu, %head1_weight)  [8, 6] P(sum)
 %head2 = aten::linear(%relu, %head2_weight)  [8, 4] P(sum)
-%all_reduce = _c10d_functional::all_reduce(%head1, sum, dtensor_meshN_dim0)  [8, 6]  # graph output 0: P(sum) -> R; all-reduce on dim 0 (288 B/rank)
+)";
+  EXPECT_EQ(after.at("partition"), rank3 + R"(%all_reduce = _c10d_functional::all_reduce(%head1, sum, dtensor_meshN_dim0)  [8, 6]  # graph output 0: P(sum) -> R; all-reduce on dim 0 (288 B/rank)
 %wait_all_reduce = _c10d_functional::wait_tensor(%all_reduce)  [8, 6] R  # graph output 0: P(sum) -> R
 %all_reduce_1 = _c10d_functional::all_reduce(%head2, sum, dtensor_meshN_dim0)  [8, 4]  # graph output 1: P(sum) -> R; all-reduce on dim 0 (192 B/rank)
 %wait_all_reduce_1 = _c10d_functional::wait_tensor(%all_reduce_1)  [8, 4] R  # graph output 1: P(sum) -> R
 return (%wait_all_reduce, %wait_all_reduce_1)
 )");
   // The two output all-reduces, one collective over the flattened pieces.
-  const std::string bucketed = R"(%fc1_weight : input [1, 6]  [S(0)]
-%head1_weight : input [6, 1]  [S(1)]
-%head2_weight : input [4, 1]  [S(1)]
-%x : input [8, 6]  [R]
-%fc1 = aten::linear(%x, %fc1_weight)  [8, 1] S(1)
-%relu = aten::relu(%fc1)  [8, 1] S(1)
-%head1 = aten::linear(%relu, %head1_weight)  [8, 6] P(sum)
-%head2 = aten::linear(%relu, %head2_weight)  [8, 4] P(sum)
-%head1_flat = aten::reshape(%head1, [-1])  [48]
+  const std::string bucketed = rank3 + R"(%head1_flat = aten::reshape(%head1, [-1])  [48]
 %head2_flat = aten::reshape(%head2, [-1])  [32]
 %bucket = aten::cat([%head1_flat, %head2_flat], 0)  [80]
 %bucket_all_reduce = _c10d_functional::all_reduce(%bucket, sum, dtensor_meshN_dim0)  [80]  # bucket of 2 all-reduces: graph output 0: P(sum) -> R, graph output 1: P(sum) -> R
