@@ -54,6 +54,9 @@ int64_t sharded_size(const Placement& sharding, int64_t length, int64_t num_chun
 // Returns the placements with negative Shard dims normalised.
 Placements validate_placements(const Placements& placements, int64_t mesh_ndim, int64_t tensor_ndim,
                                const char* what);
+// Whether validate_placements would accept `placements` unchanged (Shard dims already non-negative),
+// without throwing: strategy enumeration tries many combinations that do not fit.
+bool placements_fit(const Placements& placements, int64_t mesh_ndim, int64_t tensor_ndim);
 
 // Global shape implied by a local shape when every shard is the full chunk size (the even case):
 // each sharded dim multiplied by the mesh sizes sharding it.

@@ -72,6 +72,26 @@ bool partials_commute(const Placements& placements) {
 }
 }  // namespace
 
+namespace {
+
+// Why normalised placements cannot hold together: a strided shard's dim sharded by another mesh dim
+// too (its blocks would be cut twice), or Partial reductions whose order would matter.
+enum class Conflict { None, StridedDimSharedWith, PartialsMixed };
+
+Conflict conflict_of(const Placements& placements, int64_t* dim) {
+  for (size_t m = 0; m < placements.size(); ++m) {
+    if (!placements[m].is_strided_shard()) continue;
+    for (size_t k = 0; k < placements.size(); ++k)
+      if (k != m && placements[k].is_sharding() && placements[k].dim() == placements[m].dim()) {
+        *dim = placements[m].dim();
+        return Conflict::StridedDimSharedWith;
+      }
+  }
+  return partials_commute(placements) ? Conflict::None : Conflict::PartialsMixed;
+}
+
+}  // namespace
+
 Placements validate_placements(const Placements& placements, int64_t mesh_ndim, int64_t tensor_ndim,
                                const char* what) {
   if (static_cast<int64_t>(placements.size()) != mesh_ndim) {
@@ -89,20 +109,27 @@ Placements validate_placements(const Placements& placements, int64_t mesh_ndim, 
                          std::string(e.what()).substr(9));
     }
   }
-  for (size_t m = 0; m < out.size(); ++m) {
-    if (!out[m].is_strided_shard()) continue;
-    for (size_t k = 0; k < out.size(); ++k)
-      if (k != m && out[k].is_sharding() && out[k].dim() == out[m].dim())
-        throw DTensorError(std::string(what) + ": placements (" + to_string(placements) + ") shard dim " +
-                           std::to_string(out[m].dim()) + " by a strided shard and by another mesh dim; a strided " +
-                           "shard must be the only sharding of its dim (redistribute one of them to Replicate)");
-  }
-  if (!partials_commute(out)) {
-    throw DTensorError(std::string(what) + ": placements (" + to_string(placements) +
-                       ") mix Partial reduce ops whose result depends on reduction order; reduce one of them "
-                       "first (redistribute that mesh dim to Replicate)");
+  int64_t dim = 0;
+  switch (conflict_of(out, &dim)) {
+    case Conflict::None: break;
+    case Conflict::StridedDimSharedWith:
+      throw DTensorError(std::string(what) + ": placements (" + to_string(placements) + ") shard dim " + std::to_string(dim) +
+                         " by a strided shard and by another mesh dim; a strided " +
+                         "shard must be the only sharding of its dim (redistribute one of them to Replicate)");
+    case Conflict::PartialsMixed:
+      throw DTensorError(std::string(what) + ": placements (" + to_string(placements) +
+                         ") mix Partial reduce ops whose result depends on reduction order; reduce one of them "
+                         "first (redistribute that mesh dim to Replicate)");
   }
   return out;
+}
+
+bool placements_fit(const Placements& placements, int64_t mesh_ndim, int64_t tensor_ndim) {
+  if (static_cast<int64_t>(placements.size()) != mesh_ndim) return false;
+  for (const Placement& p : placements)
+    if (p.is_sharding() && (p.dim() < 0 || p.dim() >= tensor_ndim)) return false;
+  int64_t dim = 0;
+  return conflict_of(placements, &dim) == Conflict::None;
 }
 
 Shape global_shape_assuming_even(const Shape& local_shape, const Shape& mesh_shape, const Placements& placements) {

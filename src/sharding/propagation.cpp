@@ -210,14 +210,6 @@ OpStrategy expand_over_mesh(const std::vector<DimStrategy>& per_dim, int64_t mes
   return out;
 }
 
-bool fits(const Placements& placements, int64_t mesh_ndim, int64_t tensor_ndim) {
-  try {
-    return validate_placements(placements, mesh_ndim, tensor_ndim, "strategy") == placements;
-  } catch (const DTensorError&) {
-    return false;
-  }
-}
-
 struct WrittenInput {
   size_t input;
   std::optional<size_t> output;  // the output that returns it, if any
@@ -345,8 +337,8 @@ Candidates candidates_for(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVal
   const bool inplace_view = op.hasTag(at::Tag::inplace_view);
   for (auto& st : all) {
     bool ok = st.outputs.size() == schema.outputs.size() && st.inputs.size() == inputs.size();
-    for (size_t k = 0; ok && k < st.outputs.size(); ++k) ok = fits(st.outputs[k], mesh->ndim(), schema.output_ndim(k));
-    for (size_t k = 0; ok && k < st.inputs.size(); ++k) ok = fits(st.inputs[k], mesh->ndim(), schema.input_ndim(k));
+    for (size_t k = 0; ok && k < st.outputs.size(); ++k) ok = placements_fit(st.outputs[k], mesh->ndim(), schema.output_ndim(k));
+    for (size_t k = 0; ok && k < st.inputs.size(); ++k) ok = placements_fit(st.inputs[k], mesh->ndim(), schema.input_ndim(k));
     for (const auto& w : written) {
       const Placements& current = schema.input(w.input).placements;
       ok = ok && (st.inputs[w.input] == current || st.inputs[w.input] == partial_as_replicate(current));
