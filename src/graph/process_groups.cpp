@@ -3,6 +3,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/version.h>
 
 #include <map>
 #include <mutex>
@@ -37,7 +38,12 @@ RegisteredGroup::RegisteredGroup(const DeviceMesh& mesh, int64_t dim, std::strin
 }
 
 RegisteredGroup::~RegisteredGroup() {
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 15
+  // Older LibTorch (2.11 on the GPU machines) cannot ask; this group registered the name itself.
+  c10d::unregister_process_group(name_);
+#else
   if (c10d::is_process_group_registered(name_)) c10d::unregister_process_group(name_);
+#endif
 }
 
 std::string group_name(const DeviceMesh& mesh, int64_t dim) {

@@ -12,7 +12,17 @@ namespace {
 namespace ex = torch::_export;
 using c10::ScalarType;
 
-const std::vector<std::pair<ex::ScalarType, ScalarType>> kScalarTypes = {
+// Scalar types that older LibTorch's export schema lacks (2.11, on the GPU machines): listed where
+// this LibTorch's generated enum has them.
+template <class E = ex::ScalarType>
+std::vector<std::pair<E, ScalarType>> with_newer_scalar_types(std::vector<std::pair<E, ScalarType>> types) {
+  if constexpr (requires { E::FLOAT8E8M0FNU; }) types.emplace_back(E::FLOAT8E8M0FNU, ScalarType::Float8_e8m0fnu);
+  if constexpr (requires { E::UINT32; }) types.emplace_back(E::UINT32, ScalarType::UInt32);
+  if constexpr (requires { E::UINT64; }) types.emplace_back(E::UINT64, ScalarType::UInt64);
+  return types;
+}
+
+const std::vector<std::pair<ex::ScalarType, ScalarType>> kScalarTypes = with_newer_scalar_types({
     {ex::ScalarType::BYTE, ScalarType::Byte},
     {ex::ScalarType::CHAR, ScalarType::Char},
     {ex::ScalarType::SHORT, ScalarType::Short},
@@ -31,10 +41,8 @@ const std::vector<std::pair<ex::ScalarType, ScalarType>> kScalarTypes = {
     {ex::ScalarType::FLOAT8E5M2, ScalarType::Float8_e5m2},
     {ex::ScalarType::FLOAT8E4M3FNUZ, ScalarType::Float8_e4m3fnuz},
     {ex::ScalarType::FLOAT8E5M2FNUZ, ScalarType::Float8_e5m2fnuz},
-    {ex::ScalarType::FLOAT8E8M0FNU, ScalarType::Float8_e8m0fnu},
-    {ex::ScalarType::UINT32, ScalarType::UInt32},
-    {ex::ScalarType::UINT64, ScalarType::UInt64},
-};
+});
+
 const std::vector<std::pair<ex::Layout, c10::Layout>> kLayouts = {
     {ex::Layout::SparseCoo, c10::kSparse},    {ex::Layout::SparseCsr, c10::kSparseCsr}, {ex::Layout::SparseCsc, c10::kSparseCsc},
     {ex::Layout::SparseBsr, c10::kSparseBsr}, {ex::Layout::SparseBsc, c10::kSparseBsc}, {ex::Layout::_mkldnn, c10::kMkldnn},

@@ -100,6 +100,25 @@ void require_reducible(const at::Tensor& t, ReduceOp op, const char* operation) 
 // the caller gets a new tensor), with no process-group round trip.
 bool alone(const DeviceMesh& mesh, int64_t dim) { return mesh.size(dim) == 1; }
 
+// LibTorch 2.15 names the single-buffer collectives after torchcomms and keeps the older names as
+// forwarding aliases; older LibTorch (2.11 on the GPU machines) has only the older names.
+c10::intrusive_ptr<c10d::Work> all_gather_single(auto& g, at::Tensor& out, at::Tensor& in) {
+  if constexpr (requires { g.all_gather_single(out, in); }) return g.all_gather_single(out, in);
+  else return g._allgather_base(out, in);
+}
+c10::intrusive_ptr<c10d::Work> reduce_scatter_single(auto& g, at::Tensor& out, at::Tensor& in,
+                                                      const c10d::ReduceScatterOptions& options) {
+  if constexpr (requires { g.reduce_scatter_single(out, in, options); }) return g.reduce_scatter_single(out, in, options);
+  else return g._reduce_scatter_base(out, in, options);
+}
+c10::intrusive_ptr<c10d::Work> all_to_all_single(auto& g, at::Tensor& out, at::Tensor& in, std::vector<int64_t>& recv_counts,
+                                                  std::vector<int64_t>& send_counts) {
+  if constexpr (requires { g.all_to_all_single(out, in, recv_counts, send_counts); })
+    return g.all_to_all_single(out, in, recv_counts, send_counts);
+  else
+    return g.alltoall_base(out, in, recv_counts, send_counts);
+}
+
 }  // namespace
 
 at::Tensor all_gather(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input) {
@@ -109,7 +128,7 @@ at::Tensor all_gather(const DeviceMesh& mesh, int64_t dim, const at::Tensor& inp
   if (alone(mesh, dim)) return input.reshape(sizes).clone();
   at::Tensor output = at::empty(sizes, input.options());
   at::Tensor out = as_real(output), in = as_real(input);
-  run(mesh, dim, "all-gather", in.nbytes(), [&](c10d::Backend& g) { return g.all_gather_single(out, in); });
+  run(mesh, dim, "all-gather", in.nbytes(), [&](c10d::Backend& g) { return all_gather_single(g, out, in); });
   return output;
 }
 
@@ -152,7 +171,7 @@ at::Tensor reduce_scatter(const DeviceMesh& mesh, int64_t dim, const at::Tensor&
   at::Tensor out = as_real(output), in = as_real(input);
   c10d::ReduceScatterOptions options;
   options.reduceOp = to_c10d(op);
-  run(mesh, dim, "reduce-scatter", in.nbytes(), [&](c10d::Backend& g) { return g.reduce_scatter_single(out, in, options); });
+  run(mesh, dim, "reduce-scatter", in.nbytes(), [&](c10d::Backend& g) { return reduce_scatter_single(g, out, in, options); });
   if (op == ReduceOp::Avg) divide_for_average(output, mesh.size(dim));
   return output;
 }
@@ -165,7 +184,7 @@ at::Tensor all_to_all(const DeviceMesh& mesh, int64_t dim, const at::Tensor& inp
   at::Tensor output = at::empty({total}, input.options());
   at::Tensor out = as_real(output), in = as_real(input);  // counts are rows of dim 0 either way
   run(mesh, dim, "all-to-all", in.nbytes(),
-      [&](c10d::Backend& g) { return g.all_to_all_single(out, in, recv_counts, send_counts); });
+      [&](c10d::Backend& g) { return all_to_all_single(g, out, in, recv_counts, send_counts); });
   return output;
 }
 

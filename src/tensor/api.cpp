@@ -206,7 +206,7 @@ at::Tensor from_local(const at::Tensor& local, const MeshPtr& mesh, const Placem
   data = in_global_layout(data, meta);
   auto spec = std::make_shared<const DTensorSpec>(DTensorSpec{mesh, p, std::move(meta)});
   at::Tensor out = make_dtensor(data, spec);
-  detail::record(c10::make_intrusive<detail::FromLocalBackward>(std::move(spec)), local, out);
+  detail::record(detail::make_node<detail::FromLocalBackward>(std::move(spec)), local, out);
   return out;
 }
 
@@ -223,7 +223,7 @@ at::Tensor to_local(const at::Tensor& dtensor, std::optional<Placements> grad_pl
     // With the forward's placements the gradient's shard has the forward shard's shape.
     const at::DimVector local_shape = grad_spec == impl.shared_spec() ? at::DimVector(impl.local().sizes())
                                                                        : at::DimVector(grad_spec->local_shape());
-    detail::record(c10::make_intrusive<detail::ToLocalBackward>(std::move(grad_spec), local_shape), dtensor, out);
+    detail::record(detail::make_node<detail::ToLocalBackward>(std::move(grad_spec), local_shape), dtensor, out);
   }
   return out;
 }
@@ -261,7 +261,7 @@ at::Tensor redistribute_across_meshes(const at::Tensor& dtensor, const MeshPtr& 
   const DTensorSpec to{mesh, target, impl.spec().meta};
   at::Tensor local = detail::move_across_meshes(impl.local(), impl.spec(), to);
   at::Tensor out = make_dtensor(in_global_layout(local, to.meta), to);
-  detail::record(c10::make_intrusive<detail::CrossMeshRedistributeBackward>(impl.spec()), source, out);
+  detail::record(detail::make_node<detail::CrossMeshRedistributeBackward>(impl.spec()), source, out);
   return out;
 }
 
@@ -270,7 +270,7 @@ at::Tensor redistribute_to(const at::Tensor& dtensor, const Placements& target, 
   const DTensorSpec& spec = impl.spec();
   at::Tensor local = detail::redistribute_local(impl.local(), spec, target, detail::Direction::Forward, ownership);
   at::Tensor out = make_dtensor(in_global_layout(local, spec.meta), spec.with_placements(target));
-  detail::record(c10::make_intrusive<detail::RedistributeBackward>(spec), dtensor, out);
+  detail::record(detail::make_node<detail::RedistributeBackward>(spec), dtensor, out);
   return out;
 }
 

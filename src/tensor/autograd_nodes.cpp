@@ -67,7 +67,7 @@ torch::autograd::variable_list CrossMeshRedistributeBackward::apply(torch::autog
   return {make_dtensor(local, std::move(spec))};
 }
 
-void record(const c10::intrusive_ptr<torch::autograd::Node>& node, const at::Tensor& input, at::Tensor& output) {
+void record(const NodePtr& node, const at::Tensor& input, at::Tensor& output) {
   if (!torch::autograd::GradMode::is_enabled() || !input.requires_grad()) return;
   node->set_next_edges(torch::autograd::collect_next_edges(input));
   torch::autograd::create_gradient_edge(output, node);

@@ -7,6 +7,7 @@
 
 #include <memory>
 
+#include "autograd_node_ptr.h"
 #include "dtensor/spec.h"
 
 namespace dtensor::detail {
@@ -50,6 +51,6 @@ struct CrossMeshRedistributeBackward : torch::autograd::Node {
 };
 
 // Connects `output` to `inputs` through `node` when grad mode is on and an input requires grad.
-void record(const c10::intrusive_ptr<torch::autograd::Node>& node, const at::Tensor& input, at::Tensor& output);
+void record(const NodePtr& node, const at::Tensor& input, at::Tensor& output);
 
 }  // namespace dtensor::detail

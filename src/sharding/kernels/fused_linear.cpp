@@ -22,6 +22,7 @@
 #include <torch/library.h>
 
 #include "../../redistribute/executor.h"
+#include "../../tensor/autograd_node_ptr.h"
 #include "../../tensor/as_dtensor.h"
 #include "dtensor/api.h"
 #include "dtensor/comm_debug.h"
@@ -181,7 +182,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::opti
 
   const bool needs_grad = x.requires_grad() || weight.requires_grad() || (bias != nullptr && bias->requires_grad());
   if (!needs_grad || !torch::autograd::GradMode::is_enabled()) return out;
-  auto node = c10::make_intrusive<LinearBackward>();
+  auto node = dtensor::detail::make_node<LinearBackward>();
   node->set_next_edges(torch::autograd::collect_next_edges(x, weight, bias != nullptr ? *bias : at::Tensor()));
   if (weight.requires_grad()) node->input = torch::autograd::SavedVariable(x, /*is_output=*/false);
   if (x.requires_grad()) node->weight = torch::autograd::SavedVariable(weight, /*is_output=*/false);

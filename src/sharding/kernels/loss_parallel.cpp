@@ -128,7 +128,7 @@ at::Tensor fused_cross_entropy(const at::Tensor& self, const at::Tensor& target,
   const Shape out_shape = reduction == at::Reduction::None ? Shape{rows} : Shape{};
   DTensorSpec out_spec{spec.mesh, out_placements, TensorMeta{out_shape, contiguous_strides(out_shape), self.scalar_type()}};
 
-  auto node = c10::make_intrusive<LossParallelCrossEntropyBackward>();
+  auto node = dtensor::detail::make_node<LossParallelCrossEntropyBackward>();
   node->logits_spec = spec;
   node->grad_placements = out_placements;
   node->reduction = reduction;
