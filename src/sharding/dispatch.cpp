@@ -215,6 +215,15 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
   const size_t r = schema.returns().size();
   c10::IValue* returns = stack->data() + (stack->size() - r);
   size_t next_output = 0;
+  // The outputs' specs come from the global metas; a local kernel returning more tensors than those
+  // (a rule's output metas out of step with the kernel) is reported, not indexed past.
+  auto take_output = [&]() {
+    if (next_output >= decision.outputs.size())
+      throw DTensorError("op " + schema.name() + " returned more tensors on local shards than its " +
+                         std::to_string(decision.outputs.size()) + " global output metas describe: its sharding rule's "
+                         "output metas are out of step with this LibTorch's kernel");
+    return next_output++;
+  };
   for (size_t j = 0; j < r; ++j) {
     const auto* alias = schema.returns()[j].alias_info();
     if (alias && alias->isWrite()) {
@@ -224,7 +233,7 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
       }
       // An in-place view (t_) changed the DTensor's shape and placements along with its local tensor.
       auto* impl = const_cast<DTensorImpl*>(as_dtensor(returns[j].toTensor()));
-      const size_t k = next_output++;
+      const size_t k = take_output();
       const DTensorSpec& result = decision.outputs[k];
       if (impl != nullptr && (impl->spec().placements != result.placements || impl->spec().meta != result.meta))
         impl->reset_spec(output_spec(cached, k, mesh, inputs));
@@ -232,13 +241,13 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
       // Undefined returns (e.g. gradients not asked for) have no output spec. A new (non-view) result
       // is laid out as its global strides say; a view keeps aliasing its input.
       if (returns[j].toTensor().defined()) {
-        const size_t k = next_output++;
+        const size_t k = take_output();
         returns[j] = wrap_result(returns[j], decision.outputs[k], alias != nullptr, output_spec(cached, k, mesh, inputs));
       }
     } else if (returns[j].isTensorList()) {
       c10::List<at::Tensor> wrapped;
       for (const at::Tensor& t : returns[j].toTensorList()) {
-        const size_t k = next_output++;
+        const size_t k = take_output();
         wrapped.push_back(make_dtensor(alias ? t : in_global_layout(t, decision.outputs[k].meta),
                                        output_spec(cached, k, mesh, inputs)));
       }

@@ -259,5 +259,85 @@ TEST_F(StrategyTest, EveryAttentionStrategy) {
               per_mesh(m, 6));
 }
 
+// The CUDA fused kernels (flash, memory-efficient, cuDNN) cannot run here, so their strategies are
+// checked through shapes: meta tensors in, every decision's placements and global output metas out.
+// The output and logsumexp shapes are checked against the CPU kernel's on real tensors; tests/cuda
+// runs the kernels themselves against one device.
+std::vector<OutputSharding> decisions_on_metas(const std::string& op, const std::vector<c10::IValue>& args, const MeshPtr& mesh) {
+  std::vector<TensorInput> inputs;
+  for (size_t i = 0; i < args.size(); ++i)
+    if (args[i].isTensor() && args[i].toTensor().defined()) {
+      const at::Tensor& t = args[i].toTensor();
+      inputs.push_back({i, -1, std::make_shared<const DTensorSpec>(DTensorSpec{mesh, Placements(mesh->ndim(), Replicate()),
+                                                                              TensorMeta{t.sizes().vec(), t.strides().vec(), t.scalar_type()}})});
+    }
+  return detail::every_decision(op_named(op), args, inputs, mesh);
+}
+
+TEST_F(StrategyTest, FusedAttentionStrategiesThroughShapes) {
+  const auto meta = at::TensorOptions().dtype(at::kBFloat16).device(at::kMeta);
+  const at::Tensor q = at::empty({2, 4, 24, 64}, meta), k = at::empty({2, 4, 24, 64}, meta), v = at::empty({2, 4, 24, 64}, meta);
+  const at::Tensor gqa_k = at::empty({2, 2, 24, 64}, meta);
+  const c10::IValue none;
+  const auto cpu = at::_scaled_dot_product_flash_attention_for_cpu(at::zeros({2, 4, 24, 64}), at::zeros({2, 4, 24, 64}), at::zeros({2, 4, 24, 64}));
+  const Shape output_shape = std::get<0>(cpu).sizes().vec(), lse_shape = std::get<1>(cpu).sizes().vec();
+  const Placements expected_each[] = {{Replicate()}, {Shard(0)}, {Shard(1)}};
+  const auto m = mesh({4});
+  struct Case {
+    std::string op;
+    std::vector<c10::IValue> args;
+    size_t outputs;
+  };
+  const std::vector<Case> forwards = {
+      {"aten::_scaled_dot_product_flash_attention", {q, k, v, 0.0, true, false, none}, 5},
+      {"aten::_scaled_dot_product_efficient_attention", {q, k, v, none, true, 0.0, true, none}, 4},
+      {"aten::_scaled_dot_product_cudnn_attention", {q, k, v, none, true, 0.0, true, false, none}, 4}};
+  for (const Case& c : forwards) {
+    SCOPED_TRACE(c.op);
+    const auto decisions = decisions_on_metas(c.op, c.args, m);
+    ASSERT_EQ(decisions.size(), 3u);  // R, batch, heads
+    for (size_t i = 0; i < decisions.size(); ++i) {
+      const OutputSharding& d = decisions[i];
+      ASSERT_EQ(d.outputs.size(), c.outputs);
+      EXPECT_EQ(d.chosen.inputs, std::vector<Placements>(3, expected_each[i]));
+      EXPECT_EQ(d.chosen.outputs[0], expected_each[i]);
+      EXPECT_EQ(d.chosen.outputs[1], expected_each[i]);
+      for (size_t k = 2; k < c.outputs; ++k) EXPECT_EQ(d.chosen.outputs[k], Placements{Replicate()}) << "aux output " << k;
+      EXPECT_EQ(d.outputs[0].meta.shape, output_shape);
+      EXPECT_EQ(Shape(d.outputs[1].meta.shape.begin(), d.outputs[1].meta.shape.begin() + 2), Shape(lse_shape.begin(), lse_shape.begin() + 2));
+    }
+    // Grouped-query attention (2 key heads for 4 query heads): heads stay whole. Dropout: replicated.
+    std::vector<c10::IValue> gqa = c.args;
+    gqa[1] = gqa_k;
+    gqa[2] = gqa_k;
+    EXPECT_EQ(decisions_on_metas(c.op, gqa, m).size(), 2u);
+    std::vector<c10::IValue> dropout = c.args;
+    dropout[*op_named(c.op).schema().argumentIndexWithName("dropout_p")] = 0.1;
+    EXPECT_EQ(decisions_on_metas(c.op, dropout, m).size(), 1u);
+  }
+  // The backward kernels: the three gradients sharded like q, k, v.
+  const at::Tensor out = at::empty({2, 4, 24, 64}, meta), lse = at::empty({2, 4, 24}, at::TensorOptions().dtype(at::kFloat).device(at::kMeta));
+  const at::Tensor seed = at::empty({2}, at::TensorOptions().dtype(at::kUInt64).device(at::kMeta));
+  const at::Tensor offset = at::empty({}, at::TensorOptions().dtype(at::kUInt64).device(at::kMeta));
+  const std::vector<Case> backwards = {
+      {"aten::_scaled_dot_product_flash_attention_backward", {q, q, k, v, out, lse, none, none, 24, 24, 0.0, true, seed, offset, none}, 3},
+      {"aten::_scaled_dot_product_efficient_attention_backward",
+       {q, q, k, v, none, out, lse, offset, offset, 0.0, c10::List<bool>({true, true, true, false}), true, none}, 3},
+      {"aten::_scaled_dot_product_cudnn_attention_backward",
+       {q, q, k, v, out, lse, offset, offset, none, none, none, 24, 24, 0.0, true, none}, 3}};
+  for (const Case& c : backwards) {
+    SCOPED_TRACE(c.op);
+    const auto decisions = decisions_on_metas(c.op, c.args, m);
+    ASSERT_EQ(decisions.size(), 3u);
+    for (size_t i = 0; i < decisions.size(); ++i) {
+      ASSERT_EQ(decisions[i].outputs.size(), c.outputs);
+      for (size_t k = 0; k < 3; ++k) {
+        EXPECT_EQ(decisions[i].chosen.outputs[k], expected_each[i]);
+        EXPECT_EQ(decisions[i].outputs[k].meta.shape, q.sizes().vec());
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dtensor::testing

@@ -61,5 +61,33 @@ TEST_F(FunctionalTest, MegatronMlpWithTorchFunctional) {
   EXPECT_EQ(placements_of(dist.w1.grad()), (Placements{Shard(0)}));
 }
 
+// With the fused CPU kernel turned off, scaled_dot_product_attention runs its math decomposition,
+// which builds the causal mask as a plain tensor: heads sharded (5 over the ranks, uneven), forward and
+// gradients equal to one device. A plain mask given by the caller is still refused.
+TEST_F(FunctionalTest, MathAttentionWithCausalMask) {
+  const at::Tensor q = test_tensor({2, 5, 6, 4}, at::kDouble, 1) / 4, k = test_tensor({2, 5, 6, 4}, at::kDouble, 2) / 4;
+  const at::Tensor v = test_tensor({2, 5, 6, 4}, at::kDouble, 3), grad = test_tensor({2, 5, 6, 4}, at::kDouble, 4);
+  auto& ctx = at::globalContext();
+  const bool flash = ctx.userEnabledFlashSDP();
+  ctx.setSDPUseFlash(false);
+  for (const auto& m : {mesh({4}), mesh({2, 2})}) {
+    std::vector<at::Tensor> leaves, dleaves;
+    for (const at::Tensor& t : {q, k, v}) {
+      leaves.push_back(t.clone().requires_grad_());
+      dleaves.push_back(distribute_tensor(t, m, Placements(m->ndim(), Shard(1))).requires_grad_());
+    }
+    const at::Tensor expected = at::scaled_dot_product_attention(leaves[0], leaves[1], leaves[2], {}, 0.0, /*is_causal=*/true);
+    expected.backward(grad);
+    const at::Tensor out = at::scaled_dot_product_attention(dleaves[0], dleaves[1], dleaves[2], {}, 0.0, /*is_causal=*/true);
+    out.backward(distribute_tensor(grad, m, Placements(m->ndim(), Shard(1))));
+    EXPECT_TRUE(tensors_close(full_tensor(out), expected));
+    for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(tensors_close(full_tensor(dleaves[i].grad()), leaves[i].grad())) << "grad " << i;
+    const at::Tensor plain_mask = at::ones({6, 6}, at::kBool).tril();
+    EXPECT_THROW(at::scaled_dot_product_attention(dleaves[0].detach(), dleaves[1].detach(), dleaves[2].detach(), plain_mask),
+                 DTensorError);
+  }
+  ctx.setSDPUseFlash(flash);
+}
+
 }  // namespace
 }  // namespace dtensor::testing

@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include "../registry.h"
+#include "attention_mask.h"
 #include "optional_tensors.h"
 #include "rule_helpers.h"
 
@@ -34,15 +35,6 @@ const Roles kBackward = {{2, 3}, 8};   // ..._backward(grad_out, q, k, v, out, l
 
 bool contains(const std::vector<size_t>& v, size_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
-// The mask broadcasts to [batch, heads, queries, keys] from the right: the placement of its dim under
-// `dim` of the query when that dim is sharded, or Replicate where it broadcasts (size 1 or absent).
-Placement mask_placement(const OpSchema& s, size_t input, int64_t dim) {
-  const Shape& mask = s.input(input).meta.shape;
-  const int64_t d = dim - (4 - static_cast<int64_t>(mask.size()));
-  const size_t query = *s.input_at_arg(0);
-  return d >= 0 && mask[d] == s.input(query).meta.shape[dim] && mask[d] != 1 ? Placement(Shard(d)) : Replicate();
-}
-
 // Dims that may be sharded: batch always; heads unless keys have fewer heads (grouped-query attention
 // pairs query heads with key heads by position); queries unless causal.
 std::vector<int64_t> shardable_dims(const OpSchema& s, const Roles& roles) {
@@ -60,7 +52,7 @@ std::vector<int64_t> shardable_dims(const OpSchema& s, const Roles& roles) {
 // Every input sharded like the query along `dim` (for queries: key-like inputs Replicate).
 Placements inputs_along(const OpSchema& s, const Roles& roles, int64_t dim) {
   return by_argument(s, [&](size_t arg) -> Placement {
-    if (arg == roles.mask) return mask_placement(s, *s.input_at_arg(arg), dim);
+    if (arg == roles.mask) return attention_mask_placement(s, *s.input_at_arg(arg), dim);
     if (dim == kQueries && contains(roles.key_like, arg)) return Replicate();
     return Shard(dim);
   });
@@ -125,6 +117,13 @@ const bool registered = [] {
 }();
 
 }  // namespace
+
+Placement attention_mask_placement(const OpSchema& s, size_t input, int64_t dim) {
+  const Shape& mask = s.input(input).meta.shape;
+  const int64_t d = dim - (4 - static_cast<int64_t>(mask.size()));
+  const size_t query = *s.input_at_arg(0);
+  return d >= 0 && mask[d] == s.input(query).meta.shape[dim] && mask[d] != 1 ? Placement(Shard(d)) : Replicate();
+}
 
 // A DTensor's sizes are global, so the choice sees what single-device dispatch sees.
 TORCH_LIBRARY_IMPL(aten, PrivateUse2, m) { m.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice)); }
