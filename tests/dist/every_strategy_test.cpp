@@ -339,5 +339,27 @@ TEST_F(StrategyTest, FusedAttentionStrategiesThroughShapes) {
   }
 }
 
+// _fused_rms_norm (in graphs exported on CUDA; eager DTensors decompose it) shards like layer_norm:
+// run on CPU, where it is a composite. Its backward has only a CUDA kernel: checked through shapes.
+TEST_F(StrategyTest, FusedRmsNormStrategies) {
+  const at::Tensor x = values({5, 3, 16}, 1), w = values({16}, 2);
+  for (const auto& m : meshes())
+    EXPECT_EQ(check_every_strategy("aten::_fused_rms_norm", {x, std::vector<int64_t>{16}, w, 1e-6}, m).size(), per_mesh(m, 3));
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  const at::Tensor mx = at::empty({5, 3, 16}, meta), mw = at::empty({16}, meta), rstd = at::empty({5, 3, 1}, meta);
+  const auto decisions = decisions_on_metas("aten::_fused_rms_norm_backward",
+                                            {mx, mx, std::vector<int64_t>{16}, rstd, mw, c10::List<bool>({true, true})}, mesh({4}));
+  ASSERT_EQ(decisions.size(), 5u);  // R, rows, the middle dim, and Partial(sum|avg) incoming gradients
+  for (const OutputSharding& d : decisions) {
+    ASSERT_EQ(d.outputs.size(), 2u);
+    EXPECT_EQ(d.outputs[0].meta.shape, mx.sizes().vec());
+    EXPECT_EQ(d.outputs[1].meta.shape, mw.sizes().vec());
+  }
+  EXPECT_EQ(decisions[1].chosen.outputs[0], Placements{Shard(0)});
+  EXPECT_EQ(decisions[1].chosen.outputs[1], Placements{Partial()});  // the weight's gradient sums over the rows
+  EXPECT_EQ(decisions[1].chosen.inputs[2], Placements{Shard(0)});    // rstd
+  EXPECT_EQ(decisions[1].chosen.inputs[3], Placements{Replicate()});  // the weight
+}
+
 }  // namespace
 }  // namespace dtensor::testing

@@ -5,6 +5,8 @@
 #include <set>
 #include <sstream>
 
+#include <ATen/core/dispatch/Dispatcher.h>
+
 #include "dtensor/sharding.h"
 
 namespace dtensor::testing {
@@ -89,6 +91,16 @@ std::pair<std::string, bool> gradient_column(const OpCoverage& c) {
   return {reason, false};
 }
 
+// Whether this build can run the op on CPU tensors (the fused attention kernels have CUDA kernels only).
+bool runs_on_cpu(const std::string& qualified) {
+  const auto dot = qualified.find('.', qualified.find("::"));
+  const auto op = c10::Dispatcher::singleton().findSchema(
+      {qualified.substr(0, dot), dot == std::string::npos ? "" : qualified.substr(dot + 1)});
+  return !op || op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+         op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+         op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+}
+
 }  // namespace
 
 void record_run(const OpSample& sample, int64_t mesh_ndim, const SampleRun& run) {
@@ -114,6 +126,10 @@ CoverageReport coverage_report() {
     if (op.rfind("aten::", 0) != 0) continue;  // custom ops registered by tests have their own tests
     // Composite ops decompose before eager dispatch sees them: every_strategy_test checks their rules.
     if (sharding_rule_family(op) == "composite") continue;
+    if (!runs_on_cpu(op)) {
+      table << "  " << op << " | CUDA kernel only: every_strategy_test checks it through shapes, tests/cuda runs it on a GPU where eager dispatch reaches it\n";
+      continue;
+    }
     const auto it = coverage().find(op);
     if (it == coverage().end()) {
       table << "  " << op << " | 0 | | | \n";

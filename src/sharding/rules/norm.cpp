@@ -2,23 +2,25 @@
 // normalized dims) and map the result back over them, so those dims must be Replicate; every other
 // dim may be sharded, alike in all tensors. The backward ops are linear in the incoming gradient,
 // so a Partial gradient gives Partial results. layer_norm's weight and bias are Replicate; their
-// gradients sum over the (sharded) batch dims, so they come out Partial(sum). rms_norm has no op of
-// its own on CPU: it decomposes into pow, mean, rsqrt and mul.
+// gradients sum over the (sharded) batch dims, so they come out Partial(sum). rms_norm decomposes into
+// pow, mean, rsqrt and mul on DTensors, also on CUDA: _fused_rms_norm (the CUDA kernel) is
+// CompositeImplicitAutograd, so only graphs exported on CUDA hold it, and its backward; they get
+// layer_norm's rules (rstd keeps the input's rank, like layer_norm's mean and rstd).
 
 #include "../registry.h"
+#include "dtensor/layout.h"
+#include "optional_tensors.h"
 #include "rule_helpers.h"
 
 namespace dtensor::rules {
 namespace {
-
-const c10::IValue& arg(const OpSchema& s, const char* name) { return s.args[*s.schema.argumentIndexWithName(name)]; }
 
 // _softmax(self, dim, half_to_float) and _softmax_backward_data(grad_output, output, dim,
 // input_dtype): sharded alike along any dim but `dim`. (_log_softmax, which cross_entropy runs on
 // class-sharded logits, is the loss family's.)
 std::vector<DimStrategy> softmax(const OpSchema& s) {
   const int64_t ndim = s.input_ndim(0);
-  const int64_t dim = wrap_dim(arg(s, "dim").toInt(), ndim);
+  const int64_t dim = wrap_dim(argument(s, "dim").toInt(), ndim);
   std::vector<DimStrategy> out = {all_replicate(s)};
   for (int64_t d = 0; d < ndim; ++d)
     if (d != dim) out.push_back({{Shard(d)}, Placements(s.inputs.size(), Shard(d))});
@@ -34,11 +36,12 @@ std::vector<DimStrategy> softmax_backward(const OpSchema& s) {
 
 // The number of leading (batch) dims of layer_norm's input, the ones that are not normalized.
 int64_t batch_dims(const OpSchema& s, size_t input) {
-  return s.input_ndim(input) - static_cast<int64_t>(arg(s, "normalized_shape").toIntVector().size());
+  return s.input_ndim(input) - static_cast<int64_t>(argument(s, "normalized_shape").toIntVector().size());
 }
 
 // native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd): mean and
 // rstd keep the input's rank (normalized dims of size 1), so every output shards like the input.
+// Also _fused_rms_norm(input, normalized_shape, weight?, eps) -> (out, rstd).
 std::vector<DimStrategy> layer_norm(const OpSchema& s) {
   std::vector<DimStrategy> out = {all_replicate(s)};
   for (int64_t d = 0; d < batch_dims(s, 0); ++d) {
@@ -51,8 +54,14 @@ std::vector<DimStrategy> layer_norm(const OpSchema& s) {
 
 // native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight?, bias?,
 // output_mask) -> (grad_input?, grad_weight?, grad_bias?), each present when output_mask says so.
+// Also _fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight?, output_mask) ->
+// (grad_input?, grad_weight?).
 std::vector<DimStrategy> layer_norm_backward(const OpSchema& s) {
-  const std::vector<bool> mask = arg(s, "output_mask").toBoolList().vec();
+  const auto sharded_like_input = [&](size_t arg) {
+    const std::string& name = s.schema.arguments()[arg].name();
+    return name == "grad_out" || name == "input" || name == "mean" || name == "rstd";
+  };
+  const std::vector<bool> mask = argument(s, "output_mask").toBoolList().vec();
   // placements of the present outputs: grad_input like the input, grad_weight / grad_bias `params`
   auto outputs = [&](Placement grad_input, Placement params) {
     Placements p;
@@ -63,15 +72,30 @@ std::vector<DimStrategy> layer_norm_backward(const OpSchema& s) {
   std::vector<DimStrategy> out = {all_replicate(s)};
   for (int64_t d = 0; d < batch_dims(s, 1); ++d) {
     // grad_out, input, mean, rstd sharded; weight and bias Replicate
-    DimStrategy st{outputs(Shard(d), Partial()), Placements(s.inputs.size(), Replicate())};
-    for (size_t i = 0; i < 4; ++i) st.inputs[i] = Shard(d);
-    out.push_back(std::move(st));
+    out.push_back({outputs(Shard(d), Partial()),
+                   by_argument(s, [&](size_t arg) { return sharded_like_input(arg) ? Placement(Shard(d)) : Replicate(); })});
   }
   for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
     DimStrategy st{outputs(Partial(op), Partial(op)), Placements(s.inputs.size(), Replicate())};
     st.inputs[0] = Partial(op);
     out.push_back(std::move(st));
   }
+  return out;
+}
+
+// _fused_rms_norm_backward's global outputs (it has no C++ Meta kernel): the gradients are shaped
+// like the input and the weight.
+std::vector<TensorMeta> rms_norm_backward_metas(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  const auto mask = args[*op.schema().argumentIndexWithName("output_mask")].toBoolList().vec();
+  std::vector<TensorMeta> out;
+  auto like = [&](const char* name) {
+    const c10::IValue& v = args[*op.schema().argumentIndexWithName(name)];
+    if (!v.isTensor() || !v.toTensor().defined()) return;
+    const at::Tensor& t = v.toTensor();
+    out.push_back(TensorMeta{t.sizes().vec(), contiguous_strides(t.sizes().vec()), t.scalar_type()});
+  };
+  if (mask.at(0)) like("input");
+  if (mask.at(1)) like("weight");
   return out;
 }
 
@@ -84,6 +108,9 @@ const bool registered = [] {
   // Their composite forms, kept whole in exported graphs: the same math, one output.
   detail::register_composite({"aten::softmax.int"}, {.dim = softmax, .family = "composite"});
   detail::register_composite({"aten::layer_norm"}, {.dim = layer_norm, .family = "composite"});
+  detail::register_composite({"aten::_fused_rms_norm"}, {.dim = layer_norm, .family = "composite"});
+  register_overloads({"aten::_fused_rms_norm_backward"},
+                     {.dim = layer_norm_backward, .output_metas = rms_norm_backward_metas, .family = "norm"});
   return true;
 }();
 
