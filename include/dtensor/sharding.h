@@ -22,6 +22,9 @@ std::vector<std::string> ops_with_sharding_rules();
 // The family of rules an op belongs to ("pointwise", "matrix", "view", ..., or "custom" for rules
 // registered through this header); empty when the op has no rule.
 std::string sharding_rule_family(const std::string& op);
+// For an out= overload that shares its functional form's rule ("aten::mm.out"), that form
+// ("aten::mm"); empty otherwise.
+std::string functional_form_sharing_rule(const std::string& op);
 
 // While alive on this thread, plain (non-DTensor) tensors mixed into DTensor ops act as Replicate
 // instead of raising an error. 0-d plain tensors always act as Replicate.

@@ -170,11 +170,34 @@ std::optional<std::vector<TensorMeta>> written_returns(const c10::FunctionSchema
   return metas_of(returned);
 }
 
+// out= tensors must already have the result's shape: on one device the op would resize them, but a
+// DTensor's local buffer cannot be resized to a global shape. The Meta kernel says the result's.
+void check_out_shapes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const std::vector<TensorMeta>& given) {
+  const auto& schema = op.schema();
+  bool out_form = false;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) out_form = out_form || is_out_argument(schema, i);
+  if (!out_form) return;
+  std::vector<TensorMeta> result;
+  try {
+    result = run_on_proxies(op, args, Proxy::Meta);
+  } catch (const c10::NotImplementedError&) {
+    return;  // no Meta kernel: the local kernel's own checks stand
+  }
+  for (size_t k = 0; k < given.size() && k < result.size(); ++k)
+    if (given[k].shape != result[k].shape)
+      throw DTensorError("op " + qualified_name(op.operator_name()) + ": out tensor " + std::to_string(k) + " has shape " +
+                         shape_str(given[k].shape) + " but the result's is " + shape_str(result[k].shape) +
+                         "; DTensors do not resize out= tensors: pass one of the result's shape");
+}
+
 std::vector<TensorMeta> output_metas(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                                      const OpRule& rule) {
   // An in-place view (t_, unsqueeze_) returns its argument reshaped: its Meta kernel says how.
   if (!op.hasTag(at::Tag::inplace_view))
-    if (auto written = written_returns(op.schema(), args)) return *written;
+    if (auto written = written_returns(op.schema(), args)) {
+      check_out_shapes(op, args, *written);
+      return *written;
+    }
   try {
     return run_on_proxies(op, args, Proxy::Meta);
   } catch (const c10::NotImplementedError&) {

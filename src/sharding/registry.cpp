@@ -23,6 +23,7 @@ struct Registry {
   std::unordered_map<std::string, std::shared_ptr<const OpRule>> rules;
   std::set<std::string> kernels;                               // ops whose PrivateUse2 kernel is ours
   std::map<std::string, std::unique_ptr<torch::Library>> libraries;  // one per namespace
+  std::map<std::string, std::string> functional_forms;  // out= overload -> the functional one whose rule it shares
 };
 
 Registry& registry() {
@@ -58,12 +59,10 @@ bool decomposes(const c10::OperatorHandle& op) {
          !op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
 }
 
-// out= forms (out, grad_input, values, ...) write an argument after self; they are left to explicit
-// registration, as each needs its own op-db sample.
+// out= forms (out, grad_input, values, ...): they share their functional form's rule (out_form).
 bool writes_an_output_argument(const c10::OperatorHandle& op) {
-  const auto& args = op.schema().arguments();
-  for (size_t i = 1; i < args.size(); ++i)
-    if (args[i].alias_info() && args[i].alias_info()->isWrite()) return true;
+  for (size_t i = 1; i < op.schema().arguments().size(); ++i)
+    if (is_out_argument(op.schema(), i)) return true;
   return false;
 }
 
@@ -86,6 +85,11 @@ void register_composite(const std::vector<std::string>& qualified_names, const O
   for (const auto& q : qualified_names) register_one(q, rule, /*route=*/false);
 }
 
+bool is_out_argument(const c10::FunctionSchema& schema, size_t arg) {
+  const auto* alias = schema.arguments()[arg].alias_info();
+  return arg >= 1 && alias != nullptr && alias->isWrite();
+}
+
 std::string qualified_name(const c10::OperatorName& name) {
   return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
 }
@@ -96,6 +100,71 @@ std::shared_ptr<const OpRule> find_rule(const c10::OperatorHandle& op) {
   auto it = r.rules.find(qualified_name(op.operator_name()));
   return it == r.rules.end() ? nullptr : it->second;
 }
+
+namespace {
+
+// The call as its functional form sees it: the same arguments, without the out tensors.
+OpSchema without_out_arguments(const OpSchema& s) {
+  OpSchema functional{s.schema, s.args, {}, s.outputs, s.mesh};
+  for (const TensorInput& in : s.inputs)
+    if (!is_out_argument(s.schema, in.arg)) functional.inputs.push_back(in);
+  return functional;
+}
+
+// Which output each out tensor returns, by the alias sets of the schema.
+size_t output_of(const c10::FunctionSchema& schema, size_t arg) {
+  const auto* alias = schema.arguments()[arg].alias_info();
+  for (size_t r = 0; r < schema.returns().size(); ++r) {
+    const auto* returned = schema.returns()[r].alias_info();
+    if (returned && returned->beforeSets() == alias->beforeSets()) return r;
+  }
+  throw DTensorError(schema.name() + ": out argument " + schema.arguments()[arg].name() + " is not returned");
+}
+
+// The input placements of the out= call from its functional form's (one Placement per input for a
+// single mesh dim, one Placements for the mesh): each out tensor placed as the output it returns
+// (propagation keeps only strategies that leave it where it is).
+template <typename T, typename OutputPlacement>
+std::vector<T> with_out_inputs(const OpSchema& s, const std::vector<T>& functional, OutputPlacement output) {
+  std::vector<T> inputs;
+  size_t next = 0;
+  for (const TensorInput& in : s.inputs)
+    inputs.push_back(is_out_argument(s.schema, in.arg) ? output(output_of(s.schema, in.arg)) : functional.at(next++));
+  return inputs;
+}
+
+// out= overloads (add.out, sort.values, ...) share their functional form's rule, which sees the call
+// without its out tensors. Rules with their own local kernel compute the functional result their
+// own way, so their out= forms are left to explicit registration.
+OpRule out_form(const OpRule& rule) {
+  OpRule out = rule;
+  if (rule.dim)
+    out.dim = [dim = rule.dim](const OpSchema& s) {
+      std::vector<DimStrategy> strategies = dim(without_out_arguments(s));
+      for (DimStrategy& st : strategies) st.inputs = with_out_inputs(s, st.inputs, [&](size_t k) { return st.outputs.at(k); });
+      return strategies;
+    };
+  if (rule.mesh)
+    out.mesh = [mesh = rule.mesh](const OpSchema& s) {
+      OpStrategy strategies = mesh(without_out_arguments(s));
+      for (PlacementStrategy& st : strategies) {
+        st.inputs = with_out_inputs(s, st.inputs, [&](size_t k) { return st.outputs.at(k); });
+        st.redistribute_cost.clear();
+      }
+      return strategies;
+    };
+  if (rule.local_args)
+    out.local_args = [local_args = rule.local_args](const OpSchema& s, const PlacementStrategy& chosen) {
+      PlacementStrategy functional = chosen;
+      functional.inputs.clear();
+      for (size_t i = 0; i < s.inputs.size(); ++i)
+        if (!is_out_argument(s.schema, s.inputs[i].arg)) functional.inputs.push_back(chosen.inputs[i]);
+      return local_args(without_out_arguments(s), functional);
+    };
+  return out;
+}
+
+}  // namespace
 
 void register_family(const std::vector<std::string>& names, const OpRule& rule) {
   std::set<std::string> wanted;
@@ -126,6 +195,47 @@ void route_storage_touching_ops() {
 }
 
 [[maybe_unused]] const bool kRoutedBeforeTheFirstDTensor = (before_first_dtensor(&route_storage_touching_ops), true);
+
+// Whether `functional` is the functional form of out= overload `out`: the same arguments, in order,
+// without the out tensors, and nothing written.
+bool functional_form_of(const c10::FunctionSchema& out, const c10::FunctionSchema& functional) {
+  std::vector<const c10::Argument*> wanted;
+  for (size_t i = 0; i < out.arguments().size(); ++i)
+    if (!is_out_argument(out, i)) wanted.push_back(&out.arguments()[i]);
+  if (functional.arguments().size() != wanted.size() || functional.is_mutable()) return false;
+  for (size_t i = 0; i < wanted.size(); ++i)
+    if (functional.arguments()[i].name() != wanted[i]->name() || functional.arguments()[i].type()->str() != wanted[i]->type()->str())
+      return false;
+  return true;
+}
+
+// Gives every out= overload without a rule its functional form's rule (out_form), when that rule
+// computes the result with the op itself (no local kernel). Run once every rules file has registered
+// (before the first DTensor, or when the registry is listed); rules registered later get no out= forms.
+void register_out_forms() {
+  std::map<std::string, std::vector<c10::OperatorHandle>> by_name;
+  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames())
+    if (auto op = c10::Dispatcher::singleton().findOp(name)) by_name[name.name].push_back(*op);
+  for (const auto& [name, overloads] : by_name)
+    for (const auto& out : overloads) {
+      if (!writes_an_output_argument(out) || find_rule(out)) continue;
+      for (const auto& functional : overloads) {
+        const auto rule = find_rule(functional);
+        if (!rule || rule->local_kernel || decomposes(functional) || !functional_form_of(out.schema(), functional.schema())) continue;
+        add_rule(out, out_form(*rule));
+        std::lock_guard<std::mutex> lock(registry().mutex);
+        registry().functional_forms[qualified_name(out.operator_name())] = qualified_name(functional.operator_name());
+        break;
+      }
+    }
+}
+
+void ensure_out_forms() {
+  static std::once_flag once;
+  std::call_once(once, register_out_forms);
+}
+
+[[maybe_unused]] const bool kOutFormsBeforeTheFirstDTensor = (before_first_dtensor(&ensure_out_forms), true);
 }  // namespace
 
 }  // namespace dtensor::detail
@@ -136,19 +246,30 @@ void register_dim_rule(const std::string& op, DimRule rule) { detail::register_o
 void register_mesh_rule(const std::string& op, MeshRule rule) { detail::register_one(op, detail::OpRule{{}, std::move(rule)}); }
 
 bool has_sharding_rule(const std::string& op) {
+  detail::ensure_out_forms();
   auto& r = detail::registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   return r.rules.count(op) > 0;
 }
 
 std::string sharding_rule_family(const std::string& op) {
+  detail::ensure_out_forms();
   auto& r = detail::registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   auto it = r.rules.find(op);
   return it == r.rules.end() ? "" : it->second->family;
 }
 
+std::string functional_form_sharing_rule(const std::string& op) {
+  detail::ensure_out_forms();
+  auto& r = detail::registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto it = r.functional_forms.find(op);
+  return it == r.functional_forms.end() ? "" : it->second;
+}
+
 std::vector<std::string> ops_with_sharding_rules() {
+  detail::ensure_out_forms();
   auto& r = detail::registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   std::vector<std::string> out;

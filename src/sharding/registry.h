@@ -48,6 +48,8 @@ std::shared_ptr<const OpRule> find_rule(const c10::OperatorHandle& op);
 // Registers `rule` for every overload of every op named in `names` (base names such as "aten::add",
 // which also cover their in-place "aten::add_" forms and out= overloads). Ops that decompose before
 // reaching a backend (CompositeImplicitAutograd) are skipped: their parts are what dtensor sees.
+// An out= overload gets the rule as its functional form sees it (without the out tensors), each out
+// tensor placed like the output it returns; rules with a local kernel leave out= forms unregistered.
 void register_family(const std::vector<std::string>& names, const OpRule& rule);
 
 // Registers `rule` for exactly the named overloads ("aten::add.out"), e.g. out= forms.
@@ -60,5 +62,9 @@ void register_overloads(const std::vector<std::string>& qualified_names, const O
 void register_composite(const std::vector<std::string>& qualified_names, const OpRule& rule);
 
 std::string qualified_name(const c10::OperatorName& name);
+
+// An argument an out= overload writes its result to (out, values, grad_input, ...): written, and
+// after self (in-place ops write self, which their functional form reads too).
+bool is_out_argument(const c10::FunctionSchema& schema, size_t arg);
 
 }  // namespace dtensor::detail

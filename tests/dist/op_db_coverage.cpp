@@ -126,6 +126,11 @@ CoverageReport coverage_report() {
     if (op.rfind("aten::", 0) != 0) continue;  // custom ops registered by tests have their own tests
     // Composite ops decompose before eager dispatch sees them: every_strategy_test checks their rules.
     if (sharding_rule_family(op) == "composite") continue;
+    if (const std::string functional = functional_form_sharing_rule(op); !functional.empty()) {
+      // Its rule is the functional form's, covered on its own line; OutFormsTest checks the sharing.
+      table << "  " << op << " | out= form of " << functional << "\n";
+      continue;
+    }
     if (!runs_on_cpu(op)) {
       table << "  " << op << " | CUDA kernel only: every_strategy_test checks it through shapes, tests/cuda runs it on a GPU where eager dispatch reaches it\n";
       continue;
