@@ -155,7 +155,7 @@ const bool registered = [] {
                    "aten::gelu_backward", "aten::silu_backward", "aten::hardtanh_backward",
                    "aten::leaky_relu_backward", "aten::elu_backward", "aten::softplus_backward",
                    "aten::hardsigmoid_backward", "aten::hardswish_backward", "aten::logit_backward",
-                   "aten::mish_backward"},
+                   "aten::mish_backward", "aten::hardshrink_backward", "aten::softshrink_backward"},
                   rule(Linearity::FirstLinear));
   register_family(
       {"aten::abs",        "aten::acos",       "aten::acosh",         "aten::asin",         "aten::asinh",
@@ -178,7 +178,22 @@ const bool registered = [] {
        "aten::lgamma",     "aten::digamma",    "aten::sinc",          "aten::logaddexp",    "aten::logaddexp2",
        "aten::heaviside",  "aten::signbit",    "aten::nextafter",     "aten::deg2rad",      "aten::rad2deg",
        "aten::i0",         "aten::bitwise_left_shift", "aten::bitwise_right_shift", "aten::relu6",
-       "aten::polygamma",  "aten::special_i1", "aten::special_i0e", "aten::special_i1e"},
+       "aten::polygamma",  "aten::special_i1", "aten::special_i0e", "aten::special_i1e",
+       "aten::angle",      "aten::celu",       "aten::conj_physical", "aten::gcd",          "aten::lcm",
+       "aten::hardshrink", "aten::softshrink", "aten::igamma",        "aten::igammac",      "aten::ldexp",
+       "aten::frexp",      "aten::__lshift__",    "aten::__rshift__",   "aten::__ilshift__",
+       "aten::__irshift__", "aten::special_airy_ai", "aten::special_bessel_j0", "aten::special_bessel_j1",
+       "aten::special_bessel_y0", "aten::special_bessel_y1", "aten::special_entr", "aten::special_erfcx",
+       "aten::special_log_ndtr", "aten::special_ndtri", "aten::special_modified_bessel_i0",
+       "aten::special_modified_bessel_i1", "aten::special_modified_bessel_k0", "aten::special_modified_bessel_k1",
+       "aten::special_scaled_modified_bessel_k0", "aten::special_scaled_modified_bessel_k1",
+       "aten::special_spherical_bessel_j0", "aten::special_xlog1py", "aten::special_zeta",
+       "aten::special_chebyshev_polynomial_t", "aten::special_chebyshev_polynomial_u",
+       "aten::special_chebyshev_polynomial_v", "aten::special_chebyshev_polynomial_w",
+       "aten::special_shifted_chebyshev_polynomial_t", "aten::special_shifted_chebyshev_polynomial_u",
+       "aten::special_shifted_chebyshev_polynomial_v", "aten::special_shifted_chebyshev_polynomial_w",
+       "aten::special_hermite_polynomial_h", "aten::special_hermite_polynomial_he",
+       "aten::special_laguerre_polynomial_l", "aten::special_legendre_polynomial_p"},
       rule(Linearity::None));
   return true;
 }();

@@ -49,11 +49,17 @@ Domain domain_of(const std::string& op, size_t input) {
       {"log2", Domain::Positive},  {"log10", Domain::Positive},  {"log1p", Domain::Positive},
       {"sqrt", Domain::Positive},  {"rsqrt", Domain::Positive},  {"lgamma", Domain::Positive},
       {"digamma", Domain::Positive}, {"reciprocal", Domain::NonZero}, {"pow", Domain::Positive},
-      {"logit", Domain::OpenUnit}};
+      {"logit", Domain::OpenUnit},   {"igamma", Domain::Positive},
+      {"igammac", Domain::Positive}, {"special_ndtri", Domain::OpenUnit}, {"special_zeta", Domain::AboveOne},
+      {"special_entr", Domain::Positive}, {"special_bessel_y0", Domain::Positive}, {"special_bessel_y1", Domain::Positive},
+      {"special_modified_bessel_k0", Domain::Positive}, {"special_modified_bessel_k1", Domain::Positive},
+      {"special_scaled_modified_bessel_k0", Domain::Positive}, {"special_scaled_modified_bessel_k1", Domain::Positive}};
   // The second tensor argument: a divisor, or xlogy's y, or logit_backward's input.
   static const std::map<std::string, Domain> second = {
       {"div", Domain::NonZero},       {"floor_divide", Domain::NonZero}, {"fmod", Domain::NonZero},
-      {"remainder", Domain::NonZero}, {"xlogy", Domain::Positive},       {"logit_backward", Domain::OpenUnit}};
+      {"remainder", Domain::NonZero}, {"xlogy", Domain::Positive},       {"logit_backward", Domain::OpenUnit},
+      {"igamma", Domain::Positive},   {"igammac", Domain::Positive},     {"special_zeta", Domain::Positive},
+      {"special_xlog1py", Domain::Positive}};
   const auto& table = input == 0 ? first : second;
   const auto it = table.find(op);
   return input <= 1 && it != table.end() ? it->second : Domain::Any;
