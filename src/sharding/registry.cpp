@@ -133,10 +133,39 @@ std::vector<T> with_out_inputs(const OpSchema& s, const std::vector<T>& function
   return inputs;
 }
 
+// The chosen strategy as the functional form sees it: without the out tensors' placements.
+PlacementStrategy without_out_inputs(const OpSchema& s, const PlacementStrategy& chosen) {
+  PlacementStrategy functional = chosen;
+  functional.inputs.clear();
+  for (size_t i = 0; i < s.inputs.size(); ++i)
+    if (!is_out_argument(s.schema, s.inputs[i].arg)) functional.inputs.push_back(chosen.inputs[i]);
+  return functional;
+}
+
+// A functional local kernel run for an out= call: on the call's arguments without the out tensors,
+// its results then copied into this rank's part of each out tensor, which the call returns.
+LocalKernel into_out_tensors(LocalKernel functional_kernel, c10::OperatorHandle functional) {
+  return [functional_kernel = std::move(functional_kernel), functional](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+    const auto& schema = op.schema();
+    std::vector<c10::IValue> args = torch::jit::pop(stack, schema.arguments().size());
+    std::vector<at::Tensor> out_of_return(schema.returns().size());
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (is_out_argument(schema, i)) out_of_return[output_of(schema, i)] = args[i].toTensor();
+      else torch::jit::push(stack, std::move(args[i]));
+    }
+    functional_kernel(functional, stack);
+    const auto results = torch::jit::pop(stack, functional.schema().returns().size());
+    for (size_t r = 0; r < out_of_return.size(); ++r) {
+      out_of_return[r].copy_(results.at(r).toTensor());
+      torch::jit::push(stack, out_of_return[r]);
+    }
+  };
+}
+
 // out= overloads (add.out, sort.values, ...) share their functional form's rule, which sees the call
-// without its out tensors. Rules with their own local kernel compute the functional result their
-// own way, so their out= forms are left to explicit registration.
-OpRule out_form(const OpRule& rule) {
+// without its out tensors. Where that rule computes the result with a local kernel of its own, the
+// out= call runs that kernel and copies its results into the out tensors.
+OpRule out_form(const OpRule& rule, const c10::OperatorHandle& functional) {
   OpRule out = rule;
   if (rule.dim)
     out.dim = [dim = rule.dim](const OpSchema& s) {
@@ -155,11 +184,12 @@ OpRule out_form(const OpRule& rule) {
     };
   if (rule.local_args)
     out.local_args = [local_args = rule.local_args](const OpSchema& s, const PlacementStrategy& chosen) {
-      PlacementStrategy functional = chosen;
-      functional.inputs.clear();
-      for (size_t i = 0; i < s.inputs.size(); ++i)
-        if (!is_out_argument(s.schema, s.inputs[i].arg)) functional.inputs.push_back(chosen.inputs[i]);
-      return local_args(without_out_arguments(s), functional);
+      return local_args(without_out_arguments(s), without_out_inputs(s, chosen));
+    };
+  if (rule.local_kernel)
+    out.local_kernel = [local_kernel = rule.local_kernel, functional](const OpSchema& s, const PlacementStrategy& chosen) {
+      LocalKernel kernel = local_kernel(without_out_arguments(s), without_out_inputs(s, chosen));
+      return kernel ? into_out_tensors(std::move(kernel), functional) : LocalKernel{};
     };
   return out;
 }
@@ -209,9 +239,9 @@ bool functional_form_of(const c10::FunctionSchema& out, const c10::FunctionSchem
   return true;
 }
 
-// Gives every out= overload without a rule its functional form's rule (out_form), when that rule
-// computes the result with the op itself (no local kernel). Run once every rules file has registered
-// (before the first DTensor, or when the registry is listed); rules registered later get no out= forms.
+// Gives every out= overload without a rule its functional form's rule (out_form). Run once every
+// rules file has registered (before the first DTensor, or when the registry is listed); rules
+// registered later get no out= forms.
 void register_out_forms() {
   std::map<std::string, std::vector<c10::OperatorHandle>> by_name;
   for (const auto& name : c10::Dispatcher::singleton().getAllOpNames())
@@ -221,8 +251,8 @@ void register_out_forms() {
       if (!writes_an_output_argument(out) || find_rule(out)) continue;
       for (const auto& functional : overloads) {
         const auto rule = find_rule(functional);
-        if (!rule || rule->local_kernel || decomposes(functional) || !functional_form_of(out.schema(), functional.schema())) continue;
-        add_rule(out, out_form(*rule));
+        if (!rule || decomposes(functional) || !functional_form_of(out.schema(), functional.schema())) continue;
+        add_rule(out, out_form(*rule, functional));
         std::lock_guard<std::mutex> lock(registry().mutex);
         registry().functional_forms[qualified_name(out.operator_name())] = qualified_name(functional.operator_name());
         break;

@@ -49,7 +49,7 @@ std::shared_ptr<const OpRule> find_rule(const c10::OperatorHandle& op);
 // which also cover their in-place "aten::add_" forms and out= overloads). Ops that decompose before
 // reaching a backend (CompositeImplicitAutograd) are skipped: their parts are what dtensor sees.
 // An out= overload gets the rule as its functional form sees it (without the out tensors), each out
-// tensor placed like the output it returns; rules with a local kernel leave out= forms unregistered.
+// tensor placed like the output it returns; a local kernel's results are copied into the out tensors.
 void register_family(const std::vector<std::string>& names, const OpRule& rule);
 
 // Registers `rule` for exactly the named overloads ("aten::add.out"), e.g. out= forms.

@@ -61,6 +61,26 @@ TEST_F(OutFormsTest, ReductionsScansAndSortsWithSeveralOutTensors) {
   }
 }
 
+// Rules with a local kernel of their own (a mean over uneven shards divides by the global count; a
+// max over a rank without rows has nothing to compare): the kernel's results land in the out tensor.
+TEST_F(OutFormsTest, LocalKernelsWriteTheirResultsIntoTheOutTensor) {
+  const at::Tensor x = test_tensor({5, 7}, at::kDouble, 6);  // 5 rows over 4 ranks: one rank has none
+  const auto m = mesh({4});
+  at::Tensor dx = distribute_tensor(x, m, Placements{Shard(0)});
+  auto partial = [&](ReduceOp op) {
+    return from_local(at::zeros({7}, at::kDouble), m, Placements{Partial(op)}, {.run_check = false});
+  };
+  at::Tensor mean = partial(ReduceOp::Sum);
+  CommDebugMode debug;
+  at::mean_out(mean, dx, {0});
+  EXPECT_EQ(debug.total_count(), 0) << "the rows' partial sums stay on their ranks: " << debug.summary();
+  EXPECT_EQ(placements_of(mean), (Placements{Partial(ReduceOp::Sum)}));
+  EXPECT_TRUE(tensors_close(full_tensor(mean), x.mean(0)));
+  at::Tensor largest = partial(ReduceOp::Max);
+  at::amax_out(largest, dx, {0});
+  EXPECT_TRUE(tensors_equal(full_tensor(largest), x.amax(0)));
+}
+
 TEST_F(OutFormsTest, AnOutTensorOfTheWrongShapeIsRefused) {
   const auto m = mesh({4});
   at::Tensor dx = distribute_tensor(test_tensor({5, 6}, at::kDouble, 5), m, Placements{Shard(0)});
