@@ -232,6 +232,9 @@ bool functional_form_of(const c10::FunctionSchema& out, const c10::FunctionSchem
   std::vector<const c10::Argument*> wanted;
   for (size_t i = 0; i < out.arguments().size(); ++i)
     if (!is_out_argument(out, i)) wanted.push_back(&out.arguments()[i]);
+  // out tensor lists (split_with_sizes_copy.out) would need one placement per element: not shared
+  for (size_t i = 0; i < out.arguments().size(); ++i)
+    if (is_out_argument(out, i) && out.arguments()[i].type()->kind() != c10::TypeKind::TensorType) return false;
   if (functional.arguments().size() != wanted.size() || functional.is_mutable()) return false;
   for (size_t i = 0; i < wanted.size(); ++i)
     if (functional.arguments()[i].name() != wanted[i]->name() || functional.arguments()[i].type()->str() != wanted[i]->type()->str())

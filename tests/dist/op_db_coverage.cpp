@@ -96,9 +96,10 @@ bool runs_on_cpu(const std::string& qualified) {
   const auto dot = qualified.find('.', qualified.find("::"));
   const auto op = c10::Dispatcher::singleton().findSchema(
       {qualified.substr(0, dot), dot == std::string::npos ? "" : qualified.substr(dot + 1)});
-  return !op || op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-         op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-         op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  using c10::DispatchKey;
+  return !op || op->hasKernelForDispatchKey(DispatchKey::CPU) || op->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
+         op->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+         op->hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd);
 }
 
 }  // namespace

@@ -217,7 +217,8 @@ std::vector<DimStrategy> scan(const OpSchema& s) {
 
 // sort and topk order values along `dim`, which must be Replicate (an order is global); every other
 // dim keeps its shard, in the values and the indices alike. No Partial: the order of a sum is not
-// the sum of the orders.
+// the sum of the orders. The scans that are not sums (cumprod, cummax, cummin, logcumsumexp) are
+// the same: `dim` whole, no Partial.
 std::vector<DimStrategy> ordering(const OpSchema& s) {
   const int64_t ndim = s.input_ndim(0);
   const int64_t dim = dim_arg(s, ndim);
@@ -260,8 +261,16 @@ at::Tensor value_selecting_reduction_backward(const at::Tensor& grad, int64_t di
   return values.new_zeros_symint(sizes).scatter(dim, positions, values);
 }
 
+// cummax / cummin backward likewise scatters into a plain at::zeros: the out-of-place form on zeros
+// made from the DTensor input.
+at::Tensor cummaxmin_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& indices, int64_t dim) {
+  if (input.numel() == 0) return input;
+  return input.new_zeros(input.sizes()).scatter_add(dim, indices, grad);
+}
+
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse2, m) {
   m.impl("value_selecting_reduction_backward", TORCH_FN(value_selecting_reduction_backward));
+  m.impl("cummaxmin_backward", TORCH_FN(cummaxmin_backward));
 }
 
 const bool registered = [] {
@@ -291,12 +300,14 @@ const bool registered = [] {
                      {.dim = reduce(all_of), .local_kernel = identity_when_empty(ReduceOp::Min), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::prod", "aten::prod.dim_int", "aten::max.dim", "aten::min.dim", "aten::max.dim_max",
                       "aten::min.dim_min", "aten::argmax", "aten::argmin", "aten::var.correction", "aten::std.correction",
-                      "aten::var_mean.correction", "aten::std_mean.correction", "aten::logsumexp"},
+                      "aten::var_mean.correction", "aten::std_mean.correction", "aten::logsumexp", "aten::kthvalue",
+                      "aten::median", "aten::median.dim", "aten::nanmedian", "aten::nanmedian.dim", "aten::mode"},
                      {.dim = reduce(replicated), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::linalg_vector_norm", "aten::norm.Scalar", "aten::norm.ScalarOpt_dim"},
                      {.dim = vector_norm, .local_kernel = norm_kernel, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::cumsum", "aten::cumsum_"}, {.dim = scan, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
-  register_overloads({"aten::sort", "aten::sort.stable", "aten::topk"},
+  register_overloads({"aten::sort", "aten::sort.stable", "aten::topk", "aten::cumprod", "aten::cumprod_", "aten::cummax",
+                      "aten::cummin", "aten::logcumsumexp"},
                      {.dim = ordering, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::flip"}, {.dim = flip, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::_local_scalar_dense"}, {.dim = replicate_only, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});

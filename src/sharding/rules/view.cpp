@@ -7,10 +7,12 @@
 
 #include <ATen/ATen.h>
 #include <ATen/TensorUtils.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <functional>
 #include <optional>
+#include <set>
 
 #include "../registry.h"
 #include "dtensor/errors.h"
@@ -468,6 +470,74 @@ std::vector<DimStrategy> slice_scatter(const OpSchema& s) {
   return follow_dims(s, [dim](int64_t d) { return d == dim ? -1 : d; });
 }
 
+// ---- diagonals, rolls and scatters into views ---------------------------------------------------------
+
+// Where dim d lands once dims a and b are taken out (-1 for a and b themselves).
+int64_t without_two(int64_t d, int64_t a, int64_t b) { return d == a || d == b ? -1 : d - (d > a) - (d > b); }
+
+std::pair<int64_t, int64_t> diagonal_dims(const OpSchema& s, int64_t ndim) {
+  return {wrap_dim(argument(s, "dim1").toInt(), ndim), wrap_dim(argument(s, "dim2").toInt(), ndim)};
+}
+
+// diagonal(self, offset, dim1, dim2), also as a copy: dim1 and dim2 become the output's last dim,
+// whole; the other dims keep their shards.
+std::vector<DimStrategy> diagonal(const OpSchema& s) {
+  const auto [a, b] = diagonal_dims(s, s.input_ndim(0));
+  return follow_dims(s, [a, b](int64_t d) { return without_two(d, a, b); });
+}
+
+// diag_embed(self, offset, dim1, dim2): the input's last dim becomes the diagonal of the output's dims
+// dim1 and dim2; its other dims fill the output's remaining dims in order.
+std::vector<DimStrategy> diag_embed(const OpSchema& s) {
+  const int64_t n = s.output_ndim();
+  const auto [a, b] = diagonal_dims(s, n);
+  std::vector<int64_t> rest;
+  for (int64_t o = 0; o < n; ++o)
+    if (o != a && o != b) rest.push_back(o);
+  const int64_t last = s.input_ndim(0) - 1;
+  return follow_dims(s, [&](int64_t d) { return d < last ? rest[static_cast<size_t>(d)] : -1; });
+}
+
+// roll(self, shifts, dims): a rolled dim must be whole; with no dims the flattened tensor rolls, so
+// every dim must.
+std::vector<DimStrategy> roll(const OpSchema& s) {
+  const int64_t n = s.input_ndim(0);
+  std::set<int64_t> rolled;
+  for (int64_t d : argument(s, "dims").toIntVector()) rolled.insert(wrap_dim(d, n));
+  const bool flattened = rolled.empty();
+  return follow_dims(s, [&](int64_t d) { return flattened || rolled.count(d) ? -1 : d; });
+}
+
+// select_scatter(self, src, dim, index) and diagonal_scatter(self, src, offset, dim1, dim2): src
+// written into a view of self. self and the output keep a shard on dim d, src on where d is in the
+// view. Positions come from self or from src, never both, so every Partial reduction commutes.
+std::vector<DimStrategy> into_view(const OpSchema& s, const std::function<int64_t(int64_t)>& view_dim) {
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  for (int64_t d = 0; d < s.input_ndim(0); ++d)
+    if (const int64_t v = view_dim(d); v >= 0) out.push_back({{Shard(d)}, {Shard(d), Shard(v)}});
+  for (auto op : kMovesValues) out.push_back({{Partial(op)}, {Partial(op), Partial(op)}});
+  return out;
+}
+
+std::vector<DimStrategy> select_scatter(const OpSchema& s) {
+  const int64_t dim = dim_arg(s, s.input_ndim(0));
+  return into_view(s, [dim](int64_t d) { return d == dim ? -1 : d > dim ? d - 1 : d; });
+}
+
+std::vector<DimStrategy> diagonal_scatter(const OpSchema& s) {
+  const auto [a, b] = diagonal_dims(s, s.input_ndim(0));
+  return into_view(s, [a, b](int64_t d) { return without_two(d, a, b); });
+}
+
+// diagonal's backward copies the gradient into the diagonal of a plain at::zeros, which cannot hold a
+// DTensor's values; DTensors get the out-of-place form on zeros made from the gradient (still
+// recorded by autograd, so it stays differentiable).
+at::Tensor diagonal_backward(const at::Tensor& grad, c10::SymIntArrayRef input_sizes, int64_t offset, int64_t dim1, int64_t dim2) {
+  return at::diagonal_scatter(grad.new_zeros_symint(input_sizes), grad, offset, dim1, dim2);
+}
+
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse2, m) { m.impl("diagonal_backward", TORCH_FN(diagonal_backward)); }
+
 const bool registered = [] {
   using detail::register_family;
   using enum detail::StridedShards;
@@ -503,6 +573,12 @@ const bool registered = [] {
   register_family({"aten::view_as_real"},
                   {.dim = [](const OpSchema& s) { return complex_pairs(s, s.input_ndim(0)); }, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::triu", "aten::tril"}, {.dim = triangle, .local_args = triangle_args, .family = "view", .strided_shards = Own});
+  register_family({"aten::diagonal", "aten::diagonal_copy"}, {.dim = diagonal, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::diag_embed"}, {.dim = diag_embed, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::roll"}, {.dim = roll, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::select_scatter"}, {.dim = select_scatter, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::diagonal_scatter"}, {.dim = diagonal_scatter, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::expand_copy"}, {.dim = expand, .local_args = local_size_arg, .family = "view", .strided_shards = IndexWise});
   return true;
 }();
 

@@ -123,6 +123,48 @@ const bool registered = add_op_samples({
      },
      distinct, {}, true, /*two_d=*/true},
     {"flip", {{2, 5, 6}}, [](In x) { return outputs(x[0].flip({0, 2})); }},
+    // Scans that are not sums, and selections along a dim: the dim stays whole.
+    {"cumprod", {{5, 6}}, [](In x) { return outputs(x[0].cumprod(1)); }, positive},
+    {"cumprod_", {{2, 5, 6}}, [](In x) { return outputs(x[0].clone().cumprod_(0)); }, positive,
+     {{Replicate(), Shard(1), Shard(2)}}},
+    {"cummax", {{5, 6}},
+     [](In x) {
+       auto [values, indices] = x[0].cummax(1);
+       return outputs(values, indices);
+     },
+     distinct},
+    {"cummin", {{2, 5, 6}},
+     [](In x) {
+       auto [values, indices] = x[0].cummin(0);
+       return outputs(values, indices);
+     },
+     distinct},
+    {"logcumsumexp", {{5, 6}}, [](In x) { return outputs(x[0].logcumsumexp(0)); }},
+    {"kthvalue", {{5, 6}},
+     [](In x) {
+       auto [values, indices] = x[0].kthvalue(2, 1);
+       return outputs(values, indices);
+     },
+     distinct},
+    {"median", {{5, 6}}, [](In x) { return outputs(x[0].median()); }, distinct},
+    {"median_dim", {{2, 5, 6}},
+     [](In x) {
+       auto [values, indices] = x[0].median(1, true);
+       return outputs(values, indices);
+     },
+     distinct},
+    {"nanmedian", {{5, 6}}, [](In x) { return outputs(x[0].nanmedian()); }, distinct},
+    {"nanmedian_dim", {{5, 6}},
+     [](In x) {
+       auto [values, indices] = x[0].nanmedian(0);
+       return outputs(values, indices);
+     },
+     distinct},
+    {"mode", {{5, 6}},
+     [](In x) {
+       auto [values, indices] = (x[0].remainder(3)).mode(1);
+       return outputs(values, indices);
+     }},
 });
 
 }  // namespace

@@ -176,6 +176,20 @@ const bool registered = add_op_samples({
        return outputs(at::view_as_real(c * c));
      },
      .two_d = true},
+    {.name = "diagonal", .shapes = {{5, 4, 3}}, .run = [](In x) { return outputs(x[0].diagonal(1, 0, 2) * 1); }, .two_d = true},
+    {.name = "diagonal_copy", .shapes = {{2, 5, 4}}, .run = [](In x) { return outputs(at::diagonal_copy(x[0], -1, 2, 1)); }},
+    {.name = "diag_embed", .shapes = {{5, 3}}, .run = [](In x) { return outputs(at::diag_embed(x[0], 1, 0, 2)); }, .two_d = true},
+    {.name = "roll", .shapes = {{5, 4, 3}}, .run = [](In x) { return outputs(x[0].roll({2, -1}, {0, 2})); }, .two_d = true},
+    {.name = "roll_flattened", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].roll(4)); }},
+    {.name = "expand_copy", .shapes = {{5, 1}}, .run = [](In x) { return outputs(at::expand_copy(x[0], {5, 4})); }},
+    {.name = "select_scatter", .shapes = {{5, 4, 3}, {5, 3}},
+     .run = [](In x) { return outputs(at::select_scatter(x[0], x[1], 1, 2)); }, .backward = false, .two_d = true,
+     .no_backward_reason = "LibTorch's derivative zero-fills with a plain tensor it makes, which dtensor refuses to mix "
+                           "with DTensors"},
+    {.name = "diagonal_scatter", .shapes = {{5, 4, 4}, {5, 4}},
+     .run = [](In x) { return outputs(at::diagonal_scatter(x[0], x[1], 0, 1, 2)); }, .backward = false,
+     .no_backward_reason = "LibTorch's derivative zero-fills with a plain tensor it makes, which dtensor refuses to mix "
+                           "with DTensors"},
     {.name = "slice_scatter", .shapes = {{5, 4}, {5, 2}},
      .run = [](In x) { return outputs(at::slice_scatter(x[0], x[1], 1, 1, 3)); }, .backward = false, .two_d = true,
      .no_backward_reason = "LibTorch's derivative zero-fills with a plain tensor it makes, which dtensor refuses to mix "
