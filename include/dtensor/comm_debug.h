@@ -40,18 +40,23 @@ class CommDebugMode {
   int64_t total_count() const { return static_cast<int64_t>(collectives_.size()); }
   // {op -> {kind -> count}}
   std::map<std::string, std::map<std::string, int64_t>> counts_by_op() const;
-  // A table: op, collective, mesh dim, count, bytes.
+  // A table: op, collective, mesh dim, count, bytes; then the ops that ran by composite fallback.
   std::string summary() const;
+  // Ops without a sharding rule that ran ATen's composite implementation on the DTensors (its
+  // constituent ops then each dispatched with their rules), in order.
+  const std::vector<std::string>& composite_fallbacks() const { return fallbacks_; }
 
   // Hooks for dtensor's own code.
   static CommDebugMode* active();
   void record_op(std::string op, std::vector<Placements> inputs) { calls_.push_back({std::move(op), std::move(inputs)}); }
   void record_collective(const std::string& kind, int64_t mesh_dim, int64_t bytes);
+  void record_composite_fallback(std::string op) { fallbacks_.push_back(std::move(op)); }
 
  private:
   CommDebugMode* previous_;
   std::vector<Collective> collectives_;
   std::vector<OpCall> calls_;
+  std::vector<std::string> fallbacks_;
 };
 
 // Names the op that collectives on this thread are attributed to while alive (nestable).

@@ -50,6 +50,7 @@ std::string CommDebugMode::summary() const {
                   static_cast<long long>(value.second));
     out += line;
   }
+  for (const auto& op : fallbacks_) out += "composite fallback: " + op + "\n";
   return out;
 }
 

@@ -35,6 +35,13 @@ void log_redistribute(const DTensorSpec& from, const Placements& to) {
   std::fputs(line.c_str(), stderr);  // one write per line, so ranks' lines do not interleave mid-line
 }
 
+void log_composite_fallback(const std::string& op, const DeviceMesh& mesh) {
+  if (!enabled().load(std::memory_order_relaxed)) return;
+  const std::string line = "dtensor composite fallback (rank " + std::to_string(mesh.world()->rank()) + "): " + op +
+                           " has no sharding rule; ATen's composite implementation runs on its DTensors on " + mesh.str() + "\n";
+  std::fputs(line.c_str(), stderr);
+}
+
 void reload_redistribute_log_setting() { enabled() = requested(); }
 
 }  // namespace dtensor::detail

@@ -4,6 +4,7 @@
 
 #include "../mesh/collectives.h"
 #include "../redistribute/executor.h"
+#include "../redistribute/redistribute_log.h"
 #include "../tensor/as_dtensor.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/dtensor_impl.h"
@@ -181,6 +182,20 @@ SpecPtr output_spec(const CachedDecision& cached, size_t k, const MeshPtr& mesh,
     return inputs[source].spec;
   const DTensorSpec& out = cached.sharding.outputs[k];
   return std::make_shared<const DTensorSpec>(DTensorSpec{mesh, out.placements, out.meta});
+}
+
+void composite_fallback_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  if (find_rule(op)) return dispatch_kernel(op, keys, stack);
+  const std::string name = qualified_name(op.operator_name());
+  if (auto* debug = CommDebugMode::active()) {
+    debug->record_op(name, {});
+    debug->record_composite_fallback(name);
+  }
+  const size_t n = op.schema().arguments().size();
+  log_composite_fallback(name, *find_mesh(op, c10::ArrayRef<c10::IValue>(stack->data() + (stack->size() - n), n)));
+  // The op has no kernel of its own for any backend, so every backend's entry holds the composite
+  // implementation: run it (its inner calls dispatch on the DTensors again).
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 }
 
 void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {

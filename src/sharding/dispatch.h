@@ -14,6 +14,12 @@ namespace dtensor::detail {
 
 void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
 
+// The kernel of an op without a rule whose ATen implementation is composite (CompositeExplicitAutograd:
+// written in terms of other aten ops): tells CommDebugMode and the redistribution log, then runs that
+// implementation on the DTensors, so that its constituent ops propagate and redistribute with their
+// own rules. A rule registered for the op later takes over.
+void composite_fallback_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+
 // Tells an active CommDebugMode that `op` ran on DTensors placed as `inputs` are.
 void record_op_for_debug(const c10::OperatorHandle& op, const std::vector<TensorInput>& inputs);
 

@@ -31,7 +31,7 @@ Registry& registry() {
   return r;
 }
 
-void route_to_dtensor(Registry& r, const c10::OperatorName& name, const std::string& qualified) {
+void route_to_dtensor(Registry& r, const c10::OperatorName& name, const std::string& qualified, bool composite_fallback = false) {
   if (!r.kernels.insert(qualified).second) return;
   const auto sep = name.name.find("::");
   const std::string ns = name.name.substr(0, sep);
@@ -39,7 +39,9 @@ void route_to_dtensor(Registry& r, const c10::OperatorName& name, const std::str
   if (!library)
     library = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse2, __FILE__, __LINE__);
   const std::string local = name.name.substr(sep + 2) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-  if (!register_fast_kernel(*library, qualified))
+  if (composite_fallback)
+    library->impl(local.c_str(), torch::CppFunction::makeFromBoxedFunction<&composite_fallback_kernel>());
+  else if (!register_fast_kernel(*library, qualified))
     library->impl(local.c_str(), torch::CppFunction::makeFromBoxedFunction<&dispatch_kernel>());
 }
 
@@ -269,6 +271,28 @@ void ensure_out_forms() {
 }
 
 [[maybe_unused]] const bool kOutFormsBeforeTheFirstDTensor = (before_first_dtensor(&ensure_out_forms), true);
+
+// Ops whose only kernel is ATen's composite one (CompositeExplicitAutograd, no backend kernel of their
+// own), that take a tensor and have no rule: the dispatcher would run that implementation on DTensors
+// silently; routed to composite_fallback_kernel, it runs with CommDebugMode and the log told.
+void route_composite_fallbacks() {
+  using c10::DispatchKey;
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    auto op = c10::Dispatcher::singleton().findOp(name);
+    if (!op || r.rules.count(qualified_name(name)) || !op->hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
+        op->hasKernelForDispatchKey(DispatchKey::PrivateUse2) ||  // dtensor's own kernel (conj_views.cpp)
+        op->hasKernelForDispatchKey(DispatchKey::CPU) || op->hasKernelForDispatchKey(DispatchKey::CUDA) ||
+        op->hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd))
+      continue;
+    const auto& args = op->schema().arguments();
+    if (std::any_of(args.begin(), args.end(), [](const c10::Argument& a) { return a.type()->kind() == c10::TypeKind::TensorType; }))
+      route_to_dtensor(r, name, qualified_name(name), /*composite_fallback=*/true);
+  }
+}
+
+[[maybe_unused]] const bool kCompositeFallbacksBeforeTheFirstDTensor = (before_first_dtensor(&route_composite_fallbacks), true);
 }  // namespace
 
 }  // namespace dtensor::detail

@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
 #include "../../src/redistribute/redistribute_log.h"
+#include "dtensor/comm_debug.h"
 #include "harness.h"
 
 namespace dtensor::testing {
@@ -148,6 +150,38 @@ TEST_F(ToolsTest, LogRedistributeNamesTheOpAndThePlan) {
                     "S(0) -> R: all-gather on dim 0 (96 B/rank); 96 B/rank in total\n");
   // Off again: nothing is logged.
   EXPECT_EQ(capture_stderr([&] { (void)redistribute(x, Placements{Replicate()}); }), "");
+}
+
+// rot90 has no rule, and its ATen implementation is composite (flips and transposes, which have
+// rules): it runs on the DTensors, forward and backward, equal to one device, and says so in
+// CommDebugMode and the redistribution log. (An op with neither gives DispatchTest's clear error.)
+TEST_F(ToolsTest, CompositeFallbackRunsAtensImplementationAndSaysSo) {
+  auto m = mesh({4});
+  const at::Tensor x = test_tensor({5, 6}, at::kDouble, 3), grad = test_tensor({6, 5}, at::kDouble, 4);
+  at::Tensor dx = distribute_tensor(x, m, Placements{Shard(0)}).requires_grad_();
+  at::Tensor y;
+  {
+    CommDebugMode debug;
+    y = at::rot90(dx, 1, {0, 1});
+    EXPECT_EQ(debug.composite_fallbacks(), std::vector<std::string>{"aten::rot90"});
+    const auto ops = debug.ops();
+    EXPECT_NE(std::find(ops.begin(), ops.end(), "aten::flip"), ops.end()) << debug.summary();
+    EXPECT_THAT(debug.summary(), ::testing::HasSubstr("composite fallback: aten::rot90"));
+  }
+  const at::Tensor leaf = x.clone().requires_grad_();
+  const at::Tensor expected = at::rot90(leaf, 1, {0, 1});
+  EXPECT_TRUE(tensors_equal(full_tensor(y), expected));
+  expected.backward(grad);
+  y.backward(distribute_tensor(grad, m, placements_of(y)));
+  EXPECT_TRUE(tensors_equal(full_tensor(dx.grad()), leaf.grad()));
+
+  setenv("DTENSOR_LOG_REDISTRIBUTE", "1", 1);
+  detail::reload_redistribute_log_setting();
+  const std::string logged = capture_stderr([&] { (void)at::rot90(dx.detach(), 2, {0, 1}); });
+  unsetenv("DTENSOR_LOG_REDISTRIBUTE");
+  detail::reload_redistribute_log_setting();
+  EXPECT_THAT(logged, ::testing::HasSubstr("dtensor composite fallback (rank " + std::to_string(world()->rank()) +
+                                           "): aten::rot90 has no sharding rule; ATen's composite implementation runs"));
 }
 
 }  // namespace

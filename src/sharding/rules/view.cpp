@@ -475,25 +475,29 @@ std::vector<DimStrategy> slice_scatter(const OpSchema& s) {
 // Where dim d lands once dims a and b are taken out (-1 for a and b themselves).
 int64_t without_two(int64_t d, int64_t a, int64_t b) { return d == a || d == b ? -1 : d - (d > a) - (d > b); }
 
-std::pair<int64_t, int64_t> diagonal_dims(const OpSchema& s, int64_t ndim) {
+struct DiagonalDims {
+  int64_t a, b;
+};
+
+DiagonalDims diagonal_dims(const OpSchema& s, int64_t ndim) {
   return {wrap_dim(argument(s, "dim1").toInt(), ndim), wrap_dim(argument(s, "dim2").toInt(), ndim)};
 }
 
 // diagonal(self, offset, dim1, dim2), also as a copy: dim1 and dim2 become the output's last dim,
 // whole; the other dims keep their shards.
 std::vector<DimStrategy> diagonal(const OpSchema& s) {
-  const auto [a, b] = diagonal_dims(s, s.input_ndim(0));
-  return follow_dims(s, [a, b](int64_t d) { return without_two(d, a, b); });
+  const DiagonalDims dims = diagonal_dims(s, s.input_ndim(0));
+  return follow_dims(s, [dims](int64_t d) { return without_two(d, dims.a, dims.b); });
 }
 
 // diag_embed(self, offset, dim1, dim2): the input's last dim becomes the diagonal of the output's dims
 // dim1 and dim2; its other dims fill the output's remaining dims in order.
 std::vector<DimStrategy> diag_embed(const OpSchema& s) {
   const int64_t n = s.output_ndim();
-  const auto [a, b] = diagonal_dims(s, n);
+  const DiagonalDims dims = diagonal_dims(s, n);
   std::vector<int64_t> rest;
   for (int64_t o = 0; o < n; ++o)
-    if (o != a && o != b) rest.push_back(o);
+    if (o != dims.a && o != dims.b) rest.push_back(o);
   const int64_t last = s.input_ndim(0) - 1;
   return follow_dims(s, [&](int64_t d) { return d < last ? rest[static_cast<size_t>(d)] : -1; });
 }
@@ -525,8 +529,8 @@ std::vector<DimStrategy> select_scatter(const OpSchema& s) {
 }
 
 std::vector<DimStrategy> diagonal_scatter(const OpSchema& s) {
-  const auto [a, b] = diagonal_dims(s, s.input_ndim(0));
-  return into_view(s, [a, b](int64_t d) { return without_two(d, a, b); });
+  const DiagonalDims dims = diagonal_dims(s, s.input_ndim(0));
+  return into_view(s, [dims](int64_t d) { return without_two(d, dims.a, dims.b); });
 }
 
 // diagonal's backward copies the gradient into the diagonal of a plain at::zeros, which cannot hold a
