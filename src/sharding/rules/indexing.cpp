@@ -1,4 +1,4 @@
-// Indexing ops: index_select, index_add, gather, scatter, index and index_put. A dim
+// Indexing ops: index_select, index_add, index_fill, index_reduce, gather, scatter, index and index_put. A dim
 // the op indexes into must be Replicate unless the index itself is sharded there, each rank then
 // selecting (or adding) its share; dims the op leaves whole keep their shards in every operand alike.
 
@@ -27,14 +27,33 @@ std::vector<DimStrategy> index_select(const OpSchema& s) {
   return out;
 }
 
-// index_add(self, dim, index, source): self and source (same dims) sharded alike off `dim`; the sum of
-// Partial self and source is Partial.
-std::vector<DimStrategy> index_add(const OpSchema& s) {
+// index_add(self, dim, index, source) and index_reduce(self, dim, index, source, reduce, ...): self and
+// source (same dims) sharded alike off `dim`. The sum of Partial self and source is Partial; index_reduce
+// has no Partial (prod, mean, amax and amin of sums are not the sums of theirs).
+std::vector<DimStrategy> index_accumulate(const OpSchema& s, bool sums) {
   const int64_t dim = dim_arg(s, s.input_ndim(0));
   std::vector<DimStrategy> out = {all_replicate(s)};
   for (int64_t d = 0; d < s.input_ndim(0); ++d)
     if (d != dim) out.push_back({{Shard(d)}, {Shard(d), Replicate(), Shard(d)}});
-  for (auto op : linear_reduce_ops(s, {0, 2})) out.push_back({{Partial(op)}, {Partial(op), Replicate(), Partial(op)}});
+  if (sums)
+    for (auto op : linear_reduce_ops(s, {0, 2})) out.push_back({{Partial(op)}, {Partial(op), Replicate(), Partial(op)}});
+  return out;
+}
+
+// index_fill(self, dim, index, value): self sharded off `dim`, the index (and a 0-d value) Replicate.
+// Filled positions hold the value on every rank, so Partial avg, max and min commute; sum does not
+// (the ranks' values would add up).
+std::vector<DimStrategy> index_fill(const OpSchema& s) {
+  const int64_t dim = dim_arg(s, s.input_ndim(0));
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  auto rest = [&](Placement self) {
+    Placements p(s.inputs.size(), Replicate());
+    p[0] = self;
+    return p;
+  };
+  for (int64_t d = 0; d < s.input_ndim(0); ++d)
+    if (d != dim) out.push_back({{Shard(d)}, rest(Shard(d))});
+  for (auto op : {ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) out.push_back({{Partial(op)}, rest(Partial(op))});
   return out;
 }
 
@@ -149,7 +168,11 @@ const bool registered = [] {
   using detail::register_family;
   using enum detail::StridedShards;
   register_family({"aten::index_select"}, {.dim = index_select, .family = "indexing", .strided_shards = IndexWise});
-  register_family({"aten::index_add"}, {.dim = index_add, .family = "indexing", .strided_shards = IndexWise});
+  register_family({"aten::index_add"},
+                  {.dim = [](const OpSchema& s) { return index_accumulate(s, true); }, .family = "indexing", .strided_shards = IndexWise});
+  register_family({"aten::index_fill"}, {.dim = index_fill, .family = "indexing", .strided_shards = IndexWise});
+  register_family({"aten::index_reduce"},
+                  {.dim = [](const OpSchema& s) { return index_accumulate(s, false); }, .family = "indexing", .strided_shards = IndexWise});
   register_family({"aten::gather"}, {.dim = gather, .family = "indexing", .strided_shards = IndexWise});
   register_family({"aten::scatter", "aten::scatter_add"}, {.dim = scatter, .family = "indexing", .strided_shards = IndexWise});
   register_family({"aten::index_put", "aten::_index_put_impl"}, {.dim = index_put, .family = "indexing", .strided_shards = IndexWise});
