@@ -173,10 +173,7 @@ std::optional<std::vector<TensorMeta>> written_returns(const c10::FunctionSchema
 // out= tensors must already have the result's shape: on one device the op would resize them, but a
 // DTensor's local buffer cannot be resized to a global shape. The Meta kernel says the result's.
 void check_out_shapes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, const std::vector<TensorMeta>& given) {
-  const auto& schema = op.schema();
-  bool out_form = false;
-  for (size_t i = 0; i < schema.arguments().size(); ++i) out_form = out_form || is_out_argument(schema, i);
-  if (!out_form) return;
+  if (!has_out_arguments(op.schema())) return;
   std::vector<TensorMeta> result;
   try {
     result = run_on_proxies(op, args, Proxy::Meta);

@@ -62,11 +62,7 @@ bool decomposes(const c10::OperatorHandle& op) {
 }
 
 // out= forms (out, grad_input, values, ...): they share their functional form's rule (out_form).
-bool writes_an_output_argument(const c10::OperatorHandle& op) {
-  for (size_t i = 1; i < op.schema().arguments().size(); ++i)
-    if (is_out_argument(op.schema(), i)) return true;
-  return false;
-}
+bool writes_an_output_argument(const c10::OperatorHandle& op) { return has_out_arguments(op.schema()); }
 
 void register_one(const std::string& qualified, const OpRule& rule, bool route = true) {
   const auto dot = qualified.find('.', qualified.find("::"));
@@ -90,6 +86,12 @@ void register_composite(const std::vector<std::string>& qualified_names, const O
 bool is_out_argument(const c10::FunctionSchema& schema, size_t arg) {
   const auto* alias = schema.arguments()[arg].alias_info();
   return arg >= 1 && alias != nullptr && alias->isWrite();
+}
+
+bool has_out_arguments(const c10::FunctionSchema& schema) {
+  for (size_t i = 1; i < schema.arguments().size(); ++i)
+    if (is_out_argument(schema, i)) return true;
+  return false;
 }
 
 std::string qualified_name(const c10::OperatorName& name) {
@@ -146,13 +148,17 @@ PlacementStrategy without_out_inputs(const OpSchema& s, const PlacementStrategy&
 
 // A functional local kernel run for an out= call: on the call's arguments without the out tensors,
 // its results then copied into this rank's part of each out tensor, which the call returns.
-LocalKernel into_out_tensors(LocalKernel functional_kernel, c10::OperatorHandle functional) {
-  return [functional_kernel = std::move(functional_kernel), functional](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
-    const auto& schema = op.schema();
-    std::vector<c10::IValue> args = torch::jit::pop(stack, schema.arguments().size());
-    std::vector<at::Tensor> out_of_return(schema.returns().size());
+LocalKernel into_out_tensors(const c10::FunctionSchema& schema, LocalKernel functional_kernel, c10::OperatorHandle functional) {
+  // per argument: the return it is the out tensor of, or -1
+  std::vector<int64_t> returned_as(schema.arguments().size(), -1);
+  for (size_t i = 0; i < returned_as.size(); ++i)
+    if (is_out_argument(schema, i)) returned_as[i] = static_cast<int64_t>(output_of(schema, i));
+  return [functional_kernel = std::move(functional_kernel), functional, returned_as](const c10::OperatorHandle& op,
+                                                                                      torch::jit::Stack& stack) {
+    std::vector<c10::IValue> args = torch::jit::pop(stack, returned_as.size());
+    std::vector<at::Tensor> out_of_return(op.schema().returns().size());
     for (size_t i = 0; i < args.size(); ++i) {
-      if (is_out_argument(schema, i)) out_of_return[output_of(schema, i)] = args[i].toTensor();
+      if (returned_as[i] >= 0) out_of_return[static_cast<size_t>(returned_as[i])] = args[i].toTensor();
       else torch::jit::push(stack, std::move(args[i]));
     }
     functional_kernel(functional, stack);
@@ -191,7 +197,7 @@ OpRule out_form(const OpRule& rule, const c10::OperatorHandle& functional) {
   if (rule.local_kernel)
     out.local_kernel = [local_kernel = rule.local_kernel, functional](const OpSchema& s, const PlacementStrategy& chosen) {
       LocalKernel kernel = local_kernel(without_out_arguments(s), without_out_inputs(s, chosen));
-      return kernel ? into_out_tensors(std::move(kernel), functional) : LocalKernel{};
+      return kernel ? into_out_tensors(s.schema, std::move(kernel), functional) : LocalKernel{};
     };
   return out;
 }
@@ -232,11 +238,11 @@ void route_storage_touching_ops() {
 // without the out tensors, and nothing written.
 bool functional_form_of(const c10::FunctionSchema& out, const c10::FunctionSchema& functional) {
   std::vector<const c10::Argument*> wanted;
-  for (size_t i = 0; i < out.arguments().size(); ++i)
+  for (size_t i = 0; i < out.arguments().size(); ++i) {
     if (!is_out_argument(out, i)) wanted.push_back(&out.arguments()[i]);
-  // out tensor lists (split_with_sizes_copy.out) would need one placement per element: not shared
-  for (size_t i = 0; i < out.arguments().size(); ++i)
-    if (is_out_argument(out, i) && out.arguments()[i].type()->kind() != c10::TypeKind::TensorType) return false;
+    // out tensor lists (split_with_sizes_copy.out) would need one placement per element: not shared
+    else if (out.arguments()[i].type()->kind() != c10::TypeKind::TensorType) return false;
+  }
   if (functional.arguments().size() != wanted.size() || functional.is_mutable()) return false;
   for (size_t i = 0; i < wanted.size(); ++i)
     if (functional.arguments()[i].name() != wanted[i]->name() || functional.arguments()[i].type()->str() != wanted[i]->type()->str())

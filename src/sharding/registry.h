@@ -66,5 +66,7 @@ std::string qualified_name(const c10::OperatorName& name);
 // An argument an out= overload writes its result to (out, values, grad_input, ...): written, and
 // after self (in-place ops write self, which their functional form reads too).
 bool is_out_argument(const c10::FunctionSchema& schema, size_t arg);
+// Whether the op is an out= overload: it has an out argument.
+bool has_out_arguments(const c10::FunctionSchema& schema);
 
 }  // namespace dtensor::detail
