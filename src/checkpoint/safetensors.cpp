@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <nlohmann/json.hpp>
 
 #include "../io/checked_int.h"
+#include "../io/json.h"
 #include "../io/untrusted_json.h"
 #include "dtensor/errors.h"
 #include "dtensor/spec.h"

@@ -3,9 +3,9 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <set>
 
+#include "../io/json.h"
 #include "dtensor/api.h"
 #include "dtensor/checkpoint.h"
 #include "dtensor/errors.h"

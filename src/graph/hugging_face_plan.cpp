@@ -1,10 +1,10 @@
 #include "dtensor/graph/hugging_face.h"
 
-#include <nlohmann/json.hpp>
 
 #include <map>
 #include <optional>
 
+#include "../io/json.h"
 #include "dtensor/errors.h"
 
 namespace dtensor::graph {

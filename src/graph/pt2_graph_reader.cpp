@@ -10,41 +10,42 @@
 namespace dtensor::graph::detail {
 namespace {
 
-using io::JsonField;
+namespace ex = torch::_export;
 
-// A SymInt union (sizes, strides, offsets: never negative): its example value, and its sympy
-// expression when dynamic ("" when static).
-std::pair<int64_t, std::string> sym_int(const JsonField& j) {
-  const auto [kind, v] = j.only_member();
-  if (kind == "as_int") return {v.as_int(0), ""};
-  if (kind == "as_expr") {
-    const std::string& expr = v.at("expr_str").as_string();
-    if (expr.empty()) v.at("expr_str").fail("an empty expression");
-    const auto hint = v.find("hint");
-    if (!hint || hint->is_null()) v.fail("a dynamic size without an example value (hint)");
-    const auto [hint_kind, value] = hint->only_member();
-    if (hint_kind != "as_int") hint->fail("expected an integer example value (as_int), found '" + hint_kind + "'");
-    return {value.as_int(0), expr};
-  }
-  j.fail("unsupported SymInt kind '" + kind + "'");
+int64_t non_negative(int64_t value, const RecordField& field) {
+  if (value < 0) field.fail("expected an integer >= 0, found " + std::to_string(value));
+  return value;
 }
 
-c10::ScalarType dtype_of(const JsonField& j) {
-  const auto type = scalar_type_from_serialized(j.as_int());
-  if (!type) j.fail("unsupported dtype code " + std::to_string(j.as_int()));
+// A SymInt (sizes, strides, offsets: never negative): its example value, and its sympy expression when
+// dynamic ("" when static).
+std::pair<int64_t, std::string> sym_int(const ex::SymInt& s, const RecordField& field) {
+  require_member(s, field);
+  if (s.tag() == ex::SymInt::Tag::AS_INT) return {non_negative(s.get_as_int(), field / "as_int"), ""};
+  const ex::SymExpr& expr = s.get_as_expr();
+  const RecordField at = field / "as_expr";
+  if (expr.get_expr_str().empty()) (at / "expr_str").fail("an empty expression");
+  const auto& hint = expr.get_hint();
+  if (!hint) at.fail("a dynamic size without an example value (hint)");
+  require_member(*hint, at / "hint");
+  if (hint->tag() != ex::SymExprHint::Tag::AS_INT)
+    (at / "hint").fail("expected an integer example value (as_int), found '" + kind_name(ex::printEnum(hint->tag())) + "'");
+  return {non_negative(hint->get_as_int(), at / "hint" / "as_int"), expr.get_expr_str()};
+}
+
+// TensorMeta keeps its dtype and layout as int64 but hands them out as enums, which keep 32 bits: the
+// record's own number, so that 2^32 + 7 is not read as 7 (FLOAT).
+int64_t stored_code(int64_t decoded, const RecordField& field) {
+  const io::Json& stored = field.json();
+  if (stored.is_number_unsigned()) return stored.get<uint64_t>() > INT64_MAX ? -1 : static_cast<int64_t>(stored.get<uint64_t>());
+  if (stored.is_number_integer()) return stored.get<int64_t>();
+  return decoded;
+}
+
+c10::ScalarType dtype_of(int64_t code, const RecordField& field) {
+  const auto type = scalar_type_from_serialized(code);
+  if (!type) field.fail("unsupported dtype code " + std::to_string(code));
   return *type;
-}
-
-// A float argument: a number, or the strings torch.export writes for the values JSON lacks.
-double float_of(const JsonField& j) {
-  if (j.json().is_string()) {
-    const std::string& s = j.as_string();
-    if (s == "Infinity") return std::numeric_limits<double>::infinity();
-    if (s == "-Infinity") return -std::numeric_limits<double>::infinity();
-    if (s == "NaN") return std::numeric_limits<double>::quiet_NaN();
-    j.fail("expected a number, Infinity, -Infinity or NaN, found " + j.found());
-  }
-  return j.as_number();
 }
 
 bool takes_tensor(const c10::Argument& a) {
@@ -69,167 +70,176 @@ void module_of(const std::string& stack, Node& node) {
 
 class GraphReader {
  public:
-  GraphReader(Program& program, const JsonField& graph)
-      : program_(program), graph_(graph), tensor_values_(graph.at("tensor_values")) {
-    if (const auto sym = graph.find("sym_int_values")) sym_int_values_ = *sym;
-    tensor_values_.members();  // an object, or an error naming it
-  }
+  GraphReader(Program& program, const ex::Graph& graph, const RecordField& field) : program_(program), graph_(graph), field_(field) {}
 
   void read() {
-    for (const JsonField& in : graph_.at("inputs").elements()) {
-      const auto [kind, v] = in.only_member();
-      if (kind == "as_tensor") define(v.at("name"), Value::Kind::Tensor, true);
-      else if (kind == "as_sym_int") define(v.at("as_name"), Value::Kind::SymInt, true);
-      else in.fail("unsupported input kind '" + kind + "'");
+    const RecordField inputs = field_ / "inputs";
+    for (size_t i = 0; i < graph_.get_inputs().size(); ++i) {
+      const ex::Argument& in = graph_.get_inputs()[i];
+      const RecordField at = inputs / i;
+      require_member(in, at);
+      if (in.tag() == ex::Argument::Tag::AS_TENSOR) define(in.get_as_tensor().get_name(), at / "as_tensor" / "name", Value::Kind::Tensor, true);
+      else if (in.tag() == ex::Argument::Tag::AS_SYM_INT) sym_int_input(in.get_as_sym_int(), at / "as_sym_int");
+      else at.fail("unsupported input kind '" + kind_name(ex::printEnum(in.tag())) + "'");
     }
-    for (const JsonField& n : graph_.at("nodes").elements()) node(n);
-    for (const JsonField& out : graph_.at("outputs").elements()) program_.graph.outputs().push_back(argument(out, nullptr));
+    const RecordField nodes = field_ / "nodes";
+    for (size_t i = 0; i < graph_.get_nodes().size(); ++i) node(graph_.get_nodes()[i], nodes / i);
+    const RecordField outputs = field_ / "outputs";
+    for (size_t i = 0; i < graph_.get_outputs().size(); ++i)
+      program_.graph.outputs().push_back(argument(graph_.get_outputs()[i], outputs / i, nullptr));
   }
 
  private:
-  Value* tensor_named(const JsonField& name) {
-    Value* v = program_.graph.find_value(name.as_string());
-    if (!v) name.fail("refers to '" + name.as_string() + "', which no earlier node or input defines");
+  void sym_int_input(const ex::SymIntArgument& s, const RecordField& at) {
+    require_member(s, at);
+    if (s.tag() != ex::SymIntArgument::Tag::AS_NAME) at.fail("a symbolic integer input must be named (as_name)");
+    define(s.get_as_name(), at / "as_name", Value::Kind::SymInt, true);
+  }
+
+  Value* named(const std::string& name, const RecordField& at) {
+    Value* v = program_.graph.find_value(name);
+    if (!v) at.fail("refers to '" + name.substr(0, 200) + "', which no earlier node or input defines");
     return v;
   }
 
-  Value* symbol_named(const JsonField& name) {
-    Value* v = tensor_named(name);
-    if (v->is_tensor()) name.fail("refers to '" + v->name + "', a tensor, where a symbolic integer belongs");
+  Value* symbol_named(const std::string& name, const RecordField& at) {
+    Value* v = named(name, at);
+    if (v->is_tensor()) at.fail("refers to '" + v->name + "', a tensor, where a symbolic integer belongs");
     return v;
   }
 
-  Value* tensor_ref(const JsonField& ref) {
-    Value* v = tensor_named(ref.at("name"));
-    if (!v->is_tensor()) ref.at("name").fail("refers to '" + v->name + "', a symbolic integer, where a tensor belongs");
+  Value* tensor_ref(const ex::TensorArgument& t, const RecordField& at) {
+    Value* v = named(t.get_name(), at / "name");
+    if (!v->is_tensor()) (at / "name").fail("refers to '" + v->name + "', a symbolic integer, where a tensor belongs");
     return v;
   }
 
-  SymSize sym_size(const JsonField& j) {
-    const auto [kind, v] = j.only_member();
-    if (kind == "as_int") return {v.as_int(), nullptr};
-    if (kind == "as_name") return {0, symbol_named(v)};
-    j.fail("unsupported SymIntArgument kind '" + kind + "'");
+  Value* optional_tensor(const ex::OptionalTensorArgument& t, const RecordField& at) {
+    require_member(t, at);
+    return t.tag() == ex::OptionalTensorArgument::Tag::AS_NONE ? nullptr : tensor_ref(t.get_as_tensor(), at / "as_tensor");
   }
 
-  Arg tensors(const std::string& kind, const JsonField& v, bool optional) {
-    Arg a{optional ? Arg::Kind::OptionalTensors : Arg::Kind::Tensors};
-    for (const JsonField& t : v.elements()) {
-      if (kind == "as_tensors") {
-        a.values.push_back(tensor_ref(t));
-        continue;
-      }
-      const auto [k, x] = t.only_member();
-      a.values.push_back(k == "as_none" ? nullptr : tensor_ref(x));
-    }
-    return a;
+  SymSize sym_size(const ex::SymIntArgument& s, const RecordField& at) {
+    require_member(s, at);
+    if (s.tag() == ex::SymIntArgument::Tag::AS_INT) return {s.get_as_int(), nullptr};
+    return {0, symbol_named(s.get_as_name(), at / "as_name")};
   }
 
   // One argument, shaped by the schema argument it is passed for (nullptr: integer operators and graph
   // outputs).
-  Arg argument(const JsonField& j, const c10::Argument* schema) {
-    const auto [kind, v] = j.only_member();
+  Arg argument(const ex::Argument& a, const RecordField& at, const c10::Argument* schema) {
+    using Tag = ex::Argument::Tag;
+    require_member(a, at);
     const bool tensor_arg = schema && takes_tensor(*schema);
-    if (kind == "as_none") return Arg::of(c10::IValue());
-    if (kind == "as_tensor") return Arg::tensor(tensor_ref(v));
-    if (kind == "as_optional_tensor") {
-      const auto [k, t] = v.only_member();
-      return k == "as_none" ? Arg::of(c10::IValue()) : Arg::tensor(tensor_ref(t));
+    const RecordField value = at / kind_name(ex::printEnum(a.tag()));
+    switch (a.tag()) {
+      case Tag::AS_NONE: return Arg::of(c10::IValue());
+      case Tag::AS_TENSOR: return Arg::tensor(tensor_ref(a.get_as_tensor(), value));
+      case Tag::AS_OPTIONAL_TENSOR: {
+        Value* v = optional_tensor(a.get_as_optional_tensor(), value);
+        return v ? Arg::tensor(v) : Arg::of(c10::IValue());
+      }
+      case Tag::AS_TENSORS: {
+        Arg out{schema && takes_optional_tensor_list(*schema) ? Arg::Kind::OptionalTensors : Arg::Kind::Tensors};
+        for (size_t i = 0; i < a.get_as_tensors().size(); ++i) out.values.push_back(tensor_ref(a.get_as_tensors()[i], value / i));
+        return out;
+      }
+      case Tag::AS_OPTIONAL_TENSORS: {
+        Arg out{Arg::Kind::OptionalTensors};
+        for (size_t i = 0; i < a.get_as_optional_tensors().size(); ++i)
+          out.values.push_back(optional_tensor(a.get_as_optional_tensors()[i], value / i));
+        return out;
+      }
+      case Tag::AS_INT: return number(c10::IValue(a.get_as_int()), tensor_arg);
+      case Tag::AS_FLOAT: return number(c10::IValue(a.get_as_float().get()), tensor_arg);
+      case Tag::AS_BOOL: return number(c10::IValue(a.get_as_bool()), tensor_arg);
+      case Tag::AS_INTS: return Arg::of(a.get_as_ints());
+      case Tag::AS_FLOATS: {
+        std::vector<double> out;
+        for (const ex::F64& x : a.get_as_floats()) out.push_back(x.get());
+        return Arg::of(out);
+      }
+      case Tag::AS_BOOLS: {
+        c10::List<bool> bools;
+        for (const bool b : a.get_as_bools()) bools.push_back(b);
+        return Arg::of(bools);
+      }
+      case Tag::AS_STRING: return Arg::of(a.get_as_string());
+      case Tag::AS_STRINGS: return Arg::of(c10::List<std::string>(a.get_as_strings()));
+      case Tag::AS_SYM_INT: {
+        Arg out{Arg::Kind::SymInt};
+        out.sizes.push_back(sym_size(a.get_as_sym_int(), value));
+        out.tensor_number = tensor_arg;
+        return out;
+      }
+      case Tag::AS_SYM_INTS: {
+        Arg out{Arg::Kind::SymInts};
+        for (size_t i = 0; i < a.get_as_sym_ints().size(); ++i) out.sizes.push_back(sym_size(a.get_as_sym_ints()[i], value / i));
+        return out;
+      }
+      case Tag::AS_SCALAR_TYPE: return Arg::of(dtype_of(static_cast<int64_t>(a.get_as_scalar_type()), value));
+      case Tag::AS_LAYOUT: {
+        const auto layout = layout_from_serialized(static_cast<int64_t>(a.get_as_layout()));
+        if (!layout) value.fail("unsupported layout code " + std::to_string(static_cast<int64_t>(a.get_as_layout())));
+        return Arg::of(*layout);
+      }
+      case Tag::AS_MEMORY_FORMAT: {
+        const auto format = memory_format_from_serialized(static_cast<int64_t>(a.get_as_memory_format()));
+        if (!format) value.fail("unsupported memory format code " + std::to_string(static_cast<int64_t>(a.get_as_memory_format())));
+        return Arg::of(*format);
+      }
+      case Tag::AS_DEVICE: return Arg::of(device_of(a.get_as_device(), value));
+      default: at.fail("unsupported argument kind '" + kind_name(ex::printEnum(a.tag())) + "'");
     }
-    if (kind == "as_tensors" || kind == "as_optional_tensors")
-      return tensors(kind, v, kind == "as_optional_tensors" || (schema && takes_optional_tensor_list(*schema)));
-    if (kind == "as_int" || kind == "as_float" || kind == "as_bool") {
-      const c10::IValue number = kind == "as_int" ? c10::IValue(v.as_int())
-                                 : kind == "as_float" ? c10::IValue(float_of(v))
-                                                      : c10::IValue(v.as_bool());
-      return tensor_arg ? Arg{Arg::Kind::Number, number} : Arg::of(number);
-    }
-    if (kind == "as_ints") return Arg::of(v.as_ints());
-    if (kind == "as_floats") {
-      std::vector<double> out;
-      for (const JsonField& x : v.elements()) out.push_back(float_of(x));
-      return Arg::of(out);
-    }
-    if (kind == "as_bools") {
-      c10::List<bool> bools;
-      for (const JsonField& b : v.elements()) bools.push_back(b.as_bool());
-      return Arg::of(bools);
-    }
-    if (kind == "as_string") return Arg::of(v.as_string());
-    if (kind == "as_strings") {
-      c10::List<std::string> strings;
-      for (const JsonField& x : v.elements()) strings.push_back(x.as_string());
-      return Arg::of(strings);
-    }
-    if (kind == "as_sym_int") {
-      Arg a{Arg::Kind::SymInt};
-      a.sizes.push_back(sym_size(v));
-      a.tensor_number = tensor_arg;
-      return a;
-    }
-    if (kind == "as_sym_ints") {
-      Arg a{Arg::Kind::SymInts};
-      for (const JsonField& s : v.elements()) a.sizes.push_back(sym_size(s));
-      return a;
-    }
-    if (kind == "as_scalar_type") return Arg::of(dtype_of(v));
-    if (kind == "as_layout") {
-      const auto layout = layout_from_serialized(v.as_int());
-      if (!layout) v.fail("unsupported layout code " + std::to_string(v.as_int()));
-      return Arg::of(*layout);
-    }
-    if (kind == "as_memory_format") {
-      const auto format = memory_format_from_serialized(v.as_int());
-      if (!format) v.fail("unsupported memory format code " + std::to_string(v.as_int()));
-      return Arg::of(*format);
-    }
-    if (kind == "as_device") return Arg::of(device_of(v));
-    j.fail("unsupported argument kind '" + kind + "'");
   }
 
-  static c10::Device device_of(const JsonField& v) {
-    const std::string& type = v.at("type").as_string();
-    const auto index = v.find("index");
-    const bool indexed = index && !index->is_null();
-    const int64_t i = indexed ? index->as_int(0, std::numeric_limits<c10::DeviceIndex>::max()) : -1;
+  static Arg number(c10::IValue number, bool tensor_arg) { return tensor_arg ? Arg{Arg::Kind::Number, std::move(number)} : Arg::of(std::move(number)); }
+
+  static c10::Device device_of(const ex::Device& d, const RecordField& at) {
+    const std::string& type = d.get_type();
+    const auto& index = d.get_index();
+    if (index && (*index < 0 || *index > std::numeric_limits<c10::DeviceIndex>::max()))
+      (at / "index").fail("expected a device index in [0, " + std::to_string(std::numeric_limits<c10::DeviceIndex>::max()) + "], found " +
+                          std::to_string(*index));
     try {
-      return c10::Device(type + (indexed ? ":" + std::to_string(i) : ""));
+      return c10::Device(type + (index ? ":" + std::to_string(*index) : ""));
     } catch (const c10::Error&) {
-      v.at("type").fail("'" + type.substr(0, 40) + "' is not a device type LibTorch knows");
+      (at / "type").fail("'" + type.substr(0, 40) + "' is not a device type LibTorch knows");
     }
   }
 
   // A value the file defines (a graph input, or a node output), with its meta.
-  Value* define(const JsonField& name_field, Value::Kind kind, bool graph_input = false) {
-    const std::string& name = name_field.as_string();
-    if (name.empty()) name_field.fail("an empty value name");
-    if (program_.graph.find_value(name)) name_field.fail("the name '" + name + "' is defined twice");
+  Value* define(const std::string& name, const RecordField& at, Value::Kind kind, bool graph_input = false) {
+    if (name.empty()) at.fail("an empty value name");
+    if (program_.graph.find_value(name)) at.fail("the name '" + name.substr(0, 200) + "' is defined twice");
     Value* v = graph_input ? program_.graph.add_input(name, kind) : program_.graph.new_value(name, kind);
     if (kind == Value::Kind::Tensor) {
-      const auto meta = tensor_values_.find(name);
-      if (!meta) name_field.fail("no tensor_values entry for '" + name + "'");
-      read_tensor_meta(*meta, *v);
-    } else if (sym_int_values_) {
-      if (const auto sym = sym_int_values_->find(name)) {
-        const auto [hint, expr] = sym_int(*sym);
-        v->sym_hint = hint;
-        v->sym_expr = expr;
-      }
+      const auto meta = graph_.get_tensor_values().find(name);
+      if (meta == graph_.get_tensor_values().end()) at.fail("no tensor_values entry for '" + name.substr(0, 200) + "'");
+      read_tensor_meta(meta->second, field_ / "tensor_values" / name, *v);
+    } else if (const auto sym = graph_.get_sym_int_values().find(name); sym != graph_.get_sym_int_values().end()) {
+      const auto [hint, expr] = sym_int(sym->second, field_ / "sym_int_values" / name);
+      v->sym_hint = hint;
+      v->sym_expr = expr;
     }
     return v;
   }
 
-  void call_arguments(const JsonField& n, Node& node) {
+  void call_arguments(const ex::Node& n, const RecordField& at, Node& node) {
     const auto& schema = node.op->schema();
     std::vector<std::optional<Arg>> args(schema.arguments().size());
-    for (const JsonField& a : n.at("inputs").elements()) {
-      const std::string& arg_name = a.at("name").as_string();
+    const RecordField inputs = at / "inputs";
+    for (size_t i = 0; i < n.get_inputs().size(); ++i) {
+      const ex::NamedArgument& a = n.get_inputs()[i];
+      const RecordField input = inputs / i;
+      const std::string& arg_name = a.get_name();
       const auto index = schema.argumentIndexWithName(arg_name);
-      if (!index) a.at("name").fail(schema.name() + " has no argument '" + arg_name + "'");
-      if (args[*index]) a.at("name").fail("the argument '" + arg_name + "' is given twice");
-      args[*index] = argument(a.at("arg"), &schema.arguments()[*index]);
-      const auto keyword = a.find("kind");
-      args[*index]->keyword = keyword && keyword->as_int(0, 2) == 2;
+      if (!index) (input / "name").fail(schema.name() + " has no argument '" + arg_name.substr(0, 80) + "'");
+      if (args[*index]) (input / "name").fail("the argument '" + arg_name + "' is given twice");
+      args[*index] = argument(a.get_arg(), input / "arg", &schema.arguments()[*index]);
+      const auto& kind = a.get_kind();
+      if (kind && (*kind < 0 || *kind > 2)) (input / "kind").fail("expected an argument kind in [0, 2], found " + std::to_string(*kind));
+      args[*index]->keyword = kind && *kind == static_cast<int64_t>(ex::ArgumentKind::KEYWORD);
     }
     for (size_t i = 0; i < args.size(); ++i) {
       if (args[i]) {
@@ -237,7 +247,7 @@ class GraphReader {
         continue;
       }
       const auto& a = schema.arguments()[i];
-      if (!a.default_value()) n.at("inputs").fail("the required argument '" + a.name() + "' is missing");
+      if (!a.default_value()) inputs.fail("the required argument '" + a.name() + "' is missing");
       Arg d = Arg::of(*a.default_value());
       d.given = false;
       d.keyword = a.kwarg_only();
@@ -247,104 +257,112 @@ class GraphReader {
 
   // Python's integer operators on sizes: each operand an integer or a symbolic integer; which
   // operators and what constant operands are valid is integer_ops' business.
-  void integer_operator_arguments(const JsonField& n, Node& node) {
+  void integer_operator_arguments(const ex::Node& n, const RecordField& at, Node& node) {
     std::vector<std::optional<int64_t>> constants;
-    for (const JsonField& a : n.at("inputs").elements()) {
-      Arg arg = argument(a.at("arg"), nullptr);
+    for (size_t i = 0; i < n.get_inputs().size(); ++i) {
+      const RecordField input = at / "inputs" / i / "arg";
+      Arg arg = argument(n.get_inputs()[i].get_arg(), input, nullptr);
       const bool integer = arg.kind == Arg::Kind::SymInt || (arg.kind == Arg::Kind::Constant && arg.constant.isInt());
-      if (!integer) a.at("arg").fail("an operand of " + node.target + " must be an integer or a symbolic integer");
+      if (!integer) input.fail("an operand of " + node.target + " must be an integer or a symbolic integer");
       constants.push_back(arg.kind == Arg::Kind::Constant ? std::optional<int64_t>(arg.constant.toInt()) : std::nullopt);
       node.args.push_back(std::move(arg));
     }
     const std::string problem = integer_operator_problem(node.target, constants);
-    if (!problem.empty()) n.at("target").fail(problem);
+    if (!problem.empty()) (at / "target").fail(problem);
   }
 
-  void resolve_target(const JsonField& target_field, Node& node) {
+  static void resolve_target(const RecordField& at, Node& node) {
     const std::string prefix = "torch.ops.";
     if (node.target.rfind("_operator.", 0) == 0) return;
     if (node.target.rfind(prefix, 0) != 0)
-      target_field.fail("unsupported kind of node '" + node.target + "' (only torch.ops.* and _operator.* calls)");
+      at.fail("unsupported kind of node '" + node.target.substr(0, 200) + "' (only torch.ops.* and _operator.* calls)");
     // torch.ops.<ns>.<op>.<overload>, overload "default" meaning the unnamed one.
     const std::string rest = node.target.substr(prefix.size());
     const auto ns_end = rest.find('.'), op_end = rest.rfind('.');
-    if (ns_end == std::string::npos || op_end == ns_end) target_field.fail("cannot parse '" + node.target + "'");
+    if (ns_end == std::string::npos || op_end == ns_end) at.fail("cannot parse '" + node.target.substr(0, 200) + "'");
     const std::string name = rest.substr(0, ns_end) + "::" + rest.substr(ns_end + 1, op_end - ns_end - 1);
     std::string overload = rest.substr(op_end + 1);
     if (overload == "default") overload.clear();
     auto op = c10::Dispatcher::singleton().findSchema({name, overload});
-    if (!op) target_field.fail("the op " + node.target + " is unknown to the ATen dispatcher of this LibTorch");
+    if (!op) at.fail("the op " + node.target.substr(0, 200) + " is unknown to the ATen dispatcher of this LibTorch");
     node.op = *op;
   }
 
-  void outputs(const JsonField& n, Node& node) {
-    for (const JsonField& o : n.at("outputs").elements()) {
-      const auto [kind, v] = o.only_member();
-      if (kind == "as_tensor") node.outputs.push_back(define(v.at("name"), Value::Kind::Tensor));
-      else if (kind == "as_sym_int") node.outputs.push_back(define(v.at("as_name"), Value::Kind::SymInt));
-      else if (kind == "as_tensors")
-        for (const JsonField& t : v.elements()) node.outputs.push_back(define(t.at("name"), Value::Kind::Tensor));
-      else if (kind != "as_none") o.fail("unsupported output kind '" + kind + "'");
+  void outputs(const ex::Node& n, const RecordField& at, Node& node) {
+    using Tag = ex::Argument::Tag;
+    for (size_t i = 0; i < n.get_outputs().size(); ++i) {
+      const ex::Argument& o = n.get_outputs()[i];
+      const RecordField out = at / "outputs" / i;
+      require_member(o, out);
+      if (o.tag() == Tag::AS_TENSOR) {
+        node.outputs.push_back(define(o.get_as_tensor().get_name(), out / "as_tensor" / "name", Value::Kind::Tensor));
+      } else if (o.tag() == Tag::AS_SYM_INT) {
+        const ex::SymIntArgument& s = o.get_as_sym_int();
+        require_member(s, out / "as_sym_int");
+        if (s.tag() != ex::SymIntArgument::Tag::AS_NAME) (out / "as_sym_int").fail("a symbolic integer output must be named (as_name)");
+        node.outputs.push_back(define(s.get_as_name(), out / "as_sym_int" / "as_name", Value::Kind::SymInt));
+      } else if (o.tag() == Tag::AS_TENSORS) {
+        for (size_t k = 0; k < o.get_as_tensors().size(); ++k)
+          node.outputs.push_back(define(o.get_as_tensors()[k].get_name(), out / "as_tensors" / k / "name", Value::Kind::Tensor));
+      } else if (o.tag() != Tag::AS_NONE) {
+        out.fail("unsupported output kind '" + kind_name(ex::printEnum(o.tag())) + "'");
+      }
     }
     if (!node.op && (node.outputs.size() != 1 || node.outputs[0]->is_tensor()))
-      n.at("outputs").fail("an integer operator has exactly one symbolic integer output");
+      (at / "outputs").fail("an integer operator has exactly one symbolic integer output");
   }
 
-  void node(const JsonField& n_at_index) {
+  void node(const ex::Node& n, const RecordField& at) {
     auto node = std::make_unique<Node>();
-    const auto name = n_at_index.find("name");
-    node->name = name && !name->is_null() ? name->as_string() : "";
-    // Fields of a node are named from the node ("...: node 'addmm_3': field 'inputs[1].arg'"), or
-    // from its place in the list when it has no name.
-    const std::string where = n_at_index.where() + (node->name.empty() ? ": field '" + n_at_index.path() + "'" : ": node '" + node->name.substr(0, 200) + "'");
-    const JsonField n(n_at_index.json(), where);
-    node->target = n.at("target").as_string();
-    if (const auto metadata = n.find("metadata"))
-      for (const auto& [k, v] : metadata->members())
-        if (v.json().is_string()) node->metadata[k] = v.as_string();
+    node->name = n.get_name().value_or("");
+    node->target = n.get_target();
+    for (const auto& [key, value] : n.get_metadata()) node->metadata[key] = value;
     if (node->metadata.count("nn_module_stack")) module_of(node->metadata["nn_module_stack"], *node);
 
-    resolve_target(n.at("target"), *node);
-    if (node->op) call_arguments(n, *node);
-    else integer_operator_arguments(n, *node);
-    outputs(n, *node);
+    resolve_target(at / "target", *node);
+    if (node->op) call_arguments(n, at, *node);
+    else integer_operator_arguments(n, at, *node);
+    outputs(n, at, *node);
     if (node->name.empty()) node->name = node->outputs.empty() ? node->target : node->outputs[0]->name;
     program_.graph.append(std::move(node));
   }
 
   Program& program_;
-  const JsonField& graph_;
-  JsonField tensor_values_;
-  std::optional<JsonField> sym_int_values_;
+  const ex::Graph& graph_;
+  const RecordField& field_;
 };
 
 }  // namespace
 
-void read_tensor_meta(const JsonField& m, Value& v) {
-  v.meta.dtype = dtype_of(m.at("dtype"));
-  for (const JsonField& s : m.at("sizes").elements()) {
-    auto [size, expr] = sym_int(s);
+void read_tensor_meta(const ex::TensorMeta& meta, const RecordField& field, Value& v) {
+  v.meta.dtype = dtype_of(stored_code(static_cast<int64_t>(meta.get_dtype()), field / "dtype"), field / "dtype");
+  // Absent sizes or strides would decode as a 0-d tensor's.
+  if (!(field / "sizes").present()) (field / "sizes").fail("");
+  if (!(field / "strides").present()) (field / "strides").fail("");
+  for (size_t i = 0; i < meta.get_sizes().size(); ++i) {
+    auto [size, expr] = sym_int(meta.get_sizes()[i], field / "sizes" / i);
     v.meta.shape.push_back(size);
     v.symbolic_sizes.push_back(expr);
   }
-  for (const JsonField& s : m.at("strides").elements()) {
-    auto [stride, expr] = sym_int(s);
+  for (size_t i = 0; i < meta.get_strides().size(); ++i) {
+    auto [stride, expr] = sym_int(meta.get_strides()[i], field / "strides" / i);
     v.meta.stride.push_back(stride);
     v.symbolic_strides.push_back(expr);
   }
   if (v.meta.stride.size() != v.meta.shape.size())
-    m.at("strides").fail(std::to_string(v.meta.stride.size()) + " strides for " + std::to_string(v.meta.shape.size()) + " sizes");
-  v.storage_offset = sym_int(m.at("storage_offset")).first;
+    (field / "strides").fail(std::to_string(v.meta.stride.size()) + " strides for " + std::to_string(v.meta.shape.size()) + " sizes");
+  v.storage_offset = sym_int(meta.get_storage_offset(), field / "storage_offset").first;
   const auto extent = io::checked_extent(v.meta.shape, v.meta.stride);
   if (!io::checked_numel(v.meta.shape) || !extent || !io::checked_add(*extent, v.storage_offset))
-    m.fail("its sizes, strides and storage offset overflow a 64-bit element count");
-  if (const auto requires_grad = m.find("requires_grad")) v.requires_grad = requires_grad->as_bool();
-  if (const auto layout_field = m.find("layout")) {
-    const auto layout = layout_from_serialized(layout_field->as_int());
-    if (layout != c10::kStrided) layout_field->fail("only strided tensors are supported");
-  }
+    field.fail("its sizes, strides and storage offset overflow a 64-bit element count");
+  v.requires_grad = meta.get_requires_grad();
+  if ((field / "layout").present() &&
+      layout_from_serialized(stored_code(static_cast<int64_t>(meta.get_layout()), field / "layout")) != c10::kStrided)
+    (field / "layout").fail("only strided tensors are supported");
 }
 
-void read_graph(const JsonField& graph, Program& program) { GraphReader(program, graph).read(); }
+void read_graph(const RecordField& field, Program& program) {
+  read_record<ex::Graph>(field, [&](const ex::Graph& graph) { GraphReader(program, graph, field).read(); });
+}
 
 }  // namespace dtensor::graph::detail

@@ -1,21 +1,21 @@
 #pragma once
 // Reads the graph of a .pt2's models/model.json (torch/_export/serde/schema.yaml, schema 8.x) into a
-// Program: graph inputs, nodes with their arguments, graph outputs, and tensor metas. Every field
-// goes through io::JsonField, so a missing, mistyped or out-of-range value is a DTensorError naming
-// the file, the node and the field. A union is an object with exactly one key, enums are numbers
-// (see serialized_enums.h), and arguments left at their schema default are absent.
+// Program: graph inputs, nodes with their arguments, graph outputs, and tensor metas. The record is
+// decoded with torch's generated types and checked both ways (pt2_records.h); here its meaning is
+// checked, every refusal naming the file, the node and the field. Arguments left at their schema
+// default are absent from the file.
 
-#include "../io/untrusted_json.h"
 #include "dtensor/graph/program.h"
+#include "pt2_records.h"
 
 namespace dtensor::graph::detail {
 
-// A tensor_meta / tensor_values entry into `v`: dtype, sizes and strides (static or symbolic),
+// A tensor meta (`field` is where it sits) into `v`: dtype, sizes and strides (static or symbolic),
 // storage offset, requires_grad. Sizes, strides and the offset must be non-negative, and the view's
 // element count and extent must fit int64.
-void read_tensor_meta(const io::JsonField& meta, Value& v);
+void read_tensor_meta(const torch::_export::TensorMeta& meta, const RecordField& field, Value& v);
 
-// Reads graph_module.graph (`graph`) into `program.graph`.
-void read_graph(const io::JsonField& graph, Program& program);
+// Decodes graph_module.graph (`graph`) and reads it into `program.graph`.
+void read_graph(const RecordField& graph, Program& program);
 
 }  // namespace dtensor::graph::detail

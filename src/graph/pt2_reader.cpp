@@ -1,12 +1,12 @@
 // Reads torch.export's .pt2 archives (torch 2.15: schema 8.x). The archive is untrusted: io::ZipArchive
-// validates its directory and checks CRC-32s, JSON records are parsed with limits and read through
-// io::JsonField (the graph itself in pt2_graph_reader.cpp), and every weight's view must lie within
-// its record. Weights stay in the archive (StateTensor reads them on demand).
+// validates its directory and checks CRC-32s, JSON records are parsed with limits, decoded with torch's
+// generated serialization types and checked both ways (pt2_records.h; the graph itself in
+// pt2_graph_reader.cpp), and every weight's view must lie within its record. Weights stay in the
+// archive (StateTensor reads them on demand).
 
 #include <algorithm>
 
 #include "../io/checked_int.h"
-#include "../io/untrusted_json.h"
 #include "../io/zip_archive.h"
 #include "dtensor/errors.h"
 #include "dtensor/graph/program.h"
@@ -15,7 +15,8 @@
 namespace dtensor::graph {
 namespace {
 
-using io::JsonField;
+using detail::RecordField;
+namespace ex = torch::_export;
 
 // JSON records are small next to the weights (a 32-layer model's model.json is a few MiB).
 constexpr int64_t kMaxJsonRecordBytes = int64_t{1} << 30;
@@ -40,26 +41,21 @@ io::Json record_json(const io::ZipArchive& archive, const std::string& name) {
   return io::parse_untrusted_json(archive.read_text(record(archive, name), kMaxJsonRecordBytes), archive.path() + ": " + name);
 }
 
-// A JSON value kept as text to write back (module_call_graph, ...): bounded by the parse's depth limit.
-std::string text_of(const JsonField& parent, const std::string& key, const char* absent) {
-  const auto field = parent.find(key);
-  return field ? field->json().dump() : absent;
-}
-
 // ---- the state: weights and constants -----------------------------------------------------------------
 
 // One entry of model_weights_config.json / model_constants_config.json: the tensor's meta, and its
 // storage (the record `path_name`), which the view must fit.
-StateTensor state_tensor(const std::shared_ptr<const io::ZipArchive>& archive, const std::string& dir, const JsonField& entry) {
-  if (const auto pickled = entry.find("use_pickle"); pickled && pickled->as_bool())
-    entry.fail("pickled tensors (tensor subclasses) are not supported");
-  const JsonField path_name = entry.at("path_name");
-  const std::string& file = path_name.as_string();
+StateTensor state_tensor(const std::shared_ptr<const io::ZipArchive>& archive, const std::string& dir, const ex::PayloadMeta& entry,
+                         const RecordField& field) {
+  if (entry.get_use_pickle()) (field / "use_pickle").fail("pickled tensors (tensor subclasses) are not supported");
+  const RecordField path_name = field / "path_name";
+  const std::string& file = entry.get_path_name();
   if (file.empty() || file.find('/') != std::string::npos) path_name.fail("'" + file.substr(0, 80) + "' is not a record name");
   const io::ZipEntry* stored = archive->find(dir + file);
   if (!stored) path_name.fail("the weight record " + dir + file + " is missing from the archive");
+  if (!entry.get_tensor_meta()) (field / "tensor_meta").fail("the member is missing");
   Value meta;
-  detail::read_tensor_meta(entry.at("tensor_meta"), meta);
+  detail::read_tensor_meta(*entry.get_tensor_meta(), field / "tensor_meta", meta);
   const int64_t element = static_cast<int64_t>(c10::elementSize(meta.meta.dtype));
   if (stored->size % element != 0)
     path_name.fail("the record " + dir + file + " holds " + std::to_string(stored->size) + " bytes, not a whole number of " +
@@ -67,61 +63,83 @@ StateTensor state_tensor(const std::shared_ptr<const io::ZipArchive>& archive, c
   const int64_t storage_elements = stored->size / element;
   const int64_t needed = *io::checked_add(*io::checked_extent(meta.meta.shape, meta.meta.stride), meta.storage_offset);
   if (needed > storage_elements)
-    entry.at("tensor_meta").fail("its view needs " + std::to_string(needed) + " elements of storage, but the record " + dir + file +
-                                 " holds " + std::to_string(storage_elements));
+    (field / "tensor_meta")
+        .fail("its view needs " + std::to_string(needed) + " elements of storage, but the record " + dir + file + " holds " +
+              std::to_string(storage_elements));
   return StateTensor(archive, *stored, storage_elements, meta.meta, meta.storage_offset);
 }
 
 void read_state(const std::shared_ptr<const io::ZipArchive>& archive, const std::string& dir, const std::string& config_name,
                 Program& program) {
-  const io::Json config = record_json(*archive, dir + config_name);
+  const io::Json config_json = record_json(*archive, dir + config_name);
   const std::string where = archive->path() + ": " + dir + config_name;
-  for (const auto& [fqn, entry] : JsonField(config, where).at("config").members()) {
-    if (program.state.count(fqn)) entry.fail("'" + fqn + "' is both a weight and a constant");
-    program.state.emplace(fqn, state_tensor(archive, dir, entry));
-  }
+  const RecordField config = RecordField(config_json, where) / "config";
+  detail::read_record<std::unordered_map<std::string, ex::PayloadMeta>>(config, [&](const auto& entries) {
+    for (const auto& [fqn, entry] : entries) {
+      if (program.state.count(fqn)) (config / fqn).fail("'" + fqn.substr(0, 200) + "' is both a weight and a constant");
+      program.state.emplace(fqn, state_tensor(archive, dir, entry, config / fqn));
+    }
+  });
 }
 
 // ---- the signature ------------------------------------------------------------------------------------------
 
-Value* graph_input_named(const JsonField& name, Graph& graph) {
-  Value* value = graph.find_value(name.as_string());
-  if (!value || value->producer) name.fail("no graph input named '" + name.as_string() + "'");
+Value* graph_input_named(const std::string& name, const RecordField& field, Graph& graph) {
+  Value* value = graph.find_value(name);
+  if (!value || value->producer) field.fail("no graph input named '" + name.substr(0, 200) + "'");
   return value;
 }
 
-InputSpec input_spec(const JsonField& spec, Graph& graph) {
-  const auto [kind, v] = spec.only_member();
-  auto named = [&](const JsonField& arg) { return graph_input_named(arg.at("name"), graph); };
-  if (kind == "parameter") return {InputSpec::Kind::Parameter, named(v.at("arg")), v.at("parameter_name").as_string()};
-  if (kind == "buffer") {
-    const auto persistent = v.find("persistent");
-    return {InputSpec::Kind::Buffer, named(v.at("arg")), v.at("buffer_name").as_string(), !persistent || persistent->as_bool()};
+InputSpec input_spec(const ex::InputSpec& spec, const RecordField& field, Graph& graph) {
+  using Tag = ex::InputSpec::Tag;
+  detail::require_member(spec, field);
+  const RecordField at = field / detail::kind_name(ex::printEnum(spec.tag()));
+  auto named = [&](const ex::TensorArgument& arg) { return graph_input_named(arg.get_name(), at / "arg" / "name", graph); };
+  switch (spec.tag()) {
+    case Tag::PARAMETER: return {InputSpec::Kind::Parameter, named(spec.get_parameter().get_arg()), spec.get_parameter().get_parameter_name()};
+    case Tag::BUFFER: {
+      // An absent "persistent" is a persistent buffer (the generated default would say otherwise).
+      const bool persistent = !(at / "persistent").present() || spec.get_buffer().get_persistent();
+      return {InputSpec::Kind::Buffer, named(spec.get_buffer().get_arg()), spec.get_buffer().get_buffer_name(), persistent};
+    }
+    case Tag::TENSOR_CONSTANT:
+      return {InputSpec::Kind::TensorConstant, named(spec.get_tensor_constant().get_arg()), spec.get_tensor_constant().get_tensor_constant_name()};
+    case Tag::USER_INPUT: {
+      const ex::Argument& arg = spec.get_user_input().get_arg();
+      const RecordField arg_at = at / "arg";
+      detail::require_member(arg, arg_at);
+      if (arg.tag() == ex::Argument::Tag::AS_TENSOR)
+        return {InputSpec::Kind::UserInput, graph_input_named(arg.get_as_tensor().get_name(), arg_at / "as_tensor" / "name", graph), ""};
+      if (arg.tag() == ex::Argument::Tag::AS_SYM_INT) {
+        const ex::SymIntArgument& s = arg.get_as_sym_int();
+        detail::require_member(s, arg_at / "as_sym_int");
+        if (s.tag() == ex::SymIntArgument::Tag::AS_NAME)
+          return {InputSpec::Kind::UserInput, graph_input_named(s.get_as_name(), arg_at / "as_sym_int" / "as_name", graph), ""};
+      }
+      arg_at.fail("unsupported user input kind '" + detail::kind_name(ex::printEnum(arg.tag())) + "'");
+    }
+    default: field.fail("unsupported input kind '" + detail::kind_name(ex::printEnum(spec.tag())) + "'");
   }
-  if (kind == "tensor_constant")
-    return {InputSpec::Kind::TensorConstant, named(v.at("arg")), v.at("tensor_constant_name").as_string()};
-  if (kind == "user_input") {
-    const auto [k, a] = v.at("arg").only_member();
-    if (k != "as_tensor" && k != "as_sym_int") a.fail("unsupported user input kind '" + k + "'");
-    return {InputSpec::Kind::UserInput, graph_input_named(k == "as_tensor" ? a.at("name") : a.at("as_name"), graph), ""};
-  }
-  spec.fail("unsupported input kind '" + kind + "'");
 }
 
-OutputSpec output_spec(const JsonField& spec) {
-  const auto [kind, v] = spec.only_member();
-  if (kind == "user_output") return {OutputSpec::Kind::UserOutput, ""};
-  if (kind == "buffer_mutation") return {OutputSpec::Kind::BufferMutation, v.at("buffer_name").as_string()};
-  if (kind == "loss_output") return {OutputSpec::Kind::LossOutput, ""};
-  if (kind == "gradient_to_parameter") return {OutputSpec::Kind::GradientToParameter, v.at("parameter_name").as_string()};
-  if (kind == "gradient_to_user_input") return {OutputSpec::Kind::GradientToUserInput, v.at("user_input_name").as_string()};
-  if (kind == "user_input_mutation") return {OutputSpec::Kind::UserInputMutation, v.at("user_input_name").as_string()};
-  spec.fail("unsupported output kind '" + kind + "'");
+OutputSpec output_spec(const ex::OutputSpec& spec, const RecordField& field) {
+  using Tag = ex::OutputSpec::Tag;
+  detail::require_member(spec, field);
+  switch (spec.tag()) {
+    case Tag::USER_OUTPUT: return {OutputSpec::Kind::UserOutput, ""};
+    case Tag::BUFFER_MUTATION: return {OutputSpec::Kind::BufferMutation, spec.get_buffer_mutation().get_buffer_name()};
+    case Tag::LOSS_OUTPUT: return {OutputSpec::Kind::LossOutput, ""};
+    case Tag::GRADIENT_TO_PARAMETER: return {OutputSpec::Kind::GradientToParameter, spec.get_gradient_to_parameter().get_parameter_name()};
+    case Tag::GRADIENT_TO_USER_INPUT:
+      return {OutputSpec::Kind::GradientToUserInput, spec.get_gradient_to_user_input().get_user_input_name()};
+    case Tag::USER_INPUT_MUTATION: return {OutputSpec::Kind::UserInputMutation, spec.get_user_input_mutation().get_user_input_name()};
+    default: field.fail("unsupported output kind '" + detail::kind_name(ex::printEnum(spec.tag())) + "'");
+  }
 }
 
 // An output that mutates a buffer or is a gradient names a buffer, parameter or user input of the
 // program, and a buffer's new value is a tensor.
-void check_output_targets(const JsonField& specs, const Program& program) {
+void check_output_targets(const RecordField& specs, const Program& program) {
   for (size_t k = 0; k < program.outputs.size(); ++k) {
     const OutputSpec& out = program.outputs[k];
     std::optional<InputSpec::Kind> wanted;
@@ -135,22 +153,25 @@ void check_output_targets(const JsonField& specs, const Program& program) {
     });
     const Arg& value = program.graph.outputs()[k];
     if (!found || (out.kind == OutputSpec::Kind::BufferMutation && value.kind != Arg::Kind::Tensor))
-      specs.fail("output spec " + std::to_string(k) + " names '" + out.target + "', which is not a " +
+      specs.fail("output spec " + std::to_string(k) + " names '" + out.target.substr(0, 200) + "', which is not a " +
                  (*wanted == InputSpec::Kind::Buffer ? "buffer" : *wanted == InputSpec::Kind::Parameter ? "parameter" : "user input") +
                  " of the program" + (found ? " (or its output is not a tensor)" : ""));
   }
 }
 
-void read_signature(const JsonField& signature, Program& program) {
-  for (const JsonField& spec : signature.at("input_specs").elements()) program.inputs.push_back(input_spec(spec, program.graph));
-  for (const JsonField& spec : signature.at("output_specs").elements()) program.outputs.push_back(output_spec(spec));
+void read_signature(const ex::GraphSignature& signature, const RecordField& field, Program& program) {
+  for (size_t i = 0; i < signature.get_input_specs().size(); ++i)
+    program.inputs.push_back(input_spec(signature.get_input_specs()[i], field / "input_specs" / i, program.graph));
+  for (size_t i = 0; i < signature.get_output_specs().size(); ++i)
+    program.outputs.push_back(output_spec(signature.get_output_specs()[i], field / "output_specs" / i));
   if (program.inputs.size() != program.graph.inputs().size() || program.outputs.size() != program.graph.outputs().size())
-    signature.fail("the signature does not match the graph's inputs and outputs");
+    field.fail("the signature does not match the graph's inputs and outputs");
   for (size_t i = 0; i < program.inputs.size(); ++i)
     if (program.inputs[i].value != program.graph.inputs()[i])
-      signature.at("input_specs").fail("input spec " + std::to_string(i) + " names '" + program.inputs[i].value->name +
-                                       "', not graph input " + std::to_string(i) + " ('" + program.graph.inputs()[i]->name + "')");
-  check_output_targets(signature.at("output_specs"), program);
+      (field / "input_specs")
+          .fail("input spec " + std::to_string(i) + " names '" + program.inputs[i].value->name + "', not graph input " + std::to_string(i) +
+                " ('" + program.graph.inputs()[i]->name + "')");
+  check_output_targets(field / "output_specs", program);
 }
 
 // Every parameter, buffer and constant has its tensor, and the graph input it feeds has that tensor's
@@ -169,6 +190,16 @@ void check_state_feeds_graph(const std::string& where, const Program& program) {
   }
 }
 
+// A part of model.json dtensor keeps as text to write back (module_call_graph, range_constraints,
+// verifiers): decoded as type T and round-tripped all the same, so that what the writer decodes
+// later is known good. `absent` is the text of an absent part.
+template <class T>
+std::string kept_as_text(const RecordField& field, const char* absent) {
+  if (!field.present()) return absent;
+  detail::read_record<T>(field, [](const T&) {});
+  return field.json().dump();
+}
+
 }  // namespace
 
 Program load_program(const std::string& path) {
@@ -179,21 +210,24 @@ Program load_program(const std::string& path) {
     throw DTensorError(path + ": byteorder: the weights are not little-endian, which this machine is");
   const io::Json model_json = record_json(*archive, "models/model.json");
   const std::string where = path + ": models/model.json";
-  const JsonField model(model_json, where);
+  const RecordField model(model_json, where);
   Program program;
   program.source = path;
-  const JsonField version = model.at("schema_version");
-  program.schema_major = version.at("major").as_int();
-  program.schema_minor = version.at("minor").as_int();
+  const RecordField version_field = model / "schema_version";
+  detail::read_record<ex::SchemaVersion>(version_field, [&](const ex::SchemaVersion& version) {
+    program.schema_major = version.get_major();
+    program.schema_minor = version.get_minor();
+  });
   if (program.schema_major != 8)
-    version.fail("schema version " + std::to_string(program.schema_major) + "." + std::to_string(program.schema_minor) +
-                 " is not supported (dtensor reads 8.x, torch 2.15's)");
-  program.range_constraints = text_of(model, "range_constraints", "{}");
-  program.verifiers = text_of(model, "verifiers", "[]");
-  const JsonField module = model.at("graph_module");
-  program.module_call_graph = text_of(module, "module_call_graph", "[]");
-  detail::read_graph(module.at("graph"), program);
-  read_signature(module.at("signature"), program);
+    version_field.fail("schema version " + std::to_string(program.schema_major) + "." + std::to_string(program.schema_minor) +
+                       " is not supported (dtensor reads 8.x, torch 2.15's)");
+  program.range_constraints = kept_as_text<std::unordered_map<std::string, ex::RangeConstraint>>(model / "range_constraints", "{}");
+  program.verifiers = kept_as_text<std::vector<std::string>>(model / "verifiers", "[]");
+  const RecordField module = model / "graph_module";
+  program.module_call_graph = kept_as_text<std::vector<ex::ModuleCallEntry>>(module / "module_call_graph", "[]");
+  detail::read_graph(module / "graph", program);
+  detail::read_record<ex::GraphSignature>(module / "signature",
+                                          [&](const ex::GraphSignature& s) { read_signature(s, module / "signature", program); });
 
   read_state(archive, "data/weights/", "model_weights_config.json", program);
   read_state(archive, "data/constants/", "model_constants_config.json", program);

@@ -6,18 +6,18 @@
 // contiguous storage. The file appears under its final name only once complete.
 
 #include <caffe2/serialize/inline_container.h>
-#include <nlohmann/json.hpp>
-#include <torch/csrc/utils/generated_serialization_types.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 
+#include "../io/json.h"
 #include "dtensor/errors.h"
 #include "dtensor/graph/program.h"
-#include "serialized_enums.h"
+#include "serialized_enums.h"  // with torch's generated serialization types
 
 namespace dtensor::graph {
 namespace {
@@ -315,6 +315,28 @@ ex::GraphSignature signature_of(const Program& p) {
   return out;
 }
 
+// torch 2.15's generated F64 writer spells -inf "Infinity" (it tests isinf before the sign), which
+// would load as +inf: the program's negative infinities respelled in its nodes' float arguments.
+void respell_negative_infinities(const Program& p, json& model) {
+  constexpr double kMinusInf = -std::numeric_limits<double>::infinity();
+  json& nodes = model["graph_module"]["graph"]["nodes"];
+  size_t k = 0;
+  for (const Node* n : p.graph.nodes()) {
+    json& node = nodes[k++];
+    if (!n->op) continue;
+    for (json& input : node["inputs"]) {
+      const c10::IValue& value = n->args[*n->op->schema().argumentIndexWithName(input["name"].get<std::string>())].constant;
+      json& arg = input["arg"];
+      if (arg.contains("as_float") && value.isDouble() && value.toDouble() == kMinusInf) arg["as_float"] = "-Infinity";
+      if (arg.contains("as_floats") && value.isDoubleList()) {
+        const std::vector<double> floats = value.toDoubleVector();
+        for (size_t i = 0; i < floats.size(); ++i)
+          if (floats[i] == kMinusInf) arg["as_floats"][i] = "-Infinity";
+      }
+    }
+  }
+}
+
 ex::ExportedProgram exported_program(const Program& p) {
   ex::GraphModule module;
   module.set_graph(graph_of(p));
@@ -372,7 +394,8 @@ void save_program(const Program& p, const std::string& path) {
   fs::create_directories(staging);
   const fs::path temporary = staging / target.filename();
   try {
-    const json model = exported_program(p);
+    json model = exported_program(p);
+    respell_negative_infinities(p, model);
     caffe2::serialize::PyTorchStreamWriter writer(temporary.string());
     writer.setMinVersion(6);
     auto text = [&](const std::string& name, const std::string& content) { writer.writeRecord(name, content.data(), content.size()); };

@@ -189,14 +189,14 @@ void JsonField::fail(const std::string& what) const {
   throw DTensorError(*where_ + (path_.empty() ? "" : ": field '" + path_ + "'") + ": " + what);
 }
 
-std::string JsonField::found() const {
-  std::string out = type_name(*value_);
-  if (value_->is_primitive() && !value_->is_null()) {
-    std::string text = value_->dump();  // a primitive: bounded by the document's size, never recursive
+std::string describe_json_value(const Json& value) {
+  std::string out = type_name(value);
+  if (value.is_primitive() && !value.is_null()) {
+    std::string text = value.dump();  // a primitive: bounded by the document's size, never recursive
     if (text.size() > 60) text = text.substr(0, 60) + "...";
     out += " " + text;
-  } else if (value_->is_structured()) {
-    out += " of " + std::to_string(value_->size()) + (value_->is_object() ? " members" : " elements");
+  } else if (value.is_structured()) {
+    out += " of " + std::to_string(value.size()) + (value.is_object() ? " members" : " elements");
   }
   return out;
 }

@@ -4,7 +4,7 @@
 // of every value it hands out and names the file and the field in every error. Nothing here throws
 // anything but DTensorError, and no value is walked recursively without the parse's depth limit.
 
-#include <nlohmann/json.hpp>
+#include "json.h"
 
 #include <cstdint>
 #include <optional>
@@ -26,6 +26,10 @@ inline constexpr int kMaxJsonDepth = 128;
 // naming `source`: invalid JSON (with its byte offset), nesting deeper than `max_depth`, and an object
 // holding the same key twice (nlohmann would silently keep the last one).
 Json parse_untrusted_json(std::string_view text, const std::string& source, int max_depth = kMaxJsonDepth);
+
+// What a value is, for "expected X, found Y": its type and a short excerpt, never the whole value
+// ("an integer 7", "an object of 2 members").
+std::string describe_json_value(const Json& value);
 
 // A value inside a parsed document, with where it came from. A view: the document and the `where`
 // string must outlive it.
@@ -61,8 +65,8 @@ class JsonField {
 
   // "<where>: field '<path>': <what>".
   [[noreturn]] void fail(const std::string& what) const;
-  // What the value is, for "expected X, found Y" (a type and a short excerpt; never the whole value).
-  std::string found() const;
+  // describe_json_value of this value.
+  std::string found() const { return describe_json_value(*value_); }
 
  private:
   JsonField child(const Json& value, std::string path) const { return JsonField(value, *where_, std::move(path)); }

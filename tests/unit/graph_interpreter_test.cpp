@@ -119,5 +119,22 @@ TEST(GraphInterpreterTest, SavedProgramsRoundTrip) {
   }
 }
 
+// torch's generated F64 writer spells -inf "Infinity"; a saved program keeps it -inf (HF's causal mask
+// fills with it in core ATen).
+TEST(GraphInterpreterTest, SavedProgramsKeepNegativeInfinity) {
+  auto minus_infinities = [](const g::Program& program) {
+    std::vector<std::string> nodes;
+    for (const g::Node* n : program.graph.nodes())
+      for (const g::Arg& a : n->args)
+        if (a.constant.isDouble() && a.constant.toDouble() == -std::numeric_limits<double>::infinity()) nodes.push_back(n->name);
+    return nodes;
+  };
+  const g::Program program = g::load_program(graph_model("hf/llama_aten.pt2"));
+  const auto expected = minus_infinities(program);
+  ASSERT_FALSE(expected.empty()) << "the model has no -inf argument: pick one that has";
+  g::save_program(program, graph_saved("llama_aten.pt2"));
+  EXPECT_EQ(minus_infinities(g::load_program(graph_saved("llama_aten.pt2"))), expected);
+}
+
 }  // namespace
 }  // namespace dtensor::testing
