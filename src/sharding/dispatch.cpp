@@ -120,23 +120,28 @@ at::Tensor local_input(const at::Tensor& t, const TensorInput& in, const std::op
   return move ? in_global_layout(redistribute_local(local, *in.spec, *move), in.spec->meta) : local;
 }
 
+// The local tensor input `in` runs with; a written one that must move (a Partial reduced in place)
+// moves in its own buffer, for the caller's DTensor to hold the result.
+at::Tensor local_for(const c10::OperatorHandle& op, const at::Tensor& t, const TensorInput& in, const std::optional<Placements>& move) {
+  if (!written(op.schema(), in) || !move) return local_input(t, in, move);
+  reduce_written_in_place(op, t, in, *move);
+  return as_dtensor(t)->local();
+}
+
 void replace_inputs(const c10::OperatorHandle& op, c10::IValue* args, const std::vector<TensorInput>& inputs,
                     const OutputSharding& decision) {
   for (size_t k = 0; k < inputs.size(); ++k) {
     const TensorInput& in = inputs[k];
     c10::IValue& slot = args[in.arg];
-    if (written(op.schema(), in) && decision.input_moves[k]) {
-      reduce_written_in_place(op, slot.toTensor(), in, *decision.input_moves[k]);
-      slot = as_dtensor(slot.toTensor())->local();
-    } else if (in.list_index < 0) {
-      slot = local_input(slot.toTensor(), in, decision.input_moves[k]);
+    if (in.list_index < 0) {
+      slot = local_for(op, slot.toTensor(), in, decision.input_moves[k]);
     } else if (slot.isTensorList()) {
       auto list = slot.toTensorList().copy();  // never mutate the caller's list
-      list.set(in.list_index, local_input(list.get(in.list_index), in, decision.input_moves[k]));
+      list.set(in.list_index, local_for(op, list.get(in.list_index), in, decision.input_moves[k]));
       slot = list;
     } else {
       auto list = c10::List<std::optional<at::Tensor>>(slot.toOptionalTensorList()).copy();
-      list.set(in.list_index, local_input(*list.get(in.list_index), in, decision.input_moves[k]));
+      list.set(in.list_index, local_for(op, *list.get(in.list_index), in, decision.input_moves[k]));
       slot = list;
     }
   }

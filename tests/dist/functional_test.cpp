@@ -1,9 +1,11 @@
 // Ordinary LibTorch code on DTensors: a Megatron-style MLP block written with torch::nn::functional
 // (column-sharded first layer, row-sharded second, layer norm, cross-entropy), forward and backward,
-// against the same code on one device.
+// and an AdamW step in _foreach_* list ops, against the same code on one device.
 
 #include <ATen/core/grad_mode.h>
 #include <torch/nn/functional.h>
+
+#include <array>
 
 #include "dtensor/comm_debug.h"
 #include "harness.h"
@@ -87,6 +89,45 @@ TEST_F(FunctionalTest, MathAttentionWithCausalMask) {
                  DTensorError);
   }
   ctx.setSDPUseFlash(flash);
+}
+
+// An AdamW step written with the _foreach_* list ops (what PyTorch's optimizers run) on parameters
+// sharded in different ways, a 2x2 mesh, uneven shapes: each list element follows its parameter's
+// placements, so the step moves nothing, and it equals the same step on one device.
+TEST_F(FunctionalTest, ForeachAdamWStepFollowsEachParametersPlacements) {
+  auto m = mesh({2, 2});
+  const std::vector<Shape> shapes = {{5, 3}, {7}, {3, 6}};
+  const std::vector<Placements> placements = {{Shard(0), Shard(1)}, {Replicate(), Shard(0)}, {Shard(1), Replicate()}};
+  using State = std::array<std::vector<at::Tensor>, 4>;  // params, grads, exp_avg, exp_avg_sq
+  State full, dist;
+  for (size_t k = 0; k < shapes.size(); ++k)
+    for (size_t j = 0; j < 4; ++j) {
+      at::Tensor t = test_tensor(shapes[k], at::kDouble, 40 + 4 * k + j) / 8;
+      if (j == 3) t = t.abs();
+      full[j].push_back(t);
+      dist[j].push_back(distribute_tensor(t, m, placements[k]));
+    }
+  const double lr = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.1;
+  auto step = [&](State& state) {
+    auto& [params, grads, exp_avg, exp_avg_sq] = state;
+    at::_foreach_mul_(params, 1 - lr * weight_decay);
+    at::_foreach_lerp_(exp_avg, grads, 1 - beta1);
+    at::_foreach_mul_(exp_avg_sq, beta2);
+    at::_foreach_addcmul_(exp_avg_sq, grads, grads, 1 - beta2);
+    std::vector<at::Tensor> denom = at::_foreach_sqrt(exp_avg_sq);
+    at::_foreach_div_(denom, std::sqrt(1 - beta2));
+    at::_foreach_add_(denom, eps);
+    at::_foreach_addcdiv_(params, exp_avg, denom, -lr / (1 - beta1));
+  };
+  CommDebugMode debug;
+  step(dist);
+  EXPECT_EQ(debug.total_count(), 0) << debug.summary();
+  step(full);
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    EXPECT_EQ(placements_of(dist[0][k]), placements[k]) << "parameter " << k;
+    EXPECT_TRUE(tensors_close(full_tensor(dist[0][k]), full[0][k], 1e-12, 1e-14)) << "parameter " << k;
+    EXPECT_TRUE(tensors_close(full_tensor(dist[3][k]), full[3][k], 1e-12, 1e-14)) << "exp_avg_sq " << k;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,123 @@
+// The _foreach_* ops (optimizers' list kernels: one elementwise op over lists of tensors, element by
+// element). Each element runs on its own, so each follows its own leader, the element of the first
+// list argument: its placements, with Partial kept only where the op is linear in it, are what the
+// element's other list members are moved to and what its output gets. Single tensors beside the lists
+// (_foreach_add.Tensor's 0-d other, addcmul's per-element scalars) are Replicate. An element whose
+// members differ in shape (broadcasting) runs Replicate.
+
+#include "../registry.h"
+#include "rule_helpers.h"
+
+namespace dtensor::rules {
+namespace {
+
+enum class Linearity {
+  None,      // a Partial element is reduced first
+  Additive,  // every member may be Partial alike: sum_r (x_r + a y_r) = X + a Y
+  Scaling,   // the leader may be Partial, scaled by numbers: sum_r c x_r = c X
+};
+
+// Linear ops keep Partial(sum) and, over floating values, Partial(avg) (see linear_reduce_ops).
+std::vector<ReduceOp> kept_partials(const OpSchema& s, Linearity linearity) {
+  return linearity == Linearity::None ? std::vector<ReduceOp>{} : linear_reduce_ops(s);
+}
+
+// The list elements: element i's tensor inputs (indices into s.inputs), its leader first.
+std::vector<std::vector<size_t>> elements(const OpSchema& s) {
+  std::optional<size_t> first_list;
+  for (const TensorInput& in : s.inputs)
+    if (in.list_index >= 0 && (!first_list || in.arg < *first_list)) first_list = in.arg;
+  std::vector<std::vector<size_t>> out;
+  for (size_t i = 0; i < s.inputs.size(); ++i)
+    if (s.inputs[i].arg == first_list) out.push_back({i});
+  for (size_t i = 0; i < s.inputs.size(); ++i) {
+    const TensorInput& in = s.inputs[i];
+    if (in.list_index < 0 || in.arg == first_list) continue;
+    if (static_cast<size_t>(in.list_index) >= out.size())
+      throw DTensorError(s.op_name() + ": its tensor lists differ in length (" + std::to_string(out.size()) + " and more)");
+    out[static_cast<size_t>(in.list_index)].push_back(i);
+  }
+  return out;
+}
+
+// Element `members`' placements: the leader's, Partial kept where the op is linear in every member
+// that has it.
+Placements element_placements(const OpSchema& s, const std::vector<size_t>& members, Linearity linearity) {
+  const DTensorSpec& leader = s.input(members[0]);
+  const auto keep = kept_partials(s, linearity);
+  bool same_shapes = true;
+  for (size_t i : members) same_shapes = same_shapes && s.input(i).meta.shape == leader.meta.shape;
+  Placements out;
+  for (size_t m = 0; m < leader.placements.size(); ++m) {
+    const Placement& p = leader.placements[m];
+    bool kept = p.is_shard() && same_shapes;
+    if (p.is_partial() && std::find(keep.begin(), keep.end(), p.reduce_op()) != keep.end()) {
+      kept = linearity == Linearity::Scaling ? members.size() == 1 : same_shapes;
+      for (size_t i : members) kept = kept && s.input(i).placements[m] == p;
+    }
+    out.push_back(kept ? p : Replicate());
+  }
+  return out;
+}
+
+OpStrategy follow_leaders(const OpSchema& s, Linearity linearity) {
+  const auto groups = elements(s);
+  const auto mesh_ndim = static_cast<size_t>(s.mesh->ndim());
+  if (!s.outputs.empty() && s.outputs.size() != groups.size())
+    throw DTensorError(s.op_name() + ": " + std::to_string(s.outputs.size()) + " outputs for " + std::to_string(groups.size()) +
+                       " list elements");
+  PlacementStrategy follow{std::vector<Placements>(s.outputs.size()), std::vector<Placements>(s.inputs.size(), Placements(mesh_ndim, Replicate())), {}};
+  for (size_t e = 0; e < groups.size(); ++e) {
+    const Placements placements = element_placements(s, groups[e], linearity);
+    for (size_t i : groups[e]) follow.inputs[i] = placements;
+    if (!s.outputs.empty()) follow.outputs[e] = placements;
+  }
+  PlacementStrategy replicate{std::vector<Placements>(s.outputs.size(), Placements(mesh_ndim, Replicate())),
+                              std::vector<Placements>(s.inputs.size(), Placements(mesh_ndim, Replicate())), {}};
+  return {std::move(follow), std::move(replicate)};
+}
+
+detail::OpRule rule(Linearity linearity) {
+  return {.mesh = [linearity](const OpSchema& s) { return follow_leaders(s, linearity); }, .family = "foreach"};
+}
+
+const bool registered = [] {
+  using detail::register_family;
+  using detail::register_overloads;
+  register_family({"aten::_foreach_abs", "aten::_foreach_acos", "aten::_foreach_asin", "aten::_foreach_atan", "aten::_foreach_ceil",
+                   "aten::_foreach_cos", "aten::_foreach_cosh", "aten::_foreach_erf", "aten::_foreach_erfc", "aten::_foreach_exp",
+                   "aten::_foreach_expm1", "aten::_foreach_floor", "aten::_foreach_frac", "aten::_foreach_lgamma", "aten::_foreach_log",
+                   "aten::_foreach_log10", "aten::_foreach_log1p", "aten::_foreach_log2", "aten::_foreach_reciprocal",
+                   "aten::_foreach_round", "aten::_foreach_rsqrt", "aten::_foreach_sigmoid", "aten::_foreach_sign", "aten::_foreach_sin",
+                   "aten::_foreach_sinh", "aten::_foreach_sqrt", "aten::_foreach_tan", "aten::_foreach_tanh", "aten::_foreach_trunc",
+                   "aten::_foreach_clamp_max", "aten::_foreach_clamp_min", "aten::_foreach_maximum", "aten::_foreach_minimum",
+                   "aten::_foreach_lerp", "aten::_foreach_pow"},
+                  rule(Linearity::None));
+  // Not the functional .Tensor forms: their Meta kernels read the per-element numbers, which a meta
+  // tensor does not hold, so their output metas cannot be computed (PyTorch's DTensor has no rule for
+  // them either). The in-place forms need no output metas.
+  register_overloads({"aten::_foreach_addcmul.Scalar", "aten::_foreach_addcmul.ScalarList", "aten::_foreach_addcmul_.Scalar",
+                      "aten::_foreach_addcmul_.ScalarList", "aten::_foreach_addcmul_.Tensor", "aten::_foreach_addcdiv.Scalar",
+                      "aten::_foreach_addcdiv.ScalarList", "aten::_foreach_addcdiv_.Scalar", "aten::_foreach_addcdiv_.ScalarList",
+                      "aten::_foreach_addcdiv_.Tensor"},
+                     rule(Linearity::None));
+  register_family({"aten::_foreach_neg", "aten::_foreach_clone", "aten::_foreach_zero"}, rule(Linearity::Additive));
+  // x + a y is linear for two lists; x + c (a number) is affine, and must see X whole.
+  register_overloads({"aten::_foreach_add.List", "aten::_foreach_add_.List", "aten::_foreach_sub.List", "aten::_foreach_sub_.List"},
+                     rule(Linearity::Additive));
+  register_overloads({"aten::_foreach_add.Scalar", "aten::_foreach_add_.Scalar", "aten::_foreach_add.ScalarList",
+                      "aten::_foreach_add_.ScalarList", "aten::_foreach_add.Tensor", "aten::_foreach_add_.Tensor",
+                      "aten::_foreach_sub.Scalar", "aten::_foreach_sub_.Scalar", "aten::_foreach_sub.ScalarList",
+                      "aten::_foreach_sub_.ScalarList", "aten::_foreach_mul.List", "aten::_foreach_mul_.List",
+                      "aten::_foreach_div.List", "aten::_foreach_div_.List"},
+                     rule(Linearity::None));
+  register_overloads({"aten::_foreach_mul.Scalar", "aten::_foreach_mul_.Scalar", "aten::_foreach_mul.ScalarList",
+                      "aten::_foreach_mul_.ScalarList", "aten::_foreach_mul.Tensor", "aten::_foreach_mul_.Tensor",
+                      "aten::_foreach_div.Scalar", "aten::_foreach_div_.Scalar", "aten::_foreach_div.ScalarList",
+                      "aten::_foreach_div_.ScalarList", "aten::_foreach_div.Tensor", "aten::_foreach_div_.Tensor"},
+                     rule(Linearity::Scaling));
+  return true;
+}();
+
+}  // namespace
+}  // namespace dtensor::rules
