@@ -1,9 +1,10 @@
-// The _foreach_* ops (optimizers' list kernels: one elementwise op over lists of tensors, element by
+// The _foreach_* ops and the fused Adam steps (optimizers' list kernels: one elementwise op over lists of tensors, element by
 // element). Each element runs on its own, so each follows its own leader, the element of the first
 // list argument: its placements, with Partial kept only where the op is linear in it, are what the
 // element's other list members are moved to and what its output gets. Single tensors beside the lists
-// (_foreach_add.Tensor's 0-d other, addcmul's per-element scalars) are Replicate. An element whose
-// members differ in shape (broadcasting) runs Replicate.
+// (_foreach_add.Tensor's 0-d other, addcmul's per-element scalars) are Replicate, and so are 0-d
+// members of shaped elements (_fused_adam's step counts). An element whose members differ in shape
+// otherwise (broadcasting) runs Replicate.
 
 #include "../registry.h"
 #include "rule_helpers.h"
@@ -40,13 +41,19 @@ std::vector<std::vector<size_t>> elements(const OpSchema& s) {
   return out;
 }
 
+// A per-element number beside a shaped element (_fused_adam's state_steps): Replicate, whatever the
+// element's placements.
+bool is_number_beside(const OpSchema& s, size_t input, size_t leader) {
+  return s.input(input).meta.shape.empty() && !s.input(leader).meta.shape.empty();
+}
+
 // Element `members`' placements: the leader's, Partial kept where the op is linear in every member
 // that has it.
 Placements element_placements(const OpSchema& s, const std::vector<size_t>& members, Linearity linearity) {
   const DTensorSpec& leader = s.input(members[0]);
   const auto keep = kept_partials(s, linearity);
   bool same_shapes = true;
-  for (size_t i : members) same_shapes = same_shapes && s.input(i).meta.shape == leader.meta.shape;
+  for (size_t i : members) same_shapes = same_shapes && (s.input(i).meta.shape == leader.meta.shape || is_number_beside(s, i, members[0]));
   Placements out;
   for (size_t m = 0; m < leader.placements.size(); ++m) {
     const Placement& p = leader.placements[m];
@@ -60,21 +67,23 @@ Placements element_placements(const OpSchema& s, const std::vector<size_t>& memb
   return out;
 }
 
+// Outputs come as lists of one entry per element (_fused_adam returns five such lists).
 OpStrategy follow_leaders(const OpSchema& s, Linearity linearity) {
   const auto groups = elements(s);
   const auto mesh_ndim = static_cast<size_t>(s.mesh->ndim());
-  if (!s.outputs.empty() && s.outputs.size() != groups.size())
+  if (!s.outputs.empty() && (groups.empty() || s.outputs.size() % groups.size() != 0))
     throw DTensorError(s.op_name() + ": " + std::to_string(s.outputs.size()) + " outputs for " + std::to_string(groups.size()) +
                        " list elements");
-  PlacementStrategy follow{std::vector<Placements>(s.outputs.size()), std::vector<Placements>(s.inputs.size(), Placements(mesh_ndim, Replicate())), {}};
+  const Placements replicate(mesh_ndim, Replicate());
+  PlacementStrategy follow{std::vector<Placements>(s.outputs.size()), std::vector<Placements>(s.inputs.size(), replicate), {}};
   for (size_t e = 0; e < groups.size(); ++e) {
     const Placements placements = element_placements(s, groups[e], linearity);
-    for (size_t i : groups[e]) follow.inputs[i] = placements;
-    if (!s.outputs.empty()) follow.outputs[e] = placements;
+    for (size_t i : groups[e])
+      if (!is_number_beside(s, i, groups[e][0])) follow.inputs[i] = placements;
+    for (size_t k = e; k < s.outputs.size(); k += groups.size()) follow.outputs[k] = placements;
   }
-  PlacementStrategy replicate{std::vector<Placements>(s.outputs.size(), Placements(mesh_ndim, Replicate())),
-                              std::vector<Placements>(s.inputs.size(), Placements(mesh_ndim, Replicate())), {}};
-  return {std::move(follow), std::move(replicate)};
+  PlacementStrategy everything_replicated{std::vector<Placements>(s.outputs.size(), replicate), std::vector<Placements>(s.inputs.size(), replicate), {}};
+  return {std::move(follow), std::move(everything_replicated)};
 }
 
 detail::OpRule rule(Linearity linearity) {
@@ -116,6 +125,11 @@ const bool registered = [] {
                       "aten::_foreach_div.Scalar", "aten::_foreach_div_.Scalar", "aten::_foreach_div.ScalarList",
                       "aten::_foreach_div_.ScalarList", "aten::_foreach_div.Tensor", "aten::_foreach_div_.Tensor"},
                      rule(Linearity::Scaling));
+  // The fused optimizer steps: per element a parameter, its gradient and moments (all placed alike) and
+  // its step count (a number, Replicate).
+  register_overloads({"aten::_fused_adam", "aten::_fused_adam.tensor_lr", "aten::_fused_adam_", "aten::_fused_adam_.tensor_lr",
+                      "aten::_fused_adamw", "aten::_fused_adamw.tensor_lr", "aten::_fused_adamw_", "aten::_fused_adamw_.tensor_lr"},
+                     rule(Linearity::None));
   return true;
 }();
 

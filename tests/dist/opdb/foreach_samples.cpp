@@ -3,6 +3,8 @@
 // reach the inputs), with list, number, number-list and tensor operands. Values lie in (0.1, 0.9),
 // inside every op's domain (log, acos, reciprocal, pow).
 
+#include <array>
+
 #include "../op_db.h"
 
 namespace dtensor::testing {
@@ -190,7 +192,60 @@ std::vector<OpSample> ternary_samples() {
   return out;
 }
 
+// The fused Adam and AdamW steps (amsgrad, so with max_exp_avg_sqs), lr a number or a 0-d tensor: the
+// parameter list, the per-element step counts and lr are the inputs; gradients and moments are made
+// from the parameters on the mesh, so each element's lists share its placements as an optimizer's do.
+std::vector<OpSample> fused_adam_samples() {
+  using State = std::array<List, 5>;  // params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs
+  auto state = [](In x) {
+    State out;
+    for (const at::Tensor& p : list(x, 0)) {
+      out[0].push_back(p.clone());
+      out[1].push_back(p.sin());
+      out[2].push_back(p.cos() / 10);
+      out[3].push_back(p.square() + 0.01);
+      out[4].push_back(p.square() * 1.5 + 0.01);
+    }
+    return out;
+  };
+  auto flat = [](const State& lists) {
+    List out;
+    for (const List& l : lists) out.insert(out.end(), l.begin(), l.end());
+    return out;
+  };
+  // One step, functional or in place, Adam or AdamW, with lr given as `lr` (a double or a tensor).
+  auto step = [=](In x, bool in_place, bool adamw, const auto& lr) {
+    State s = state(x);
+    const List steps = {x[2], x[3]};
+    if (in_place) {
+      if (adamw) at::_fused_adamw_(s[0], s[1], s[2], s[3], s[4], steps, lr, 0.9, 0.999, 0.1, 1e-8, true, false);
+      else at::_fused_adam_(s[0], s[1], s[2], s[3], s[4], steps, lr, 0.9, 0.999, 0.1, 1e-8, true, false);
+      return flat(s);
+    }
+    auto [p, g, m, v, vmax] = adamw ? at::_fused_adamw(s[0], s[1], s[2], s[3], s[4], steps, lr, 0.9, 0.999, 0.1, 1e-8, true, false)
+                                    : at::_fused_adam(s[0], s[1], s[2], s[3], s[4], steps, lr, 0.9, 0.999, 0.1, 1e-8, true, false);
+    return flat({p, g, m, v, vmax});
+  };
+  std::vector<OpSample> out;
+  for (const bool adamw : {false, true})
+    for (const bool in_place : {false, true}) {
+      const std::string name = std::string(adamw ? "_fused_adamw" : "_fused_adam") + (in_place ? "_" : "");
+      out.push_back(functional(name, {{5, 3}, {7}, {}, {}}, [=](In x) { return step(x, in_place, adamw, 0.01); }));
+      out.push_back(functional(name + "_tensor_lr", {{5, 3}, {7}, {}, {}, {}}, [=](In x) { return step(x, in_place, adamw, x[4]); }));
+    }
+  for (auto& sample : out) {
+    // Steps counted 3; lr 0.01.
+    sample.make_input = [](size_t i, const Shape& shape) {
+      return i < 2 ? in_unit_interval(i, shape) : at::full(shape, i == 4 ? 0.01 : 3.0, at::kDouble);
+    };
+    sample.backward = false;
+    sample.no_backward_reason = "an optimizer step: LibTorch has no derivative for it";
+  }
+  return out;
+}
+
 const bool registered = [] {
+  add_op_samples(fused_adam_samples());
   add_op_samples(unary_samples());
   add_op_samples(binary_samples());
   return add_op_samples(ternary_samples());
