@@ -438,6 +438,10 @@ std::vector<DimStrategy> constant_pad_nd(const OpSchema& s) {
 std::vector<DimStrategy> triangle(const OpSchema& s) {
   std::vector<DimStrategy> out = {all_replicate(s)};
   for (int64_t d = 0; d < s.input_ndim(0); ++d) out.push_back({{Shard(d)}, {Shard(d)}});
+  // A strided shard of a batch dim holds whole matrices, which tril/triu zero alike (an in-place form
+  // in a derivative keeps the gradient's layout).
+  for (const Placement& p : s.input(0).placements)
+    if (p.is_strided_shard() && p.dim() < s.input_ndim(0) - 2) out.push_back({{p}, {p}});
   for (auto op : kMovesValues) out.push_back({{Partial(op)}, {Partial(op)}});
   return out;
 }
@@ -445,6 +449,10 @@ std::vector<DimStrategy> triangle(const OpSchema& s) {
 LocalArgs triangle_args(const OpSchema& s, const PlacementStrategy& chosen) {
   const Shape& shape = s.input(0).meta.shape;
   const auto rows = static_cast<size_t>(s.input_ndim(0) - 2), cols = rows + 1;
+  // Only shards of the matrix dims move the diagonal (batch dims may be strided shards: no block).
+  const auto& placements = chosen.inputs[0];
+  if (std::none_of(placements.begin(), placements.end(), [&](const Placement& p) { return p.is_sharding() && p.dim() >= static_cast<int64_t>(rows); }))
+    return {};
   const LocalLayout block = local_layout(shape, s.mesh->shape(), *s.mesh->coordinate(), chosen.inputs[0]);
   const int64_t shift = block.offset[rows] - block.offset[cols];
   if (shift == 0) return {};
