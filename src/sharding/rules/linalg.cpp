@@ -5,6 +5,7 @@
 // (size 1, or without it) is Replicate. Nothing here is linear in Partial inputs: they are reduced first.
 
 #include "../registry.h"
+#include "optional_tensors.h"
 #include "rule_helpers.h"
 
 namespace dtensor::rules {
@@ -64,6 +65,37 @@ std::vector<TensorMeta> like_input(const c10::OperatorHandle&, c10::ArrayRef<c10
   return {TensorMeta{self.sizes().vec(), contiguous_strides(self.sizes().vec()), self.scalar_type()}};
 }
 
+// linalg_cross(self, other, dim): 3-vectors along `dim`, which stays whole; the other dims shard as in
+// elementwise ops (broadcast inputs Replicate). Bilinear: one Partial input with the other Replicate
+// gives the Partial of the products.
+std::vector<DimStrategy> cross(const OpSchema& s) {
+  const Shape& out = s.outputs[0].shape;
+  const auto ndim = static_cast<int64_t>(out.size());
+  const int64_t dim = wrap_dim(argument(s, "dim").toInt(), ndim);
+  std::vector<DimStrategy> strategies = {all_replicate(s)};
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (d == dim) continue;
+    DimStrategy st{{Shard(d)}, {}};
+    for (size_t i = 0; i < s.inputs.size(); ++i) {
+      const Shape& in = s.input(i).meta.shape;
+      const int64_t id = d - (ndim - static_cast<int64_t>(in.size()));
+      st.inputs.push_back(id >= 0 && in[id] == out[d] ? Shard(id) : Replicate());
+    }
+    strategies.push_back(std::move(st));
+  }
+  for (ReduceOp op : linear_reduce_ops(s))
+    for (size_t partial = 0; partial < s.inputs.size(); ++partial) {
+      DimStrategy st{{Partial(op)}, Placements(s.inputs.size(), Replicate())};
+      st.inputs[partial] = Partial(op);
+      strategies.push_back(std::move(st));
+    }
+  return strategies;
+}
+
+// _linalg_check_errors(info) raises when a factorization failed (info != 0). Every rank checks every
+// batch element, so that all raise together rather than one alone while the others wait.
+std::vector<DimStrategy> whole_info(const OpSchema& s) { return {all_replicate(s)}; }
+
 const bool registered = [] {
   using detail::register_family;
   const std::vector<std::pair<std::vector<std::string>, CoreDims>> ops = {
@@ -88,6 +120,8 @@ const bool registered = [] {
   inverse.output_metas = like_input;
   register_family({"aten::cholesky_inverse"}, inverse);
   register_family({"aten::_linalg_solve_ex"}, {.dim = solve_strategies, .family = "linalg"});
+  register_family({"aten::linalg_cross"}, {.dim = cross, .family = "linalg"});
+  register_family({"aten::_linalg_check_errors"}, {.dim = whole_info, .family = "linalg"});
   return true;
 }();
 

@@ -102,6 +102,8 @@ std::vector<TensorMeta> rms_norm_backward_metas(const c10::OperatorHandle& op, c
 const bool registered = [] {
   using detail::register_overloads;
   register_overloads({"aten::_softmax"}, {.dim = softmax, .family = "norm", .strided_shards = detail::StridedShards::IndexWise});
+  // softmax that gives 0, not NaN, for a row of -inf (masked attention rows): the same dims.
+  register_overloads({"aten::_safe_softmax"}, {.dim = softmax, .family = "norm", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::_softmax_backward_data"}, {.dim = softmax_backward, .family = "norm", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::native_layer_norm"}, {.dim = layer_norm, .family = "norm", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::native_layer_norm_backward"}, {.dim = layer_norm_backward, .family = "norm", .strided_shards = detail::StridedShards::IndexWise});

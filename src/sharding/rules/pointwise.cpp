@@ -175,7 +175,7 @@ const bool registered = [] {
        "aten::elu",        "aten::softplus",   "aten::threshold",     "aten::_to_copy",   "aten::fill",       "aten::zero",          "aten::copy",         "aten::logit",
        "aten::mish",       "aten::hardswish",  "aten::hardsigmoid",   "aten::xlogy",        "aten::sgn",
        "aten::floor_divide", "aten::hypot",    "aten::copysign",      "aten::fmax",         "aten::fmin",
-       "aten::lgamma",     "aten::digamma",    "aten::sinc",          "aten::logaddexp",    "aten::logaddexp2",
+       "aten::lgamma",     "aten::mvlgamma",   "aten::digamma",    "aten::sinc",          "aten::logaddexp",    "aten::logaddexp2",
        "aten::heaviside",  "aten::signbit",    "aten::nextafter",     "aten::deg2rad",      "aten::rad2deg",
        "aten::i0",         "aten::bitwise_left_shift", "aten::bitwise_right_shift", "aten::relu6",
        "aten::polygamma",  "aten::special_i1", "aten::special_i0e", "aten::special_i1e",

@@ -572,7 +572,7 @@ const bool registered = [] {
   register_family({"aten::slice_backward"}, {.dim = slice, .local_args = local_size_arg, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::select", "aten::unbind"}, {.dim = select, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::select_backward"}, {.dim = select_backward, .local_args = local_size_arg, .family = "view", .strided_shards = IndexWise});
-  register_family({"aten::split", "aten::split_with_sizes"},
+  register_family({"aten::split", "aten::split_with_sizes", "aten::split_with_sizes_copy"},
                   {.dim = split_packed, .local_args = split_packed_args, .family = "view", .strided_shards = Own});
   // chunk (composite: a split into `chunks` pieces) keeps its piece count on the shards: k chunks of
   // StridedShard(dim, k) are this rank's k blocks.
@@ -591,6 +591,9 @@ const bool registered = [] {
   register_family({"aten::select_scatter"}, {.dim = select_scatter, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::diagonal_scatter"}, {.dim = diagonal_scatter, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::expand_copy"}, {.dim = expand, .local_args = local_size_arg, .family = "view", .strided_shards = IndexWise});
+  // The view's copy (of a shape or a dtype): placed as the view, run on the shard with its local size
+  // (a copy needs no view kernel).
+  register_family({"aten::view_copy"}, {.mesh = view, .local_args = view_local_args, .family = "view", .strided_shards = Own});
   return true;
 }();
 

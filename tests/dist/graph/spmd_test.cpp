@@ -340,14 +340,14 @@ TEST_F(GraphSpmdTest, SpmdRefusesAShardedInputToAnOpWithoutRule) {
     if (n->module_path == "fc1") fc1 = n;
   ASSERT_NE(fc1, nullptr);
   g::Value* hidden = fc1->outputs[0];
-  g::Node* scan = mlp.graph.insert_after(fc1, "aten::mvlgamma", {g::Arg::tensor(hidden), g::Arg::of(int64_t{1})}, "scan");
+  g::Node* scan = mlp.graph.insert_after(fc1, "aten::_conj", {g::Arg::tensor(hidden)}, "scan");
   scan->outputs[0]->meta = hidden->meta;
   mlp.graph.replace_all_uses(hidden, scan->outputs[0], scan);
   const MeshPtr m = mesh({4}, {}, {"tp"});
   g::SpmdPlacements where;
   where.state = g::plan_placements(mlp, *m, {{"fc1", ColwiseParallel{}}, {"fc2", RowwiseParallel{}}});
   EXPECT_THAT(error_of([&] { g::spmd_expand(std::move(mlp), m, where); }),
-              HasSubstr("node 'scan' (aten::mvlgamma) has no sharding rule, and inputs placed (S(1)) reach it"));
+              HasSubstr("node 'scan' (aten::_conj) has no sharding rule, and inputs placed (S(1)) reach it"));
 }
 
 }  // namespace

@@ -37,6 +37,11 @@ const bool registered = add_op_samples({
       auto [l, info] = at::linalg_cholesky_ex(spd(x[0]));
       return outputs(l, info);
     }),
+    // Composites: the factorization, then _linalg_check_errors on its info (every rank checks it whole).
+    sample("linalg_inv", {kMatrices}, [](In x) { return outputs(at::linalg_inv(x[0])); }),
+    sample("linalg_cholesky", {kMatrices}, [](In x) { return outputs(at::linalg_cholesky(spd(x[0]))); }),
+    sample("linalg_cross", {{5, 3, 4}, {5, 3, 4}}, [](In x) { return outputs(at::linalg_cross(x[0], x[1], 1)); }),
+    sample("linalg_cross_broadcast", {{5, 3}, {1, 3}}, [](In x) { return outputs(at::linalg_cross(x[0], x[1])); }),
     sample("linalg_inv_ex", {kMatrices}, [](In x) {
       auto [inverse, info] = at::linalg_inv_ex(x[0]);
       return outputs(inverse, info);

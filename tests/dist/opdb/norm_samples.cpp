@@ -12,6 +12,8 @@ using In = const std::vector<at::Tensor>&;
 const bool registered = add_op_samples({
     {"softmax", {{5, 6}}, [](In x) { return outputs(at::softmax(x[0], 1)); }, nullptr, {}, true, true},
     {"softmax_dim0", {{2, 5, 6}}, [](In x) { return outputs(at::softmax(x[0], 0)); }},
+    // A row of -inf (a fully masked attention row) gives zeros, not NaN.
+    {"_safe_softmax", {{5, 6}}, [](In x) { return outputs(at::_safe_softmax(x[0].masked_fill(x[0] > 0.5, -INFINITY), 1)); }},
     {"layer_norm", {{5, 6}, {6}, {6}}, [](In x) { return outputs(at::layer_norm(x[0], {6}, x[1], x[2])); },
      nullptr, {}, true, true},
     {"layer_norm_3d", {{2, 5, 6}, {5, 6}, {5, 6}},

@@ -47,7 +47,7 @@ Domain domain_of(const std::string& op, size_t input) {
       {"acos", Domain::Unit},      {"asin", Domain::Unit},       {"atanh", Domain::Unit},
       {"erfinv", Domain::Unit},    {"acosh", Domain::AboveOne},  {"log", Domain::Positive},
       {"log2", Domain::Positive},  {"log10", Domain::Positive},  {"log1p", Domain::Positive},
-      {"sqrt", Domain::Positive},  {"rsqrt", Domain::Positive},  {"lgamma", Domain::Positive},
+      {"sqrt", Domain::Positive},  {"rsqrt", Domain::Positive},  {"lgamma", Domain::Positive},  {"mvlgamma", Domain::Positive},
       {"digamma", Domain::Positive}, {"reciprocal", Domain::NonZero}, {"pow", Domain::Positive},
       {"logit", Domain::OpenUnit},   {"igamma", Domain::Positive},
       {"igammac", Domain::Positive}, {"special_ndtri", Domain::OpenUnit}, {"special_zeta", Domain::AboveOne},
@@ -137,6 +137,11 @@ std::string variant_suffix(const std::string& argument, const c10::IValue& value
 }
 
 // Builds the sample, choosing input dtypes the single-device op accepts (double, then int64).
+// Ops whose LibTorch derivative makes a plain tensor and combines it with the input (a DTensor here),
+// which dtensor refuses: their gradients cannot run on DTensors.
+const std::map<std::string, std::string> kDerivativesWithPlainTensors = {
+    {"mvlgamma", "LibTorch's derivative adds a plain arange to the input, which dtensor refuses to mix with DTensors"}};
+
 std::optional<OpSample> sample_for(const c10::OperatorHandle& op, const c10::IValue& variant, const std::string& suffix) {
   const c10::OperatorName& name = op.operator_name();
   bool writes = false;
@@ -175,6 +180,10 @@ std::optional<OpSample> sample_for(const c10::OperatorHandle& op, const c10::IVa
     // Where single-device autograd cannot differentiate the call (out= forms, copy_ ...), gradients
     // are not compared; the coverage table says why.
     s.backward = s.backward && differentiates(c, probe);
+    if (const auto plain = kDerivativesWithPlainTensors.find(base); plain != kDerivativesWithPlainTensors.end()) {
+      s.backward = false;
+      s.no_backward_reason = plain->second;
+    }
     return s;
   }
   return std::nullopt;

@@ -198,6 +198,11 @@ const bool registered = add_op_samples({
     {.name = "roll", .shapes = {{5, 4, 3}}, .run = [](In x) { return outputs(x[0].roll({2, -1}, {0, 2})); }, .two_d = true},
     {.name = "roll_flattened", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].roll(4)); }},
     {.name = "expand_copy", .shapes = {{5, 1}}, .run = [](In x) { return outputs(at::expand_copy(x[0], {5, 4})); }},
+    {.name = "view_copy", .shapes = {{5, 4, 3}}, .run = [](In x) { return outputs(at::view_copy(x[0], {5, 12})); }, .two_d = true},
+    {.name = "view_copy_dtype", .shapes = {{5, 4}}, .run = [](In x) { return outputs(at::view_copy(x[0], at::kLong)); },
+     .backward = false, .no_backward_reason = "a reinterpretation of the bits as integers", .partial_inputs = false},
+    {.name = "split_with_sizes_copy", .shapes = {{5, 7}},
+     .run = [](In x) { return at::split_with_sizes_copy(x[0], {3, 4}, 1); }},
     {.name = "select_scatter", .shapes = {{5, 4, 3}, {5, 3}},
      .run = [](In x) { return outputs(at::select_scatter(x[0], x[1], 1, 2)); }, .backward = false, .two_d = true,
      .no_backward_reason = "LibTorch's derivative zero-fills with a plain tensor it makes, which dtensor refuses to mix "
