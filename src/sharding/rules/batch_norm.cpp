@@ -201,7 +201,8 @@ LocalKernel batch_norm_backward_kernel(const OpSchema& s, const PlacementStrateg
 
 const bool registered = [] {
   using detail::register_overloads;
-  register_overloads({"aten::native_batch_norm"},
+  // _native_batch_norm_legit (core ATen's form, running statistics required) takes the same arguments.
+  register_overloads({"aten::native_batch_norm", "aten::_native_batch_norm_legit"},
                      {.mesh = batch_norm_on_mesh,
                       .local_kernel = batch_norm_kernel,
                       .family = "norm",

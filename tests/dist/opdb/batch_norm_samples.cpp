@@ -58,6 +58,15 @@ const bool registered = add_op_samples({
     with_running_stats("batch_norm_training", {5, 7, 3}, true, /*two_d=*/true),
     with_running_stats("batch_norm_training_2d", {5, 3, 2, 3}, true),
     with_running_stats("batch_norm_eval", {5, 7, 3}, false, /*two_d=*/true),
+    [] {
+      OpSample legit = with_running_stats("_native_batch_norm_legit", {5, 7, 3}, true);
+      legit.run = [](In x) {
+        at::Tensor running_mean = x[3], running_var = x[4];  // the same tensors, updated in place
+        const auto [out, mean, invstd] = at::_native_batch_norm_legit(x[0], x[1], x[2], running_mean, running_var, true, 0.3, 1e-5);
+        return outputs(out, x[3], x[4]);
+      };
+      return legit;
+    }(),
     // Without affine parameters or running statistics (BatchNorm1d on [N, C], track_running_stats off).
     {.name = "batch_norm_batch_statistics_only",
      .shapes = {{5, 7}},
