@@ -120,9 +120,27 @@ at::Tensor local_input(const at::Tensor& t, const TensorInput& in, const std::op
   return move ? in_global_layout(redistribute_local(local, *in.spec, *move), in.spec->meta) : local;
 }
 
+// A DTensor made by a view op whose input had to move first (a slice of a sharded dim: the shards are
+// gathered, or padded into a Partial) holds a copy, not a view of its base's shard, and a write through
+// it would be lost without a word (LibTorch's own derivatives write through such views: ormqr's lost
+// its tau gradient so). Autograd knows the view's base; the shards say whether they share storage. The
+// view op's decision is the same on every rank, so every rank refuses alike.
+void refuse_write_through_copied_view(const c10::OperatorHandle& op, const at::Tensor& t) {
+  if (!t.is_view()) return;
+  const DTensorImpl* view = as_dtensor(t);
+  const at::Tensor base_tensor(t._base());
+  const DTensorImpl* base = as_dtensor(base_tensor);
+  if (!view || !base || view->local().is_alias_of(base->local())) return;
+  throw DTensorError("op " + qualified_name(op.operator_name()) + " writes to a DTensor (" + view->spec().str() +
+                     ") that is a view of another (" + base->spec().str() + "), but the view op had to redistribute its "
+                     "input, so the view holds a copy and the write would not reach its base. Redistribute the base so "
+                     "that the view needs no move (slice a dim that is not sharded), or write to the base itself");
+}
+
 // The local tensor input `in` runs with; a written one that must move (a Partial reduced in place)
 // moves in its own buffer, for the caller's DTensor to hold the result.
 at::Tensor local_for(const c10::OperatorHandle& op, const at::Tensor& t, const TensorInput& in, const std::optional<Placements>& move) {
+  if (written(op.schema(), in)) refuse_write_through_copied_view(op, t);
   if (!written(op.schema(), in) || !move) return local_input(t, in, move);
   reduce_written_in_place(op, t, in, *move);
   return as_dtensor(t)->local();

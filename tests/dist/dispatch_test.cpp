@@ -227,6 +227,28 @@ TEST_F(DispatchTest, OpWithoutStrategyNamesOpAndWaysOut) {
   EXPECT_THAT(error, HasSubstr("register"));
 }
 
+// A slice of a dim that is not sharded is a view of the shard: writes through it reach the DTensor.
+// A slice of a sharded dim gathers first, so it holds a copy: a write through it is refused, not lost.
+TEST_F(DispatchTest, WritesThroughViewsReachTheirBaseOrAreRefused) {
+  auto m = mesh({4});
+  at::Tensor rows = distribute_tensor(at::zeros({5, 3}, at::kDouble), m, Placements{Shard(0)});
+  rows.narrow(1, 1, 1).fill_(7);
+  rows.select(1, 2).fill_(9);
+  at::Tensor expected = at::zeros({5, 3}, at::kDouble);
+  expected.narrow(1, 1, 1).fill_(7);
+  expected.select(1, 2).fill_(9);
+  EXPECT_TRUE(at::equal(full_tensor(rows), expected));
+
+  at::Tensor columns = distribute_tensor(at::zeros({5, 3}, at::kDouble), m, Placements{Shard(1)});
+  for (const auto& write : std::vector<std::function<void()>>{[&] { columns.narrow(1, 1, 1).fill_(7); },
+                                                              [&] { columns.select(1, 2).copy_(distribute_tensor(at::ones({5}, at::kDouble), m)); }}) {
+    const std::string error = error_of(write);
+    EXPECT_THAT(error, HasSubstr("is a view of another"));
+    EXPECT_THAT(error, HasSubstr("the write would not reach its base"));
+  }
+  EXPECT_TRUE(at::equal(full_tensor(columns), at::zeros({5, 3}, at::kDouble)));
+}
+
 TEST_F(DispatchTest, ReplicateParameterGradientIsPartialAndReducedWhenNeeded) {
   auto m = mesh({4});
   at::Tensor w = distribute_tensor(w57().clone().requires_grad_(), m);
