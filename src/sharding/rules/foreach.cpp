@@ -86,6 +86,26 @@ OpStrategy follow_leaders(const OpSchema& s, Linearity linearity) {
   return {std::move(follow), std::move(everything_replicated)};
 }
 
+// _foreach_powsum reduces each element to a number, sum |x|^ord: a sharded element gives the
+// Partial(sum) of its shards' sums (an empty shard's is 0), a Partial element is made whole first
+// (|x|^ord is not linear).
+OpStrategy power_sums(const OpSchema& s) {
+  const auto groups = elements(s);
+  const auto mesh_ndim = static_cast<size_t>(s.mesh->ndim());
+  const Placements replicate(mesh_ndim, Replicate());
+  PlacementStrategy sums{std::vector<Placements>(s.outputs.size(), replicate), std::vector<Placements>(s.inputs.size(), replicate), {}};
+  for (size_t e = 0; e < groups.size() && e < s.outputs.size(); ++e) {
+    const Placements& leader = s.input(groups[e][0]).placements;
+    for (size_t m = 0; m < mesh_ndim; ++m)
+      if (leader[m].is_shard()) {
+        sums.inputs[groups[e][0]][m] = leader[m];
+        sums.outputs[e][m] = Partial(ReduceOp::Sum);
+      }
+  }
+  PlacementStrategy everything_replicated{std::vector<Placements>(s.outputs.size(), replicate), std::vector<Placements>(s.inputs.size(), replicate), {}};
+  return {std::move(sums), std::move(everything_replicated)};
+}
+
 detail::OpRule rule(Linearity linearity) {
   return {.mesh = [linearity](const OpSchema& s) { return follow_leaders(s, linearity); }, .family = "foreach"};
 }
@@ -125,6 +145,7 @@ const bool registered = [] {
                       "aten::_foreach_div.Scalar", "aten::_foreach_div_.Scalar", "aten::_foreach_div.ScalarList",
                       "aten::_foreach_div_.ScalarList", "aten::_foreach_div.Tensor", "aten::_foreach_div_.Tensor"},
                      rule(Linearity::Scaling));
+  register_overloads({"aten::_foreach_powsum.Scalar"}, {.mesh = power_sums, .family = "foreach"});
   // The fused optimizer steps: per element a parameter, its gradient and moments (all placed alike) and
   // its step count (a number, Replicate).
   register_overloads({"aten::_fused_adam", "aten::_fused_adam.tensor_lr", "aten::_fused_adam_", "aten::_fused_adam_.tensor_lr",

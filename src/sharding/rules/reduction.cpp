@@ -284,6 +284,10 @@ const bool registered = [] {
   const Combine nan_sums{ReduceOp::Sum, {}};
   register_overloads({"aten::sum", "aten::sum.dim_IntList"}, {.dim = reduce(sums), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::nansum"}, {.dim = reduce(nan_sums), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
+  // sum |x|^ord (a vector norm's inner sum) adds up over shards, but |x|^ord is not linear: a Partial
+  // input must be whole first.
+  const Combine power_sums{ReduceOp::Sum, {}};
+  register_overloads({"aten::linalg__powsum"}, {.dim = reduce(power_sums), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::mean", "aten::mean.dim"},
                      {.dim = reduce(sums), .local_kernel = mean_kernel, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::max", "aten::amax"},

@@ -69,6 +69,10 @@ std::vector<OpSample> unary_samples() {
   out[out.size() - 2].backward = false;
   out[out.size() - 2].no_backward_reason = "LibTorch has no derivative for the functional _foreach_zero";
   out.push_back(functional("_foreach_clone", kOneList, [](In x) { return at::_foreach_clone(list(x, 0)); }));
+  OpSample powsum = functional("_foreach_powsum", kOneList, [](In x) { return at::_foreach_powsum(list(x, 0), 3); });
+  powsum.backward = false;
+  powsum.no_backward_reason = "LibTorch has no derivative for _foreach_powsum";
+  out.push_back(std::move(powsum));
   for (auto& sample : out) sample.two_d = true;
   return out;
 }
