@@ -93,6 +93,7 @@ const bool registered = add_op_samples({
      [](In x) { return outputs(at::linalg_vector_norm(x[0], INFINITY, at::IntArrayRef{0, 2})); }},
     {"vector_norm_minus_inf", {{5, 6}},
      [](In x) { return outputs(at::linalg_vector_norm(x[0], -INFINITY, at::IntArrayRef{0})); }},
+    {"vector_norm_inf_all", {{5, 3}}, [](In x) { return outputs(at::linalg_vector_norm(x[0], INFINITY)); }},
     {"vector_norm_0", {{5, 6}}, [](In x) { return outputs(at::linalg_vector_norm(x[0], 0)); }},
     {"norm", {{5, 6}}, [](In x) { return outputs(x[0].norm()); }},
     {"norm_dim", {{2, 5, 6}}, [](In x) { return outputs(x[0].norm(1, {1}, true)); }},
