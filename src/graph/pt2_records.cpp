@@ -30,6 +30,13 @@ const Json* child_of(const Json& parent, const std::string& token) {
   return nullptr;
 }
 
+// The field `path` (keys and indices) below `base`.
+RecordField below(const RecordField& base, const std::vector<std::string>& path) {
+  RecordField at = base;
+  for (const std::string& token : path) at = at / token;
+  return at;
+}
+
 // ---- step 1: floats where integers belong ------------------------------------------------------------------
 
 // The schema's members of type double (F64, and lists of it): a float there may have any size. Anywhere
@@ -42,9 +49,7 @@ constexpr double kTwoTo63 = 9223372036854775808.0;
 void refuse_floats(const Json& j, bool may_be_double, std::vector<std::string>& path, const RecordField& base) {
   if (j.is_number_float()) {
     if (may_be_double || std::fabs(j.get<double>()) < kTwoTo63) return;
-    RecordField at = base;
-    for (const std::string& token : path) at = at / token;
-    at.fail("expected an integer, found " + io::describe_json_value(j) + ", beyond any 64-bit integer");
+    below(base, path).fail("expected an integer, found " + io::describe_json_value(j) + ", beyond any 64-bit integer");
   }
   if (j.is_object()) {
     for (auto it = j.begin(); it != j.end(); ++it) {
@@ -85,11 +90,7 @@ bool same_number(const Json& a, const Json& b) {
 }
 
 void compare(const Json& record, const Json& back, std::vector<std::string>& path, const RecordField& base) {
-  auto fail_here = [&](const std::string& what) {
-    RecordField at = base;
-    for (const std::string& token : path) at = at / token;
-    at.fail(what);
-  };
+  auto fail_here = [&](const std::string& what) { below(base, path).fail(what); };
   if (record.is_object() && back.is_object()) {
     for (auto it = record.begin(); it != record.end(); ++it) {
       const auto written = back.find(it.key());

@@ -140,8 +140,9 @@ void refuse_write_through_copied_view(const c10::OperatorHandle& op, const at::T
 // The local tensor input `in` runs with; a written one that must move (a Partial reduced in place)
 // moves in its own buffer, for the caller's DTensor to hold the result.
 at::Tensor local_for(const c10::OperatorHandle& op, const at::Tensor& t, const TensorInput& in, const std::optional<Placements>& move) {
-  if (written(op.schema(), in)) refuse_write_through_copied_view(op, t);
-  if (!written(op.schema(), in) || !move) return local_input(t, in, move);
+  if (!written(op.schema(), in)) return local_input(t, in, move);
+  refuse_write_through_copied_view(op, t);
+  if (!move) return local_input(t, in, move);
   reduce_written_in_place(op, t, in, *move);
   return as_dtensor(t)->local();
 }

@@ -67,23 +67,26 @@ Placements element_placements(const OpSchema& s, const std::vector<size_t>& memb
   return out;
 }
 
+// Every input and output Replicate on every mesh dim (the strategy to start from, and the fallback).
+PlacementStrategy replicated(const OpSchema& s) {
+  const Placements replicate(static_cast<size_t>(s.mesh->ndim()), Replicate());
+  return {std::vector<Placements>(s.outputs.size(), replicate), std::vector<Placements>(s.inputs.size(), replicate), {}};
+}
+
 // Outputs come as lists of one entry per element (_fused_adam returns five such lists).
 OpStrategy follow_leaders(const OpSchema& s, Linearity linearity) {
   const auto groups = elements(s);
-  const auto mesh_ndim = static_cast<size_t>(s.mesh->ndim());
   if (!s.outputs.empty() && (groups.empty() || s.outputs.size() % groups.size() != 0))
     throw DTensorError(s.op_name() + ": " + std::to_string(s.outputs.size()) + " outputs for " + std::to_string(groups.size()) +
                        " list elements");
-  const Placements replicate(mesh_ndim, Replicate());
-  PlacementStrategy follow{std::vector<Placements>(s.outputs.size()), std::vector<Placements>(s.inputs.size(), replicate), {}};
+  PlacementStrategy follow = replicated(s);
   for (size_t e = 0; e < groups.size(); ++e) {
     const Placements placements = element_placements(s, groups[e], linearity);
     for (size_t i : groups[e])
       if (!is_number_beside(s, i, groups[e][0])) follow.inputs[i] = placements;
     for (size_t k = e; k < s.outputs.size(); k += groups.size()) follow.outputs[k] = placements;
   }
-  PlacementStrategy everything_replicated{std::vector<Placements>(s.outputs.size(), replicate), std::vector<Placements>(s.inputs.size(), replicate), {}};
-  return {std::move(follow), std::move(everything_replicated)};
+  return {std::move(follow), replicated(s)};
 }
 
 // _foreach_powsum reduces each element to a number, sum |x|^ord: a sharded element gives the
@@ -92,8 +95,7 @@ OpStrategy follow_leaders(const OpSchema& s, Linearity linearity) {
 OpStrategy power_sums(const OpSchema& s) {
   const auto groups = elements(s);
   const auto mesh_ndim = static_cast<size_t>(s.mesh->ndim());
-  const Placements replicate(mesh_ndim, Replicate());
-  PlacementStrategy sums{std::vector<Placements>(s.outputs.size(), replicate), std::vector<Placements>(s.inputs.size(), replicate), {}};
+  PlacementStrategy sums = replicated(s);
   for (size_t e = 0; e < groups.size() && e < s.outputs.size(); ++e) {
     const Placements& leader = s.input(groups[e][0]).placements;
     for (size_t m = 0; m < mesh_ndim; ++m)
@@ -102,8 +104,7 @@ OpStrategy power_sums(const OpSchema& s) {
         sums.outputs[e][m] = Partial(ReduceOp::Sum);
       }
   }
-  PlacementStrategy everything_replicated{std::vector<Placements>(s.outputs.size(), replicate), std::vector<Placements>(s.inputs.size(), replicate), {}};
-  return {std::move(sums), std::move(everything_replicated)};
+  return {std::move(sums), replicated(s)};
 }
 
 detail::OpRule rule(Linearity linearity) {

@@ -58,13 +58,6 @@ std::vector<DimStrategy> solve_strategies(const OpSchema& s) {
   return batch_strategies(s, {{2, rhs}, {rhs, 2, 1, 0}});
 }
 
-// cholesky_inverse has no Meta kernel, and running it on zeros fails (a singular matrix): its result
-// has its input's shape.
-std::vector<TensorMeta> like_input(const c10::OperatorHandle&, c10::ArrayRef<c10::IValue> args) {
-  const at::Tensor& self = args[0].toTensor();
-  return {TensorMeta{self.sizes().vec(), contiguous_strides(self.sizes().vec()), self.scalar_type()}};
-}
-
 // linalg_cross(self, other, dim): 3-vectors along `dim`, which stays whole; the other dims shard as in
 // elementwise ops (broadcast inputs Replicate). Bilinear: one Partial input with the other Replicate
 // gives the Partial of the products.
@@ -117,7 +110,7 @@ const bool registered = [] {
   };
   for (const auto& [names, core] : ops) register_family(names, rule(core));
   detail::OpRule inverse = rule({{2}, {2}});
-  inverse.output_metas = like_input;
+  inverse.output_metas = like_self;  // no Meta kernel, and stand-in zeros are singular
   register_family({"aten::cholesky_inverse"}, inverse);
   register_family({"aten::_linalg_solve_ex"}, {.dim = solve_strategies, .family = "linalg"});
   register_family({"aten::linalg_cross"}, {.dim = cross, .family = "linalg"});

@@ -82,12 +82,6 @@ LocalKernel empty_shard_kernel(const OpSchema& s, const PlacementStrategy& chose
   return empty_here(s, chosen, 0) ? zero_outputs(s, chosen) : LocalKernel{};
 }
 
-// fractional_max_pool3d_backward has no Meta kernel, and run on stand-in zeros it rejects their
-// indices: its gradient is shaped like its input.
-std::vector<TensorMeta> like_self(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
-  const at::Tensor& self = args[*op.schema().argumentIndexWithName("self")].toTensor();
-  return {TensorMeta{self.sizes().vec(), contiguous_strides(self.sizes().vec()), self.scalar_type()}};
-}
 
 detail::OpRule rule(bool linear, LocalArgsRule local_args = {}) {
   return {.dim = [linear](const OpSchema& s) { return planes(s, linear); },
@@ -109,6 +103,7 @@ const bool registered = [] {
                    "aten::fractional_max_pool2d_backward"},
                   rule(/*linear=*/false));
   detail::OpRule fractional_3d_backward = rule(/*linear=*/false);
+  // No Meta kernel, and on stand-in zeros it rejects their indices: its gradient is shaped like its input.
   fractional_3d_backward.output_metas = like_self;
   register_family({"aten::fractional_max_pool3d_backward"}, fractional_3d_backward);
   register_family({"aten::upsample_nearest1d", "aten::upsample_nearest2d", "aten::upsample_nearest3d",

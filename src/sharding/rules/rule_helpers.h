@@ -6,6 +6,7 @@
 #include <string>
 
 #include "dtensor/errors.h"
+#include "dtensor/layout.h"
 #include "dtensor/op_schema.h"
 
 namespace dtensor::rules {
@@ -26,6 +27,13 @@ inline int64_t dim_arg(const OpSchema& s, int64_t ndim) {
 
 // Partial reductions that commute with an op that only moves, copies or zero-fills values.
 inline const std::vector<ReduceOp> kMovesValues = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
+
+// Output metas (OutputMetaRule) of an op whose one result is shaped like its `self` argument, for ops
+// without a Meta kernel that fail on stand-in zeros (a singular matrix, invalid indices).
+inline std::vector<TensorMeta> like_self(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  const at::Tensor& self = args[*op.schema().argumentIndexWithName("self")].toTensor();
+  return {TensorMeta{self.sizes().vec(), contiguous_strides(self.sizes().vec()), self.scalar_type()}};
+}
 
 // One strategy for every input and output: all Replicate.
 inline DimStrategy all_replicate(const OpSchema& s) {
