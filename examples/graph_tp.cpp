@@ -21,8 +21,8 @@ namespace {
 namespace g = dtensor::graph;
 
 // The lines of one transformer block (module paths under blocks.0), with the collectives they run.
-std::string first_block(const g::Graph& graph) {
-  std::istringstream lines(graph.str());
+std::string first_block(const g::Program& program) {
+  std::istringstream lines(program.str());
   std::string line, out;
   while (std::getline(lines, line))
     if (line.find("# blocks.0") != std::string::npos) out += "  " + line + "\n";
@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
     if (print) {
       std::cout << "graph TP: " << model << " on " << world->size() << " ranks\n\n"
                 << "block 0 of rank 0's program (placements after the shapes; notes say why a collective is there):\n"
-                << first_block(local.graph) << "\ncollectives per forward: "
+                << first_block(local) << "\ncollectives per forward: "
                 << count_of(local.graph, "_c10d_functional::all_reduce") << " all-reduce, "
                 << count_of(local.graph, "_c10d_functional::all_gather_into_tensor") << " all-gather, "
                 << count_of(local.graph, "_c10d_functional::reduce_scatter_tensor") << " reduce-scatter\n";

@@ -37,7 +37,7 @@ PUBLIC_HEADERS = {
     "op_schema.h": "sharding", "sharding.h": "sharding", "random.h": "sharding",
     "module.h": "module", "optim.h": "module", "parallel.h": "module", "shard_module.h": "module",
     "checkpoint.h": "checkpoint", "training_state.h": "checkpoint",
-    "graph/ir.h": "graph", "graph/program.h": "graph", "graph/spmd.h": "graph",
+    "graph/ir.h": "graph", "graph/annotations.h": "graph", "graph/program.h": "graph", "graph/spmd.h": "graph",
     "graph/tensor_parallel.h": "graph", "graph/hugging_face.h": "graph", "graph/training.h": "graph",
     "dtensor.h": None,  # the umbrella header, for users only
 }

@@ -68,7 +68,8 @@ int coalesce_output_all_reduces(Program& program) {
       infer_local_metas(*f);
       flat.push_back(f->outputs[0]);
       total += numel(x->meta.shape);
-      why += (why.empty() ? "" : ", ") + m.nodes.front()->note.substr(0, m.nodes.front()->note.find(';'));
+      const std::string& member_note = program.annotations.note(*m.nodes.front());
+      why += (why.empty() ? "" : ", ") + member_note.substr(0, member_note.find(';'));
     }
     Arg list{Arg::Kind::Tensors};
     list.values = flat;
@@ -82,11 +83,13 @@ int coalesce_output_all_reduces(Program& program) {
       Node* reduce = graph.insert(nullptr, "_c10d_functional::all_reduce", {Arg::tensor(current), like->args[1], like->args[2]},
                                   "bucket_all_reduce");
       reduce->outputs[0]->meta = cat->outputs[0]->meta;
-      for (const OutputAllReduce& m : members) reduce->bytes_per_rank += m.nodes[k]->bytes_per_rank;
-      reduce->note = note;
+      int64_t bytes = 0;
+      for (const OutputAllReduce& m : members) bytes += program.annotations.bytes_per_rank(*m.nodes[k]);
+      program.annotations.set_bytes_per_rank(*reduce, bytes);
+      program.annotations.set_note(*reduce, note);
       Node* wait = graph.insert(nullptr, "_c10d_functional::wait_tensor", {Arg::tensor(reduce->outputs[0])}, "wait_bucket");
       wait->outputs[0]->meta = cat->outputs[0]->meta;
-      wait->note = note;
+      program.annotations.set_note(*wait, note);
       current = wait->outputs[0];
     }
     int64_t offset = 0;
@@ -98,7 +101,7 @@ int coalesce_output_all_reduces(Program& program) {
       infer_local_metas(*piece);
       Node* shaped = graph.insert(nullptr, "aten::view", {Arg::tensor(piece->outputs[0]), Arg::ints(before->meta.shape)}, before->name + "_bucketed");
       infer_local_metas(*shaped);
-      shaped->outputs[0]->placements = before->placements;
+      program.annotations.set_placements(*shaped->outputs[0], program.annotations.placements_of(*before));
       graph.replace_all_uses(before, shaped->outputs[0]);
       for (auto it = m.nodes.rbegin(); it != m.nodes.rend(); ++it) graph.erase(*it);
       offset += n;

@@ -47,6 +47,7 @@ std::string Graph::unique_name(const std::string& name) {
 Value* Graph::new_value(const std::string& name, Value::Kind kind) {
   auto v = std::make_unique<Value>();
   v->name = unique_name(name);
+  v->id = values_.size();
   v->kind = kind;
   Value* raw = v.get();
   by_name_[raw->name] = raw;
@@ -92,6 +93,7 @@ void Graph::unlink(Node* node) {
 
 Node* Graph::place(std::list<std::unique_ptr<Node>>::iterator at, std::unique_ptr<Node> node) {
   Node* raw = node.get();
+  raw->id = next_node_id_++;
   for (Value* out : raw->outputs) out->producer = raw;
   link(raw);
   where_[raw] = nodes_.insert(at, std::move(node));
@@ -253,14 +255,15 @@ std::vector<Value*> Graph::insert_subgraph(Node* before, const Graph& sub, const
     copy->metadata = n->metadata;
     copy->module_path = n->module_path;
     copy->module_type = n->module_type;
-    copy->note = n->note;
     copy->local_kernel = n->local_kernel;
     for (const Arg& a : n->args) copy->args.push_back(map_arg(a));
     for (const Value* out : n->outputs) {
       Value* v = new_value(out->name, out->kind);
       const std::string name = v->name;
+      const size_t id = v->id;
       *v = *out;
       v->name = name;
+      v->id = id;
       v->uses.clear();  // the sub-graph's readers are not this graph's
       by_name_[name] = v;
       mapped[out] = v;
@@ -272,10 +275,6 @@ std::vector<Value*> Graph::insert_subgraph(Node* before, const Graph& sub, const
   for (const Arg& a : sub.outputs_)
     for (Value* v : map_arg(a).values) out.push_back(v);
   return out;
-}
-
-std::string placements_str(const Value& v) {
-  return v.placements ? to_string(*v.placements) : "";
 }
 
 namespace {
@@ -306,12 +305,13 @@ std::string arg_str(const Arg& a) {
 
 }  // namespace
 
-std::string Graph::str() const {
+std::string Graph::str(const Annotations* annotations) const {
+  auto placed = [&](const Value& v) { return annotations ? annotations->placements_str(v) : std::string(); };
   std::ostringstream out;
   for (const Value* v : inputs_) {
     out << "%" << v->name << " : input";
     if (v->is_tensor()) out << " " << shape_str(v->meta.shape);
-    if (v->placements) out << "  [" << placements_str(*v) << "]";
+    if (const std::string p = placed(*v); !p.empty()) out << "  [" << p << "]";
     out << "\n";
   }
   for (const auto& n : nodes_) {
@@ -327,10 +327,14 @@ std::string Graph::str() const {
     out << ")";
     std::string marks;
     for (const Value* v : n->outputs)
-      if (v->is_tensor()) marks += (marks.empty() ? "" : ", ") + shape_str(v->meta.shape) + (v->placements ? " " + placements_str(*v) : "");
+      if (v->is_tensor()) {
+        const std::string p = placed(*v);
+        marks += (marks.empty() ? "" : ", ") + shape_str(v->meta.shape) + (p.empty() ? "" : " " + p);
+      }
     if (!marks.empty()) out << "  " << marks;
-    if (!n->module_path.empty() || !n->note.empty())
-      out << "  # " << n->module_path << (n->module_path.empty() || n->note.empty() ? "" : "; ") << n->note;
+    const std::string& note = annotations ? annotations->note(*n) : std::string();
+    if (!n->module_path.empty() || !note.empty())
+      out << "  # " << n->module_path << (n->module_path.empty() || note.empty() ? "" : "; ") << note;
     out << "\n";
   }
   out << "return (";

@@ -54,7 +54,7 @@ double LocalSearch::value_cost(const Value* v, const Placements& at, const Needs
 
 double LocalSearch::total() {
   double cost = 0;
-  for (const auto& [v, of] : needs_) cost += value_cost(v, *v->placements, of);
+  for (const auto& [v, of] : needs_) cost += value_cost(v, costs_.at(v), of);
   for (const NodeOptions& n : nodes_) cost += n.options[n.chosen].chosen.kernel_cost;
   return cost;
 }
@@ -70,7 +70,7 @@ double LocalSearch::delta_of(const NodeOptions& n, size_t o) {
     add_need(after, now.inputs[k], -1);
     add_need(after, alt.inputs[k], 1);
   }
-  for (const auto& [v, after] : changed) delta += value_cost(v, *v->placements, after) - value_cost(v, *v->placements, needs_[v]);
+  for (const auto& [v, after] : changed) delta += value_cost(v, costs_.at(v), after) - value_cost(v, costs_.at(v), needs_[v]);
   for (size_t k = 0; k < n.outputs.size(); ++k)
     delta += value_cost(n.outputs[k], alt.outputs[k], needs_[n.outputs[k]]) - value_cost(n.outputs[k], now.outputs[k], needs_[n.outputs[k]]);
   return delta;
@@ -84,7 +84,7 @@ void LocalSearch::apply(NodeOptions& n, size_t o) {
     add_need(needs_[n.inputs[k]], now.inputs[k], -1);
     add_need(needs_[n.inputs[k]], alt.inputs[k], 1);
   }
-  for (size_t k = 0; k < n.outputs.size(); ++k) n.outputs[k]->placements = alt.outputs[k];
+  for (size_t k = 0; k < n.outputs.size(); ++k) costs_.place(n.outputs[k], alt.outputs[k]);
   n.chosen = o;
 }
 
@@ -95,13 +95,13 @@ void LocalSearch::revert(Undo& undo) {
 bool LocalSearch::reshards_around(const NodeOptions& n) {
   const PlacementStrategy& now = n.options[n.chosen].chosen;
   for (size_t k = 0; k < n.inputs.size(); ++k)
-    if (n.inputs[k] && now.inputs[k] != *n.inputs[k]->placements) return true;
+    if (n.inputs[k] && now.inputs[k] != costs_.at(n.inputs[k])) return true;
   for (const Value* v : n.outputs) {
     for (const auto& [target, count] : needs_[v])
-      if (count > 0 && target != *v->placements) return true;
+      if (count > 0 && target != costs_.at(v)) return true;
     if (auto it = outputs_.find(v); it != outputs_.end())
       for (const NeededOutput* o : it->second)
-        if (o->target_from(*v->placements) != *v->placements) return true;
+        if (o->target_from(costs_.at(v)) != costs_.at(v)) return true;
   }
   return false;
 }
@@ -114,7 +114,7 @@ double LocalSearch::switch_with_followers(NodeOptions& n, size_t o, Undo& undo) 
     std::optional<size_t> fit;
     double fit_delta = 0;
     for (size_t k = 0; k < f->options.size(); ++k) {
-      if (f->options[k].chosen.inputs[0] != *f->inputs[0]->placements) continue;
+      if (f->options[k].chosen.inputs[0] != costs_.at(f->inputs[0])) continue;
       if (const double d = k == f->chosen ? 0.0 : delta_of(*f, k); !fit || d < fit_delta) {
         fit = k;
         fit_delta = d;
@@ -133,7 +133,7 @@ double LocalSearch::switch_with_producers(NodeOptions& n, size_t o, Undo& undo, 
   const PlacementStrategy& chosen = n.options[n.chosen].chosen;
   for (size_t k = 0; k < n.inputs.size(); ++k) {
     Value* v = n.inputs[k];
-    if (!v || !costs_.communicates(v, *v->placements, chosen.inputs[k])) continue;
+    if (!v || !costs_.communicates(v, costs_.at(v), chosen.inputs[k])) continue;
     const auto it = producer_.find(v);
     if (it == producer_.end() || it->second->fixed) continue;
     NodeOptions& p = *it->second;
@@ -163,7 +163,7 @@ bool LocalSearch::improve_compound(NodeOptions& n) {
   const PlacementStrategy& now = n.options[n.chosen].chosen;
   bool collective_in = false;
   for (size_t k = 0; k < n.inputs.size(); ++k)
-    collective_in = collective_in || (n.inputs[k] && costs_.communicates(n.inputs[k], *n.inputs[k]->placements, now.inputs[k]));
+    collective_in = collective_in || (n.inputs[k] && costs_.communicates(n.inputs[k], costs_.at(n.inputs[k]), now.inputs[k]));
   if (!collective_in) return false;
   Undo undo;
   if (switch_with_producers(n, n.chosen, undo, kProducerDepth) < kDrop) return true;

@@ -7,16 +7,16 @@ namespace {
 
 // Inserts local ops before `at`, described as part of `at`'s computation.
 struct Builder {
-  Graph& graph;
+  Program& program;
   Node* at;
   std::string note;
 
   Value* op(const std::string& qualified, std::vector<Arg> args, const std::string& name) {
-    Node* n = graph.insert(at, qualified, std::move(args), name);
+    Node* n = program.graph.insert(at, qualified, std::move(args), name);
     n->module_path = at->module_path;
     n->module_type = at->module_type;
     n->metadata = at->metadata;
-    n->note = note;
+    program.annotations.set_note(*n, note);
     infer_local_metas(*n);
     return n->outputs[0];
   }
@@ -27,12 +27,13 @@ struct Builder {
 Replacements lower_row_sharded_embedding(Program& program, const DeviceMesh& mesh, Node* node, const GlobalMeta& global) {
   Value* weight = node->args[0].values[0];
   Value* indices = node->args[1].values[0];
+  const Placements& placements = program.annotations.placements_of(*weight);
   bool rows_sharded = false;
-  for (const auto& p : *weight->placements) rows_sharded = rows_sharded || p.is_shard(0);
+  for (const auto& p : placements) rows_sharded = rows_sharded || p.is_shard(0);
   if (!rows_sharded) return {};
-  const LocalLayout part = local_layout(global(weight).shape, mesh.shape(), *mesh.coordinate(), *weight->placements);
+  const LocalLayout part = local_layout(global(weight).shape, mesh.shape(), *mesh.coordinate(), placements);
   const int64_t lo = part.offset[0], rows = part.shape[0];
-  Builder b{program.graph, node, "vocabulary-sharded lookup: rows " + std::to_string(lo) + ".." + std::to_string(lo + rows)};
+  Builder b{program, node, "vocabulary-sharded lookup: rows " + std::to_string(lo) + ".." + std::to_string(lo + rows)};
   Value* held = b.op("aten::logical_and",
                      {Arg::tensor(b.op("aten::ge.Scalar", {Arg::tensor(indices), Arg::of(lo)}, "from_lo")),
                       Arg::tensor(b.op("aten::lt.Scalar", {Arg::tensor(indices), Arg::of(lo + rows)}, "below_hi"))},
@@ -53,7 +54,7 @@ Replacements lower_row_sharded_embedding(Program& program, const DeviceMesh& mes
     looked = b.op("aten::masked_fill.Scalar", {Arg::tensor(looked), Arg::tensor(missing), Arg::of(0.0)}, "lookup");
   }
   Value* out = node->outputs[0];
-  looked->placements = out->placements;
+  program.annotations.set_placements(*looked, program.annotations.placements_of(*out));
   program.graph.replace_all_uses(out, looked);
   program.graph.erase(node);
   return {{out, looked}};

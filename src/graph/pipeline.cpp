@@ -11,7 +11,7 @@ void shard_state(PassContext& c) {
   for (const InputSpec& spec : c.program.inputs) {
     if (spec.kind == InputSpec::Kind::UserInput) continue;
     auto& state = c.program.state.at(spec.target);
-    state = StateTensor(state.shard(*c.mesh, *spec.value->placements));
+    state = StateTensor(state.shard(*c.mesh, c.program.annotations.placements_of(*spec.value)));
   }
 }
 

@@ -31,7 +31,7 @@ struct Emitter {
 
   Node* emit(const std::string& op, std::vector<Arg> args, const std::string& name) {
     Node* n = program.graph.insert(before, op, std::move(args), name);
-    n->note = why;
+    program.annotations.set_note(*n, why);
     if (before) {
       n->module_path = before->module_path;
       n->module_type = before->module_type;
@@ -57,8 +57,8 @@ struct Emitter {
   // A collective producing a contiguous tensor of `shape`, then its wait_tensor.
   Value* collective(const std::string& op, std::vector<Arg> args, const Shape& shape, const std::string& name) {
     Node* n = emit(op, std::move(args), name);
-    n->note = why + "; " + step->str();
-    n->bytes_per_rank = step->bytes_per_rank;
+    program.annotations.set_note(*n, why + "; " + step->str());
+    program.annotations.set_bytes_per_rank(*n, step->bytes_per_rank);
     Value* out = n->outputs[0];
     out->meta = TensorMeta{shape, contiguous_strides(shape), current->meta.dtype};
     Node* wait = emit("_c10d_functional::wait_tensor", {Arg::tensor(out)}, "wait_" + n->name);
@@ -303,8 +303,9 @@ void infer_local_metas(Node& node) {
 
 Value* insert_reshard(Program& program, const MeshPtr& mesh, Node* before, Value* value, const TensorMeta& global,
                       const Placements& to, const std::string& why) {
+  const Placements from = program.annotations.placements_of(*value);
   const auto plan = plan_redistribute(global.shape, static_cast<int64_t>(c10::elementSize(global.dtype)), mesh->shape(),
-                                      *mesh->coordinate(), *value->placements, to);
+                                      *mesh->coordinate(), from, to);
   // A step that cuts a dim whose size is dynamic would bake the example's size into the program
   // (chunk bounds): refused rather than wrong at another size. Gathering one is fine: dynamic dims are
   // sharded evenly (spmd.h), so the pieces need no padding and the whole no trimming.
@@ -324,10 +325,10 @@ Value* insert_reshard(Program& program, const MeshPtr& mesh, Node* before, Value
     for (const auto& step : plan.steps) e.run(step);
   } catch (const c10::Error& err) {
     throw DTensorError("graph: " + why + ": moving %" + value->name + " [" + c10::Join(", ", global.shape) + "] from " +
-                       to_string(*value->placements) + " to " + to_string(to) + " failed: " + err.what_without_backtrace());
+                       to_string(from) + " to " + to_string(to) + " failed: " + err.what_without_backtrace());
   }
   if (e.current == value) return value;  // nothing to do on this rank (a partition it keeps whole)
-  e.current->placements = to;
+  program.annotations.set_placements(*e.current, to);
   return e.current;
 }
 

@@ -10,8 +10,9 @@
 namespace dtensor::graph::detail {
 
 // Inserts before `before` the nodes that take `value` (this rank's part of a tensor of meta `global`
-// under value->placements, with its local meta) to `to`, and returns the value holding this rank's
-// part under `to` (marked `to`, local meta). Each inserted node's note says why it is there (`why`).
+// under its placements in program.annotations, with its local meta) to `to`, and returns the value
+// holding this rank's part under `to` (marked `to`, local meta). Each inserted node's note says why it
+// is there (`why`).
 Value* insert_reshard(Program& program, const MeshPtr& mesh, Node* before, Value* value, const TensorMeta& global,
                       const Placements& to, const std::string& why);
 

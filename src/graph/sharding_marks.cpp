@@ -19,8 +19,8 @@ at::Tensor meta_tensor(const Value& v) {
   return at::empty_strided(v.meta.shape, v.meta.stride, at::TensorOptions().dtype(v.meta.dtype).device(at::kMeta));
 }
 
-SpecPtr spec_of(const Value& v, const MeshPtr& mesh) {
-  return std::make_shared<const DTensorSpec>(DTensorSpec{mesh, *v.placements, v.meta});
+SpecPtr spec_of(const Value& v, const Placements& placements, const MeshPtr& mesh) {
+  return std::make_shared<const DTensorSpec>(DTensorSpec{mesh, placements, v.meta});
 }
 
 int64_t hint_of(const SymSize& s) { return s.symbol ? s.symbol->sym_hint : s.value; }
@@ -32,11 +32,12 @@ struct Call {
   NodeSharding sharding;
 };
 
-Call call_of(const Node& node, const MeshPtr& mesh) {
+Call call_of(const Node& node, const Annotations& marks, const MeshPtr& mesh) {
   Call c;
   auto add_input = [&](size_t arg, int64_t index, const Value& v) {
-    if (!v.placements) throw DTensorError("graph: node '" + node.name + "' reads %" + v.name + ", which has no placements yet");
-    c.inputs.push_back(TensorInput{arg, index, spec_of(v, mesh)});
+    const Placements* placements = marks.placements(v);
+    if (!placements) throw DTensorError("graph: node '" + node.name + "' reads %" + v.name + ", which has no placements yet");
+    c.inputs.push_back(TensorInput{arg, index, spec_of(v, *placements, mesh)});
     c.sharding.tensor_args.push_back(arg);
     c.sharding.list_index.push_back(index);
   };
@@ -159,10 +160,10 @@ std::set<const Value*> written_values(const Graph& graph) {
   return out;
 }
 
-std::string placements_of(const std::vector<Value*>& inputs) {
+std::string placements_of(const std::vector<Value*>& inputs, const Annotations& marks) {
   std::string out;
   for (const Value* v : inputs)
-    if (v) out += (out.empty() ? "" : ", ") + to_string(*v->placements);
+    if (v) out += (out.empty() ? "" : ", ") + marks.placements_str(*v);
   return out;
 }
 
@@ -244,7 +245,7 @@ void keep_allowed(NodeOptions& n, const MarkOptions& options, const std::set<con
   };
   auto keeps_state = [&](const OutputSharding& d) {
     for (size_t k = 0; k < n.inputs.size(); ++k)
-      if (n.inputs[k] && state.count(n.inputs[k]) && !choice.moves_in_place(n.inputs[k], *n.inputs[k]->placements, d.chosen.inputs[k]))
+      if (n.inputs[k] && state.count(n.inputs[k]) && !choice.moves_in_place(n.inputs[k], choice.at(n.inputs[k]), d.chosen.inputs[k]))
         return false;
     return true;
   };
@@ -262,35 +263,36 @@ void keep_allowed(NodeOptions& n, const MarkOptions& options, const std::set<con
 Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& options) {
   Marks result{{}, ShardedSizes(mesh)};
   auto& marks = result.nodes;
+  Annotations& placed = program.annotations;
   const Placements replicate(mesh->ndim(), Replicate());
   std::set<const Value*> state;  // parameters, buffers and constants, and views of them
   for (const InputSpec& spec : program.inputs)
     if (spec.kind != InputSpec::Kind::UserInput) state.insert(spec.value);
   const std::set<const Value*> written = written_values(program.graph);
-  StrategyChoice choice(mesh);
+  StrategyChoice choice(mesh, placed);
   PossiblePlacements possible;
   std::vector<NodeOptions> chosen;
   for (Node* node : program.graph.nodes()) {
     if (!node->op) {  // integer operators on sizes
-      result.sizes.record(*node);
+      result.sizes.record(*node, placed);
       continue;
     }
     const auto outputs = tensor_outputs(*node);
-    Call c = call_of(*node, mesh);
+    Call c = call_of(*node, placed, mesh);
     NodeSharding& s = marks[node] = std::move(c.sharding);
     if (c.inputs.empty() || outputs.empty()) {
       // Size queries read the global shape (their local value is tracked as a DSymInt). Factories
       // make the same value on every rank, or their part of it where a size is sharded.
-      result.sizes.record(*node);
+      result.sizes.record(*node, placed);
       s.moves.assign(c.inputs.size(), std::nullopt);
-      for (Value* v : outputs) v->placements = replicate;
+      for (Value* v : outputs) placed.set_placements(*v, replicate);
       if (outputs.empty() || !c.inputs.empty()) continue;
       if (auto factory = result.sizes.factory_placements(*node)) {
         Value* out = outputs[0];
-        out->placements = factory->first;
+        placed.set_placements(*out, factory->first);
         const LocalLayout l = local_layout(out->meta.shape, mesh->shape(), *mesh->coordinate(), factory->first);
         s.local_args = {{factory->second, c10::IValue(l.shape)}};
-        node->note = "makes this rank's part: a size is read from a sharded dim";
+        placed.set_note(*node, "makes this rank's part: a size is read from a sharded dim");
       }
       continue;
     }
@@ -303,8 +305,8 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
                            sharded + ") reach it; register a rule (dtensor::register_dim_rule) or place its inputs Replicate");
       s.no_rule = true;
       for (const auto& in : c.inputs) s.moves.push_back(all_replicate(in.spec->placements) ? std::nullopt : std::optional(replicate));
-      for (Value* v : outputs) v->placements = replicate;
-      node->note = "no sharding rule: runs on Replicate inputs";
+      for (Value* v : outputs) placed.set_placements(*v, replicate);
+      placed.set_note(*node, "no sharding rule: runs on Replicate inputs");
       continue;
     }
     NodeOptions n{node, {}, outputs, {}};
@@ -317,7 +319,7 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
     keep_allowed(n, options, state, choice);
     if (n.options.empty())
       throw DTensorError("graph: node '" + node->name + "' (" + node->op_name() + "): its sharding rule offers no strategy for inputs placed " +
-                         placements_of(n.inputs));
+                         placements_of(n.inputs, placed));
     for (size_t k = 0; k < s.tensor_args.size(); ++k) {
       const auto& alias = node->op->schema().arguments().at(s.tensor_args[k]).alias_info();
       n.written.push_back(alias && alias->isWrite());
@@ -338,7 +340,7 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
   const auto& graph_outputs = program.graph.outputs();
   for (size_t k = 0; k < graph_outputs.size(); ++k)
     for (Value* v : graph_outputs[k].values)
-      if (v && v->is_tensor() && v->placements)
+      if (v && v->is_tensor() && placed.placements(*v))
         needed.push_back({v, options.output_targets.empty() ? std::optional(replicate) : options.output_targets.at(k)});
   StrategyCosts& costs = result.costs;
   costs.node_by_node = costs.chosen = choice.total_cost(chosen, needed);
@@ -361,7 +363,7 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
     for (size_t i = 0; i < chosen.size(); ++i) {
       NodeOptions& n = chosen[i];
       n.chosen = best[i];
-      for (size_t k = 0; k < n.outputs.size(); ++k) n.outputs[k]->placements = n.options[n.chosen].chosen.outputs[k];
+      for (size_t k = 0; k < n.outputs.size(); ++k) placed.set_placements(*n.outputs[k], n.options[n.chosen].chosen.outputs[k]);
     }
     costs.method = "local search";
   }
@@ -377,7 +379,7 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
     NodeSharding& s = marks.at(n.node);
     const OutputSharding& d = n.options[n.chosen];
     for (size_t k = 0; k < n.inputs.size(); ++k)
-      s.moves.push_back(n.inputs[k] && *n.inputs[k]->placements != d.chosen.inputs[k] ? std::optional(d.chosen.inputs[k]) : std::nullopt);
+      s.moves.push_back(n.inputs[k] && choice.at(n.inputs[k]) != d.chosen.inputs[k] ? std::optional(d.chosen.inputs[k]) : std::nullopt);
     s.local_args = d.local_args;
     s.local_kernel = d.local_kernel;
   }
@@ -386,12 +388,14 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
 
 void partition(Program& program, const MeshPtr& mesh, Marks& all_marks, const std::vector<std::optional<Placements>>& output_targets) {
   auto& marks = all_marks.nodes;
+  Annotations& placed = program.annotations;
   // Every marked value takes its local meta; the global one stays known for planning reshards.
   std::map<const Value*, TensorMeta> global;
   auto localize = [&](Value* v) {
-    if (!v->is_tensor() || !v->placements || global.count(v)) return;
+    const Placements* at = v->is_tensor() ? placed.placements(*v) : nullptr;
+    if (!at || global.count(v)) return;
     global[v] = v->meta;
-    const Shape shape = local_shape(v->meta.shape, mesh->shape(), *mesh->coordinate(), *v->placements);
+    const Shape shape = local_shape(v->meta.shape, mesh->shape(), *mesh->coordinate(), *at);
     v->meta = TensorMeta{shape, global_stride_like(shape, v->meta.shape, v->meta.stride), v->meta.dtype};
   };
   for (Value* v : program.graph.inputs()) localize(v);
@@ -413,37 +417,39 @@ void partition(Program& program, const MeshPtr& mesh, Marks& all_marks, const st
       if (!s.moves[k] || s.list_index[k] == -2) continue;
       Value* in = input_slot(*node, s, k);
       set_input(program.graph, *node, s, k,
-                moved(node, in, *s.moves[k], "for " + node->name + ": " + to_string(*in->placements) + " -> " + to_string(*s.moves[k])));
+                moved(node, in, *s.moves[k], "for " + node->name + ": " + placed.placements_str(*in) + " -> " + to_string(*s.moves[k])));
     }
     std::set<size_t> localized;
     for (const auto& [index, value] : s.local_args) {
-      all_marks.sizes.localize_argument(program.graph, node, index, value);
+      all_marks.sizes.localize_argument(program, node, index, value);
       localized.insert(index);
     }
     // Sizes computed at run time that no rule made local: the op wants their global values.
     for (size_t index = 0; index < node->args.size(); ++index)
       if (!localized.count(index) && has_symbol(node->args[index]))
-        all_marks.sizes.localize_argument(program.graph, node, index, global_hints(node->args[index]));
+        all_marks.sizes.localize_argument(program, node, index, global_hints(node->args[index]));
     if (!s.local_kernel || only_checks(*node)) continue;
     const auto global_of = [&](const Value* v) -> const TensorMeta& { return global.at(v); };
     const Replacements lowered = lower_local_kernel(program, *mesh, node, global_of);
     for (const auto& [old_value, by] : lowered) global[by] = global.at(old_value);
     if (lowered.empty()) {
       node->local_kernel = s.local_kernel;
-      node->note += std::string(node->note.empty() ? "" : "; ") + "runs dtensor's local kernel";
+      placed.append_note(*node, "runs dtensor's local kernel");
     }
   }
   auto& outputs = program.graph.outputs();
   for (size_t k = 0; k < outputs.size(); ++k)
     for (Value*& v : outputs[k].values) {
-      if (!v || !v->is_tensor() || !v->placements) continue;
-      Placements target = *v->placements;
+      const Placements* at = v && v->is_tensor() ? placed.placements(*v) : nullptr;
+      if (!at) continue;
+      const Placements from = *at;
+      Placements target = from;
       if (output_targets.empty()) target.assign(target.size(), Replicate());
       else if (output_targets.at(k)) target = *output_targets[k];
       else
         target = partial_as_replicate(target);
-      if (target != *v->placements)
-        v = moved(nullptr, v, target, "graph output " + std::to_string(k) + ": " + to_string(*v->placements) + " -> " + to_string(target));
+      if (target != from)
+        v = moved(nullptr, v, target, "graph output " + std::to_string(k) + ": " + to_string(from) + " -> " + to_string(target));
     }
 }
 

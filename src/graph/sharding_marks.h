@@ -49,8 +49,8 @@ struct Marks {
   StrategyCosts costs;
 };
 
-// Marks every tensor value of `program` (inputs must be marked already) and returns each node's
-// strategy. A factory whose size is read from a sharded dim makes its part of the output (sym_sizes.h).
+// Marks every tensor value of `program` in program.annotations (its inputs must be marked there
+// already) and returns each node's strategy. A factory whose size is read from a sharded dim makes its part of the output (sym_sizes.h).
 Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& options);
 
 // Inserts the reshards the marks call for (one per value and target, shared by its consumers),
@@ -58,7 +58,7 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
 // value its local meta and every size argument its value on this rank, and brings each graph output
 // to its target in `output_targets` (one per graph output; nullopt: Partial entries become Replicate,
 // shards stay; an empty vector: every output Replicate). Each collective's note says why it is there
-// and what it costs by the planner's model (also in Node::modelled_bytes).
+// and what it costs by the planner's model (in program.annotations, with the bytes it moves).
 void partition(Program& program, const MeshPtr& mesh, Marks& marks,
                const std::vector<std::optional<Placements>>& output_targets = {});
 

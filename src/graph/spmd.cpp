@@ -71,6 +71,7 @@ void mark_inputs(Program& program, const DeviceMesh& mesh, const SpmdPlacements&
     if (!known.count(name))
       throw DTensorError("spmd_expand: placements given for '" + name + "', which is not a parameter, buffer or constant of the program (its names: " +
                          names_of(program) + ")");
+  Annotations& marks = program.annotations;
   size_t user = 0;
   for (const InputSpec& spec : program.inputs) {
     Value& v = *spec.value;
@@ -78,20 +79,21 @@ void mark_inputs(Program& program, const DeviceMesh& mesh, const SpmdPlacements&
       const size_t index = user++;
       const bool given = !placements.user_inputs.empty();
       if (!v.is_tensor()) {
-        v.placements = std::nullopt;
+        marks.clear_placements(v);
         continue;
       }
       const std::string what = "user input " + std::to_string(index);
-      v.placements = given ? checked(placements.user_inputs[index], mesh, v, what) : replicate;
-      for (const auto& x : *v.placements)
+      const Placements p = given ? checked(placements.user_inputs[index], mesh, v, what) : replicate;
+      for (const auto& x : p)
         if (x.is_partial())
-          throw DTensorError("spmd_expand: " + what + " placed " + to_string(*v.placements) +
+          throw DTensorError("spmd_expand: " + what + " placed " + to_string(p) +
                              ": user inputs are Shard or Replicate (a Partial input has no cut to take from a global one)");
-      check_divisible(v, *v.placements, mesh, v.meta.shape, "spmd_expand: " + what + " at its example size");
+      check_divisible(v, p, mesh, v.meta.shape, "spmd_expand: " + what + " at its example size");
+      marks.set_placements(v, p);
       continue;
     }
     auto it = placements.state.find(spec.target);
-    v.placements = it == placements.state.end() ? replicate : checked(it->second, mesh, v, "'" + spec.target + "'");
+    marks.set_placements(v, it == placements.state.end() ? replicate : checked(it->second, mesh, v, "'" + spec.target + "'"));
   }
 }
 
@@ -100,7 +102,8 @@ void mark_inputs(Program& program, const DeviceMesh& mesh, const SpmdPlacements&
 std::vector<std::optional<Placements>> output_targets(const Program& program, const DeviceMesh& mesh, const SpmdPlacements& placements) {
   std::map<std::string, Placements> state;
   for (const InputSpec& spec : program.inputs)
-    if (spec.kind != Kind::UserInput && spec.value->placements) state.emplace(spec.target, *spec.value->placements);
+    if (spec.kind != Kind::UserInput)
+      if (const Placements* p = program.annotations.placements(*spec.value)) state.emplace(spec.target, *p);
   const auto& outputs = program.graph.outputs();
   std::vector<std::optional<Placements>> out(outputs.size());
   for (const auto& [index, p] : placements.outputs) {
@@ -167,7 +170,8 @@ std::vector<c10::IValue> local_user_inputs(const Program& expanded, const std::v
   std::vector<c10::IValue> out;
   for (size_t i = 0; i < users.size(); ++i) {
     const Value& v = *users[i];
-    if (!v.placements || !global_inputs[i].isTensor()) {
+    const Placements* placed = expanded.annotations.placements(v);
+    if (!placed || !global_inputs[i].isTensor()) {
       out.push_back(global_inputs[i]);
       continue;
     }
@@ -175,8 +179,8 @@ std::vector<c10::IValue> local_user_inputs(const Program& expanded, const std::v
     const std::string what = "local_user_inputs: user input " + std::to_string(i) + " (%" + v.name + ")";
     if (t.dim() != static_cast<int64_t>(v.meta.shape.size()))
       throw DTensorError(what + " has " + std::to_string(t.dim()) + " dims; the program's has " + std::to_string(v.meta.shape.size()));
-    check_divisible(v, *v.placements, mesh, t.sizes().vec(), what);
-    const LocalLayout l = local_layout(t.sizes().vec(), mesh.shape(), *mesh.coordinate(), *v.placements);
+    check_divisible(v, *placed, mesh, t.sizes().vec(), what);
+    const LocalLayout l = local_layout(t.sizes().vec(), mesh.shape(), *mesh.coordinate(), *placed);
     at::Tensor local = t;
     for (int64_t d = 0; d < t.dim(); ++d)
       if (l.shape[d] != t.size(d)) local = local.narrow(d, l.offset[d], l.shape[d]);
@@ -189,7 +193,7 @@ std::vector<CollectiveNote> collectives(const Program& expanded) {
   std::vector<CollectiveNote> out;
   for (const Node* n : expanded.graph.nodes())
     if (n->target.find("_c10d_functional") != std::string::npos && n->op_name() != "_c10d_functional::wait_tensor")
-      out.push_back({n->name, n->op_name(), n->note, n->bytes_per_rank});
+      out.push_back({n->name, n->op_name(), expanded.annotations.note(*n), expanded.annotations.bytes_per_rank(*n)});
   return out;
 }
 

@@ -62,9 +62,9 @@ double StrategyChoice::move_cost(const Value* v, const Placements& from, const P
 void StrategyChoice::count_output_reductions(const std::vector<NeededOutput>& needed) {
   int reduced = 0;
   for (const NeededOutput& o : needed) {
-    const Placements& at = *o.value->placements;
+    const Placements& from = at(o.value);
     const auto plan = plan_redistribute(o.value->meta.shape, static_cast<int64_t>(c10::elementSize(o.value->meta.dtype)),
-                                        mesh_->shape(), *mesh_->coordinate(), at, o.target_from(at));
+                                        mesh_->shape(), *mesh_->coordinate(), from, o.target_from(from));
     reduced += std::any_of(plan.steps.begin(), plan.steps.end(), [](const RedistributeStep& s) { return s.kind == StepKind::AllReduce; });
   }
   shared_bucket_ = reduced > 1;
@@ -110,7 +110,7 @@ void StrategyChoice::choose_greedily(NodeOptions& n, Greedy policy) {
   std::tuple<bool, int, double> best{true, 0, 0};
   auto moves_a_written_input = [&](const PlacementStrategy& st) {
     for (size_t k = 0; k < n.written.size() && k < n.inputs.size(); ++k)
-      if (n.written[k] && n.inputs[k] && *n.inputs[k]->placements != st.inputs[k]) return true;
+      if (n.written[k] && n.inputs[k] && at(n.inputs[k]) != st.inputs[k]) return true;
     return false;
   };
   const bool some_write_in_place = std::any_of(n.options.begin(), n.options.end(),
@@ -124,7 +124,7 @@ void StrategyChoice::choose_greedily(NodeOptions& n, Greedy policy) {
     int scattered = 0;
     for (size_t k = 0; k < n.inputs.size(); ++k) {
       if (!n.inputs[k]) continue;
-      const Placements& from = *n.inputs[k]->placements;
+      const Placements& from = at(n.inputs[k]);
       if (policy == Greedy::PartialToReplicateOnce && moves_made_.count({n.inputs[k], to_string(st.inputs[k])})) continue;
       moves += move_cost(n.inputs[k], from, st.inputs[k]);
       moved = moved || from != st.inputs[k];
@@ -139,9 +139,9 @@ void StrategyChoice::choose_greedily(NodeOptions& n, Greedy policy) {
     }
   }
   const PlacementStrategy& st = n.options[n.chosen].chosen;
-  for (size_t k = 0; k < n.outputs.size() && k < st.outputs.size(); ++k) n.outputs[k]->placements = st.outputs[k];
+  for (size_t k = 0; k < n.outputs.size() && k < st.outputs.size(); ++k) place(n.outputs[k], st.outputs[k]);
   for (size_t k = 0; policy == Greedy::PartialToReplicateOnce && k < n.inputs.size(); ++k)
-    if (n.inputs[k] && *n.inputs[k]->placements != st.inputs[k]) moves_made_.insert({n.inputs[k], to_string(st.inputs[k])});
+    if (n.inputs[k] && at(n.inputs[k]) != st.inputs[k]) moves_made_.insert({n.inputs[k], to_string(st.inputs[k])});
 }
 
 void StrategyChoice::choose_all_greedily(std::vector<NodeOptions>& nodes, Greedy policy) {
@@ -179,13 +179,13 @@ double StrategyChoice::total_cost(const std::vector<NodeOptions>& nodes, const s
         targets[n.inputs[k]][to_string(t)] = {t, true};
       }
   for (const NeededOutput& o : needed) {
-    const Placements t = o.target_from(*o.value->placements);
+    const Placements t = o.target_from(at(o.value));
     targets[o.value].emplace(to_string(t), std::make_pair(t, false));
   }
   double cost = 0;
   for (const auto& [v, of] : targets)
     for (const auto& [key, target] : of)
-      cost += target.second ? move_cost(v, *v->placements, target.first) : output_move_cost(v, *v->placements, target.first);
+      cost += target.second ? move_cost(v, at(v), target.first) : output_move_cost(v, at(v), target.first);
   for (const NodeOptions& n : nodes) cost += n.options[n.chosen].chosen.kernel_cost;
   return cost;
 }
@@ -221,7 +221,7 @@ class ExactSearch {
     if (i == nodes_.size()) {
       double cost = 0;
       std::vector<std::pair<const Value*, std::string>> paid;
-      for (const NeededOutput& o : needed_) cost += pay(o.value, o.target_from(*o.value->placements), paid, /*output=*/true);
+      for (const NeededOutput& o : needed_) cost += pay(o.value, o.target_from(choice_.at(o.value)), paid, /*output=*/true);
       for (const auto& [v, target] : paid) paid_[v].erase(target);
       return cost;
     }
@@ -242,15 +242,15 @@ class ExactSearch {
       if (cost < limit) {
         std::vector<Placements> before;
         for (size_t k = 0; k < n.outputs.size(); ++k) {
-          before.push_back(*n.outputs[k]->placements);
-          n.outputs[k]->placements = st.outputs[k];
+          before.push_back(choice_.at(n.outputs[k]));
+          choice_.place(n.outputs[k], st.outputs[k]);
         }
         cost += solve(i + 1, limit - cost);
         if (cost < best) {
           best = cost;
           best_option = o;
         }
-        for (size_t k = 0; k < n.outputs.size(); ++k) n.outputs[k]->placements = before[k];
+        for (size_t k = 0; k < n.outputs.size(); ++k) choice_.place(n.outputs[k], before[k]);
       }
       for (const auto& [v, target] : paid) paid_[v].erase(target);
     }
@@ -268,7 +268,7 @@ class ExactSearch {
       const PlacementStrategy& st = n.options[n.chosen].chosen;
       for (size_t k = 0; k < n.inputs.size(); ++k)
         if (n.inputs[k]) pay(n.inputs[k], st.inputs[k], paid);
-      for (size_t k = 0; k < n.outputs.size(); ++k) n.outputs[k]->placements = st.outputs[k];
+      for (size_t k = 0; k < n.outputs.size(); ++k) choice_.place(n.outputs[k], st.outputs[k]);
     }
   }
 
@@ -281,14 +281,14 @@ class ExactSearch {
     std::string target = to_string(to);
     if (!paid_[v].insert(target).second) return 0;
     paid.emplace_back(v, std::move(target));
-    return output ? choice_.output_move_cost(v, *v->placements, to) : choice_.move_cost(v, *v->placements, to);
+    return output ? choice_.output_move_cost(v, choice_.at(v), to) : choice_.move_cost(v, choice_.at(v), to);
   }
 
   std::string state_key(size_t i) {
     std::string key = std::to_string(i);
     for (const Value* v : live_[i]) {
       key += '|';
-      key += to_string(*v->placements);
+      key += to_string(choice_.at(v));
       if (auto it = paid_.find(v); it != paid_.end())
         for (const std::string& t : it->second) key += "+" + t;
     }
@@ -317,7 +317,7 @@ std::optional<double> StrategyChoice::search_exactly(std::vector<NodeOptions>& n
   std::vector<std::vector<Placements>> kept;
   for (const NodeOptions& n : nodes) {
     kept.emplace_back();
-    for (const Value* v : n.outputs) kept.back().push_back(*v->placements);
+    for (const Value* v : n.outputs) kept.back().push_back(at(v));
   }
   // Bounded by the current choice's cost: a result below it is a better choice; none proves the
   // current one the cheapest.
@@ -328,7 +328,7 @@ std::optional<double> StrategyChoice::search_exactly(std::vector<NodeOptions>& n
     if (search.solve(0, current - kSlack) >= current - kSlack) return current;
   } catch (const ExactSearch::OverBudget&) {
     for (size_t i = 0; i < nodes.size(); ++i)
-      for (size_t k = 0; k < nodes[i].outputs.size(); ++k) nodes[i].outputs[k]->placements = kept[i][k];
+      for (size_t k = 0; k < nodes[i].outputs.size(); ++k) place(nodes[i].outputs[k], kept[i][k]);
     return std::nullopt;
   }
   search.apply();

@@ -61,7 +61,12 @@ struct NeededOutput {
 
 class StrategyChoice {
  public:
-  explicit StrategyChoice(MeshPtr mesh) : mesh_(std::move(mesh)) {}
+  // Values' placements are read from and written to `marks`: a choice sets its outputs'.
+  StrategyChoice(MeshPtr mesh, Annotations& marks) : mesh_(std::move(mesh)), marks_(marks) {}
+
+  // Where `v` is placed now (it must be marked), and placing it.
+  const Placements& at(const Value* v) const { return marks_.placements_of(*v); }
+  void place(const Value* v, const Placements& placements) { marks_.set_placements(*v, placements); }
 
   // How a node-by-node pass picks among options that move inputs.
   enum class Greedy {
@@ -112,6 +117,7 @@ class StrategyChoice {
 
  private:
   MeshPtr mesh_;
+  Annotations& marks_;
   // Move costs by value and (from, to), each list packed into an integer (pack_placements).
   struct MoveKey {
     const Value* value;

@@ -37,7 +37,7 @@ const ShardedSizes::Info* ShardedSizes::info(const Value* v) const {
   return it == sharded_.end() ? nullptr : &it->second;
 }
 
-void ShardedSizes::record(const Node& node) {
+void ShardedSizes::record(const Node& node, const Annotations& marks) {
   if (node.outputs.size() != 1 || node.outputs[0]->is_tensor()) return;
   Value* out = node.outputs[0];
   if (node.op) {
@@ -48,7 +48,7 @@ void ShardedSizes::record(const Node& node) {
     const int64_t dim = numel ? -1 : queried_dim(node, static_cast<int64_t>(source.meta.shape.size()));
     Info i;
     for (int64_t m = 0; m < mesh_->ndim(); ++m) {
-      const Placement& p = (*source.placements)[m];
+      const Placement& p = marks.placements_of(source)[m];
       if (p.is_shard() && (numel || p.dim() == dim)) {
         i.mesh_dims.push_back(m);
         i.shards *= mesh_->size(m);
@@ -127,20 +127,21 @@ void ShardedSizes::compute_local_hints(const Graph& graph) {
   }
 }
 
-Value* ShardedSizes::global_value(Graph& graph, Node* before, Value* symbol) {
+Value* ShardedSizes::global_value(Program& program, Node* before, Value* symbol) {
   if (auto it = global_of_.find(symbol); it != global_of_.end()) return it->second;
   const Info& i = *info(symbol);
   Arg local{Arg::Kind::SymInt};
   local.sizes = {SymSize{0, symbol}};
-  Node* n = graph.insert_integer_operator(before, "mul", {local, Arg::of(i.shards)}, symbol->name + "_global");
-  n->note = "the global value of a size read from a dim sharded " + std::to_string(i.shards) + " ways";
+  Node* n = program.graph.insert_integer_operator(before, "mul", {local, Arg::of(i.shards)}, symbol->name + "_global");
+  program.annotations.set_note(*n, "the global value of a size read from a dim sharded " + std::to_string(i.shards) + " ways");
   Value* out = n->outputs[0];
   out->sym_hint = symbol->sym_hint;
   local_hint_[out] = symbol->sym_hint;
   return global_of_[symbol] = out;
 }
 
-void ShardedSizes::localize_argument(Graph& graph, Node* node, size_t index, const c10::IValue& wanted) {
+void ShardedSizes::localize_argument(Program& program, Node* node, size_t index, const c10::IValue& wanted) {
+  Graph& graph = program.graph;
   Arg a = node->args[index];
   const bool list = a.kind == Arg::Kind::SymInts;
   if (!list && a.kind != Arg::Kind::SymInt) return graph.set_arg(node, index, Arg::of(wanted));
@@ -163,7 +164,7 @@ void ShardedSizes::localize_argument(Graph& graph, Node* node, size_t index, con
     if (here == want[d]) {
       symbolic = true;
     } else if (i && i->scalable && s.symbol->sym_hint == want[d] && here * i->shards == want[d]) {
-      s.symbol = global_value(graph, node, s.symbol);
+      s.symbol = global_value(program, node, s.symbol);
       symbolic = true;
     } else {
       fail("size %" + s.symbol->name + " is " + std::to_string(here) + " on this rank, and neither it nor its global value " +

@@ -24,9 +24,9 @@ class ShardedSizes {
  public:
   explicit ShardedSizes(MeshPtr mesh) : mesh_(std::move(mesh)) {}
 
-  // In graph order, once the node's inputs are marked: what its SymInt output is (sym_size of a
-  // sharded dim, or an integer operator on such sizes).
-  void record(const Node& node);
+  // In graph order, once the node's inputs are marked (in `marks`): what its SymInt output is
+  // (sym_size of a sharded dim, or an integer operator on such sizes).
+  void record(const Node& node, const Annotations& marks);
 
   // For a node without tensor inputs (a factory): the placements its output takes from its sharded
   // sizes, and the index of its size argument; nullopt when no size is sharded.
@@ -40,7 +40,7 @@ class ShardedSizes {
   // a rule, or the global sizes where the op wants those): constants become the wanted value,
   // symbols stay where their local value is the wanted one, and become their global value (a node
   // inserted before `node`) where that is. Anything else is an error naming the node.
-  void localize_argument(Graph& graph, Node* node, size_t index, const c10::IValue& wanted);
+  void localize_argument(Program& program, Node* node, size_t index, const c10::IValue& wanted);
 
  private:
   struct Info {
@@ -49,7 +49,7 @@ class ShardedSizes {
     bool scalable = true;            // false once an operator (add, floordiv, ...) breaks that relation
   };
   const Info* info(const Value* v) const;
-  Value* global_value(Graph& graph, Node* before, Value* symbol);
+  Value* global_value(Program& program, Node* before, Value* symbol);
 
   MeshPtr mesh_;
   std::map<const Value*, Info> sharded_;

@@ -115,7 +115,7 @@ Program tensor_parallel_transform(Program program, const MeshPtr& mesh, const Pa
   const Placements replicate(mesh->ndim(), Replicate());
   for (const InputSpec& spec : program.inputs) {
     auto it = params.find(spec.target);
-    spec.value->placements = spec.kind != InputSpec::Kind::UserInput && it != params.end() ? it->second : replicate;
+    program.annotations.set_placements(*spec.value, spec.kind != InputSpec::Kind::UserInput && it != params.end() ? it->second : replicate);
   }
   // The plan's weights stay sharded as planned (never gathered), and only the tensor-parallel mesh dim
   // shards anything: the other dims hold replicas.

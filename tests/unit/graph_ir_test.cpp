@@ -90,5 +90,34 @@ TEST(GraphIrTest, EditInsertSubgraph) {
   EXPECT_THAT(m.program.graph.str(), HasSubstr("aten::exp(%neg)"));
 }
 
+// What transforms find is kept beside the graph, in Annotations keyed by ids: a value's placements and
+// a node's note show in the program's text, and a node erased takes its note with it (its id is never
+// given to a later node, even one the allocator puts at the same address).
+TEST(GraphIrTest, AnnotationsStayWithTheirValuesAndNodes) {
+  Mlp m;
+  g::Value* h = m.gelu->outputs[0];
+  m.program.annotations.set_placements(*h, Placements{Shard(1)});
+  g::Node* doubled = m.program.graph.insert_after(m.gelu, "aten::mul.Tensor", {g::Arg::tensor(h), g::Arg{g::Arg::Kind::Number, 2.0}},
+                                                  "doubled");
+  doubled->outputs[0]->meta = h->meta;
+  m.program.annotations.set_note(*doubled, "inserted by the test");
+  m.program.annotations.set_bytes_per_rank(*doubled, 64);
+  EXPECT_THAT(m.program.str(), HasSubstr("S(1)"));
+  EXPECT_THAT(m.program.str(), HasSubstr("# inserted by the test"));
+  EXPECT_THAT(m.program.graph.str(), ::testing::Not(HasSubstr("inserted by the test")));  // the bare IR
+
+  const uint64_t erased_id = doubled->id;
+  m.program.graph.erase(doubled);
+  g::Node* again = m.program.graph.insert_after(m.gelu, "aten::neg", {g::Arg::tensor(h)}, "again");
+  EXPECT_NE(again->id, erased_id);
+  EXPECT_EQ(m.program.annotations.note(*again), "");
+  EXPECT_EQ(m.program.annotations.bytes_per_rank(*again), 0);
+  EXPECT_EQ(m.program.annotations.placements(*again->outputs[0]), nullptr);
+  EXPECT_THAT(error_of([&] { m.program.annotations.placements_of(*again->outputs[0]); }), HasSubstr("%again has no placements yet"));
+  m.program.annotations.append_note(*again, "first");
+  m.program.annotations.append_note(*again, "second");
+  EXPECT_EQ(m.program.annotations.note(*again), "first; second");
+}
+
 }  // namespace
 }  // namespace dtensor::testing

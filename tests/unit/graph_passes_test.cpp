@@ -63,7 +63,7 @@ std::map<std::string, std::string> run_passes(g::Program& program, const MeshPtr
   std::map<std::string, std::string> after;
   g::detail::PassContext context{program, mesh, options};
   g::detail::spmd_pipeline().run(context, [&](const std::string& pass, const g::Program& p) {
-    after[pass] = std::regex_replace(p.graph.str(), std::regex("dtensor_mesh[0-9]+"), "dtensor_meshN");
+    after[pass] = std::regex_replace(p.str(), std::regex("dtensor_mesh[0-9]+"), "dtensor_meshN");
   });
   if (costs) *costs = context.marks.costs;
   if (std::getenv("DTENSOR_GOLDEN_PRINT"))
@@ -82,9 +82,10 @@ g::Program two_head_mlp() {
   g::Value* h = b.op("aten::relu", {Arg::tensor(b.op("aten::linear", {Arg::tensor(x), Arg::tensor(w1)}, "fc1"))}, "relu");
   b.output(b.op("aten::linear", {Arg::tensor(h), Arg::tensor(w2)}, "head1"));
   b.output(b.op("aten::linear", {Arg::tensor(h), Arg::tensor(w3)}, "head2"));
-  w1->placements = Placements{Shard(0)};
-  w2->placements = w3->placements = Placements{Shard(1)};
-  x->placements = Placements{Replicate()};
+  b.program.annotations.set_placements(*w1, Placements{Shard(0)});
+  b.program.annotations.set_placements(*w2, Placements{Shard(1)});
+  b.program.annotations.set_placements(*w3, Placements{Shard(1)});
+  b.program.annotations.set_placements(*x, Placements{Replicate()});
   return std::move(b.program);
 }
 
@@ -160,7 +161,8 @@ TEST(GraphPassesTest, LiftBatchMatmulsKeepsHeadsSharded) {
   g::Value* kv = b.op("aten::view", {Arg::tensor(k), Arg::ints({6, 5, 4})}, "k_merged");
   g::Value* scores = b.op("aten::bmm", {Arg::tensor(qv), Arg::tensor(kv)}, "scores");
   b.output(b.op("aten::view", {Arg::tensor(scores), Arg::ints({2, 3, 4, 4})}, "scores_split"));
-  q->placements = k->placements = Placements{Shard(1)};
+  b.program.annotations.set_placements(*q, Placements{Shard(1)});
+  b.program.annotations.set_placements(*k, Placements{Shard(1)});
   const auto after = run_passes(b.program, planning_mesh({2}, 1), {.output_targets = {Placements{Shard(1)}}});
   // The views that merged and split batch and heads are gone with the bmm.
   EXPECT_EQ(after.at("lift_batch_matmuls"), R"(%q : input [2, 3, 4, 5]  [S(1)]
@@ -190,9 +192,10 @@ TEST(GraphPassesTest, SearchReducesWhereNodeByNodeScattersAndGathers) {
     g::Value* h = b.op("aten::relu", {Arg::tensor(b.op("aten::linear", {Arg::tensor(x), Arg::tensor(w1)}, "fc1"))}, "relu1");
     g::Value* y = b.op("aten::relu", {Arg::tensor(b.op("aten::linear", {Arg::tensor(h), Arg::tensor(w2)}, "fc2"))}, "relu2");
     b.output(b.op("aten::linear", {Arg::tensor(y), Arg::tensor(w3)}, "fc3"));
-    w1->placements = w3->placements = Placements{Shard(0)};
-    w2->placements = Placements{Shard(1)};
-    x->placements = Placements{Replicate()};
+    b.program.annotations.set_placements(*w1, Placements{Shard(0)});
+    b.program.annotations.set_placements(*w3, Placements{Shard(0)});
+    b.program.annotations.set_placements(*w2, Placements{Shard(1)});
+    b.program.annotations.set_placements(*x, Placements{Replicate()});
     return std::move(b.program);
   };
   using Search = g::detail::MarkOptions::Search;

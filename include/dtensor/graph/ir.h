@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/graph/annotations.h"
 #include "dtensor/op_schema.h"
 #include "dtensor/spec.h"
 
@@ -30,6 +31,9 @@ class Value {
   enum class Kind { Tensor, SymInt };
 
   std::string name;
+  // Its index among the graph's values (dense: Annotations index arrays by it). Values live as long
+  // as their graph.
+  size_t id = 0;
   Kind kind = Kind::Tensor;
   // Tensors: shape (dynamic dims at their example value), strides, dtype; the global tensor's until a
   // transform makes the program per rank, then the local one.
@@ -47,7 +51,6 @@ class Value {
   // The nodes that read it, once per read (an argument or a size), kept current by every edit the
   // Graph makes: users() without a scan of the graph. Graph outputs are not uses.
   std::vector<Node*> uses;
-  std::optional<Placements> placements;   // the sharding mark a transform gives it
 
   bool is_tensor() const { return kind == Kind::Tensor; }
 };
@@ -91,6 +94,7 @@ at::Tensor wrapped_number(const c10::Scalar& number);
 class Node {
  public:
   std::string name;
+  uint64_t id = 0;  // unique in its graph, never reused after the node is erased (Annotations key on it)
   // The op as the file names it: "torch.ops.aten.mm.default", "_operator.mul".
   std::string target;
   // The dispatcher's op for ops in a torch.ops namespace; empty for integer operators.
@@ -100,9 +104,6 @@ class Node {
   std::map<std::string, std::string> metadata;  // stack_trace, nn_module_stack, ... as read
   std::string module_path;  // the innermost module that ran it ("blocks.0.attn.wq"), "" at the root
   std::string module_type;  // its class ("torch.nn.modules.linear.Linear")
-  std::string note;         // what a transform says about it (shown by the printer)
-  // A collective a transform inserted: the bytes this rank receives, by the redistribution planner.
-  int64_t bytes_per_rank = 0;
   // Set by transforms: runs instead of the op on the node's (local) arguments, like a boxed kernel.
   LocalKernel local_kernel;
 
@@ -157,8 +158,9 @@ class Graph {
   // became (values of this graph).
   std::vector<Value*> insert_subgraph(Node* before, const Graph& sub, const std::vector<Value*>& inputs);
 
-  // One line per node: "%y = aten::mm(%x, %w)  [S(0)]  # blocks.0.mlp.fc1; note".
-  std::string str() const;
+  // One line per node: "%y = aten::mm(%x, %w)  [4, 8] S(0)  # blocks.0.mlp.fc1; note", the
+  // placements and notes from `annotations` where given.
+  std::string str(const Annotations* annotations = nullptr) const;
 
  private:
   std::string unique_name(const std::string& name);
@@ -174,9 +176,7 @@ class Graph {
   std::map<std::string, Value*> by_name_;
   std::vector<Value*> inputs_;
   std::vector<Arg> outputs_;
+  uint64_t next_node_id_ = 0;
 };
-
-// "S(0)" style placements of a value, or "" when unmarked.
-std::string placements_str(const Value& v);
 
 }  // namespace dtensor::graph

@@ -97,11 +97,16 @@ class Program {
 
   // A per-rank program's mesh (its local kernels and collectives run on it); null for a whole program.
   MeshPtr mesh;
+  // What the transform that made a per-rank program found (annotations.h): every tensor value's
+  // placements on the mesh, and why each node it inserted is there. Empty for a program as read.
+  Annotations annotations;
   // The c10d process groups its collectives name, registered while the program lives.
   std::vector<std::shared_ptr<detail::RegisteredGroup>> process_groups;
   StrategyCosts strategy_costs;  // a per-rank program's
 
   std::vector<Value*> user_inputs() const;
+  // The graph's text with the annotations: placements after shapes, notes after module paths.
+  std::string str() const { return graph.str(&annotations); }
 };
 
 // Reads a .pt2 archive written by torch.export.save (torch 2.15, schema 8.x), in the training or the

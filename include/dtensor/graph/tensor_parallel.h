@@ -8,7 +8,7 @@
 //       {"tok_emb", dtensor::RowwiseParallel{}},              // vocabulary-parallel embedding
 //       {"blocks.*.attn.w[qkv]", dtensor::ColwiseParallel{}},
 //       {"blocks.*.attn.wo", dtensor::RowwiseParallel{}}, ...});
-//   std::cout << local.graph.str();                         // placements and collectives, per node
+//   std::cout << local.str();                               // placements and collectives, per node
 //   auto logits = dtensor::graph::run(local, {tokens});
 //
 // What it does, as the seed does on FX graphs:

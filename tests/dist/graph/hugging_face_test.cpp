@@ -56,7 +56,7 @@ TEST_F(HuggingFaceTensorParallelTest, EveryFamilyWithItsPlanOnFourRanks) {
       g::Program local = g::tensor_parallel_transform(g::load_program(graph_model("hf/" + family + ir + ".pt2")), mesh({4}),
                                                       plan_of(family));
       EXPECT_TRUE(tensors_close(logits_of(local, family), tensor_map("hf/" + family + "_io").at("output0"), 1e-4, 1e-5));
-      EXPECT_EQ(collectives_in(local), kMegatron) << local.graph.str();
+      EXPECT_EQ(collectives_in(local), kMegatron) << local.str();
     }
   }
 }
@@ -68,7 +68,7 @@ TEST_F(HuggingFaceTensorParallelTest, EveryFamilyOnTheTpDimOfATwoDimMesh) {
     g::Program local = g::tensor_parallel_transform(g::load_program(graph_model("hf/" + family + "_train_ir.pt2")), m,
                                                     plan_of(family), {.tp_dim = "tp"});
     EXPECT_TRUE(tensors_close(logits_of(local, family), tensor_map("hf/" + family + "_io").at("output0"), 1e-4, 1e-5));
-    EXPECT_EQ(collectives_in(local), kMegatron) << local.graph.str();
+    EXPECT_EQ(collectives_in(local), kMegatron) << local.str();
   }
 }
 
@@ -177,7 +177,7 @@ TEST_P(HuggingFaceTraining, EveryFamilyTrainsLikeOneProcess) {
     for (const g::InputSpec& spec : step.inputs)
       if (spec.kind == g::InputSpec::Kind::Parameter)
         EXPECT_TRUE(tensors_close(step.state.at(spec.target).tensor().grad(),
-                                  expected_shard(io.at("grad." + spec.target), m, *spec.value->placements), 1e-4, 1e-5))
+                                  expected_shard(io.at("grad." + spec.target), m, step.annotations.placements_of(*spec.value)), 1e-4, 1e-5))
             << spec.target;
 
     constexpr int kSteps = 5;

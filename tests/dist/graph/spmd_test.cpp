@@ -70,7 +70,7 @@ TEST_P(GraphSpmdTraining, JointGptTrainsLikeOneProcess) {
   for (const g::InputSpec& spec : step.inputs) {
     if (spec.kind != g::InputSpec::Kind::Parameter) continue;
     const at::Tensor grad = step.state.at(spec.target).tensor().grad();
-    EXPECT_TRUE(tensors_close(grad, expected_shard(io.at("grad." + spec.target), m, *spec.value->placements), 1e-4, 1e-5))
+    EXPECT_TRUE(tensors_close(grad, expected_shard(io.at("grad." + spec.target), m, step.annotations.placements_of(*spec.value)), 1e-4, 1e-5))
         << spec.target;
   }
 
@@ -85,7 +85,7 @@ TEST_P(GraphSpmdTraining, JointGptTrainsLikeOneProcess) {
   for (const g::InputSpec& spec : fresh.inputs)
     if (spec.kind == g::InputSpec::Kind::Parameter)
       EXPECT_TRUE(tensors_close(fresh.state.at(spec.target).tensor(),
-                                expected_shard(whole.state.at(spec.target).tensor(), m, *spec.value->placements), 0, 5e-3))
+                                expected_shard(whole.state.at(spec.target).tensor(), m, fresh.annotations.placements_of(*spec.value)), 0, 5e-3))
           << spec.target;
 }
 
@@ -221,7 +221,7 @@ TEST_F(GraphSpmdTest, SpmdFactoriesSizedByAShardedBatch) {
   g::SpmdPlacements where = layout.placements(program, m);
   where.outputs = {{0, {Replicate(), Replicate()}}};
   g::Program local = g::spmd_expand(std::move(program), m, where);
-  const std::string printed = local.graph.str();
+  const std::string printed = local.str();
   EXPECT_THAT(printed, HasSubstr("makes this rank's part: a size is read from a sharded dim")) << printed;
   EXPECT_THAT(printed, HasSubstr("the global value of a size read from a dim sharded 2 ways")) << printed;
   for (const g::Node* n : local.graph.nodes()) {

@@ -39,7 +39,7 @@ TEST_F(GraphTensorParallelTest, TensorParallelGptTrainingIr) {
   g::Program local =
       g::tensor_parallel_transform(g::load_program(graph_model("gpt_train_ir_static.pt2")), mesh({4}), graph_plan(true));
   EXPECT_TRUE(tensors_close(run_one(local, io.at("input0")), io.at("output0"), 1e-4, 1e-5));
-  EXPECT_EQ(collectives_in(local), gpt_module_level_collectives()) << local.graph.str();
+  EXPECT_EQ(collectives_in(local), gpt_module_level_collectives()) << local.str();
 }
 
 // With lm_head replicated, the whole-graph choice (strategy_choice.h) ends differently from module
@@ -54,7 +54,7 @@ TEST_F(GraphTensorParallelTest, TensorParallelGptReplicatedHeadRunsOnABatchShard
   EXPECT_EQ(collectives_in(local), (std::map<std::string, int>{{"_c10d_functional::all_reduce", 2 * kGptLayers},
                                                                {"_c10d_functional::reduce_scatter_tensor", 1},
                                                                {"_c10d_functional::all_gather_into_tensor", 1}}))
-      << local.graph.str();
+      << local.str();
 }
 
 // TP over one dim of a 2x2 mesh: the other dim holds replicas, which compute alike.
@@ -74,7 +74,7 @@ TEST_F(GraphTensorParallelTest, TensorParallelGptCoreAten) {
   EXPECT_TRUE(tensors_close(run_one(local, io.at("input0")), io.at("output0"), 1e-4, 1e-5));
   // Core ATen merges batch and heads before bmm; lifted back to 4-d matmuls, the heads stay sharded
   // and the collectives are module level's (no head all-gathers).
-  EXPECT_EQ(collectives_in(local), gpt_module_level_collectives()) << local.graph.str();
+  EXPECT_EQ(collectives_in(local), gpt_module_level_collectives()) << local.str();
   g::save_program(local, graph_saved("tp_gpt_aten_rank" + std::to_string(world()->rank()) + ".pt2"));
 }
 

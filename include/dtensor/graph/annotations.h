@@ -1,0 +1,52 @@
+#pragma once
+// What graph transforms find about a program's values and nodes, held beside the graph rather than in
+// it: the IR carries what the file says, a transform's findings are the transform's. They are:
+//  - each tensor value's placements on the mesh (the marks the strategy choice makes, and the inputs'
+//    placements the caller gives);
+//  - for a node a transform inserted or changed: why it is there (the printer shows it) and, for a
+//    collective, the bytes this rank receives by the redistribution planner's model.
+//
+// Values and nodes are identified by their ids within one graph (Value::id, Node::id; a node's id is
+// never reused after it is erased), so one Annotations belongs to one graph. Placements sit in an array
+// indexed by value id: the strategy search reads and writes them millions of times on a deep model.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "dtensor/spec.h"
+
+namespace dtensor::graph {
+
+class Value;
+class Node;
+
+class Annotations {
+ public:
+  // nullptr where the value has none (not a tensor, or not marked yet).
+  const Placements* placements(const Value& v) const;
+  // The same, throwing DTensorError naming the value where it has none.
+  const Placements& placements_of(const Value& v) const;
+  void set_placements(const Value& v, Placements placements);
+  void clear_placements(const Value& v);
+  // "S(0)" style text, "" where the value has none.
+  std::string placements_str(const Value& v) const;
+
+  const std::string& note(const Node& n) const;  // "" where none
+  void set_note(const Node& n, std::string note);
+  void append_note(const Node& n, const std::string& more);  // after the note there is, joined by "; "
+  int64_t bytes_per_rank(const Node& n) const;               // 0 where none
+  void set_bytes_per_rank(const Node& n, int64_t bytes);
+
+ private:
+  struct NodeFacts {
+    std::string note;
+    int64_t bytes_per_rank = 0;
+  };
+  std::vector<std::optional<Placements>> placements_;  // by Value::id
+  std::unordered_map<uint64_t, NodeFacts> nodes_;      // by Node::id
+};
+
+}  // namespace dtensor::graph
