@@ -37,6 +37,10 @@ struct RedistributeStep {
   int64_t bytes_per_rank;  // bytes this rank receives (a ring's traffic); 0 for local steps
 
   std::string str() const;  // "all-gather on dim 0 (3.1 MB/rank)"
+  // A LocalPad step's padding of this rank's shard (of `ndim` dims) to the group's whole, at mesh
+  // coordinate `index` along mesh_dim of `group_size` ranks: constant_pad_nd's (before, after) pairs,
+  // from the last dim backwards, up to the sharded dim.
+  std::vector<int64_t> pad_to_whole(int64_t ndim, int64_t group_size, int64_t index) const;
 };
 
 struct RedistributePlan {

@@ -223,11 +223,8 @@ struct Emitter {
   }
 
   void local_pad(const RedistributeStep& step) {
-    const int64_t d = step.from.dim(), length = step.logical_shape[d];
-    const ChunkExtent c = chunk_extent(length, mesh->size(step.mesh_dim), (*mesh->coordinate())[step.mesh_dim]);
-    std::vector<int64_t> pad(2 * (current->meta.shape.size() - d), 0);  // (before, after) per dim, from the last backwards
-    pad[pad.size() - 2] = c.offset;
-    pad[pad.size() - 1] = length - c.offset - c.size;
+    const auto pad = step.pad_to_whole(static_cast<int64_t>(current->meta.shape.size()), mesh->size(step.mesh_dim),
+                                       (*mesh->coordinate())[step.mesh_dim]);
     local("aten::constant_pad_nd", {Arg::tensor(current), Arg::ints(pad), Arg::of(0.0)}, "padded");
   }
 

@@ -152,12 +152,7 @@ at::Tensor local_chunk_step(const at::Tensor& local, const RedistributeStep& ste
 
 // This rank's shard of dim d padded with zeros to the group's whole: its contribution to a Partial sum.
 at::Tensor local_pad_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
-  const int64_t d = step.from.dim(), length = step.logical_shape[d];
-  const ChunkExtent c = chunk_extent(length, mesh.size(step.mesh_dim), (*mesh.coordinate())[step.mesh_dim]);
-  std::vector<int64_t> pad(2 * (local.dim() - d), 0);  // (before, after) per dim, from the last backwards
-  pad[pad.size() - 2] = c.offset;
-  pad[pad.size() - 1] = length - c.offset - c.size;
-  return at::constant_pad_nd(local, pad, 0);
+  return at::constant_pad_nd(local, step.pad_to_whole(local.dim(), mesh.size(step.mesh_dim), (*mesh.coordinate())[step.mesh_dim]), 0);
 }
 
 at::Tensor run_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh, Direction direction,

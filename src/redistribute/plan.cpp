@@ -36,6 +36,15 @@ std::string RedistributeStep::str() const {
   return s;
 }
 
+std::vector<int64_t> RedistributeStep::pad_to_whole(int64_t ndim, int64_t group_size, int64_t index) const {
+  const int64_t d = from.dim(), length = logical_shape[d];
+  const ChunkExtent c = chunk_extent(length, group_size, index);
+  std::vector<int64_t> pad(2 * (ndim - d), 0);
+  pad[pad.size() - 2] = c.offset;
+  pad[pad.size() - 1] = length - c.offset - c.size;
+  return pad;
+}
+
 int64_t RedistributePlan::total_bytes_per_rank() const {
   int64_t total = 0;
   for (const auto& s : steps) total += s.bytes_per_rank;
