@@ -109,14 +109,17 @@ Cache& cache() {
 
 // Stand-ins for the global tensors: Meta tensors (no data) where the op has a Meta kernel, else CPU
 // tensors whose storage is one zero element expanded to the global shape (the op computes on them,
-// which costs time and an output's memory, but only on a propagation-cache miss).
-enum class Proxy { Meta, ExpandedZero };
+// which costs time and an output's memory, but only on a propagation-cache miss). An argument the op
+// writes gets zeros of its own (DenseZero): a kernel without LibTorch's overlap check (rrelu_with_noise's)
+// would write every element into the one zero, past its buffer.
+enum class Proxy { Meta, ExpandedZero, DenseZero };
 
 at::Tensor proxy_of(const at::Tensor& t, Proxy kind) {
   TensorMeta m{t.sizes().vec(), t.strides().vec(), t.scalar_type()};
   if (const DTensorImpl* impl = as_dtensor(t)) m = impl->spec().meta;
   if (kind == Proxy::Meta)
     return at::empty_strided(m.shape, m.stride, at::TensorOptions().dtype(m.dtype).device(at::kMeta));
+  if (kind == Proxy::DenseZero) return at::zeros(m.shape, at::TensorOptions().dtype(m.dtype));
   return at::zeros({}, at::TensorOptions().dtype(m.dtype)).expand(m.shape);
 }
 
@@ -151,7 +154,12 @@ std::vector<TensorMeta> metas_of(const torch::jit::Stack& stack) {
 
 std::vector<TensorMeta> run_on_proxies(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, Proxy kind) {
   torch::jit::Stack stack;
-  for (const auto& v : args) stack.push_back(proxy_of(v, kind));
+  const auto& schema = op.schema().arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto* alias = i < schema.size() ? schema[i].alias_info() : nullptr;
+    const bool written = alias != nullptr && alias->isWrite();
+    stack.push_back(proxy_of(args[i], kind == Proxy::ExpandedZero && written ? Proxy::DenseZero : kind));
+  }
   op.callBoxed(stack);
   return metas_of(stack);
 }

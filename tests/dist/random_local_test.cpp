@@ -75,6 +75,13 @@ TEST_F(RandomLocalTest, LocalShardsMakeOneGlobalTensorWhateverTheMeshAndLayout) 
   expect_one_global_tensor("normal tensor float", [](const at::Tensor& t) { return at::normal(t, 0.5); }, x);
   expect_one_global_tensor("normal float tensor", [](const at::Tensor& t) { return at::normal(2.0, t); }, probs);
   expect_one_global_tensor("rand_like", [](const at::Tensor& t) { return at::rand_like(t); }, x);
+  expect_one_global_tensor("rand_like half", [](const at::Tensor& t) { return at::rand_like(t, at::kHalf).to(at::kFloat); }, x);
+  expect_one_global_tensor("rand_like generator", [](const at::Tensor& t) { return at::rand_like(t, at::detail::createCPUGenerator(3)); },
+                           x);
+  expect_one_global_tensor("uniform", [](const at::Tensor& t) { return at::uniform(t, -2, 2); }, x);
+  expect_one_global_tensor("exponential", [](const at::Tensor& t) { return at::exponential(t, 2); }, x);
+  expect_one_global_tensor("geometric", [](const at::Tensor& t) { return at::geometric(t, 0.4); }, x);
+  expect_one_global_tensor("bernoulli tensor p", [&](const at::Tensor& t) { return at::bernoulli(t, replicated_like(probs, t)); }, x);
   expect_one_global_tensor("randn_like", [](const at::Tensor& t) { return at::randn_like(t); }, x.t());
   expect_one_global_tensor("dropout", [](const at::Tensor& t) { return at::dropout(t, 0.4, true); }, x);
   expect_one_global_tensor("native_dropout", [](const at::Tensor& t) { return std::get<0>(at::native_dropout(t, 0.4, true)); }, x);

@@ -1,4 +1,5 @@
-// Random ops (uniform_, normal_, bernoulli_, native_dropout, ...) in two modes (dtensor/random.h).
+// Random ops (uniform_, normal_, bernoulli_, native_dropout, their functional forms, the *_like draws,
+// multinomial, rrelu, ...) in two modes (dtensor/random.h).
 //
 // Exact (the default): a DTensor gets exactly the values single-device LibTorch gives the whole tensor
 // with the same generator state, whatever its layout. LibTorch's CPU generator (mt19937) has no cheap
@@ -17,8 +18,8 @@
 //
 // LocalShards: each rank computes only its part (random_shards.h), from a key that every rank draws
 // alike from the op's generator (one number per call) and each element's global index. LibTorch's own
-// argument checks run on 0-d stand-ins with a private generator, as the op itself never runs. random_
-// and complex tensors always draw in the exact mode.
+// argument checks run on 0-d stand-ins with a private generator, as the op itself never runs. random_,
+// randint_like, multinomial, rrelu and complex tensors always draw in the exact mode.
 //
 // In both modes, inputs that are read and Partial are reduced first; a Partial tensor filled in place
 // stays Partial, holding contributions that reduce to the drawn value. Ranks outside the mesh draw what
@@ -66,6 +67,14 @@ std::vector<DimStrategy> random_fill(const OpSchema& s) {
       strategies.push_back(std::move(st));
     }
   }
+  return strategies;
+}
+
+// rrelu_with_noise(self, noise, ...) draws a slope only for each negative element of self, so the
+// draws depend on all of self: it is read whole, while noise (written) and the output shard alike.
+std::vector<DimStrategy> rrelu_fill(const OpSchema& s) {
+  auto strategies = random_fill(s);
+  for (DimStrategy& st : strategies) st.inputs.at(0) = Replicate();
   return strategies;
 }
 
@@ -156,6 +165,7 @@ LocalKernel run_on_global(const OpSchema& s, const PlacementStrategy& chosen) {
   for (size_t k = 0; k < s.inputs.size(); ++k) inputs.push_back({s.inputs[k].arg, s.input(k).meta, chosen.inputs[k]});
   return [inputs, outputs = chosen.outputs, mesh = s.mesh](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
     c10::IValue* args = stack.data() + (stack.size() - op.schema().arguments().size());
+    std::vector<bool> returned(inputs.size(), false);
     std::vector<at::Tensor> locals, globals;
     for (const auto& in : inputs) {
       locals.push_back(args[in.arg].toTensor());
@@ -173,7 +183,16 @@ LocalKernel run_on_global(const OpSchema& s, const PlacementStrategy& chosen) {
       returns[j] = contributions(part, *mesh, outputs[j]);
       // An in-place op returns the stand-in it filled: its part goes back into the caller's shard.
       for (size_t k = 0; k < globals.size(); ++k)
-        if (globals[k].is_same(global)) returns[j] = locals[k].copy_(returns[j].toTensor());
+        if (globals[k].is_same(global)) {
+          returns[j] = locals[k].copy_(returns[j].toTensor());
+          returned[k] = true;
+        }
+    }
+    // An input written but not returned (rrelu_with_noise's noise): its part goes back likewise.
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      if (returned[k] || !writes(op.schema(), inputs[k].arg)) continue;
+      const LocalLayout layout = layout_of(inputs[k].meta.shape, *mesh, inputs[k].placements);
+      locals[k].copy_(contributions(region(globals[k], layout).clone(at::MemoryFormat::Contiguous), *mesh, inputs[k].placements));
     }
   };
 }
@@ -295,17 +314,51 @@ std::vector<TensorMeta> dropout_metas(const c10::OperatorHandle&, c10::ArrayRef<
   return metas;
 }
 
+// multinomial(self [.., n], num_samples) -> indices [.., num_samples]: LibTorch's C++ build has no Meta
+// kernel for it, and zeros are no distribution to draw from.
+std::vector<TensorMeta> multinomial_metas(const c10::OperatorHandle&, c10::ArrayRef<c10::IValue> args) {
+  Shape shape = args[0].toTensor().sizes().vec();
+  shape.back() = args[1].toInt();
+  return {TensorMeta{shape, contiguous_strides(shape), at::kLong}};
+}
+
+// rrelu_with_noise(self, noise, ...) -> self's shape (the functional form: and the noise's). LibTorch's
+// C++ build has no Meta kernel for it, and the expanded zeros metas are otherwise computed on would
+// take the in-place write of noise into a one-element buffer.
+std::vector<TensorMeta> rrelu_metas(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  std::vector<TensorMeta> metas;
+  for (size_t k = 0; k < op.schema().returns().size(); ++k) {
+    const at::Tensor& like = args[k].toTensor();  // a DTensor: its sizes are the global ones
+    metas.push_back(TensorMeta{like.sizes().vec(), contiguous_strides(like.sizes().vec()), like.scalar_type()});
+  }
+  return metas;
+}
+
 const bool registered = [] {
-  // Only ops with kernels of their own: rand_like, randn_like, randint_like, bernoulli(p tensor),
-  // uniform, ... are composites of empty_like and these; dropout on CPU is empty_like, bernoulli_,
-  // div_ and mul.
+  // The in-place fills, and the functional and *_like forms: those are composites of empty_like (or
+  // clone) and a fill, but as ops of their own they draw once, by this rule, in either mode, rather
+  // than through the composite fallback; their out= forms share the rule. multinomial's output is not
+  // laid out like its input, so its probabilities are read whole (elementwise keeps them Replicate).
+  // Dropout on CPU is empty_like, bernoulli_, div_ and mul.
   const detail::OpRule rule{
       .dim = random_fill, .local_kernel = random_kernel, .family = "random", .outside_mesh = draw_outside_mesh};
   detail::register_overloads({"aten::uniform_", "aten::normal_", "aten::normal.Tensor_Tensor", "aten::normal.Tensor_float",
                               "aten::normal.float_Tensor", "aten::bernoulli_.float", "aten::bernoulli_.Tensor",
                               "aten::bernoulli.p", "aten::exponential_", "aten::cauchy_", "aten::log_normal_",
-                              "aten::geometric_", "aten::random_", "aten::random_.from", "aten::random_.to"},
+                              "aten::geometric_", "aten::random_", "aten::random_.from", "aten::random_.to",
+                              "aten::uniform", "aten::normal_functional", "aten::bernoulli", "aten::bernoulli.Tensor",
+                              "aten::exponential", "aten::cauchy", "aten::log_normal", "aten::geometric", "aten::random",
+                              "aten::random.from", "aten::random.to", "aten::rand_like", "aten::rand_like.generator",
+                              "aten::randn_like", "aten::randn_like.generator", "aten::randint_like", "aten::randint_like.low_dtype",
+                              "aten::randint_like.generator", "aten::randint_like.low_generator_dtype"},
                              rule);
+  detail::OpRule rrelu = rule;
+  rrelu.dim = rrelu_fill;
+  rrelu.output_metas = rrelu_metas;
+  detail::register_overloads({"aten::rrelu_with_noise", "aten::rrelu_with_noise_functional"}, rrelu);
+  detail::OpRule multinomial = rule;
+  multinomial.output_metas = multinomial_metas;
+  detail::register_overloads({"aten::multinomial"}, multinomial);
   detail::OpRule dropout = rule;
   dropout.output_metas = dropout_metas;
   detail::register_overloads({"aten::native_dropout"}, dropout);

@@ -95,15 +95,30 @@ at::Tensor parameter(const c10::IValue& v) {
   return v.isTensor() ? v.toTensor().to(at::kDouble) : at::scalar_tensor(v.toDouble(), at::kDouble);
 }
 
-// uniform_(self, from, to): variates rounded down to the precision of self's dtype (as many bits as
-// LibTorch's uniform_ draws), so that `to` itself is never drawn.
-std::vector<at::Tensor> uniform(const Variates& v, Args args) {
+// Variates in [from, to) rounded down to the precision of `dtype` (as many bits as LibTorch's uniform_
+// draws), so that `to` itself is never drawn.
+at::Tensor uniform_in(const Variates& v, c10::ScalarType dtype, double from, double to) {
   int digits = 52;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, args[0].toTensor().scalar_type(), "uniform_",
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "uniform_",
                                   [&] { digits = std::min(digits, std::numeric_limits<scalar_t>::digits); });
-  const double grid = std::ldexp(1.0, digits), from = args[1].toDouble(), to = args[2].toDouble();
-  return {v.uniform(1)[0].mul_(grid).floor_().div_(grid).mul_(to - from).add_(from)};
+  const double grid = std::ldexp(1.0, digits);
+  return v.uniform(1)[0].mul_(grid).floor_().div_(grid).mul_(to - from).add_(from);
 }
+
+// uniform_(self, from, to), uniform(self, from, to)
+std::vector<at::Tensor> uniform(const Variates& v, Args args) {
+  return {uniform_in(v, args[0].toTensor().scalar_type(), args[1].toDouble(), args[2].toDouble())};
+}
+
+// rand_like(self, dtype, ...) and rand_like.generator(self, generator, dtype, ...): [0, 1) at the
+// output dtype's precision (self's where none is given).
+template <size_t kDtypeArg>
+std::vector<at::Tensor> rand_like(const Variates& v, Args args) {
+  const c10::IValue& dtype = args[kDtypeArg];
+  return {uniform_in(v, dtype.isNone() ? args[0].toTensor().scalar_type() : dtype.toScalarType(), 0, 1)};
+}
+
+std::vector<at::Tensor> randn_like(const Variates& v, Args) { return {v.standard_normal()}; }
 
 at::Tensor normal_at(const Variates& v, const c10::IValue& mean, const c10::IValue& std) {
   if (std.isTensor() && std.toTensor().lt(0).any().item<bool>())
@@ -122,6 +137,12 @@ std::vector<at::Tensor> bernoulli(const Variates& v, Args args) {
   if (args[1].isTensor() && (p.lt(0).any().item<bool>() || p.gt(1).any().item<bool>()))
     throw DTensorError("bernoulli expects every element of p in [0, 1]");
   return {v.uniform(1)[0].lt(p)};
+}
+
+// bernoulli(self): self holds the probabilities.
+std::vector<at::Tensor> bernoulli_of_self(const Variates& v, Args args) {
+  const c10::IValue with_p[] = {args[0], args[0]};
+  return bernoulli(v, with_p);
 }
 
 // The inverse distribution functions of one variate.
@@ -156,7 +177,14 @@ ShardDraw shard_draw(const c10::OperatorName& op) {
       {"aten::bernoulli_.Tensor", bernoulli}, {"aten::bernoulli.p", bernoulli},
       {"aten::exponential_", exponential},   {"aten::cauchy_", cauchy},
       {"aten::log_normal_", log_normal},     {"aten::geometric_", geometric},
-      {"aten::native_dropout", dropout}};
+      {"aten::native_dropout", dropout},
+      // The functional forms take the in-place forms' arguments.
+      {"aten::uniform", uniform},            {"aten::normal_functional", normal_fill},
+      {"aten::bernoulli.Tensor", bernoulli}, {"aten::bernoulli", bernoulli_of_self},
+      {"aten::exponential", exponential},    {"aten::cauchy", cauchy},
+      {"aten::log_normal", log_normal},      {"aten::geometric", geometric},
+      {"aten::rand_like", rand_like<1>},     {"aten::rand_like.generator", rand_like<2>},
+      {"aten::randn_like", randn_like},      {"aten::randn_like.generator", randn_like}};
   const auto it = draws.find(detail::qualified_name(op));
   return it == draws.end() ? nullptr : it->second;
 }

@@ -1,6 +1,8 @@
 // Samples for random ops: every call seeds the default generator first, so the DTensor call must draw
 // exactly what the single-device call draws, whatever the placements.
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include "../op_db.h"
 
 namespace dtensor::testing {
@@ -28,6 +30,12 @@ at::Tensor grad_and_mask(size_t i, const Shape& shape) {
   if (i == 0) return test_tensor(shape, at::kDouble, 7);
   return (at::arange(numel(shape)) % 3 != 0).reshape(shape);
 }
+
+// A generator of the call's own, made alike on every rank (the *.generator overloads).
+at::Generator own_generator() { return at::detail::createCPUGenerator(99); }
+
+// Rows of positive weights for multinomial.
+at::Tensor weights(size_t, const Shape& shape) { return probabilities(0, shape) + 0.1; }
 
 // Every sample also runs on the 2x2 mesh.
 OpSample sample(std::string name, std::vector<Shape> shapes, std::function<std::vector<at::Tensor>(In)> run) {
@@ -63,8 +71,41 @@ const bool registered = add_op_samples({
     sample("rand_like", {{5, 3}}, seeded([](In x) { return outputs(at::rand_like(x[0]) * x[0]); })),
     sample("randn_like", {{7}}, seeded([](In x) { return outputs(at::randn_like(x[0]) * x[0]); })),
     forward_only(sample("randint_like", {{5, 3}}, seeded([](In x) { return outputs(at::randint_like(x[0], 3, 9)); }))),
+    // Functional forms of the fills, and the *_like overloads taking a generator.
+    sample("uniform", {{5, 3}}, seeded([](In x) { return outputs(at::uniform(x[0], -1, 2) * x[0]); })),
+    forward_only(sample("normal_functional", {{7, 5}}, seeded([](In x) { return outputs(at::normal_functional(x[0], 1, 2)); }))),
+    sample("exponential", {{5, 3}}, seeded([](In x) { return outputs(at::exponential(x[0], 2)); })),
+    sample("cauchy", {{5, 3}}, seeded([](In x) { return outputs(at::cauchy(x[0], 1, 2)); })),
+    sample("log_normal", {{5, 3}}, seeded([](In x) { return outputs(at::log_normal(x[0], 0, 0.5)); })),
+    sample("geometric", {{5, 3}}, seeded([](In x) { return outputs(at::geometric(x[0], 0.4)); })),
+    sample("random", {{5, 3}}, seeded([](In x) {
+             return outputs(at::random(x[0]), at::random(x[0], 10), at::random(x[0], -4, 10));
+           })),
+    sample("rand_like_generator", {{5, 3}}, seeded([](In x) { return outputs(at::rand_like(x[0], own_generator()) * x[0]); })),
+    sample("randn_like_generator", {{7}}, seeded([](In x) { return outputs(at::randn_like(x[0], own_generator()) * x[0]); })),
+    forward_only(sample("randint_like_high", {{5, 3}}, seeded([](In x) { return outputs(at::randint_like(x[0], 9)); }))),
+    forward_only(sample("randint_like_generators", {{5, 3}}, seeded([](In x) {
+                          return outputs(at::randint_like(x[0], 9, own_generator()), at::randint_like(x[0], 3, 9, own_generator()));
+                        }))),
+    // Rows of weights, drawn from whole: the samples of a row depend on all of its weights.
+    forward_only(with_input(sample("multinomial", {{5, 4}}, seeded([](In x) {
+                                     return outputs(at::multinomial(x[0], 3), at::multinomial(x[0], 6, true));
+                                   })),
+                            weights)),
+    // rrelu in training draws each negative element's slope into noise (written in place, or returned).
+    sample("rrelu_with_noise", {{5, 3}}, seeded([](In x) {
+             at::Tensor noise = at::empty_like(x[0]);
+             at::Tensor out = at::rrelu_with_noise(x[0], noise, 0.1, 0.3, true);
+             return outputs(out, noise);
+           })),
+    sample("rrelu_with_noise_functional", {{5, 3}}, seeded([](In x) {
+             auto [out, noise] = at::rrelu_with_noise_functional(x[0], at::zeros_like(x[0]), 0.1, 0.3, true);
+             return outputs(out, noise);
+           })),
     // Probability and parameter tensors: each element's draw reads its own parameter.
     with_input(sample("bernoulli_tensor", {{5, 3}}, seeded([](In x) { return outputs(at::bernoulli(x[0])); })),
+               probabilities),
+    with_input(sample("bernoulli_tensor_p", {{5, 3}, {5, 3}}, seeded([](In x) { return outputs(at::bernoulli(x[0], x[1])); })),
                probabilities),
     // The zero gradients of bernoulli_'s and normal's tensor parameters are at::zeros of their sizes:
     // plain tensors, compared by value.
