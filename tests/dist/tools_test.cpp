@@ -184,5 +184,27 @@ TEST_F(ToolsTest, CompositeFallbackRunsAtensImplementationAndSaysSo) {
                                            "): aten::rot90 has no sharding rule; ATen's composite implementation runs"));
 }
 
+// Composite ops PyTorch's DTensor has handlers for, and dtensor runs through the fallback: a size
+// query answers from the global sizes, and the out= forms of 1-d pooling (whose functional forms are
+// CompositeImplicit, decomposed before they reach dtensor) run the 2-d pooling on the shards.
+TEST_F(ToolsTest, CompositeFallbackAnswersSizeQueriesAndRunsOutForms) {
+  auto m = mesh({4});
+  const at::Tensor x = test_tensor({2, 5, 9}, at::kDouble, 3);
+  const at::Tensor dx = distribute_tensor(x, m, Placements{Shard(1)});  // 5 channels over 4 ranks
+  {
+    CommDebugMode debug;
+    EXPECT_TRUE(at::is_same_size(dx, distribute_tensor(x, m, Placements{Replicate()})));
+    EXPECT_FALSE(at::is_same_size(dx, distribute_tensor(x.transpose(1, 2).contiguous(), m, Placements{Shard(1)})));
+    EXPECT_EQ(debug.composite_fallbacks(), (std::vector<std::string>{"aten::is_same_size", "aten::is_same_size"}));
+  }
+  at::Tensor pooled = distribute_tensor(at::zeros({2, 5, 4}, at::kDouble), m, Placements{Shard(1)});
+  at::avg_pool1d_out(pooled, dx, {2});
+  EXPECT_TRUE(tensors_close(full_tensor(pooled), at::avg_pool1d(x, {2})));
+  at::Tensor adapted = distribute_tensor(at::zeros({2, 5, 3}, at::kDouble), m, Placements{Shard(1)});
+  at::adaptive_avg_pool1d_out(adapted, dx, {3});
+  EXPECT_TRUE(tensors_close(full_tensor(adapted), at::adaptive_avg_pool1d(x, {3})));
+  EXPECT_EQ(to_local(adapted).size(1), to_local(dx).size(1));
+}
+
 }  // namespace
 }  // namespace dtensor::testing

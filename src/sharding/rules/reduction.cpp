@@ -248,6 +248,29 @@ std::vector<DimStrategy> flip(const OpSchema& s) {
 // Replicate tensor is any rank's local one.
 std::vector<DimStrategy> replicate_only(const OpSchema& s) { return {all_replicate(s)}; }
 
+// equal(self, other) -> bool. Two tensors of one shape placed alike are compared shard by shard; the
+// ranks' answers then meet in an all-reduce (min) over the mesh dims that shard them, so that every
+// rank returns the one answer. Tensors of different shapes are unequal: compared whole (Replicate).
+std::vector<DimStrategy> equal(const OpSchema& s) {
+  std::vector<DimStrategy> out = {all_replicate(s)};
+  if (s.input(0).meta.shape != s.input(1).meta.shape) return out;
+  for (int64_t d = 0; d < s.input_ndim(0); ++d) out.push_back({{}, {Shard(d), Shard(d)}, kCollectiveLatencyBytes});
+  return out;
+}
+
+LocalKernel equal_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
+  std::vector<int64_t> sharding;
+  for (int64_t m = 0; m < static_cast<int64_t>(chosen.inputs[0].size()); ++m)
+    if (chosen.inputs[0][m].is_shard()) sharding.push_back(m);
+  if (sharding.empty()) return {};
+  return [mesh = s.mesh, sharding](const c10::OperatorHandle&, torch::jit::Stack& stack) {
+    const auto args = torch::jit::pop(stack, 2);
+    at::Tensor same = at::scalar_tensor(at::equal(args[0].toTensor(), args[1].toTensor()) ? 1.0 : 0.0, at::kFloat);
+    detail::all_reduce_over(*mesh, sharding, same, ReduceOp::Min);
+    stack.emplace_back(same.item<float>() == 1.0F);
+  };
+}
+
 // Autograd differentiates max.dim / min.dim with value_selecting_reduction_backward, whose
 // decomposition scatters in place into at::zeros(...), a plain tensor that cannot hold a DTensor's
 // values. PyTorch runs the out-of-place form on grad.new_zeros(...) for tensor subclasses; DTensors
@@ -314,6 +337,7 @@ const bool registered = [] {
                       "aten::cummin", "aten::logcumsumexp"},
                      {.dim = ordering, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::flip"}, {.dim = flip, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
+  register_overloads({"aten::equal"}, {.dim = equal, .local_kernel = equal_kernel, .family = "reduction"});
   register_overloads({"aten::_local_scalar_dense"}, {.dim = replicate_only, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   return true;
 }();

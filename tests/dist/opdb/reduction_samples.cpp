@@ -21,6 +21,14 @@ at::Tensor distinct(size_t, const Shape& shape) {
 // Strictly positive inputs for prod (no zeros: their gradient would need a data-dependent path).
 at::Tensor positive(size_t i, const Shape& shape) { return test_tensor(shape, at::kDouble, 400 + i).abs() / 4 + 0.5; }
 
+// For equal: the first input, and the same values with one element changed (on one rank only, so
+// that the answer needs every rank's).
+at::Tensor all_but_one_alike(size_t i, const Shape& shape) {
+  at::Tensor t = test_tensor(shape, at::kDouble, 500);
+  if (i == 1) t.view(-1)[numel(shape) - 1] += 1;
+  return t;
+}
+
 const bool registered = add_op_samples({
     {"sum", {{5, 3}}, [](In x) { return outputs(x[0].sum()); }, nullptr, {}, true, true},
     {"sum_dim", {{5, 3}}, [](In x) { return outputs(x[0].sum(1)); }},
@@ -129,6 +137,12 @@ const bool registered = add_op_samples({
      },
      distinct, {}, true, /*two_d=*/true},
     {"flip", {{2, 5, 6}}, [](In x) { return outputs(x[0].flip({0, 2})); }},
+    // equal(self, other): the answers (one equal pair, one differing in one element) weigh the output.
+    {.name = "equal",
+     .shapes = {{5, 6}, {5, 6}},
+     .run = [](In x) { return outputs(x[0] * (at::equal(x[0], x[0].clone()) ? 1.0 : 2.0) + (at::equal(x[0], x[1]) ? 10.0 : 0.0)); },
+     .make_input = all_but_one_alike,
+     .two_d = true},
     // Scans that are not sums, and selections along a dim: the dim stays whole.
     {"cumprod", {{5, 6}}, [](In x) { return outputs(x[0].cumprod(1)); }, positive},
     {"cumprod_", {{2, 5, 6}}, [](In x) { return outputs(x[0].clone().cumprod_(0)); }, positive,
