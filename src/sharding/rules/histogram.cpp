@@ -29,9 +29,7 @@ std::vector<DimStrategy> histc(const OpSchema& s) {
 // On a sharded input, a call with min == max counts over the global data range: the shards' minima
 // and maxima meet in one all-reduce (max of -min and of max) over the mesh dims that shard the input.
 LocalKernel histc_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
-  std::vector<int64_t> dims;
-  for (int64_t m = 0; m < static_cast<int64_t>(chosen.inputs[0].size()); ++m)
-    if (chosen.inputs[0][m].is_sharding()) dims.push_back(m);
+  const std::vector<int64_t> dims = sharding_mesh_dims(chosen.inputs[0]);
   if (dims.empty()) return {};
   return [mesh = s.mesh, dims](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
     const auto args = torch::jit::pop(stack, op.schema().arguments().size());

@@ -259,9 +259,7 @@ std::vector<DimStrategy> equal(const OpSchema& s) {
 }
 
 LocalKernel equal_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
-  std::vector<int64_t> sharding;
-  for (int64_t m = 0; m < static_cast<int64_t>(chosen.inputs[0].size()); ++m)
-    if (chosen.inputs[0][m].is_shard()) sharding.push_back(m);
+  const std::vector<int64_t> sharding = sharding_mesh_dims(chosen.inputs[0]);
   if (sharding.empty()) return {};
   return [mesh = s.mesh, sharding](const c10::OperatorHandle&, torch::jit::Stack& stack) {
     const auto args = torch::jit::pop(stack, 2);

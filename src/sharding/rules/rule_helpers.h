@@ -40,6 +40,15 @@ inline DimStrategy all_replicate(const OpSchema& s) {
   return DimStrategy{Placements(s.outputs.size(), Replicate()), Placements(s.inputs.size(), Replicate())};
 }
 
+// The mesh dims along which `placements` shard (plain or strided): where a local kernel's partial
+// answers must meet.
+inline std::vector<int64_t> sharding_mesh_dims(const Placements& placements) {
+  std::vector<int64_t> dims;
+  for (int64_t m = 0; m < static_cast<int64_t>(placements.size()); ++m)
+    if (placements[m].is_sharding()) dims.push_back(m);
+  return dims;
+}
+
 // The Partial reductions a linear op (sums, scalings, products) maps to the same Partial output.
 // Sum always; Avg only when every tensor is floating: an integer average truncates, so the average of
 // 3 * x_r is not 3 * (the average of x_r) when the contributions do not divide evenly. None when
