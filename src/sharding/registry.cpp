@@ -84,8 +84,10 @@ void register_composite(const std::vector<std::string>& qualified_names, const O
 }
 
 bool is_out_argument(const c10::FunctionSchema& schema, size_t arg) {
-  const auto* alias = schema.arguments()[arg].alias_info();
-  return arg >= 1 && alias != nullptr && alias->isWrite();
+  // Keyword-only: a written positional argument (_native_batch_norm_legit's running statistics,
+  // rrelu_with_noise's noise) is an operand the op updates, not where its result goes.
+  const c10::Argument& a = schema.arguments()[arg];
+  return arg >= 1 && a.kwarg_only() && a.alias_info() != nullptr && a.alias_info()->isWrite();
 }
 
 bool has_out_arguments(const c10::FunctionSchema& schema) {

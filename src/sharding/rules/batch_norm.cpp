@@ -1,6 +1,7 @@
 // Batch normalisation: native_batch_norm (what BatchNorm1d/2d/3d and functional::batch_norm reach on
-// CPU, training and eval) and native_batch_norm_backward. input [N, C, *spatial]; weight, bias and
-// the running statistics are per channel [C].
+// CPU, training and eval), core ATen's forms of it (below), and native_batch_norm_backward /
+// batch_norm_backward. input [N, C, *spatial]; weight, bias and the running statistics are per
+// channel [C].
 //
 // - channels: input Shard(1), every per-channel tensor Shard(0): each rank normalises its channels,
 //   no communication;
@@ -53,15 +54,53 @@ Counts counts_of(const OpSchema& s, size_t input) {
 }
 
 // ---- native_batch_norm(input, weight?, bias?, running_mean?, running_var?, training, momentum, eps)
-// -> (out, save_mean, save_invstd)
+// -> (out, save_mean, save_invstd), and core ATen's forms of it:
+//  - _native_batch_norm_legit: the same (running statistics marked written);
+//  - _native_batch_norm_legit.no_stats(input, weight?, bias?, training, momentum, eps): none kept;
+//  - _native_batch_norm_legit_no_training(input, weight?, bias?, running_mean, running_var, momentum,
+//    eps): eval;
+//  - _native_batch_norm_legit_functional: returns the updated running statistics instead of writing
+//    them (running_mean_out, running_var_out);
+//  - _batch_norm_with_update(input, weight?, bias?, running_mean!, running_var!, momentum, eps): training,
+//    and a reserve tensor (empty on CPU) after the saved statistics; _functional: returns the running
+//    statistics as well.
+
+// How one form takes and returns what the others do.
+struct BatchNormForm {
+  bool training;
+  std::optional<size_t> running_mean, running_var;  // argument indices
+  size_t momentum, eps;
+  bool updates_in_place;  // running statistics written in place (native_batch_norm's unmarked)
+  bool returns_reserve;
+  bool returns_running;
+};
+
+BatchNormForm form_of(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  BatchNormForm f;
+  const std::string& name = schema.name();
+  const auto training = schema.argumentIndexWithName("training");
+  f.training = training ? args[*training].toBool() : name == "aten::_batch_norm_with_update" || name == "aten::_batch_norm_with_update_functional";
+  f.running_mean = schema.argumentIndexWithName("running_mean");
+  f.running_var = schema.argumentIndexWithName("running_var");
+  f.momentum = *schema.argumentIndexWithName("momentum");
+  f.eps = *schema.argumentIndexWithName("eps");
+  f.returns_reserve = name == "aten::_batch_norm_with_update" || name == "aten::_batch_norm_with_update_functional";
+  f.returns_running = name == "aten::_native_batch_norm_legit_functional" || name == "aten::_batch_norm_with_update_functional";
+  f.updates_in_place = f.training && f.running_mean && !f.returns_running;
+  return f;
+}
+
+BatchNormForm form_of(const OpSchema& s) { return form_of(s.schema, s.args); }
 
 std::vector<DimStrategy> batch_norm(const OpSchema& s) {
-  const bool training = argument(s, "training").toBool();
+  const BatchNormForm form = form_of(s);
+  const bool training = form.training;
   const Counts counts = counts_of(s, 0);
   auto strategy = [&](Placement input, Placement per_channel, Placement statistics, double cost) {
-    return DimStrategy{{input, statistics, statistics},
-                       by_argument(s, [&](size_t arg) { return arg == 0 ? input : per_channel; }),
-                       cost};
+    Placements outputs = {input, statistics, statistics};
+    if (form.returns_reserve) outputs.push_back(Replicate());
+    if (form.returns_running) outputs.insert(outputs.end(), {per_channel, per_channel});
+    return DimStrategy{outputs, by_argument(s, [&](size_t arg) { return arg == 0 ? input : per_channel; }), cost};
   };
   std::vector<DimStrategy> out = {
       strategy(Replicate(), Replicate(), Replicate(), 0),
@@ -79,9 +118,10 @@ std::vector<DimStrategy> batch_norm(const OpSchema& s) {
 // where samples are sharded or nothing is, Shard(0) where channels are, alike for both).
 OpStrategy batch_norm_on_mesh(const OpSchema& s) {
   OpStrategy all = detail::expand_dim_strategies(batch_norm(s), s.mesh->ndim(), s.outputs.size(), s.inputs.size());
-  if (!argument(s, "training").toBool()) return all;
+  const BatchNormForm form = form_of(s);
+  if (!form.updates_in_place) return all;
   std::vector<size_t> written;
-  for (size_t arg : {3, 4})
+  for (size_t arg : {*form.running_mean, *form.running_var})
     if (const auto i = s.input_at_arg(arg)) written.push_back(*i);
   std::erase_if(all, [&](const PlacementStrategy& st) {
     return std::any_of(written.begin(), written.end(), [&](size_t i) { return st.inputs[i] != s.input(i).placements; });
@@ -89,7 +129,7 @@ OpStrategy batch_norm_on_mesh(const OpSchema& s) {
   if (all.empty()) {
     std::string stats;
     for (size_t i : written) stats += (stats.empty() ? "" : ", ") + to_string(s.input(i).placements);
-    throw DTensorError("native_batch_norm has no sharding strategy that keeps the placements of the tensor it writes to: "
+    throw DTensorError(s.schema.name() + " has no sharding strategy that keeps the placements of the tensor it writes to: "
                        "it updates running_mean and running_var (" + stats + ") in place, and they must be Replicate, "
                        "or Shard(0) on the mesh dims that shard the input's channels, alike; redistribute them first");
   }
@@ -97,15 +137,20 @@ OpStrategy batch_norm_on_mesh(const OpSchema& s) {
 }
 
 // Training over sharded samples: the batch statistics all-reduced, then normalise and update the
-// running statistics as the single-device kernel does.
+// running statistics as the single-device kernel does (in place, or returned by the functional forms).
 LocalKernel synced_batch_norm(const OpSchema& s, std::vector<int64_t> split) {
   return [mesh = s.mesh, split = std::move(split), count = counts_of(s, 0).per_channel](const c10::OperatorHandle& op,
                                                                                         torch::jit::Stack& stack) {
     const auto args = torch::jit::pop(stack, op.schema().arguments().size());
+    const BatchNormForm form = form_of(op.schema(), args);
     const at::Tensor& x = args[0].toTensor();
     const auto weight = args[1].toOptional<at::Tensor>(), bias = args[2].toOptional<at::Tensor>();
-    const auto running_mean = args[3].toOptional<at::Tensor>(), running_var = args[4].toOptional<at::Tensor>();
-    const double momentum = args[6].toDouble(), eps = args[7].toDouble();
+    auto running = [&](std::optional<size_t> arg) {
+      const auto t = arg ? args[*arg].toOptional<at::Tensor>() : std::nullopt;
+      return t && t->defined() ? *t : at::Tensor();
+    };
+    at::Tensor running_mean = running(form.running_mean), running_var = running(form.running_var);
+    const double momentum = args[form.momentum].toDouble(), eps = args[form.eps].toDouble();
     const int64_t ndim = x.dim();
 
     at::Tensor mean = x.sum(all_but_channels(ndim));
@@ -119,15 +164,21 @@ LocalKernel synced_batch_norm(const OpSchema& s, std::vector<int64_t> split) {
     at::Tensor out = centered * per_channel(invstd, ndim);
     if (weight && weight->defined()) out.mul_(per_channel(*weight, ndim));
     if (bias && bias->defined()) out.add_(per_channel(*bias, ndim));
-    if (running_mean && running_mean->defined()) running_mean->mul_(1 - momentum).add_(mean, momentum);
-    if (running_var && running_var->defined()) running_var->mul_(1 - momentum).add_(squares / (count - 1), momentum);
+    if (form.returns_running) {
+      running_mean = running_mean.clone();
+      running_var = running_var.clone();
+    }
+    if (running_mean.defined()) running_mean.mul_(1 - momentum).add_(mean, momentum);
+    if (running_var.defined()) running_var.mul_(1 - momentum).add_(squares / (count - 1), momentum);
     torch::jit::push(stack, out, mean, invstd);
+    if (form.returns_reserve) torch::jit::push(stack, at::empty({0}, x.options().dtype(at::kByte)));
+    if (form.returns_running) torch::jit::push(stack, running_mean, running_var);
   };
 }
 
 LocalKernel batch_norm_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
   auto split = sample_split(chosen.inputs[0]);
-  if (argument(s, "training").toBool() && !split.empty()) return synced_batch_norm(s, std::move(split));
+  if (form_of(s).training && !split.empty()) return synced_batch_norm(s, std::move(split));
   if (empty_here(s, chosen, 0)) return zero_outputs(s, chosen);  // the CPU kernel rejects no channels
   return {};
 }
@@ -136,17 +187,22 @@ LocalKernel batch_norm_kernel(const OpSchema& s, const PlacementStrategy& chosen
 // save_invstd?, train, eps, output_mask) -> (grad_input?, grad_weight?, grad_bias?)
 
 // Training with grad_input asked for: it needs the global sums of grad_out and grad_out * x_hat.
-bool syncs(const OpSchema& s) { return argument(s, "train").toBool() && asked_outputs(s)[0]; }
+// (native_batch_norm_backward says "train", batch_norm_backward "update".)
+bool training_backward(const OpSchema& s) {
+  return argument(s, s.schema.argumentIndexWithName("train") ? "train" : "update").toBool();
+}
+bool syncs(const OpSchema& s) { return training_backward(s) && asked_outputs(s)[0]; }
 
 std::vector<DimStrategy> batch_norm_backward(const OpSchema& s) {
-  const bool training = argument(s, "train").toBool();
+  const bool training = training_backward(s);
   const Counts counts = counts_of(s, 1);
   // grad_out and input ("activations"), weight and running statistics ("per_channel"), and the saved
   // batch statistics.
   auto strategy = [&](Placements grads, Placement grad_out, Placement input, Placement per_channel,
                       Placement saved, double cost = 0) {
     return DimStrategy{asked(s, grads), by_argument(s, [&](size_t arg) {
-                         return arg == 0 ? grad_out : arg == 1 ? input : arg >= 5 ? saved : per_channel;
+                         // (batch_norm_backward's reserve, argument 10, is empty on CPU.)
+                         return arg == 0 ? grad_out : arg == 1 ? input : arg == 10 ? Placement(Replicate()) : arg >= 5 ? saved : per_channel;
                        }),
                        cost};
   };
@@ -202,12 +258,14 @@ LocalKernel batch_norm_backward_kernel(const OpSchema& s, const PlacementStrateg
 const bool registered = [] {
   using detail::register_overloads;
   // _native_batch_norm_legit (core ATen's form, running statistics required) takes the same arguments.
-  register_overloads({"aten::native_batch_norm", "aten::_native_batch_norm_legit"},
+  register_overloads({"aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit.no_stats",
+                      "aten::_native_batch_norm_legit_no_training", "aten::_native_batch_norm_legit_functional",
+                      "aten::_batch_norm_with_update", "aten::_batch_norm_with_update_functional"},
                      {.mesh = batch_norm_on_mesh,
                       .local_kernel = batch_norm_kernel,
                       .family = "norm",
                       .strided_shards = detail::StridedShards::Own});
-  register_overloads({"aten::native_batch_norm_backward"},
+  register_overloads({"aten::native_batch_norm_backward", "aten::batch_norm_backward"},
                      {.dim = batch_norm_backward, .local_kernel = batch_norm_backward_kernel, .family = "norm"});
   return true;
 }();

@@ -50,13 +50,10 @@ bool rounds(const OpSchema& s) {
 
 void add_partial_strategies(const OpSchema& s, Linearity linearity, std::vector<DimStrategy>& strategies);
 
-// An out= argument (written, and not the op's first argument) takes the output's placement in every
+// An out= argument (written, keyword-only; registry.h) takes the output's placement in every
 // strategy: it receives the result, it is not an operand (a Partial out with Replicate operands would
 // hold the whole result on every rank).
-bool is_out_argument(const OpSchema& s, size_t input) {
-  const auto* alias = s.schema.arguments()[s.inputs[input].arg].alias_info();
-  return s.inputs[input].arg != 0 && alias != nullptr && alias->isWrite();
-}
+bool is_out_argument(const OpSchema& s, size_t input) { return detail::is_out_argument(s.schema, s.inputs[input].arg); }
 
 void place_out_arguments(const OpSchema& s, std::vector<DimStrategy>& strategies) {
   for (size_t i = 0; i < s.inputs.size(); ++i)

@@ -67,6 +67,49 @@ const bool registered = add_op_samples({
       };
       return legit;
     }(),
+    // Core ATen's other forms: eval, no running statistics, the functional forms returning the updated
+    // statistics, and _batch_norm_with_update (training, in place, with an empty reserve).
+    [] {
+      OpSample eval = with_running_stats("_native_batch_norm_legit_no_training", {5, 7, 3}, false, /*two_d=*/true);
+      eval.run = [](In x) {
+        return outputs(std::get<0>(at::_native_batch_norm_legit_no_training(x[0], x[1], x[2], x[3], x[4], 0.3, 1e-5)));
+      };
+      return eval;
+    }(),
+    {.name = "_native_batch_norm_legit_no_stats",
+     .shapes = {{5, 7, 3}, {7}, {7}},
+     .run = [](In x) {
+       const auto [out, mean, invstd] = at::_native_batch_norm_legit(x[0], x[1], x[2], true, 0.3, 1e-5);
+       return outputs(out, mean, invstd);
+     },
+     .two_d = true},
+    [] {
+      OpSample functional = with_running_stats("_native_batch_norm_legit_functional", {5, 7, 3}, true, /*two_d=*/true);
+      functional.run = [](In x) {
+        const auto [out, mean, invstd, running_mean, running_var] =
+            at::_native_batch_norm_legit_functional(x[0], x[1], x[2], x[3], x[4], true, 0.3, 1e-5);
+        return outputs(out, running_mean, running_var, x[3], x[4]);  // the inputs stay as they were
+      };
+      return functional;
+    }(),
+    [] {
+      OpSample update = with_running_stats("_batch_norm_with_update", {5, 7, 3}, true, /*two_d=*/true);
+      update.run = [](In x) {
+        at::Tensor running_mean = x[3], running_var = x[4];
+        const auto [out, mean, invstd, reserve] = at::_batch_norm_with_update(x[0], x[1], x[2], running_mean, running_var, 0.3, 1e-5);
+        return outputs(out, x[3], x[4]);
+      };
+      return update;
+    }(),
+    [] {
+      OpSample functional = with_running_stats("_batch_norm_with_update_functional", {5, 7, 3}, true);
+      functional.run = [](In x) {
+        const auto [out, mean, invstd, reserve, running_mean, running_var] =
+            at::_batch_norm_with_update_functional(x[0], x[1], x[2], x[3], x[4], 0.3, 1e-5);
+        return outputs(out, running_mean, running_var);
+      };
+      return functional;
+    }(),
     // Without affine parameters or running statistics (BatchNorm1d on [N, C], track_running_stats off).
     {.name = "batch_norm_batch_statistics_only",
      .shapes = {{5, 7}},
