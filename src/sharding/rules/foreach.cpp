@@ -6,6 +6,9 @@
 // members of shaped elements (_fused_adam's step counts). An element whose members differ in shape
 // otherwise (broadcasting) runs Replicate.
 
+#include <set>
+
+#include "../../mesh/collectives.h"
 #include "../registry.h"
 #include "rule_helpers.h"
 
@@ -111,6 +114,25 @@ detail::OpRule rule(Linearity linearity) {
   return {.mesh = [linearity](const OpSchema& s) { return follow_leaders(s, linearity); }, .family = "foreach"};
 }
 
+// _amp_foreach_non_finite_check_and_unscale_(grads!, found_inf!, inv_scale), GradScaler's step: each
+// rank unscales its shards and flags a non-finite value it holds; the flags then meet in one
+// all-reduce (max) over the mesh dims that shard any gradient, so that every rank skips the step
+// alike. Partial gradients are reduced first (Linearity::None): a sum of finite contributions can
+// overflow.
+LocalKernel unscale_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
+  std::set<int64_t> dims;
+  for (size_t i = 0; i < s.inputs.size(); ++i)
+    if (s.inputs[i].list_index >= 0)
+      for (int64_t m : sharding_mesh_dims(chosen.inputs[i])) dims.insert(m);
+  if (dims.empty()) return {};
+  return [mesh = s.mesh, dims = std::vector<int64_t>(dims.begin(), dims.end())](const c10::OperatorHandle& op,
+                                                                                 torch::jit::Stack& stack) {
+    at::Tensor found_inf = stack[stack.size() - 2].toTensor();
+    op.callBoxed(stack);
+    detail::all_reduce_over(*mesh, dims, found_inf, ReduceOp::Max);
+  };
+}
+
 const bool registered = [] {
   using detail::register_family;
   using detail::register_overloads;
@@ -152,6 +174,9 @@ const bool registered = [] {
   register_overloads({"aten::_fused_adam", "aten::_fused_adam.tensor_lr", "aten::_fused_adam_", "aten::_fused_adam_.tensor_lr",
                       "aten::_fused_adamw", "aten::_fused_adamw.tensor_lr", "aten::_fused_adamw_", "aten::_fused_adamw_.tensor_lr"},
                      rule(Linearity::None));
+  detail::OpRule unscale = rule(Linearity::None);
+  unscale.local_kernel = unscale_kernel;
+  register_overloads({"aten::_amp_foreach_non_finite_check_and_unscale_"}, unscale);
   return true;
 }();
 

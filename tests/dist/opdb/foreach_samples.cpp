@@ -4,6 +4,7 @@
 // inside every op's domain (log, acos, reciprocal, pow).
 
 #include <array>
+#include <limits>
 
 #include "../op_db.h"
 
@@ -248,8 +249,40 @@ std::vector<OpSample> fused_adam_samples() {
   return out;
 }
 
+// GradScaler's unscale: gradients [5, 3] and [7], found_inf and inv_scale [1]. Called on the gradients
+// as they are (found_inf stays 0), then with one infinite element in the last row, which only one rank
+// holds when rows are sharded: every rank must flag it.
+OpSample unscale_sample() {
+  const std::vector<Placement> rows_and_columns{Replicate(), Shard(0), Shard(1), Partial()}, rows{Replicate(), Shard(0), Partial()};
+  return {.name = "_amp_foreach_non_finite_check_and_unscale_",
+          .shapes = {{5, 3}, {7}, {1}, {1}},
+          .run = [](In x) {
+            List grads = {x[0].clone(), x[1].clone()};
+            at::Tensor finite = x[2].clone(), overflowed = x[2].clone();
+            at::_amp_foreach_non_finite_check_and_unscale_(grads, finite, x[3]);
+            // (Written into a new Replicate tensor: a slice of a sharded dim is a copy, not a view to write through.)
+            at::Tensor last_row = x[0].new_zeros({5, 3});
+            last_row.index_put_({at::indexing::Slice(4, 5)}, std::numeric_limits<float>::infinity());
+            List with_inf = {x[0] + last_row, x[1].clone()};
+            at::_amp_foreach_non_finite_check_and_unscale_(with_inf, overflowed, x[3]);
+            return List{grads[0], grads[1], finite, overflowed, with_inf[1]};
+          },
+          .make_input = [](size_t i, const Shape& shape) {
+            // float32, as GradScaler keeps them (its CPU kernel takes no other scale)
+            return (i < 2 ? in_unit_interval(i, shape) : at::full(shape, i == 2 ? 0.0 : 0.25, at::kDouble)).to(at::kFloat);
+          },
+          .placements = {rows_and_columns, rows, {Replicate()}, {Replicate()}},
+          .backward = false,
+          .two_d = true,
+          .rtol = 1e-6,  // float32: a Partial gradient's contributions sum in another order
+          .atol = 1e-7,
+          .no_backward_reason = "GradScaler's step: LibTorch has no derivative for it",
+          .partial_inputs = false};
+}
+
 const bool registered = [] {
   add_op_samples(fused_adam_samples());
+  add_op_samples({unscale_sample()});
   add_op_samples(unary_samples());
   add_op_samples(binary_samples());
   return add_op_samples(ternary_samples());
