@@ -38,18 +38,36 @@ LocalSearch::LocalSearch(StrategyChoice& costs, std::vector<NodeOptions>& nodes,
 
 void LocalSearch::add_need(Needs& needs, const Placements& to, int count) { needs[to] += count; }
 
-double LocalSearch::value_cost(const Value* v, const Placements& at, const Needs& of) {
-  Needs all = of;
+double LocalSearch::value_cost(const Value* v, const Placements& at, const Needs& of, const NeedChanges& changes) {
+  auto consumers = [&](const Placements& target) {
+    const auto it = of.find(target);
+    int count = it == of.end() ? 0 : it->second;
+    for (const auto& [changed, by] : changes) count += *changed == target ? by : 0;
+    return count;
+  };
+  c10::SmallVector<Placements, 2> output_targets;
   if (auto it = outputs_.find(v); it != outputs_.end())
-    for (const NeededOutput* o : it->second) add_need(all, o->target_from(at), 1);
+    for (const NeededOutput* o : it->second) output_targets.push_back(o->target_from(at));
+  c10::SmallVector<const Placements*, 8> seen;  // each target is one reshard, paid once
   double cost = 0;
-  for (const auto& [target, count] : all) {
-    if (count <= 0) continue;
-    const auto consumer = of.find(target);
-    const bool only_outputs = consumer == of.end() || consumer->second <= 0;
-    cost += only_outputs ? costs_.output_move_cost(v, at, target) : costs_.move_cost(v, at, target);
-  }
+  auto pay = [&](const Placements& target) {
+    for (const Placements* s : seen)
+      if (*s == target) return;
+    seen.push_back(&target);
+    if (consumers(target) > 0) cost += costs_.move_cost(v, at, target);
+    else if (std::find(output_targets.begin(), output_targets.end(), target) != output_targets.end())
+      cost += costs_.output_move_cost(v, at, target);
+  };
+  for (const auto& [target, count] : of) pay(target);
+  for (const auto& [target, by] : changes) pay(*target);
+  for (const Placements& target : output_targets) pay(target);
   return cost;
+}
+
+const LocalSearch::Needs& LocalSearch::needs_of(const Value* v) const {
+  static const Needs none;
+  const auto it = needs_.find(v);
+  return it == needs_.end() ? none : it->second;
 }
 
 double LocalSearch::total() {
@@ -63,16 +81,18 @@ double LocalSearch::delta_of(const NodeOptions& n, size_t o) {
   const PlacementStrategy& now = n.options[n.chosen].chosen;
   const PlacementStrategy& alt = n.options[o].chosen;
   double delta = alt.kernel_cost - now.kernel_cost;
-  std::map<const Value*, Needs> changed;  // the inputs' needs after the switch
+  c10::SmallVector<std::pair<const Value*, NeedChanges>, 4> changed;  // the inputs' needs the switch changes
   for (size_t k = 0; k < n.inputs.size(); ++k) {
-    if (!n.inputs[k]) continue;
-    Needs& after = changed.try_emplace(n.inputs[k], needs_[n.inputs[k]]).first->second;
-    add_need(after, now.inputs[k], -1);
-    add_need(after, alt.inputs[k], 1);
+    if (!n.inputs[k] || now.inputs[k] == alt.inputs[k]) continue;
+    auto it = std::find_if(changed.begin(), changed.end(), [&](const auto& c) { return c.first == n.inputs[k]; });
+    if (it == changed.end()) it = changed.insert(changed.end(), {n.inputs[k], {}});
+    it->second.push_back({&now.inputs[k], -1});
+    it->second.push_back({&alt.inputs[k], 1});
   }
-  for (const auto& [v, after] : changed) delta += value_cost(v, costs_.at(v), after) - value_cost(v, costs_.at(v), needs_[v]);
+  for (const auto& [v, changes] : changed)
+    delta += value_cost(v, costs_.at(v), needs_of(v), changes) - value_cost(v, costs_.at(v), needs_of(v));
   for (size_t k = 0; k < n.outputs.size(); ++k)
-    delta += value_cost(n.outputs[k], alt.outputs[k], needs_[n.outputs[k]]) - value_cost(n.outputs[k], now.outputs[k], needs_[n.outputs[k]]);
+    delta += value_cost(n.outputs[k], alt.outputs[k], needs_of(n.outputs[k])) - value_cost(n.outputs[k], now.outputs[k], needs_of(n.outputs[k]));
   return delta;
 }
 
@@ -97,7 +117,7 @@ bool LocalSearch::reshards_around(const NodeOptions& n) {
   for (size_t k = 0; k < n.inputs.size(); ++k)
     if (n.inputs[k] && now.inputs[k] != costs_.at(n.inputs[k])) return true;
   for (const Value* v : n.outputs) {
-    for (const auto& [target, count] : needs_[v])
+    for (const auto& [target, count] : needs_of(v))
       if (count > 0 && target != costs_.at(v)) return true;
     if (auto it = outputs_.find(v); it != outputs_.end())
       for (const NeededOutput* o : it->second)

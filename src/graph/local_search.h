@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include <c10/util/SmallVector.h>
+
 #include "strategy_choice.h"
 
 namespace dtensor::graph::detail {
@@ -32,9 +34,14 @@ class LocalSearch {
   using Undo = std::vector<std::pair<NodeOptions*, size_t>>;
 
   static void add_need(Needs& needs, const Placements& to, int count);
-  // What the reshards of `v`, placed `at`, cost for the consumers' needs `of` and the graph outputs
-  // it is (one reshard per target).
-  double value_cost(const Value* v, const Placements& at, const Needs& of);
+  // Changes to a value's needs that a switch would make: (target, +1 or -1), targets owned by options.
+  using NeedChanges = c10::SmallVector<std::pair<const Placements*, int>, 4>;
+  // What the reshards of `v`, placed `at`, cost for the consumers' needs `of` (with `changes` applied)
+  // and the graph outputs it is (one reshard per target). Nothing is copied: this runs for every
+  // option of every node in every sweep.
+  double value_cost(const Value* v, const Placements& at, const Needs& of, const NeedChanges& changes = {});
+  // The needs of `v` (an empty set where nothing reads it).
+  const Needs& needs_of(const Value* v) const;
   double total();
   // The change in total cost if `n` switched to option `o`.
   double delta_of(const NodeOptions& n, size_t o);

@@ -37,16 +37,17 @@ bool PlacementsLess::operator()(const Placements& a, const Placements& b) const 
                                       [](const Placement& x, const Placement& y) { return fields(x) < fields(y); });
 }
 
-size_t StrategyChoice::MoveKeyHash::operator()(const MoveKey& k) const {
-  // splitmix64's finaliser over the three words: every input bit reaches the low bits buckets use.
-  auto mix = [](uint64_t x) {
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-  };
-  return mix(reinterpret_cast<uintptr_t>(k.value) ^ mix(k.from ^ mix(k.to)));
+const double* StrategyChoice::MoveCache::find(const Value* v, uint64_t from, uint64_t to) const {
+  if (v->id >= by_value_.size()) return nullptr;
+  for (const CachedMove& m : by_value_[v->id])
+    if (m.from == from && m.to == to) return &m.cost;
+  return nullptr;
+}
+
+double StrategyChoice::MoveCache::store(const Value* v, uint64_t from, uint64_t to, double cost) {
+  if (v->id >= by_value_.size()) by_value_.resize(v->id + 1);
+  by_value_[v->id].push_back({from, to, cost});
+  return cost;
 }
 
 double StrategyChoice::move_cost(const Value* v, const Placements& from, const Placements& to) {
@@ -54,9 +55,8 @@ double StrategyChoice::move_cost(const Value* v, const Placements& from, const P
   const auto from_key = pack_placements(from), to_key = pack_placements(to);
   auto compute = [&] { return dtensor::detail::redistribute_cost(DTensorSpec{mesh_, from, v->meta}, to); };
   if (!from_key || !to_key) return compute();
-  const MoveKey key{v, *from_key, *to_key};
-  if (auto it = costs_.find(key); it != costs_.end()) return it->second;
-  return costs_[key] = compute();
+  if (const double* cached = costs_.find(v, *from_key, *to_key)) return *cached;
+  return costs_.store(v, *from_key, *to_key, compute());
 }
 
 void StrategyChoice::count_output_reductions(const std::vector<NeededOutput>& needed) {
@@ -74,16 +74,14 @@ double StrategyChoice::output_move_cost(const Value* v, const Placements& from, 
   const double cost = move_cost(v, from, to);
   if (cost == 0 || !shared_bucket_) return cost;
   const auto from_key = pack_placements(from), to_key = pack_placements(to);
-  const MoveKey key{v, from_key.value_or(0), to_key.value_or(0)};
-  const bool cached = from_key && to_key;
-  if (auto it = output_costs_.find(key); cached && it != output_costs_.end()) return it->second;
+  const bool cacheable = from_key && to_key;
+  if (const double* cached = cacheable ? output_costs_.find(v, *from_key, *to_key) : nullptr) return *cached;
   const auto plan = plan_redistribute(v->meta.shape, static_cast<int64_t>(c10::elementSize(v->meta.dtype)), mesh_->shape(),
                                       *mesh_->coordinate(), from, to);
   double latencies = 0;
   for (const auto& step : plan.steps) latencies += step.kind == StepKind::AllReduce ? kCollectiveLatencyBytes : 0;
   const double discounted = std::max(0.0, cost - latencies);
-  if (cached) output_costs_[key] = discounted;
-  return discounted;
+  return cacheable ? output_costs_.store(v, *from_key, *to_key, discounted) : discounted;
 }
 
 bool StrategyChoice::moves_in_place(const Value* v, const Placements& from, const Placements& to) const {
