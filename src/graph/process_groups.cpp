@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/version.h>
 
+#include <cstdio>
 #include <map>
 #include <mutex>
 
@@ -47,7 +48,25 @@ RegisteredGroup::~RegisteredGroup() {
 }
 
 std::string group_name(const DeviceMesh& mesh, int64_t dim) {
-  return "dtensor_mesh" + std::to_string(mesh.id()) + "_" +
+  // FNV-1a over the mesh's shape, ranks and backend: what the mesh is, the same in every process.
+  uint64_t hash = 14695981039346656037ULL;
+  auto mix = [&](uint64_t word) {
+    for (int byte = 0; byte < 8; ++byte) {
+      hash ^= (word >> (8 * byte)) & 0xff;
+      hash *= 1099511628211ULL;
+    }
+  };
+  std::string shape;
+  for (int64_t size : mesh.shape()) {
+    mix(static_cast<uint64_t>(size));
+    shape += (shape.empty() ? "" : "x") + std::to_string(size);
+  }
+  for (int64_t rank : mesh.ranks()) mix(static_cast<uint64_t>(rank));
+  if (!mesh.planning_only())
+    for (char c : mesh.backend_description().backend.name()) mix(static_cast<unsigned char>(c));
+  char digest[9];
+  std::snprintf(digest, sizeof digest, "%08x", static_cast<uint32_t>(hash ^ (hash >> 32)));
+  return "dtensor_mesh" + shape + "_" + digest + "_" +
          (mesh.dim_names().empty() ? "dim" + std::to_string(dim) : mesh.dim_names()[static_cast<size_t>(dim)]);
 }
 

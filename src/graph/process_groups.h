@@ -28,8 +28,11 @@ class RegisteredGroup {
   c10::intrusive_ptr<c10d::ProcessGroup> group_;  // c10d's registry holds it weakly
 };
 
-// The name of `mesh`'s group along `dim`, "dtensor_mesh<id>_<dim name or dim<d>>": the same on every
-// rank that built its meshes in the same order, as SPMD programs do.
+// The name of `mesh`'s group along `dim`, "dtensor_mesh<shape>_<digest>_<dim name or dim<d>>" (as
+// "dtensor_mesh2x2_1f3a9c07_tp"), the digest taken over the mesh's shape, ranks and backend: derived
+// from what the mesh is, not from how many meshes a process made before, so that a compiled per-rank
+// program's collectives find their group in any process that builds the same mesh. Two meshes alike
+// in all three share the registration (their groups join the same ranks on the same backend).
 std::string group_name(const DeviceMesh& mesh, int64_t dim);
 // The registration of that group under that name (shared while anyone holds it).
 std::shared_ptr<RegisteredGroup> group_for(const DeviceMesh& mesh, int64_t dim);
