@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 
 namespace dtensor::graph::detail {
 namespace {
@@ -16,6 +17,8 @@ int partials(const PlacementStrategy& st) {
 
 constexpr double kDrop = -1e-6;  // a change must lower the total by more than rounding
 constexpr int kProducerDepth = 4;
+// Producers pulled, each reading its own neighbourhood, plus room for chains of views.
+constexpr int kCompoundReach = kProducerDepth + 4;
 
 }  // namespace
 
@@ -28,8 +31,11 @@ LocalSearch::LocalSearch(StrategyChoice& costs, std::vector<NodeOptions>& nodes,
     outputs_[o.value].push_back(&o);
     needs_[o.value];
   }
-  for (NodeOptions& n : nodes_)
+  for (NodeOptions& n : nodes_) {
     for (Value* v : n.outputs) producer_[v] = &n;
+    for (Value* v : n.inputs)
+      if (v) readers_[v].push_back(&n);
+  }
   for (NodeOptions& n : nodes_) {
     if (n.fixed || n.inputs.size() != 1 || !n.inputs[0] || !n.node || !is_view_like(*n.node)) continue;
     if (auto it = producer_.find(n.inputs[0]); it != producer_.end()) followers_[it->second].push_back(&n);
@@ -172,11 +178,14 @@ double LocalSearch::switch_with_producers(NodeOptions& n, size_t o, Undo& undo, 
   return delta;
 }
 
-bool LocalSearch::improve_compound(NodeOptions& n) {
+bool LocalSearch::improve_compound(NodeOptions& n, Undo& kept) {
   for (size_t o = 0; o < n.options.size() && !followers_[&n].empty(); ++o) {
     if (o == n.chosen) continue;
     Undo undo;
-    if (switch_with_followers(n, o, undo) < kDrop) return true;
+    if (switch_with_followers(n, o, undo) < kDrop) {
+      kept = std::move(undo);
+      return true;
+    }
     revert(undo);
   }
   // The node as it is, its producers pulled to hand it its inputs as it reads them.
@@ -186,9 +195,42 @@ bool LocalSearch::improve_compound(NodeOptions& n) {
     collective_in = collective_in || (n.inputs[k] && costs_.communicates(n.inputs[k], costs_.at(n.inputs[k]), now.inputs[k]));
   if (!collective_in) return false;
   Undo undo;
-  if (switch_with_producers(n, n.chosen, undo, kProducerDepth) < kDrop) return true;
+  if (switch_with_producers(n, n.chosen, undo, kProducerDepth) < kDrop) {
+    kept = std::move(undo);
+    return true;
+  }
   revert(undo);
   return false;
+}
+
+void LocalSearch::mark_all() {
+  single_dirty_.assign(nodes_.size(), 1);
+  compound_dirty_.assign(nodes_.size(), 1);
+}
+
+void LocalSearch::mark_around(const NodeOptions& changed) {
+  std::vector<const NodeOptions*> frontier = {&changed};
+  std::set<const NodeOptions*> seen = {&changed};
+  for (int distance = 0; distance <= kCompoundReach && !frontier.empty(); ++distance) {
+    std::vector<const NodeOptions*> next;
+    auto reach = [&](const NodeOptions* n) {
+      if (seen.insert(n).second) next.push_back(n);
+    };
+    for (const NodeOptions* n : frontier) {
+      if (distance <= 1) single_dirty_[index_of(*n)] = 1;
+      compound_dirty_[index_of(*n)] = 1;
+      for (const Value* v : n->inputs) {
+        if (!v) continue;
+        if (auto it = producer_.find(v); it != producer_.end()) reach(it->second);
+        if (auto it = readers_.find(v); it != readers_.end())
+          for (const NodeOptions* r : it->second) reach(r);
+      }
+      for (const Value* v : n->outputs)
+        if (auto it = readers_.find(v); it != readers_.end())
+          for (const NodeOptions* r : it->second) reach(r);
+    }
+    frontier = std::move(next);
+  }
 }
 
 std::pair<double, double> LocalSearch::run() {
@@ -200,11 +242,30 @@ std::pair<double, double> LocalSearch::run() {
   // ever lower the count of Partial outputs, so they cannot cycle.
   constexpr int kMaxSweeps = 32;
   bool plateau = false;
+  mark_all();
+  // A compound change around `n`, whose switches mark their neighbourhoods.
+  auto compound = [&](NodeOptions& n) {
+    compound_dirty_[index_of(n)] = 0;
+    Undo kept;
+    if (!reshards_around(n) || !improve_compound(n, kept)) return false;
+    for (const auto& [switched, previous] : kept) mark_around(*switched);
+    return true;
+  };
   for (int sweep = 0; sweep < kMaxSweeps; ++sweep) {
+    const bool shared_bucket = costs_.shared_bucket();
     costs_.count_output_reductions(needed_);
+    if (costs_.shared_bucket() != shared_bucket) mark_all();  // every output's cost changed
     bool changed = false;
     for (NodeOptions& n : nodes_) {
       if (n.fixed) continue;
+      const size_t i = index_of(n);
+      // A plateau sweep looks at every node: its switches are ones a strict sweep does not take.
+      if (!plateau && !single_dirty_[i] && !compound_dirty_[i]) continue;
+      if (!plateau && !single_dirty_[i]) {  // its single switches still find nothing
+        changed = compound(n) || changed;
+        continue;
+      }
+      if (!plateau) single_dirty_[i] = 0;
       std::optional<size_t> best;
       // (Local steps cost a byte each in the model, to break ties: a plateau allows a few.)
       double best_delta = plateau ? 4.5 : kDrop;
@@ -218,10 +279,11 @@ std::pair<double, double> LocalSearch::run() {
       }
       if (best) {
         apply(n, *best);
+        mark_around(n);
         changed = true;
         continue;
       }
-      if (!plateau && reshards_around(n) && improve_compound(n)) changed = true;
+      if (!plateau && compound_dirty_[i]) changed = compound(n) || changed;
     }
     if (plateau) {
       plateau = false;

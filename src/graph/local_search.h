@@ -58,8 +58,18 @@ class LocalSearch {
   // in total cost.
   double switch_with_producers(NodeOptions& n, size_t o, Undo& undo, int depth);
   // The compound changes around `n` (its views dragged, its producers pulled): keeps the first that
-  // lowers the total.
-  bool improve_compound(NodeOptions& n);
+  // lowers the total, its switches left in `kept`.
+  bool improve_compound(NodeOptions& n, Undo& kept);
+
+  // Which nodes a sweep must look at again. A switch's cost reads the placements and needs of the
+  // values its node reads and makes; a change moves the placements of its node's outputs and the
+  // needs of its inputs, so it can only open a switch to the nodes one step away (producers and
+  // readers of its inputs, readers of its outputs). Compound changes reach kProducerDepth producers
+  // up and chains of views down, so for them a change marks its neighbourhood kCompoundReach steps
+  // out. Nodes not marked since they last found nothing would find nothing again: a sweep skips them.
+  void mark_around(const NodeOptions& changed);
+  void mark_all();
+  size_t index_of(const NodeOptions& n) const { return static_cast<size_t>(&n - nodes_.data()); }
 
   StrategyChoice& costs_;
   std::vector<NodeOptions>& nodes_;
@@ -68,6 +78,8 @@ class LocalSearch {
   std::map<const Value*, std::vector<const NeededOutput*>> outputs_;  // the graph outputs each value is
   std::map<const Value*, NodeOptions*> producer_;
   std::map<const NodeOptions*, std::vector<NodeOptions*>> followers_;
+  std::map<const Value*, std::vector<NodeOptions*>> readers_;
+  std::vector<char> single_dirty_, compound_dirty_;  // by index_of
 };
 
 }  // namespace dtensor::graph::detail

@@ -109,6 +109,8 @@ class StrategyChoice {
   double output_move_cost(const Value* v, const Placements& from, const Placements& to);
   // Counts the outputs the current choice all-reduces, for output_move_cost.
   void count_output_reductions(const std::vector<NeededOutput>& needed);
+  // Whether that count was more than one: output all-reduces then share a bucket.
+  bool shared_bucket() const { return shared_bucket_; }
   // Whether that move needs a collective (a chunk, a partition or a padding of local data does not).
   bool communicates(const Value* v, const Placements& from, const Placements& to) const;
   // Whether it only cuts or partitions the local data: no collective, nothing padded to the whole (a
