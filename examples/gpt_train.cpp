@@ -1,9 +1,11 @@
 // The main job: trains a GPT-style decoder on the shipped corpus on 4 local ranks it starts itself,
-// first tensor parallel over all 4 (TP=4), then data parallel x tensor parallel (DP=2 x TP=2). Rank 0
+// first tensor parallel over all 4 (TP=4), then data parallel x tensor parallel (DP=2 x TP=2), then
+// fully sharded data parallel over all 4 (FSDP=4: each rank keeps a quarter of the parameters and
+// optimizer state and trains on a quarter of each batch), then FSDP=2 x TP=2. Rank 0
 // then trains the same model on the same batches from the same seed in one process and compares the
 // loss trajectories: PASS when every step's loss is within a relative 1e-4.
 //
-//   gpt_train [--steps K] [--modes tp,dp-tp] [--corpus PATH] [--save DIR] [--resume DIR]
+//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp] [--corpus PATH] [--save DIR] [--resume DIR]
 //
 // --save DIR writes the first mode's model and optimizer state after its last step (a dtensor
 // checkpoint: safetensors files, one per rank that owns shards). --resume DIR starts every mode from such
@@ -25,7 +27,7 @@ namespace {
 
 struct Args {
   int steps = 50;
-  std::vector<std::string> modes = {"tp", "dp-tp"};
+  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp"};
   std::string corpus = GPT_CORPUS_PATH;
   std::string save, resume;
 };
@@ -69,14 +71,28 @@ struct Run {
   std::vector<double> losses;
 };
 
-// Trains `steps` steps (after the resumed ones); `mesh` null means one process. `dp_rank`/`dp_size` pick
-// this rank's rows of each batch.
-Run train(const gpt::Corpus& corpus, const dtensor::MeshPtr& mesh, int steps, const std::string& label, bool print,
+// How a mode splits the model: tensor parallel (a 1-d "tp" mesh, or a 2-d ("dp", "tp") one with data
+// parallel over dp), or fully sharded over a 1-d "dp" mesh. A null mesh is one process.
+struct Parallelism {
+  dtensor::MeshPtr mesh;
+  bool fully_sharded = false;
+};
+
+// Trains `steps` steps (after the resumed ones). Data-parallel ranks train on their own rows of each
+// batch.
+Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, const std::string& label, bool print,
           const Checkpointing& checkpointing = {}) {
   torch::manual_seed(kSeed);
   gpt::Gpt model(gpt::demo_config(corpus));
+  const dtensor::MeshPtr& mesh = parallelism.mesh;
   int64_t dp_rank = 0, dp_size = 1;
-  if (mesh) {
+  if (mesh && parallelism.fully_sharded) {
+    // On a ("dp", "tp") mesh: Megatron-style TP over tp first, then FSDP over dp.
+    if (mesh->ndim() == 2) gpt::parallelize(model, (*mesh)["tp"]);
+    gpt::fully_shard(model, mesh);
+    dp_rank = (*mesh->coordinate())[0];
+    dp_size = mesh->size(0);
+  } else if (mesh) {
     gpt::parallelize(model, mesh);
     if (mesh->ndim() == 2) {
       dp_rank = (*mesh->coordinate())[0];
@@ -105,7 +121,9 @@ Run train(const gpt::Corpus& corpus, const dtensor::MeshPtr& mesh, int steps, co
     const int64_t rows = kBatch / dp_size;
     batch.tokens = batch.tokens.slice(0, dp_rank * rows, (dp_rank + 1) * rows);
     batch.targets = batch.targets.slice(0, dp_rank * rows, (dp_rank + 1) * rows);
-    run.losses.push_back(gpt::train_step(model, optimizer, batch, options));
+    const double loss = gpt::train_step(model, optimizer, batch, options);
+    // A fully-sharded rank's loss is its own rows' (a tensor-parallel loss is the whole batch's already).
+    run.losses.push_back(parallelism.fully_sharded ? gpt::mean_over(mesh->ndim() == 2 ? (*mesh)["dp"] : mesh, loss) : loss);
     if (print && (step == run.first_step || step % 5 == 0 || step == last_step)) {
       const auto now = std::chrono::steady_clock::now();
       const double seconds = std::chrono::duration<double>(now - last).count();
@@ -147,7 +165,8 @@ int main(int argc, char** argv) {
                 << " steps, batch " << kBatch << "\n";
     std::vector<std::pair<std::string, Run>> runs;
     for (const std::string& mode : args.modes) {
-      dtensor::MeshPtr mesh;
+      Parallelism parallelism;
+      dtensor::MeshPtr& mesh = parallelism.mesh;
       std::string label;
       if (mode == "tp") {
         mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"tp"}});
@@ -156,19 +175,28 @@ int main(int argc, char** argv) {
         if (world->size() % 2 != 0) throw std::invalid_argument("dp-tp needs an even number of ranks");
         mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"dp", "tp"}});
         label = "data parallel x tensor parallel, DP=2 x TP=" + std::to_string(world->size() / 2);
+      } else if (mode == "fsdp") {
+        mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"dp"}});
+        parallelism.fully_sharded = true;
+        label = "fully sharded data parallel, FSDP=" + std::to_string(world->size());
+      } else if (mode == "fsdp-tp") {
+        if (world->size() % 2 != 0) throw std::invalid_argument("fsdp-tp needs an even number of ranks");
+        mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"dp", "tp"}});
+        parallelism.fully_sharded = true;
+        label = "fully sharded x tensor parallel, FSDP=2 x TP=" + std::to_string(world->size() / 2);
       } else {
-        throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp)");
+        throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp, fsdp, fsdp-tp)");
       }
       label += " (" + dtensor::to_string(mesh->backend()) + ")";
       // The first mode saves; every mode resumes.
       const Checkpointing checkpointing{args.resume, runs.empty() ? args.save : std::string()};
-      runs.emplace_back(label, train(corpus, mesh, args.steps, label, print, checkpointing));
+      runs.emplace_back(label, train(corpus, parallelism, args.steps, label, print, checkpointing));
     }
     // Rank 0 runs the oracle; every rank then exits with its verdict.
     if (!print) return world->sum_across_ranks(0) == 0 ? 0 : 1;
     // The oracle trains uninterrupted from step 1 to the runs' last step; they are compared on their steps.
     const int first = runs.empty() ? 1 : runs.front().second.first_step;
-    const std::vector<double> all = train(corpus, nullptr, first - 1 + args.steps, "single process (the oracle)", true).losses;
+    const std::vector<double> all = train(corpus, Parallelism{}, first - 1 + args.steps, "single process (the oracle)", true).losses;
     const std::vector<double> reference(all.begin() + (first - 1), all.end());
     bool pass = true;
     std::cout << "\n";

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "dtensor/dtensor.h"
+#include "dtensor/fsdp.h"
 #include "dtensor/optim.h"
 #include "dtensor/parallel.h"
 #include "gpt_model.h"
@@ -115,6 +116,21 @@ inline void parallelize(Gpt& model, const dtensor::MeshPtr& mesh) {
     dtensor::parallelize_module(*model, mesh, tensor_parallel_plan(/*local_activations=*/false), {.tp_dim = "tp"});
     dtensor::distribute_module(*model, mesh);
   }
+}
+
+// Fully sharded data parallel over the 1-d mesh `dp`, wrapped as FSDP2 users do: each block is a
+// group (gathered before its forward, freed after), then the root takes the rest (embeddings, final
+// norm, head).
+inline void fully_shard(Gpt& model, const dtensor::MeshPtr& dp, const dtensor::FullyShardOptions& options = {}) {
+  for (const auto& block : *model->blocks) dtensor::fully_shard(*block, dp, options);
+  dtensor::fully_shard(*model, dp, options);
+}
+
+// The mean over the data-parallel mesh `dp` of every rank's loss on its own rows: the whole batch's
+// mean loss when the ranks hold equally many rows.
+inline double mean_over(const dtensor::MeshPtr& dp, double local_loss) {
+  const at::Tensor local = at::tensor({local_loss}, at::kDouble);
+  return dtensor::full_tensor(dtensor::from_local(local, dp, {dtensor::Partial(dtensor::ReduceOp::Avg)})).item<double>();
 }
 
 // The loss as a number, from a DTensor (possibly Partial: the loss-parallel cross-entropy may leave its

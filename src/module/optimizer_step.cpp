@@ -13,6 +13,7 @@
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/errors.h"
 #include "dtensor/optim.h"
+#include "fsdp_group.h"
 
 namespace dtensor {
 namespace {
@@ -121,8 +122,14 @@ void step_on_local_shards(torch::optim::Optimizer& optimizer) {
   at::NoGradGuard no_grad;
   States& states = optimizer.state();
   for (const auto& group : optimizer.param_groups())
-    for (const at::Tensor& param : group.params())
+    for (const at::Tensor& param : group.params()) {
       if (is_dtensor(param)) check_steppable(param, states);
+      if (detail::is_gathered_fsdp_parameter(param))
+        throw DTensorError("step_on_local_shards: the optimizer holds a gathered (unsharded) parameter of a "
+                           "fully-sharded module, which is freed and gathered again from the shards at every "
+                           "forward; make the optimizer from the module's parameters while they are sharded "
+                           "(after fully_shard, not between unshard and reshard)");
+    }
   std::vector<Swap> swaps;
   // A parameter listed more than once (tied weights) is swapped once, so that it keeps one state, as
   // optimizer.step() gives it.

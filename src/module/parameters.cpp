@@ -14,6 +14,7 @@
 #include "dtensor/api.h"
 #include "dtensor/errors.h"
 #include "dtensor/module.h"
+#include "parameter_slots.h"
 
 namespace dtensor {
 
@@ -70,6 +71,15 @@ const bool builtin_members_registered = [] {
   return true;
 }();
 
+// The public member variable that holds `name`, when dtensor knows the module's type.
+void set_member(torch::nn::Module& module, const std::string& name, const at::Tensor& value) {
+  std::lock_guard<std::mutex> lock(members_mutex);
+  auto type = members_by_type().find(typeid(module));
+  if (type == members_by_type().end()) return;
+  auto member = type->second.find(name);
+  if (member != type->second.end()) member->second(module) = value;
+}
+
 std::string names_of(const TensorRegistry& registry) {
   std::string out;
   for (const auto& item : registry) out += (out.empty() ? "" : ", ") + item.key();
@@ -85,14 +95,7 @@ void replace_tensor(TensorRegistry& registry, const char* kind, torch::nn::Modul
   at::Tensor old = *slot;
   if (old.defined() && value.defined() && old.is_same(value)) return;
   *slot = value;
-  {
-    std::lock_guard<std::mutex> lock(members_mutex);
-    auto type = members_by_type().find(typeid(module));
-    if (type != members_by_type().end()) {
-      auto member = type->second.find(name);
-      if (member != type->second.end()) member->second(module) = value;
-    }
-  }
+  set_member(module, name, value);
   // Our `old` is one reference; any other is a handle that would go on seeing the unsharded tensor.
   if (old.defined() && old.use_count() > 1)
     throw DTensorError(path + ": the old " + kind + " is still referenced outside the module's registry (" +
@@ -177,6 +180,13 @@ void distribute_module(torch::nn::Module& module, const MeshPtr& mesh, const Par
 }
 
 namespace detail {
+
+void set_parameter_slots(torch::nn::Module& module, const std::string& name, const at::Tensor& value) {
+  at::Tensor* slot = ParameterRegistry::of(module).find(name);
+  if (!slot) throw DTensorError("module " + module.name() + " has no parameter '" + name + "'");
+  *slot = value;
+  set_member(module, name, value);
+}
 
 void add_tensor_member(std::type_index type, const std::string& name, TensorMember member) {
   std::lock_guard<std::mutex> lock(members_mutex);

@@ -1,0 +1,269 @@
+#include "fsdp_group.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "../mesh/collectives.h"
+#include "../tensor/autograd_node_ptr.h"
+#include "dtensor/api.h"
+#include "dtensor/dtensor_impl.h"
+#include "dtensor/errors.h"
+#include "parameter_slots.h"
+
+namespace dtensor::detail {
+namespace {
+
+// The backward of a group's gather: the whole parameters' gradients go back to the shards in one
+// reduce-scatter.
+struct FsdpGatherBackward : torch::autograd::Node {
+  explicit FsdpGatherBackward(std::shared_ptr<FsdpGroup> group) : group(std::move(group)) {}
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    return group->reduce_gradients(grads);
+  }
+  std::string name() const override { return "dtensor::FsdpGatherBackward"; }
+  std::shared_ptr<FsdpGroup> group;
+};
+
+// Indices of the sharded dim that dp rank `r` holds when torch.chunk cuts `rows` into chunks of
+// `per_rank`.
+int64_t rows_on(int64_t r, int64_t rows, int64_t per_rank) {
+  return std::clamp<int64_t>(rows - r * per_rank, 0, per_rank);
+}
+
+int64_t version_of(const at::Tensor& t) { return static_cast<int64_t>(t._version()); }
+
+// `shape` with the sharded dim moved to the front and `rows` long: a block of the flat buffers.
+std::vector<int64_t> block_shape(const FsdpGroup::Param& p, int64_t rows) {
+  std::vector<int64_t> out{rows};
+  for (int64_t d = 0; d < static_cast<int64_t>(p.shape.size()); ++d)
+    if (d != p.dim) out.push_back(p.shape[d]);
+  return out;
+}
+
+// The plain tensor of a gathered parameter or of its gradient (a TP parameter's local shard).
+const at::Tensor& plain(const at::Tensor& t) { return is_dtensor(t) ? local_tensor_of(t) : t; }
+
+}  // namespace
+
+FsdpGroup::FsdpGroup(std::string name, MeshPtr mesh, int64_t dp_dim, FullyShardOptions options,
+                     std::vector<Param> params)
+    : name_(std::move(name)),
+      mesh_(std::move(mesh)),
+      dp_dim_(dp_dim),
+      dp_size_(mesh_->size(dp_dim)),
+      dp_rank_((*mesh_->coordinate())[dp_dim]),
+      options_(std::move(options)),
+      params_(std::move(params)) {
+  for (Param& p : params_) {
+    int64_t numel = 1;
+    for (int64_t extent : p.shape) numel *= extent;
+    if (p.dim < 0) {
+      p.row_numel = numel;
+      p.flat_offset = replicated_numel_;
+      replicated_numel_ += numel;
+    } else {
+      p.row_numel = p.shape[p.dim] == 0 ? 0 : numel / p.shape[p.dim];
+      p.rows_per_rank = (p.shape[p.dim] + dp_size_ - 1) / dp_size_;
+      p.flat_offset = shard_numel_;
+      shard_numel_ += p.padded_numel();
+    }
+    p.whole_offset = whole_numel_;
+    whole_numel_ += numel;
+  }
+  storage_ = c10::Storage(c10::Storage::use_byte_size_t(), 0, c10::GetAllocator(mesh_->device_type()),
+                          /*resizable=*/true);
+}
+
+at::ScalarType FsdpGroup::compute_dtype() const {
+  return options_.mp_policy.param_dtype.value_or(params_.empty() ? at::kFloat : params_.front().sharded.scalar_type());
+}
+
+at::ScalarType FsdpGroup::reduce_dtype() const { return options_.mp_policy.reduce_dtype.value_or(compute_dtype()); }
+
+at::TensorOptions FsdpGroup::options_of(at::ScalarType dtype) const {
+  return at::TensorOptions().dtype(dtype).device(storage_.device());
+}
+
+void FsdpGroup::allocate_storage() {
+  c10::StorageImpl* impl = storage_.unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(whole_numel_) * c10::elementSize(compute_dtype());
+  impl->set_data_ptr_noswap(impl->allocator()->allocate(bytes));
+  impl->set_nbytes(bytes);
+}
+
+void FsdpGroup::free_storage() {
+  c10::StorageImpl* impl = storage_.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, impl->device()));
+  impl->set_nbytes(0);
+  storage_filled_ = false;
+}
+
+at::Tensor FsdpGroup::storage_view(const Param& p) const {
+  // set_ rather than a view op: a view would share one version counter with its base, so filling the
+  // storage again before backward would look to autograd like a change to what it saved.
+  at::Tensor t = at::empty({0}, options_of(compute_dtype()));
+  std::vector<int64_t> strides(p.shape.size(), 1);
+  for (int64_t d = static_cast<int64_t>(p.shape.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * p.shape[d + 1];
+  t.set_(storage_, p.whole_offset, p.shape, strides);
+  return t;
+}
+
+bool FsdpGroup::holds(const at::Tensor& tensor) const {
+  if (!tensor.defined()) return false;
+  const at::Tensor& t = plain(tensor);
+  return t.has_storage() && t.storage().unsafeGetStorageImpl() == storage_.unsafeGetStorageImpl();
+}
+
+bool FsdpGroup::shards_changed() const {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (gathered_versions_[2 * i] != version_of(params_[i].sharded) ||
+        gathered_versions_[2 * i + 1] != version_of(local_tensor_of(params_[i].sharded)))
+      return true;
+  return false;
+}
+
+void FsdpGroup::gather_into_storage() {
+  at::NoGradGuard no_grad;
+  at::Tensor send = at::empty({shard_numel_}, options_of(compute_dtype()));
+  gathered_versions_.clear();
+  for (const Param& p : params_) {
+    const at::Tensor& local = local_tensor_of(p.sharded);
+    gathered_versions_.push_back(version_of(p.sharded));
+    gathered_versions_.push_back(version_of(local));
+    if (p.dim >= 0 && local.numel() > 0)
+      send.narrow(0, p.flat_offset, local.numel()).view(block_shape(p, local.size(p.dim))).copy_(local.movedim(p.dim, 0));
+  }
+  const at::Tensor all = shard_numel_ > 0 ? all_gather(*mesh_, dp_dim_, send).view({dp_size_, shard_numel_}) : at::Tensor();
+  if (storage_.nbytes() == 0) allocate_storage();
+  for (const Param& p : params_) {
+    const at::Tensor whole = storage_view(p);
+    if (p.dim < 0) {
+      whole.copy_(local_tensor_of(p.sharded));
+      continue;
+    }
+    const at::Tensor blocks = all.narrow(1, p.flat_offset, p.padded_numel()).view({dp_size_, p.rows_per_rank, p.row_numel});
+    if (p.dim == 0 && p.shape[0] == dp_size_ * p.rows_per_rank) {
+      whole.view({dp_size_, p.rows_per_rank, p.row_numel}).copy_(blocks);
+      continue;
+    }
+    const at::Tensor moved = whole.movedim(p.dim, 0);
+    for (int64_t r = 0; r < dp_size_; ++r)
+      if (const int64_t rows = rows_on(r, p.shape[p.dim], p.rows_per_rank); rows > 0)
+        moved.narrow(0, r * p.rows_per_rank, rows).copy_(blocks[r].narrow(0, 0, rows).view(block_shape(p, rows)));
+  }
+  storage_filled_ = true;
+}
+
+void FsdpGroup::point_slots(const std::vector<at::Tensor>& values) {
+  for (size_t i = 0; i < params_.size(); ++i)
+    for (const ParameterSlot& slot : params_[i].slots) set_parameter_slots(*slot.module, slot.name, values[i]);
+}
+
+void FsdpGroup::unshard() {
+  const bool stale = storage_filled_ && shards_changed();
+  if (!storage_filled_ || stale) gather_into_storage();
+  const bool wants_graph = torch::autograd::GradMode::is_enabled();
+  if (unsharded_ && !stale && (connected_ || !wants_graph)) return;
+  std::vector<at::Tensor> whole;
+  whole.reserve(params_.size());
+  for (const Param& p : params_)
+    whole.push_back(p.gathered_spec ? make_dtensor(storage_view(p), p.gathered_spec) : storage_view(p));
+  connected_ = false;
+  if (wants_graph) {
+    std::vector<at::Tensor> sharded;
+    for (const Param& p : params_) sharded.push_back(p.sharded);
+    auto node = make_node<FsdpGatherBackward>(shared_from_this());
+    node->set_next_edges(torch::autograd::collect_next_edges(sharded));
+    for (at::Tensor& w : whole) torch::autograd::create_gradient_edge(w, node);
+    connected_ = true;
+  }
+  point_slots(whole);
+  unsharded_ = true;
+}
+
+void FsdpGroup::reshard() {
+  if (unsharded_) {
+    std::vector<at::Tensor> sharded;
+    for (const Param& p : params_) sharded.push_back(p.sharded);
+    point_slots(sharded);
+  }
+  unsharded_ = false;
+  connected_ = false;
+  free_storage();
+}
+
+void FsdpGroup::refill() {
+  if (!storage_filled_) gather_into_storage();
+}
+
+std::vector<at::Tensor> FsdpGroup::reduce_gradients(const std::vector<at::Tensor>& whole_grads) {
+  at::NoGradGuard no_grad;
+  at::Tensor flat = pending_grads_.defined() ? pending_grads_ : at::zeros({dp_size_ * shard_numel_}, options_of(reduce_dtype()));
+  at::Tensor replicated =
+      pending_replicated_.defined() ? pending_replicated_ : at::zeros({replicated_numel_}, options_of(reduce_dtype()));
+  const at::Tensor per_rank = flat.view({dp_size_, shard_numel_});
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Param& p = params_[i];
+    if (!whole_grads[i].defined()) continue;
+    at::Tensor grad = whole_grads[i];
+    if (is_dtensor(grad) != static_cast<bool>(p.gathered_spec))
+      throw DTensorError("fully_shard group " + name_ + ": the gradient of " + p.slots.front().path + " is " +
+                         (is_dtensor(grad) ? "a DTensor" : "a plain tensor") + " but its gathered parameter " +
+                         (p.gathered_spec ? "is a DTensor" : "is not") +
+                         "; a fully-sharded module's forward must use its parameters as they are gathered");
+    // A tensor-parallel gradient may arrive Partial over TP: reduce it to the parameter's layout first.
+    if (p.gathered_spec && placements_of(grad) != p.gathered_spec->placements)
+      grad = redistribute(grad, p.gathered_spec->mesh, p.gathered_spec->placements);
+    const at::Tensor& local = plain(grad);
+    if (p.dim < 0) {
+      replicated.narrow(0, p.flat_offset, p.row_numel).view(p.shape).add_(local);
+      continue;
+    }
+    const at::Tensor blocks = per_rank.narrow(1, p.flat_offset, p.padded_numel()).view({dp_size_, p.rows_per_rank, p.row_numel});
+    if (p.dim == 0 && p.shape[0] == dp_size_ * p.rows_per_rank) {
+      blocks.add_(local.reshape({dp_size_, p.rows_per_rank, p.row_numel}));
+      continue;
+    }
+    const at::Tensor moved = local.movedim(p.dim, 0);
+    for (int64_t r = 0; r < dp_size_; ++r)
+      if (const int64_t rows = rows_on(r, p.shape[p.dim], p.rows_per_rank); rows > 0)
+        blocks[r].narrow(0, 0, rows).view(block_shape(p, rows)).add_(moved.narrow(0, r * p.rows_per_rank, rows));
+  }
+  std::vector<at::Tensor> grads(params_.size());
+  if (!requires_sync_) {
+    pending_grads_ = flat;
+    pending_replicated_ = replicated;
+  } else {
+    pending_grads_ = pending_replicated_ = at::Tensor();
+    const at::Tensor mine = shard_numel_ > 0 ? reduce_scatter(*mesh_, dp_dim_, flat, ReduceOp::Avg).view({shard_numel_})
+                                             : at::Tensor();
+    if (replicated_numel_ > 0) all_reduce_(*mesh_, dp_dim_, replicated, ReduceOp::Avg);
+    grads = shard_gradients(mine, replicated, whole_grads);
+  }
+  reshard();
+  return grads;
+}
+
+std::vector<at::Tensor> FsdpGroup::shard_gradients(const at::Tensor& mine, const at::Tensor& replicated,
+                                                   const std::vector<at::Tensor>& whole_grads) const {
+  std::vector<at::Tensor> grads(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Param& p = params_[i];
+    if (!whole_grads[i].defined()) continue;
+    const at::Tensor& local = local_tensor_of(p.sharded);
+    at::Tensor grad;
+    if (p.dim < 0) {
+      grad = replicated.narrow(0, p.flat_offset, p.row_numel).view(local.sizes());
+    } else {
+      const int64_t rows = rows_on(dp_rank_, p.shape[p.dim], p.rows_per_rank);
+      grad = mine.narrow(0, p.flat_offset, rows * p.row_numel).view(block_shape(p, rows)).movedim(0, p.dim);
+    }
+    grads[i] = make_dtensor(grad.to(local.scalar_type()).contiguous(), dtensor_impl(p.sharded).shared_spec());
+  }
+  return grads;
+}
+
+}  // namespace dtensor::detail

@@ -1,0 +1,278 @@
+// fully_shard: which parameters a module's group takes, the checks on them, and the forward hooks
+// that gather and free the group around the module's forward.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "dtensor/api.h"
+#include "dtensor/dtensor_impl.h"
+#include "dtensor/errors.h"
+#include "dtensor/fsdp.h"
+#include "dtensor/module.h"
+#include "fsdp_group.h"
+#include "parameter_slots.h"
+
+namespace dtensor {
+namespace {
+
+using detail::FsdpGroup;
+using detail::ParameterSlot;
+
+// Groups by module address; the weak owner tells a destroyed module from a new one at the same address.
+struct Entry {
+  std::weak_ptr<torch::nn::Module> owner;
+  bool has_owner = false;
+  std::shared_ptr<FsdpGroup> group;
+};
+
+std::mutex groups_mutex;
+std::unordered_map<const torch::nn::Module*, Entry>& groups() {
+  static std::unordered_map<const torch::nn::Module*, Entry> entries;
+  return entries;
+}
+
+std::shared_ptr<FsdpGroup> group_of(const torch::nn::Module& module) {
+  std::lock_guard<std::mutex> lock(groups_mutex);
+  auto it = groups().find(&module);
+  if (it == groups().end()) return nullptr;
+  if (it->second.has_owner && it->second.owner.expired()) {
+    groups().erase(it);
+    return nullptr;
+  }
+  return it->second.group;
+}
+
+std::shared_ptr<FsdpGroup> require_group(const torch::nn::Module& module, const char* operation) {
+  auto group = group_of(module);
+  if (!group)
+    throw DTensorError(std::string(operation) + ": module " + module.name() +
+                       " is not fully sharded (call fully_shard on it first)");
+  return group;
+}
+
+void check_floating(const std::optional<at::ScalarType>& dtype, const char* field) {
+  if (dtype && !at::isFloatingType(*dtype))
+    throw DTensorError(std::string("fully_shard: MixedPrecisionPolicy::") + field + " is " + c10::toString(*dtype) +
+                       ", which is not a floating-point dtype (use at::kBFloat16, at::kHalf or at::kFloat)");
+}
+
+// The parameters `module`'s group takes: its own and its submodules', except in submodules that are
+// fully sharded already (their groups own them). A tensor registered in several places (a tied weight)
+// is one parameter with several slots. `inner` collects the groups met on the way.
+void collect(torch::nn::Module& module, const std::string& prefix, bool top,
+             std::vector<FsdpGroup::Param>& params, std::map<const c10::TensorImpl*, size_t>& index,
+             std::vector<std::shared_ptr<FsdpGroup>>& inner) {
+  if (!top)
+    if (auto group = group_of(module)) {
+      inner.push_back(std::move(group));
+      return;
+    }
+  for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+    const std::string path = prefix + item.key();
+    const at::Tensor& tensor = item.value();
+    if (!tensor.defined()) continue;
+    if (tensor.dim() == 0)
+      throw DTensorError("fully_shard: parameter " + path + " has no dims; fully_shard shards dim 0 (make it shape [1])");
+    auto [it, added] = index.emplace(tensor.unsafeGetTensorImpl(), params.size());
+    if (added) params.emplace_back();
+    params[it->second].slots.push_back(ParameterSlot{&module, item.key(), path});
+  }
+  for (const auto& child : module.named_children())
+    collect(*child.value(), prefix + child.key() + ".", false, params, index, inner);
+}
+
+// Where the group shards: its mesh, the dp dim, and (on a 2-d mesh) the TP dim's mesh.
+struct Sharding {
+  MeshPtr mesh;
+  int64_t dp_dim = 0;
+  MeshPtr tp_mesh;  // null on a 1-d mesh
+  at::ScalarType compute_dtype(const at::Tensor& param) const;
+  std::optional<at::ScalarType> param_dtype;
+};
+
+at::ScalarType Sharding::compute_dtype(const at::Tensor& param) const { return param_dtype.value_or(param.scalar_type()); }
+
+// `param` sharded over dp as the group keeps it: a plain parameter Shard(0) over dp (Replicate over
+// TP); a TP parameter's local shard cut over dp along the first dim TP leaves whole.
+void shard_one(FsdpGroup::Param& p, const at::Tensor& param, const Sharding& sharding) {
+  const std::string& path = p.slots.front().path;
+  const MeshPtr& mesh = sharding.mesh;
+  if (!is_dtensor(param)) {
+    Placements placements(mesh->ndim(), Replicate());
+    placements[sharding.dp_dim] = Shard(0);
+    p.sharded = distribute_tensor(param, mesh, placements);
+    p.shape = param.sizes().vec();
+    p.dim = 0;
+    return;
+  }
+  if (!sharding.tp_mesh || !same_mesh(mesh_of(param), sharding.tp_mesh))
+    throw DTensorError("fully_shard: parameter " + path + " is a DTensor on " + mesh_of(param)->str() + " (" +
+                       describe(param) + "); fully_shard composes with tensor parallelism on the other dim of a 2-d " +
+                       "mesh: parallelize on mesh[\"tp\"], then fully_shard on the 2-d mesh " +
+                       (sharding.tp_mesh ? "(here " + sharding.tp_mesh->str() + ")" : std::string("(this mesh is 1-d)")));
+  const Placement tp = placements_of(param).front();
+  if (tp.is_partial())
+    throw DTensorError("fully_shard: parameter " + path + " is Partial over tensor parallelism (" + describe(param) +
+                       "); redistribute it to Replicate or Shard first");
+  const at::Tensor& tp_local = local_tensor_of(param);
+  p.shape = tp_local.sizes().vec();
+  p.dim = -1;
+  for (int64_t d = 0; d < tp_local.dim() && p.dim < 0; ++d)
+    if (!(tp.is_sharding() && tp.dim() == d)) p.dim = d;
+  Placements placements(mesh->ndim(), tp);
+  at::Tensor local = tp_local.detach();
+  if (p.dim >= 0) {
+    const int64_t n = mesh->size(sharding.dp_dim), r = (*mesh->coordinate())[sharding.dp_dim];
+    const int64_t per_rank = (p.shape[p.dim] + n - 1) / n, start = std::min(r * per_rank, p.shape[p.dim]);
+    local = tp_local.narrow(p.dim, start, std::min(per_rank, p.shape[p.dim] - start)).clone();
+    placements[sharding.dp_dim] = Shard(p.dim);
+  } else {
+    placements[sharding.dp_dim] = Replicate();
+  }
+  const DTensorSpec& tp_spec = spec_of(param);
+  p.sharded = make_dtensor(local, DTensorSpec{mesh, placements, tp_spec.meta});
+  if (param.requires_grad()) p.sharded.set_requires_grad(true);
+  auto gathered = std::make_shared<DTensorSpec>(tp_spec);
+  gathered->meta.dtype = sharding.compute_dtype(param);
+  p.gathered_spec = std::move(gathered);
+}
+
+// Shards every parameter and installs it in all its slots; when some parameter is still held elsewhere
+// (an optimizer made before, a weight tied to a module outside the group), every slot gets its old
+// tensor back and nothing changes.
+void shard_parameters(std::vector<FsdpGroup::Param>& params, const Sharding& sharding, const std::string& group) {
+  std::vector<at::Tensor> old;
+  for (FsdpGroup::Param& p : params) {
+    const ParameterSlot& first = p.slots.front();
+    old.push_back(parameter_of(*first.module, first.name, first.path));
+  }
+  auto restore = [&](size_t count) {
+    for (size_t i = 0; i < count; ++i)
+      for (const ParameterSlot& slot : params[i].slots) detail::set_parameter_slots(*slot.module, slot.name, old[i]);
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    try {
+      shard_one(params[i], old[i], sharding);
+    } catch (...) {
+      restore(i);
+      throw;
+    }
+    for (const ParameterSlot& slot : params[i].slots)
+      detail::set_parameter_slots(*slot.module, slot.name, params[i].sharded);
+    if (old[i].use_count() > 1) {
+      const std::string path = params[i].slots.front().path;
+      restore(i + 1);
+      throw DTensorError("fully_shard(" + group + "): parameter " + path +
+                         " is still referenced outside the module (" + std::to_string(old[i].use_count() - 1) +
+                         " other handle(s)): an optimizer made before fully_shard (make it afterwards), a weight "
+                         "tied to a module outside this group (parameters shared across groups are not supported: "
+                         "shard the modules that share it as one group), or a member variable dtensor does not know "
+                         "(tell it with register_tensor_members)");
+    }
+  }
+}
+
+// The mesh dims: which one FSDP shards over and, on a 2-d mesh, the TP dim's mesh.
+Sharding sharding_of(const MeshPtr& mesh, const FullyShardOptions& options, const std::string& name) {
+  Sharding sharding{mesh};
+  sharding.param_dtype = options.mp_policy.param_dtype;
+  if (mesh->ndim() == 1) return sharding;
+  const auto& names = mesh->dim_names();
+  const auto dp = std::find(names.begin(), names.end(), options.dp_dim);
+  if (mesh->ndim() != 2 || dp == names.end())
+    throw DTensorError("fully_shard(" + name + "): the mesh " + mesh->str() +
+                       " is not 1-d, nor 2-d with a dim named '" + options.dp_dim +
+                       "' (FullyShardOptions::dp_dim) for data parallelism and one for tensor parallelism");
+  sharding.dp_dim = dp - names.begin();
+  sharding.tp_mesh = mesh->slice({names[1 - sharding.dp_dim]});
+  return sharding;
+}
+
+void cast_floating(std::vector<at::Tensor>& tensors, at::ScalarType dtype) {
+  for (at::Tensor& t : tensors)
+    if (t.defined() && at::isFloatingType(t.scalar_type()) && t.scalar_type() != dtype) t = t.to(dtype);
+}
+
+void install_hooks(torch::nn::Module& module, const std::shared_ptr<FsdpGroup>& group) {
+  register_forward_pre_hook(module, [group](torch::nn::Module&, std::vector<at::Tensor>& inputs) {
+    group->unshard();
+    if (const auto dtype = group->options().mp_policy.param_dtype) cast_floating(inputs, *dtype);
+  });
+  register_forward_hook(module, [group](torch::nn::Module&, at::Tensor output) {
+    if (const auto dtype = group->options().mp_policy.output_dtype) {
+      std::vector<at::Tensor> outputs{std::move(output)};
+      cast_floating(outputs, *dtype);
+      output = std::move(outputs.front());
+    }
+    const bool backward_follows = torch::autograd::GradMode::is_enabled() && output.requires_grad();
+    if (!backward_follows) {
+      // Nothing saved the gathered parameters for a backward.
+      group->reshard();
+    } else if (group->options().reshard_after_forward && !group->is_root()) {
+      group->reshard();
+      // The gradient of the output reaches the module's backward before anything inside it runs.
+      output.register_hook([group](const at::Tensor&) { group->refill(); });
+    }
+    return output;
+  });
+}
+
+}  // namespace
+
+void fully_shard(torch::nn::Module& module, const MeshPtr& mesh, const FullyShardOptions& options) {
+  const std::string name = module.name();
+  if (!mesh) throw DTensorError("fully_shard(" + name + "): the mesh is null");
+  if (!mesh->contains_this_rank())
+    throw DTensorError("fully_shard(" + name + "): the mesh " + mesh->str() +
+                       " does not hold this rank; every rank of the mesh calls fully_shard with a mesh it is in");
+  if (group_of(module))
+    throw DTensorError("fully_shard(" + name + "): the module is fully sharded already (fully_shard runs once per module)");
+  check_floating(options.mp_policy.param_dtype, "param_dtype");
+  check_floating(options.mp_policy.reduce_dtype, "reduce_dtype");
+  check_floating(options.mp_policy.output_dtype, "output_dtype");
+  const Sharding sharding = sharding_of(mesh, options, name);
+
+  std::vector<FsdpGroup::Param> params;
+  std::map<const c10::TensorImpl*, size_t> index;
+  std::vector<std::shared_ptr<FsdpGroup>> inner;
+  collect(module, "", true, params, index, inner);
+  shard_parameters(params, sharding, name);
+  auto group = std::make_shared<FsdpGroup>(name, mesh, sharding.dp_dim, options, std::move(params));
+  group->set_root(true);
+  for (const auto& child : inner) child->set_root(false);
+  install_hooks(module, group);
+  std::lock_guard<std::mutex> lock(groups_mutex);
+  Entry& entry = groups()[&module];
+  entry.owner = module.weak_from_this();
+  entry.has_owner = !entry.owner.expired();
+  entry.group = std::move(group);
+}
+
+bool is_fully_sharded(const torch::nn::Module& module) { return group_of(module) != nullptr; }
+
+void unshard(torch::nn::Module& module) { require_group(module, "unshard")->unshard(); }
+
+void reshard(torch::nn::Module& module) { require_group(module, "reshard")->reshard(); }
+
+void set_requires_gradient_sync(torch::nn::Module& module, bool requires_sync) {
+  for (const auto& item : module.named_modules())
+    if (auto group = group_of(*item.value())) group->set_requires_gradient_sync(requires_sync);
+}
+
+namespace detail {
+
+bool is_gathered_fsdp_parameter(const at::Tensor& tensor) {
+  std::lock_guard<std::mutex> lock(groups_mutex);
+  for (const auto& [module, entry] : groups())
+    if (entry.group->holds(tensor)) return true;
+  return false;
+}
+
+}  // namespace detail
+}  // namespace dtensor

@@ -1,0 +1,398 @@
+// fully_shard on the main job's GPT: training steps, gradients, gradient accumulation and checkpoints
+// against the same model trained on one device with the whole batch, on meshes whose sizes do not
+// divide the parameters' rows; the collectives per group; and the errors of misuse.
+
+#include <torch/optim/adamw.h>
+
+#include "dtensor/comm_debug.h"
+#include "dtensor/fsdp.h"
+#include "dtensor/training_state.h"
+#include "gpt/training.h"
+#include "harness.h"
+#include "test_modules.h"
+
+namespace dtensor::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Rows of tok_emb and lm_head (13), fc1 (22) and pos_emb (9) are uneven over 4 ranks.
+gpt::Config uneven_config() { return {.vocab = 13, .seq_len = 9, .dim = 12, .heads = 4, .layers = 2, .ffn = 22}; }
+
+gpt::Gpt seeded_gpt(at::ScalarType dtype = at::kDouble) {
+  torch::manual_seed(5);
+  gpt::Gpt model(uneven_config());
+  model->to(dtype);
+  return model;
+}
+
+gpt::Batch batch_of(int64_t step, int64_t rows = 8) {
+  const at::Tensor tokens = at::arange(rows * 10, at::kLong).mul(7 + step).add(step).remainder(13).view({rows, 10});
+  return {tokens.slice(1, 0, 9).contiguous(), tokens.slice(1, 1, 10).contiguous()};
+}
+
+// This rank's rows of `batch` over the 1-d data-parallel mesh `m`.
+gpt::Batch rows_of(const gpt::Batch& batch, const MeshPtr& m) {
+  const int64_t rows = batch.tokens.size(0) / m->size(), r = (*m->coordinate())[0];
+  return {batch.tokens.slice(0, r * rows, (r + 1) * rows), batch.targets.slice(0, r * rows, (r + 1) * rows)};
+}
+
+at::Tensor whole(const at::Tensor& t) { return is_dtensor(t) ? full_tensor(t) : t; }
+
+void expect_parameters_equal(gpt::Gpt& parallel, gpt::Gpt& reference, double rtol, double atol) {
+  at::NoGradGuard no_grad;
+  const auto expected = reference->named_parameters();
+  for (const auto& p : parallel->named_parameters())
+    EXPECT_TRUE(tensors_close(whole(p.value()), expected[p.key()], rtol, atol)) << p.key();
+}
+
+// Three AdamW steps with the global-norm clip, each rank on its rows of the batch: the whole batch's
+// losses and, at the end, the parameters of one device's training.
+void expect_training_follows_one_device(gpt::Gpt& parallel, gpt::Gpt& reference, const MeshPtr& dp) {
+  gpt::TrainOptions options;
+  options.max_grad_norm = 0.5;  // small enough to clip
+  auto optimizer = gpt::make_optimizer(parallel, options);
+  auto optimizer_ref = gpt::make_optimizer(reference, options);
+  for (int64_t step = 0; step < 3; ++step) {
+    const gpt::Batch batch = batch_of(step, 2 * dp->size());
+    const double loss = gpt::mean_over(dp, gpt::train_step(parallel, optimizer, rows_of(batch, dp), options));
+    const double loss_ref = gpt::train_step(reference, optimizer_ref, batch, options);
+    EXPECT_NEAR(loss, loss_ref, 1e-9 * std::abs(loss_ref)) << "step " << step;
+  }
+  expect_parameters_equal(parallel, reference, 1e-8, 1e-10);
+}
+
+class FsdpTest : public DistTest {};
+
+TEST_F(FsdpTest, ParametersBecomeRowShardsOfTheDataParallelMesh) {
+  auto m = mesh({4}, {}, {"dp"});
+  auto reference = seeded_gpt(), parallel = seeded_gpt();
+  gpt::fully_shard(parallel, m);
+  const auto expected = reference->named_parameters();
+  for (const auto& p : parallel->named_parameters()) {
+    ASSERT_TRUE(is_dtensor(p.value())) << p.key();
+    EXPECT_EQ(placements_of(p.value()), Placements{Shard(0)}) << p.key();
+    EXPECT_TRUE(p.value().is_leaf() && p.value().requires_grad()) << p.key();
+    EXPECT_TRUE(tensors_equal(local_tensor_of(p.value()), expected_shard(expected[p.key()], m, {Shard(0)}))) << p.key();
+  }
+  EXPECT_TRUE(is_fully_sharded(*parallel) && is_fully_sharded(*parallel->blocks[0]));
+  EXPECT_FALSE(is_fully_sharded(*parallel->blocks[0]->as<gpt::BlockImpl>()->attn));
+  // The buffer (the causal mask) is left as it is.
+  EXPECT_FALSE(is_dtensor(parallel->causal_mask));
+}
+
+// One all-gather per group before forward; a block's again before its backward (it was freed after its
+// forward), none for the root (it stays gathered); one reduce-scatter per group.
+TEST_F(FsdpTest, EachGroupGathersOnceAndReducesOnce) {
+  auto m = mesh({4}, {}, {"dp"});
+  auto parallel = seeded_gpt();
+  gpt::fully_shard(parallel, m);
+  const gpt::Batch batch = rows_of(batch_of(0), m);
+  const int64_t layers = uneven_config().layers;
+  CommDebugMode forward;
+  at::Tensor loss = call(parallel, batch.tokens, batch.targets);
+  EXPECT_EQ(forward.count("all-gather"), layers + 1) << forward.summary();
+  EXPECT_EQ(forward.total_count(), layers + 1) << forward.summary();
+  for (const auto& p : parallel->blocks[0]->named_parameters()) EXPECT_TRUE(is_dtensor(p.value())) << p.key();
+  CommDebugMode backward;
+  loss.backward();
+  EXPECT_EQ(backward.count("all-gather"), layers) << backward.summary();
+  EXPECT_EQ(backward.count("reduce-scatter"), layers + 1) << backward.summary();
+  EXPECT_EQ(backward.total_count(), 2 * layers + 1) << backward.summary();
+  for (const auto& p : parallel->named_parameters()) {
+    EXPECT_TRUE(is_dtensor(p.value())) << p.key();
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_EQ(placements_of(p.value().grad()), Placements{Shard(0)}) << p.key();
+  }
+}
+
+TEST_F(FsdpTest, GradientsEqualOneDeviceWithAndWithoutReshardAfterForward) {
+  for (const bool reshard_after_forward : {true, false}) {
+    SCOPED_TRACE(reshard_after_forward);
+    auto m = mesh({4}, {}, {"dp"});
+    auto reference = seeded_gpt(), parallel = seeded_gpt();
+    gpt::fully_shard(parallel, m, {.reshard_after_forward = reshard_after_forward});
+    const gpt::Batch batch = batch_of(1);
+    at::Tensor loss = call(parallel, rows_of(batch, m).tokens, rows_of(batch, m).targets);
+    const at::Tensor loss_ref = call(reference, batch.tokens, batch.targets);
+    EXPECT_NEAR(gpt::mean_over(m, loss.item<double>()), loss_ref.item<double>(), 1e-12);
+    loss.backward();
+    loss_ref.backward();
+    expect_grads_equal(*parallel, *reference, 1e-9, 1e-12);
+  }
+}
+
+// AdamW with the global-norm clip, three steps, on 4 ranks and on 3 (rows 13 = 5 + 5 + 3).
+TEST_F(FsdpTest, TrainingStepsFollowOneDevice) {
+  for (const int64_t ranks : {4, 3}) {
+    SCOPED_TRACE(ranks);
+    if (world()->rank() >= ranks) {
+      mesh({ranks}, {}, {"dp"});  // every rank makes the same meshes in the same order
+      continue;
+    }
+    auto m = mesh({ranks}, {}, {"dp"});
+    auto reference = seeded_gpt(), parallel = seeded_gpt();
+    gpt::fully_shard(parallel, m);
+    expect_training_follows_one_device(parallel, reference, m);
+  }
+}
+
+// FSDP=2 x TP=2: Megatron-style TP on mesh["tp"], then each rank's TP shard sharded over dp (along dim
+// 1 for a column-parallel weight; its bias, sharded by TP on its only dim, stays replicated over dp).
+TEST_F(FsdpTest, FullyShardedTimesTensorParallelFollowsOneDevice) {
+  auto m = mesh({2, 2}, {}, {"dp", "tp"});
+  auto reference = seeded_gpt(), parallel = seeded_gpt();
+  gpt::parallelize(parallel, (*m)["tp"]);
+  gpt::fully_shard(parallel, m);
+  auto* fc1 = parallel->blocks[0]->as<gpt::BlockImpl>()->mlp->fc1.get();
+  EXPECT_EQ(placements_of(fc1->weight), (Placements{Shard(1), Shard(0)}));
+  EXPECT_EQ(placements_of(fc1->bias), (Placements{Replicate(), Shard(0)}));
+  EXPECT_EQ(placements_of(parallel->blocks[0]->as<gpt::BlockImpl>()->ln1->weight), (Placements{Shard(0), Replicate()}));
+  expect_training_follows_one_device(parallel, reference, (*m)["dp"]);
+}
+
+// The mixed-precision oracle, one process: fp32 master weights, and for each data-parallel rank's rows
+// a bf16 copy of the model that runs forward and backward (its buffer, the causal mask, in bf16 too:
+// the policy casts a block's floating inputs, the mask among them, to bf16); the bf16 gradients, cast
+// to fp32 and averaged over the ranks' rows, are the master weights' gradients. That is what the policy
+// {bf16 params, fp32 reduce} computes, step for step, so what differs is the order of the fp32 sums in
+// the reduce-scatter.
+double mixed_precision_step(gpt::Gpt& master, gpt::Gpt& compute, torch::optim::Optimizer& optimizer,
+                            const gpt::Batch& batch, int64_t ranks, const gpt::TrainOptions& options) {
+  optimizer.zero_grad();
+  const auto masters = master->named_parameters();
+  double loss = 0;
+  for (int64_t r = 0; r < ranks; ++r) {
+    {
+      at::NoGradGuard no_grad;
+      for (auto& p : compute->named_parameters()) {
+        p.value().set_data(masters[p.key()].to(at::kBFloat16));
+        p.value().mutable_grad() = at::Tensor();
+      }
+    }
+    const int64_t rows = batch.tokens.size(0) / ranks;
+    at::Tensor l = call(compute, batch.tokens.slice(0, r * rows, (r + 1) * rows), batch.targets.slice(0, r * rows, (r + 1) * rows));
+    l.backward();
+    loss += l.item<double>() / static_cast<double>(ranks);
+    at::NoGradGuard no_grad;
+    for (auto& p : compute->named_parameters()) {
+      at::Tensor& grad = masters[p.key()].mutable_grad();
+      const at::Tensor share = p.value().grad().to(at::kFloat) / static_cast<double>(ranks);
+      grad = grad.defined() ? grad + share : share;
+    }
+  }
+  clip_grad_norm_(master->parameters(), options.max_grad_norm);
+  optimizer.step();
+  return loss;
+}
+
+// bf16 compute from fp32 shards, gradients reduced in fp32.
+TEST_F(FsdpTest, MixedPrecisionFollowsOneProcessWithTheSamePolicy) {
+  auto m = mesh({4}, {}, {"dp"});
+  auto master = seeded_gpt(at::kFloat), compute = seeded_gpt(at::kBFloat16), parallel = seeded_gpt(at::kFloat);
+  const FullyShardOptions policy{.mp_policy = {.param_dtype = at::kBFloat16, .reduce_dtype = at::kFloat}};
+  gpt::fully_shard(parallel, m, policy);
+  gpt::TrainOptions options;
+  auto optimizer = gpt::make_optimizer(parallel, options);
+  auto optimizer_ref = gpt::make_optimizer(master, options);
+  for (int64_t step = 0; step < 3; ++step) {
+    const gpt::Batch batch = batch_of(step);
+    const double loss = gpt::mean_over(m, gpt::train_step(parallel, optimizer, rows_of(batch, m), options));
+    const double loss_ref = mixed_precision_step(master, compute, optimizer_ref, batch, 4, options);
+    EXPECT_NEAR(loss, loss_ref, 1e-6 * std::abs(loss_ref)) << "step " << step;
+  }
+  for (const auto& p : parallel->parameters()) {
+    EXPECT_EQ(p.scalar_type(), at::kFloat);
+    EXPECT_EQ(p.grad().scalar_type(), at::kFloat);
+  }
+  // fp32 sums in another order: a few fp32 ulps of the updates, not bf16's 2^-8.
+  expect_parameters_equal(parallel, master, 1e-5, 1e-6);
+}
+
+// Two micro-batches: the first without synchronisation (each rank keeps its whole gradients), the
+// second reduces both at once; the same gradients as one device's over both micro-batches.
+TEST_F(FsdpTest, GradientAccumulationWithoutSyncReducesOnce) {
+  auto m = mesh({4}, {}, {"dp"});
+  auto reference = seeded_gpt(), parallel = seeded_gpt();
+  gpt::fully_shard(parallel, m);
+  const gpt::Batch first = batch_of(2), second = batch_of(3);
+  set_requires_gradient_sync(*parallel, false);
+  CommDebugMode without_sync;
+  call(parallel, rows_of(first, m).tokens, rows_of(first, m).targets).mul(0.5).backward();
+  EXPECT_EQ(without_sync.count("reduce-scatter"), 0) << without_sync.summary();
+  for (const auto& p : parallel->named_parameters()) EXPECT_FALSE(p.value().grad().defined()) << p.key();
+  set_requires_gradient_sync(*parallel, true);
+  CommDebugMode with_sync;
+  call(parallel, rows_of(second, m).tokens, rows_of(second, m).targets).mul(0.5).backward();
+  EXPECT_EQ(with_sync.count("reduce-scatter"), uneven_config().layers + 1) << with_sync.summary();
+  call(reference, first.tokens, first.targets).mul(0.5).backward();
+  call(reference, second.tokens, second.targets).mul(0.5).backward();
+  expect_grads_equal(*parallel, *reference, 1e-9, 1e-12);
+}
+
+TEST_F(FsdpTest, UnshardGathersWholeParametersUntilReshard) {
+  auto m = mesh({4}, {}, {"dp"});
+  auto reference = seeded_gpt(), parallel = seeded_gpt();
+  gpt::fully_shard(parallel, m);
+  auto& block = *parallel->blocks[1];
+  unshard(block);
+  const auto expected = reference->blocks[1]->named_parameters();
+  for (const auto& p : block.named_parameters()) {
+    ASSERT_FALSE(is_dtensor(p.value())) << p.key();
+    EXPECT_TRUE(tensors_equal(p.value(), expected[p.key()])) << p.key();
+  }
+  reshard(block);
+  for (const auto& p : block.named_parameters()) EXPECT_TRUE(is_dtensor(p.value())) << p.key();
+  // Forward under no_grad needs no backward: every group is sharded again afterwards.
+  {
+    at::NoGradGuard no_grad;
+    const gpt::Batch batch = batch_of(4);
+    const double loss = gpt::mean_over(m, call(parallel, rows_of(batch, m).tokens, rows_of(batch, m).targets).item<double>());
+    EXPECT_NEAR(loss, call(reference, batch.tokens, batch.targets).item<double>(), 1e-12);
+  }
+  for (const auto& p : parallel->named_parameters()) EXPECT_TRUE(is_dtensor(p.value())) << p.key();
+}
+
+// Saved from FSDP=4 (parameters and AdamW state after two steps), loaded into TP=4, into one process
+// and into FSDP=2 x TP=2; saved again from TP=4 and loaded into a fresh FSDP=4 job: every tensor bit
+// for bit.
+TEST_F(FsdpTest, CheckpointsMoveBetweenFsdpTensorParallelAndOneProcess) {
+  namespace ckpt = dtensor::checkpoint;
+  const fs::path root = shared_directory("fsdp");
+  auto m = mesh({4}, {}, {"dp"});
+  gpt::TrainOptions options;
+  auto source = seeded_gpt(at::kFloat);
+  gpt::fully_shard(source, m);
+  auto source_optimizer = gpt::make_optimizer(source, options);
+  ckpt::TrainingState saved(*source, &source_optimizer);
+  for (int64_t step = 0; step < 2; ++step) {
+    const gpt::Batch batch = batch_of(step);
+    gpt::train_step(source, source_optimizer, rows_of(batch, m), options);
+  }
+  saved.save((root / "fsdp").string());
+
+  // The optimizer lives on the heap: the TrainingState keeps its address.
+  struct Job {
+    std::unique_ptr<torch::optim::AdamW> optimizer;
+    std::unique_ptr<ckpt::TrainingState> state;
+  };
+  auto load_into = [&](gpt::Gpt& model, const std::string& dir) {
+    Job job;
+    job.optimizer = std::make_unique<torch::optim::AdamW>(gpt::make_optimizer(model, options));
+    job.state = std::make_unique<ckpt::TrainingState>(*model, job.optimizer.get());
+    const ckpt::LoadResult result = job.state->load((root / dir).string(), {.world = world()});
+    EXPECT_TRUE(result.missing.empty() && result.unexpected.empty()) << dir;
+    return job;
+  };
+  auto expect_same_contents = [&](const std::string& a, const std::string& b) {
+    ckpt::State left, right;
+    for (const auto& [name, info] : ckpt::contents((root / a).string())) {
+      left[name] = at::zeros(info.shape, info.dtype);
+      right[name] = at::zeros(info.shape, info.dtype);
+    }
+    ASSERT_EQ(left.size(), ckpt::contents((root / b).string()).size());
+    ckpt::load(left, (root / a).string(), {.world = world()});
+    ckpt::load(right, (root / b).string(), {.world = world()});
+    for (const auto& [name, t] : left) EXPECT_TRUE(tensors_equal(right.at(name), t)) << a << " vs " << b << ": " << name;
+  };
+
+  torch::manual_seed(99);  // other initial values: only the load can make them equal
+  gpt::Gpt tensor_parallel(uneven_config());
+  gpt::parallelize(tensor_parallel, mesh({4}, {}, {"tp"}));
+  const Job tp_job = load_into(tensor_parallel, "fsdp");
+  tp_job.state->save((root / "tp").string());
+  expect_same_contents("fsdp", "tp");
+
+  torch::manual_seed(98);
+  gpt::Gpt single(uneven_config());
+  const Job single_job = load_into(single, "tp");
+  const auto from_fsdp = source->named_parameters();
+  for (const auto& p : single->named_parameters())
+    EXPECT_TRUE(tensors_equal(p.value(), full_tensor(from_fsdp[p.key()]))) << p.key();
+
+  torch::manual_seed(96);
+  gpt::Gpt fsdp_tp(uneven_config());
+  auto m2 = mesh({2, 2}, {}, {"dp", "tp"});
+  gpt::parallelize(fsdp_tp, (*m2)["tp"]);
+  gpt::fully_shard(fsdp_tp, m2);
+  const Job fsdp_tp_job = load_into(fsdp_tp, "fsdp");
+  fsdp_tp_job.state->save((root / "fsdp-tp").string());
+  expect_same_contents("fsdp", "fsdp-tp");
+
+  torch::manual_seed(97);
+  gpt::Gpt back(uneven_config());
+  gpt::fully_shard(back, m);
+  const Job back_job = load_into(back, "tp");
+  back_job.state->save((root / "back").string());
+  expect_same_contents("fsdp", "back");
+}
+
+class FsdpErrorTest : public DistTest {};
+
+TEST_F(FsdpErrorTest, MisuseIsRefusedWithAClearError) {
+  auto m = mesh({4}, {}, {"dp"});
+  {
+    auto model = seeded_gpt();
+    fully_shard(*model->blocks[0], m);
+    EXPECT_THAT(error_of([&] { fully_shard(*model->blocks[0], m); }), ::testing::HasSubstr("fully sharded already"));
+  }
+  {
+    auto model = seeded_gpt();
+    EXPECT_THAT(error_of([&] { fully_shard(*model, m, {.mp_policy = {.param_dtype = at::kInt}}); }),
+                ::testing::AllOf(::testing::HasSubstr("param_dtype is Int"), ::testing::HasSubstr("not a floating-point")));
+    EXPECT_THAT(error_of([&] { fully_shard(*model, m, {.mp_policy = {.reduce_dtype = at::kLong}}); }),
+                ::testing::HasSubstr("reduce_dtype is Long"));
+    EXPECT_THAT(error_of([&] { fully_shard(*model, mesh({2, 2}, {}, {"rows", "cols"})); }),
+                ::testing::HasSubstr("nor 2-d with a dim named 'dp'"));
+  }
+  {
+    // An optimizer made before fully_shard would step tensors the module no longer uses; nothing changes.
+    auto model = seeded_gpt();
+    auto optimizer = gpt::make_optimizer(model, {});
+    EXPECT_THAT(error_of([&] { fully_shard(*model, m); }),
+                ::testing::AllOf(::testing::HasSubstr("still referenced outside the module"),
+                                 ::testing::HasSubstr("an optimizer made before fully_shard")));
+    for (const auto& p : model->parameters()) EXPECT_FALSE(is_dtensor(p));
+  }
+  {
+    // The LM head tied to the token embedding, which another group takes.
+    auto model = seeded_gpt();
+    model->lm_head->weight = model->tok_emb->weight;
+    replace_parameter(*model->lm_head, "weight", model->tok_emb->weight, "lm_head.weight");
+    EXPECT_THAT(error_of([&] { fully_shard(*model->lm_head, m); }),
+                ::testing::HasSubstr("parameters shared across groups are not supported"));
+    // Within one group a tied weight is one parameter.
+    fully_shard(*model, m);
+    EXPECT_TRUE(model->lm_head->weight.is_same(model->tok_emb->weight));
+    EXPECT_TRUE(is_dtensor(model->tok_emb->weight));
+  }
+  {
+    // An optimizer over the gathered parameters would step copies that the next forward replaces.
+    // (Gathered under grad mode they are not leaves, and torch::optim refuses them itself.)
+    auto model = seeded_gpt();
+    gpt::fully_shard(model, m);
+    {
+      at::NoGradGuard no_grad;
+      unshard(*model);
+    }
+    torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+    reshard(*model);
+    EXPECT_THAT(error_of([&] { step_on_local_shards(optimizer); }),
+                ::testing::HasSubstr("gathered (unsharded) parameter of a fully-sharded module"));
+  }
+  EXPECT_THAT(error_of([&] { unshard(*seeded_gpt()); }), ::testing::HasSubstr("is not fully sharded"));
+}
+
+TEST_F(FsdpErrorTest, AMeshWithoutThisRankIsRefused) {
+  auto m = mesh({2}, {0, 1}, {"dp"});
+  auto model = seeded_gpt();
+  if (world()->rank() < 2) {
+    fully_shard(*model, m);
+    EXPECT_TRUE(is_fully_sharded(*model));
+  } else {
+    EXPECT_THAT(error_of([&] { fully_shard(*model, m); }), ::testing::HasSubstr("does not hold this rank"));
+  }
+}
+
+}  // namespace
+}  // namespace dtensor::testing
