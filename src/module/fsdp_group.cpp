@@ -137,6 +137,7 @@ void FsdpGroup::gather_into_storage() {
       send.narrow(0, p.flat_offset, local.numel()).view(block_shape(p, local.size(p.dim))).copy_(local.movedim(p.dim, 0));
   }
   const at::Tensor all = shard_numel_ > 0 ? all_gather(*mesh_, dp_dim_, send).view({dp_size_, shard_numel_}) : at::Tensor();
+  send.reset();  // before the gathered storage: one buffer less at the peak
   if (storage_.nbytes() == 0) allocate_storage();
   for (const Param& p : params_) {
     const at::Tensor whole = storage_view(p);
@@ -201,6 +202,8 @@ void FsdpGroup::refill() {
 
 std::vector<at::Tensor> FsdpGroup::reduce_gradients(const std::vector<at::Tensor>& whole_grads) {
   at::NoGradGuard no_grad;
+  // Everything that read the gathered parameters has run: free them before the reduction's buffers.
+  reshard();
   at::Tensor flat = pending_grads_.defined() ? pending_grads_ : at::zeros({dp_size_ * shard_numel_}, options_of(reduce_dtype()));
   at::Tensor replicated =
       pending_replicated_.defined() ? pending_replicated_ : at::zeros({replicated_numel_}, options_of(reduce_dtype()));
@@ -243,7 +246,6 @@ std::vector<at::Tensor> FsdpGroup::reduce_gradients(const std::vector<at::Tensor
     if (replicated_numel_ > 0) all_reduce_(*mesh_, dp_dim_, replicated, ReduceOp::Avg);
     grads = shard_gradients(mine, replicated, whole_grads);
   }
-  reshard();
   return grads;
 }
 

@@ -9,6 +9,7 @@
 #include "dtensor/training_state.h"
 #include "gpt/training.h"
 #include "harness.h"
+#include "live_bytes_limit.h"
 #include "test_modules.h"
 
 namespace dtensor::testing {
@@ -325,6 +326,60 @@ TEST_F(FsdpTest, CheckpointsMoveBetweenFsdpTensorParallelAndOneProcess) {
   const Job back_job = load_into(back, "tp");
   back_job.state->save((root / "back").string());
   expect_same_contents("fsdp", "back");
+}
+
+int64_t bytes_of_parameters(torch::nn::Module& module) {
+  int64_t bytes = 0;
+  for (const auto& p : module.parameters()) bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  return bytes;
+}
+
+// Under a limit on live tensor bytes that the whole training state (parameters, gradients, AdamW's two
+// moments) does not fit in, FSDP=4 trains; without fully_shard the same training runs out of memory.
+// Each rank's peak stays within its quarter of the state, plus three of the largest group (its gathered
+// parameters, and the all-gather's output while they are copied out of it, or in backward their whole
+// gradients and the reduce-scatter's input), plus the activations one device saves for the rank's rows.
+TEST_F(FsdpTest, TrainsUnderAMemoryLimitTheWholeTrainingStateExceeds) {
+  const gpt::Config config{.vocab = 13, .seq_len = 32, .dim = 256, .heads = 4, .layers = 8, .ffn = 1024};
+  auto m = mesh({4}, {}, {"dp"});
+  const gpt::Batch local = rows_of(batch_of(0), m);
+  torch::manual_seed(3);
+  gpt::Gpt probe(config);
+  const int64_t state = 4 * bytes_of_parameters(*probe), largest_group = bytes_of_parameters(*probe->blocks[0]);
+  int64_t activations = 0;
+  {
+    LiveBytesLimit measure(std::numeric_limits<int64_t>::max());
+    const at::Tensor loss = call(probe, local.tokens, local.targets);  // holds what backward needs
+    activations = measure.live();
+  }
+  const int64_t limit = state / 2, bound = state / 4 + 3 * largest_group + activations;
+  ASSERT_LT(bound, limit);
+  const gpt::TrainOptions options;
+  int64_t peak = 0;
+  {
+    LiveBytesLimit budget(limit);
+    torch::manual_seed(3);
+    gpt::Gpt model(config);
+    gpt::fully_shard(model, m);
+    auto optimizer = gpt::make_optimizer(model, options);
+    for (int step = 0; step < 2; ++step) gpt::train_step(model, optimizer, local, options);
+    peak = budget.peak();
+  }
+  EXPECT_LE(peak, bound);
+  if (world()->rank() == 0)
+    std::printf("[ fsdp memory ] training state %.1f MiB, limit %.1f MiB; peak per rank %.1f MiB = state/4 %.1f + "
+                "%.2f x largest group (%.1f MiB) + activations %.2f MiB\n",
+                state / 1048576.0, limit / 1048576.0, peak / 1048576.0, state / 4 / 1048576.0,
+                static_cast<double>(peak - state / 4 - activations) / static_cast<double>(largest_group),
+                largest_group / 1048576.0, activations / 1048576.0);
+  {
+    LiveBytesLimit budget(limit);
+    torch::manual_seed(3);
+    gpt::Gpt model(config);
+    auto optimizer = gpt::make_optimizer(model, options);
+    EXPECT_THROW(
+        for (int step = 0; step < 2; ++step) gpt::train_step(model, optimizer, local, options), c10::OutOfMemoryError);
+  }
 }
 
 class FsdpErrorTest : public DistTest {};
