@@ -65,6 +65,20 @@ inline at::Tensor redistribute(at::Tensor&& dtensor, const Placements& placement
   return redistribute(std::move(dtensor), nullptr, placements);
 }
 
+struct RedistributeOptions {
+  // Start the communication and return at once (PyTorch's async_op): the result's first use (an op on
+  // it, to_local, local_tensor_of) waits for it, so work issued in between overlaps the transfer. A
+  // plan that is one all-gather, reduce-scatter or all-reduce (with local steps around it) runs so;
+  // others, and moves to another mesh, complete before returning. Errors surface at the first use.
+  bool async_op = false;
+};
+at::Tensor redistribute(const at::Tensor& dtensor, const MeshPtr& mesh, const Placements& placements,
+                        const RedistributeOptions& options);
+inline at::Tensor redistribute(const at::Tensor& dtensor, const Placements& placements,
+                               const RedistributeOptions& options) {
+  return redistribute(dtensor, nullptr, placements, options);
+}
+
 // The whole tensor on every rank (all-Replicate, then to_local). Differentiable.
 at::Tensor full_tensor(const at::Tensor& dtensor, std::optional<Placements> grad_placements = std::nullopt);
 

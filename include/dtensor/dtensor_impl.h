@@ -16,13 +16,27 @@ namespace dtensor {
 
 constexpr c10::DispatchKey kDTensorKey = c10::DispatchKey::PrivateUse2;
 
+namespace detail {
+struct PendingLocal;
+}
+
 class DTensorImpl final : public c10::TensorImpl {
  public:
   // `local` must carry no autograd history (autograd lives on the DTensor itself). Specs are shared
   // (immutable) so that wrapping an op's output costs no copy of the spec.
   DTensorImpl(at::Tensor local, std::shared_ptr<const DTensorSpec> spec);
+  // A DTensor whose local tensor is still arriving (a collective started with async_op): the first
+  // use of local() waits for it. `placeholder` gives its dtype and device until then.
+  DTensorImpl(at::Tensor placeholder, std::shared_ptr<const DTensorSpec> spec,
+              std::shared_ptr<detail::PendingLocal> pending);
 
-  const at::Tensor& local() const { return local_; }
+  const at::Tensor& local() const {
+    if (pending_) [[unlikely]]
+      wait_for_local();
+    return local_;
+  }
+  // Whether the local tensor is still arriving (local() would wait).
+  bool local_pending() const { return pending_ != nullptr; }
   const DTensorSpec& spec() const { return *spec_; }
   const std::shared_ptr<const DTensorSpec>& shared_spec() const { return spec_; }
 
@@ -44,7 +58,11 @@ class DTensorImpl final : public c10::TensorImpl {
   template <typename Version>
   c10::intrusive_ptr<c10::TensorImpl> copy_with_version(Version&& version, bool allow_tensor_metadata_change) const;
 
-  at::Tensor local_;
+  void wait_for_local() const;
+
+  // Filled in by the first local() of a pending DTensor (what every reader goes through).
+  mutable at::Tensor local_;
+  mutable std::shared_ptr<detail::PendingLocal> pending_;
   std::shared_ptr<const DTensorSpec> spec_;
 };
 

@@ -51,6 +51,11 @@ struct FullyShardOptions {
   // all-gather more per step). The root module ignores it: its backward comes straight after.
   bool reshard_after_forward = true;
   MixedPrecisionPolicy mp_policy;
+  // Communication overlapped with computation: before a group's forward, start gathering the group
+  // that ran after it in the previous forward; before its backward, the group that ran before it; and
+  // leave the gradients' reduce-scatter in flight, the gradients (DTensors) waiting for it at their
+  // first use (the optimizer step or the norm clip). Off: every collective blocks where it is issued.
+  bool overlap = true;
 };
 
 // Shards `module`'s parameters over `mesh` (1-d: the data-parallel ranks; 2-d: data parallel x tensor

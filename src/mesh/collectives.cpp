@@ -68,21 +68,27 @@ std::string what_happened(const DeviceMesh& mesh, int64_t dim, std::chrono::stea
          "different collectives)";
 }
 
+std::string where(const DeviceMesh& mesh, int64_t dim, const char* operation) {
+  return "rank " + std::to_string(mesh.world()->rank()) + ": " + operation + " on " + mesh.dim_label(dim) + " of " +
+         mesh.str();
+}
+
+DTensorError failure(const DeviceMesh& mesh, int64_t dim, const char* operation,
+                     std::chrono::steady_clock::time_point start, const std::exception& e) {
+  return DTensorError(where(mesh, dim, operation) + " failed after " + seconds_since(start) +
+                      " s: " + what_happened(mesh, dim, start) + ": " + e.what());
+}
+
 template <typename Launch>
 void run(const DeviceMesh& mesh, int64_t dim, const char* operation, int64_t bytes, Launch&& launch) {
   if (auto* debug = CommDebugMode::active()) debug->record_collective(operation, dim, bytes);
   auto group = mesh.group(dim);
-  const MeshGroup::Exclusive exclusive(mesh.group_holder(dim), [&] {
-    return "rank " + std::to_string(mesh.world()->rank()) + ": " + operation + " on " + mesh.dim_label(dim) + " of " +
-           mesh.str();
-  });
+  const MeshGroup::Exclusive exclusive(mesh.group_holder(dim), [&] { return where(mesh, dim, operation); });
   const auto start = std::chrono::steady_clock::now();
   try {
     launch(*group)->wait();
   } catch (const std::exception& e) {
-    throw DTensorError("rank " + std::to_string(mesh.world()->rank()) + ": " + operation + " on " +
-                       mesh.dim_label(dim) + " of " + mesh.str() + " failed after " +
-                       seconds_since(start) + " s: " + what_happened(mesh, dim, start) + ": " + e.what());
+    throw failure(mesh, dim, operation, start, e);
   }
 }
 
@@ -94,6 +100,21 @@ void require_reducible(const at::Tensor& t, ReduceOp op, const char* operation) 
   if (t.is_complex() && (op == ReduceOp::Max || op == ReduceOp::Min))
     throw DTensorError(std::string(operation) + " with " + (op == ReduceOp::Max ? "max" : "min") +
                        " of a complex tensor: complex numbers are not ordered; reduce their abs() instead");
+}
+
+// An all-gather's output shape: n inputs along dim 0 (a scalar counts as one element).
+std::vector<int64_t> gathered_sizes(const at::Tensor& input, int64_t n) {
+  auto sizes = input.sizes().vec();
+  if (sizes.empty()) sizes.push_back(1);
+  sizes[0] *= n;
+  return sizes;
+}
+
+// A reduce-scatter's output shape: one of the n blocks of dim 0.
+std::vector<int64_t> scattered_sizes(const at::Tensor& input, int64_t n) {
+  auto sizes = input.sizes().vec();
+  sizes[0] /= n;
+  return sizes;
 }
 
 // A group of one rank has nothing to exchange: each collective is then its local meaning (a copy where
@@ -122,9 +143,7 @@ c10::intrusive_ptr<c10d::Work> all_to_all_single(auto& g, at::Tensor& out, at::T
 }  // namespace
 
 at::Tensor all_gather(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input) {
-  auto sizes = input.sizes().vec();
-  if (sizes.empty()) sizes.push_back(1);
-  sizes[0] *= mesh.size(dim);
+  const auto sizes = gathered_sizes(input, mesh.size(dim));
   if (alone(mesh, dim)) return input.reshape(sizes).clone();
   at::Tensor output = at::empty(sizes, input.options());
   at::Tensor out = as_real(output), in = as_real(input);
@@ -163,8 +182,7 @@ void all_reduce_over(const DeviceMesh& mesh, const std::vector<int64_t>& dims, a
 }
 
 at::Tensor reduce_scatter(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input, ReduceOp op) {
-  auto sizes = input.sizes().vec();
-  sizes[0] /= mesh.size(dim);
+  const auto sizes = scattered_sizes(input, mesh.size(dim));
   require_reducible(input, op, "reduce-scatter");
   if (alone(mesh, dim)) return input.clone();
   at::Tensor output = at::empty(sizes, input.options());
@@ -245,6 +263,110 @@ std::vector<int64_t> all_gather_values(const DeviceMesh& mesh, int64_t dim, cons
   at::Tensor local = at::tensor(values, at::TensorOptions().dtype(at::kLong));
   at::Tensor all = all_gather(mesh, dim, local);
   return std::vector<int64_t>(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + all.numel());
+}
+
+// Shared by the copies of a StartedCollective, so that whichever waits first completes it for all.
+struct StartedCollective::InFlight {
+  MeshPtr mesh;
+  int64_t dim;
+  const char* operation;
+  std::chrono::steady_clock::time_point start;
+  c10::intrusive_ptr<c10d::Work> work;
+  at::Tensor input, output;  // held until the work completes
+  int64_t average_over = 0;  // an Avg reduction: divide by the group size once complete
+  bool complete = false;
+
+  // Never waited for (a gradient dropped unread): the transfer may still be writing the buffers, so
+  // finish it before they go. Its failure has no one left to tell.
+  ~InFlight() {
+    if (complete || !work) return;
+    try {
+      work->wait();
+    } catch (const std::exception&) {
+    }
+  }
+};
+
+StartedCollective::StartedCollective(std::shared_ptr<InFlight> in_flight) : in_flight_(std::move(in_flight)) {}
+
+const at::Tensor& StartedCollective::wait() {
+  if (!in_flight_) return result_;
+  InFlight& f = *in_flight_;
+  if (!f.complete) {
+    try {
+      f.work->wait();
+    } catch (const std::exception& e) {
+      throw failure(*f.mesh, f.dim, f.operation, f.start, e);
+    }
+    if (f.average_over > 0) divide_for_average(f.output, f.average_over);
+    // The work holds the buffers too (Gloo's keeps its input and a copy of it): let both go now, not
+    // when the last handle to the result does.
+    f.work.reset();
+    f.input = at::Tensor();
+    f.complete = true;
+  }
+  return f.output;
+}
+
+namespace {
+
+// Starts the collective `launch` runs on the group, as run does without waiting: the group is held
+// exclusively only while it is launched.
+template <typename Launch>
+std::shared_ptr<StartedCollective::InFlight> start(const MeshPtr& mesh, int64_t dim, const char* operation,
+                                                   at::Tensor input, at::Tensor output, Launch&& launch) {
+  if (auto* debug = CommDebugMode::active()) debug->record_collective(operation, dim, input.nbytes());
+  auto f = std::make_shared<StartedCollective::InFlight>();
+  f->mesh = mesh;
+  f->dim = dim;
+  f->operation = operation;
+  f->input = std::move(input);
+  f->output = std::move(output);
+  auto group = mesh->group(dim);
+  const MeshGroup::Exclusive exclusive(mesh->group_holder(dim), [&] { return where(*mesh, dim, operation); });
+  f->start = std::chrono::steady_clock::now();
+  try {
+    f->work = launch(*group, as_real(f->output), as_real(f->input));
+  } catch (const std::exception& e) {
+    throw failure(*mesh, dim, operation, f->start, e);
+  }
+  return f;
+}
+
+}  // namespace
+
+StartedCollective start_all_gather(const MeshPtr& mesh, int64_t dim, const at::Tensor& input) {
+  const auto sizes = gathered_sizes(input, mesh->size(dim));
+  if (alone(*mesh, dim)) return StartedCollective(input.reshape(sizes).clone());
+  return StartedCollective(start(mesh, dim, "all-gather", input.contiguous(), at::empty(sizes, input.options()),
+                                 [](c10d::Backend& g, at::Tensor out, at::Tensor in) { return all_gather_single(g, out, in); }));
+}
+
+StartedCollective start_reduce_scatter(const MeshPtr& mesh, int64_t dim, const at::Tensor& input, ReduceOp op) {
+  const auto sizes = scattered_sizes(input, mesh->size(dim));
+  require_reducible(input, op, "reduce-scatter");
+  if (alone(*mesh, dim)) return StartedCollective(input.clone());
+  c10d::ReduceScatterOptions options;
+  options.reduceOp = to_c10d(op);
+  auto f = start(mesh, dim, "reduce-scatter", input.contiguous(), at::empty(sizes, input.options()),
+                 [&](c10d::Backend& g, at::Tensor out, at::Tensor in) { return reduce_scatter_single(g, out, in, options); });
+  if (op == ReduceOp::Avg) f->average_over = mesh->size(dim);
+  return StartedCollective(std::move(f));
+}
+
+StartedCollective start_all_reduce(const MeshPtr& mesh, int64_t dim, const at::Tensor& input, ReduceOp op) {
+  require_reducible(input, op, "all-reduce");
+  at::Tensor copy = input.clone(at::MemoryFormat::Contiguous);
+  if (alone(*mesh, dim)) return StartedCollective(std::move(copy));
+  c10d::AllreduceOptions options;
+  options.reduceOp = to_c10d(op);
+  // In place on the copy: the output is the input.
+  auto f = start(mesh, dim, "all-reduce", copy, copy, [&](c10d::Backend& g, at::Tensor out, at::Tensor) {
+    std::vector<at::Tensor> tensors{out};
+    return g.allreduce(tensors, options);
+  });
+  if (op == ReduceOp::Avg) f->average_over = mesh->size(dim);
+  return StartedCollective(std::move(f));
 }
 
 }  // namespace dtensor::detail

@@ -6,12 +6,37 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "dtensor/device_mesh.h"
 #include "dtensor/placement.h"
 
 namespace dtensor::detail {
+
+// A collective started without waiting for it (async_op): wait() completes it and returns its
+// result, a failure becoming the blocking form's DTensorError; until then it holds its buffers. Other
+// collectives on the group may be started meanwhile (in the same order on every rank, as always).
+class StartedCollective {
+ public:
+  // A result there was nothing to wait for (a group of one).
+  explicit StartedCollective(at::Tensor result) : result_(std::move(result)) {}
+  // Waits once (for this and every copy of it); later calls return the result at once.
+  const at::Tensor& wait();
+
+  // What the start_ functions launched (defined in collectives.cpp).
+  struct InFlight;
+  explicit StartedCollective(std::shared_ptr<InFlight> in_flight);
+
+ private:
+  std::shared_ptr<InFlight> in_flight_;
+  at::Tensor result_;
+};
+
+// The started forms of all_gather, reduce_scatter and all_reduce (the input is not changed).
+StartedCollective start_all_gather(const MeshPtr& mesh, int64_t dim, const at::Tensor& input);
+StartedCollective start_reduce_scatter(const MeshPtr& mesh, int64_t dim, const at::Tensor& input, ReduceOp op);
+StartedCollective start_all_reduce(const MeshPtr& mesh, int64_t dim, const at::Tensor& input, ReduceOp op);
 
 // Concatenation along dim 0 of every member's `input` (equal shapes, contiguous), in coordinate order.
 at::Tensor all_gather(const DeviceMesh& mesh, int64_t dim, const at::Tensor& input);

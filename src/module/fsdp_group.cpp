@@ -8,6 +8,7 @@
 
 #include "../mesh/collectives.h"
 #include "../tensor/autograd_node_ptr.h"
+#include "../tensor/pending_local.h"
 #include "dtensor/api.h"
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/errors.h"
@@ -125,7 +126,7 @@ bool FsdpGroup::shards_changed() const {
   return false;
 }
 
-void FsdpGroup::gather_into_storage() {
+void FsdpGroup::start_gather() {
   at::NoGradGuard no_grad;
   at::Tensor send = at::empty({shard_numel_}, options_of(compute_dtype()));
   gathered_versions_.clear();
@@ -136,8 +137,15 @@ void FsdpGroup::gather_into_storage() {
     if (p.dim >= 0 && local.numel() > 0)
       send.narrow(0, p.flat_offset, local.numel()).view(block_shape(p, local.size(p.dim))).copy_(local.movedim(p.dim, 0));
   }
-  const at::Tensor all = shard_numel_ > 0 ? all_gather(*mesh_, dp_dim_, send).view({dp_size_, shard_numel_}) : at::Tensor();
-  send.reset();  // before the gathered storage: one buffer less at the peak
+  gathering_ = shard_numel_ > 0 ? start_all_gather(mesh_, dp_dim_, send) : StartedCollective(send);
+}
+
+void FsdpGroup::gather_into_storage() {
+  at::NoGradGuard no_grad;
+  // A prefetch whose shards changed since (an optimizer step in between) is stale: gather again.
+  if (!gathering_ || shards_changed()) start_gather();
+  const at::Tensor all = gathering_->wait().view({dp_size_, shard_numel_});
+  gathering_.reset();
   if (storage_.nbytes() == 0) allocate_storage();
   for (const Param& p : params_) {
     const at::Tensor whole = storage_view(p);
@@ -156,6 +164,45 @@ void FsdpGroup::gather_into_storage() {
         moved.narrow(0, r * p.rows_per_rank, rows).copy_(blocks[r].narrow(0, 0, rows).view(block_shape(p, rows)));
   }
   storage_filled_ = true;
+}
+
+std::shared_ptr<FsdpGroup> FsdpGroup::neighbour(int step) const {
+  const auto root = root_.lock();
+  if (!root) return nullptr;
+  const auto& order = root->forward_order_;
+  for (size_t i = 0; i < order.size(); ++i)
+    if (order[i].lock().get() == this) {
+      const auto j = static_cast<int64_t>(i) + step;
+      return j >= 0 && j < static_cast<int64_t>(order.size()) ? order[static_cast<size_t>(j)].lock() : nullptr;
+    }
+  return nullptr;
+}
+
+void FsdpGroup::prefetch() {
+  if (!storage_filled_ && !gathering_) start_gather();
+}
+
+void FsdpGroup::before_forward() {
+  const auto root = root_.lock();
+  if (root.get() == this) recording_.clear();
+  if (root) root->recording_.push_back(weak_from_this());
+  unshard();
+  if (const auto next = neighbour(+1); next && next->options_.overlap && next->options_.reshard_after_forward)
+    next->prefetch();
+}
+
+bool FsdpGroup::after_forward(bool backward_follows) {
+  if (is_root()) forward_order_ = recording_;
+  // Without a backward nothing saved the gathered parameters; the root's backward comes at once.
+  if (backward_follows && (!options_.reshard_after_forward || is_root())) return false;
+  reshard();
+  return backward_follows;
+}
+
+void FsdpGroup::before_backward() {
+  if (!storage_filled_) gather_into_storage();
+  if (const auto previous = neighbour(-1); previous && previous->options_.overlap && !previous->is_root())
+    previous->prefetch();
 }
 
 void FsdpGroup::point_slots(const std::vector<at::Tensor>& values) {
@@ -196,14 +243,18 @@ void FsdpGroup::reshard() {
   free_storage();
 }
 
-void FsdpGroup::refill() {
-  if (!storage_filled_) gather_into_storage();
-}
-
 std::vector<at::Tensor> FsdpGroup::reduce_gradients(const std::vector<at::Tensor>& whole_grads) {
   at::NoGradGuard no_grad;
   // Everything that read the gathered parameters has run: free them before the reduction's buffers.
   reshard();
+  // One group's reduction in flight at a time (as FSDP2): the previous group's completes before this
+  // one's buffers are made, so its [N x shard] input is freed instead of every group's piling up until
+  // the optimizer step reads the gradients.
+  const auto root = root_.lock();
+  if (root && root->reducing_) {
+    for (StartedCollective& previous : *root->reducing_) previous.wait();
+    root->reducing_.reset();
+  }
   at::Tensor flat = pending_grads_.defined() ? pending_grads_ : at::zeros({dp_size_ * shard_numel_}, options_of(reduce_dtype()));
   at::Tensor replicated =
       pending_replicated_.defined() ? pending_replicated_ : at::zeros({replicated_numel_}, options_of(reduce_dtype()));
@@ -241,31 +292,34 @@ std::vector<at::Tensor> FsdpGroup::reduce_gradients(const std::vector<at::Tensor
     pending_replicated_ = replicated;
   } else {
     pending_grads_ = pending_replicated_ = at::Tensor();
-    const at::Tensor mine = shard_numel_ > 0 ? reduce_scatter(*mesh_, dp_dim_, flat, ReduceOp::Avg).view({shard_numel_})
-                                             : at::Tensor();
-    if (replicated_numel_ > 0) all_reduce_(*mesh_, dp_dim_, replicated, ReduceOp::Avg);
-    grads = shard_gradients(mine, replicated, whole_grads);
+    StartedCollective mine = shard_numel_ > 0 ? start_reduce_scatter(mesh_, dp_dim_, flat, ReduceOp::Avg) : StartedCollective(flat);
+    StartedCollective averaged =
+        replicated_numel_ > 0 ? start_all_reduce(mesh_, dp_dim_, replicated, ReduceOp::Avg) : StartedCollective(replicated);
+    if (root && options_.overlap) root->reducing_ = std::vector<StartedCollective>{mine, averaged};
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!whole_grads[i].defined()) continue;
+      // The gradient as this rank's piece of the reduced buffers, made once they arrive.
+      auto finish = [this, self = shared_from_this(), i, mine, averaged]() mutable {
+        return shard_gradient(params_[i], mine.wait(), averaged.wait());
+      };
+      const at::Tensor& local = local_tensor_of(params_[i].sharded);
+      grads[i] = options_.overlap ? make_pending_dtensor(dtensor_impl(params_[i].sharded).shared_spec(), local.options(), finish)
+                                  : make_dtensor(finish(), dtensor_impl(params_[i].sharded).shared_spec());
+    }
   }
   return grads;
 }
 
-std::vector<at::Tensor> FsdpGroup::shard_gradients(const at::Tensor& mine, const at::Tensor& replicated,
-                                                   const std::vector<at::Tensor>& whole_grads) const {
-  std::vector<at::Tensor> grads(params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Param& p = params_[i];
-    if (!whole_grads[i].defined()) continue;
-    const at::Tensor& local = local_tensor_of(p.sharded);
-    at::Tensor grad;
-    if (p.dim < 0) {
-      grad = replicated.narrow(0, p.flat_offset, p.row_numel).view(local.sizes());
-    } else {
-      const int64_t rows = rows_on(dp_rank_, p.shape[p.dim], p.rows_per_rank);
-      grad = mine.narrow(0, p.flat_offset, rows * p.row_numel).view(block_shape(p, rows)).movedim(0, p.dim);
-    }
-    grads[i] = make_dtensor(grad.to(local.scalar_type()).contiguous(), dtensor_impl(p.sharded).shared_spec());
+at::Tensor FsdpGroup::shard_gradient(const Param& p, const at::Tensor& mine, const at::Tensor& replicated) const {
+  const at::Tensor& local = local_tensor_of(p.sharded);
+  at::Tensor grad;
+  if (p.dim < 0) {
+    grad = replicated.narrow(0, p.flat_offset, p.row_numel).view(local.sizes());
+  } else {
+    const int64_t rows = rows_on(dp_rank_, p.shape[p.dim], p.rows_per_rank);
+    grad = mine.view({shard_numel_}).narrow(0, p.flat_offset, rows * p.row_numel).view(block_shape(p, rows)).movedim(0, p.dim);
   }
-  return grads;
+  return grad.to(local.scalar_type()).contiguous();
 }
 
 }  // namespace dtensor::detail

@@ -5,7 +5,7 @@
 // Each rank's shards lie back to back in a flat send buffer, each padded to its torch.chunk size, so
 // that the all-gather's [N, per-rank] result holds every parameter's rank blocks at one offset. The
 // gathered parameters are views of one storage that reshard frees (its bytes, not the tensors): the
-// tensors autograd saved in forward keep pointing at it, and see the values again once refill fills it
+// tensors autograd saved in forward keep pointing at it, and see the values again once before_backward fills it
 // before backward.
 //
 // With tensor parallelism on the other mesh dim, a parameter's "whole" value is its tensor-parallel
@@ -17,9 +17,11 @@
 #include <c10/core/Storage.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "../mesh/collectives.h"
 #include "dtensor/device_mesh.h"
 #include "dtensor/fsdp.h"
 #include "dtensor/spec.h"
@@ -64,9 +66,21 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
 
   const std::string& name() const { return name_; }
   const FullyShardOptions& options() const { return options_; }
-  bool is_root() const { return is_root_; }
-  void set_root(bool root) { is_root_ = root; }
+  // The group of the outermost fully-sharded module around this one (itself until an ancestor is
+  // fully sharded): it records the order in which the groups run forward, for prefetching.
+  void set_root(const std::shared_ptr<FsdpGroup>& root) { root_ = root; }
+  bool is_root() const { return root_.lock().get() == this; }
   void set_requires_gradient_sync(bool sync) { requires_sync_ = sync; }
+
+  // The module's hooks. Before its forward: unshard, and (overlap) start gathering the group that ran
+  // after this one in the previous forward.
+  void before_forward();
+  // After its forward: free the gathered parameters unless backward needs them at once (the root) or
+  // nothing saved them for a backward. True when they were freed (backward then needs before_backward).
+  bool after_forward(bool backward_follows);
+  // Before its backward (its output's gradient arrived): the gathered values again, and (overlap) start
+  // gathering the group that ran before this one.
+  void before_backward();
 
   // Gathers the shards into the whole parameters and points the module's slots at them. Gathers again
   // when a shard changed since (an optimizer step), and under grad mode connects the whole parameters
@@ -75,9 +89,6 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   void unshard();
   // Frees the whole parameters' bytes and points the slots back at the sharded parameters.
   void reshard();
-  // Before the module's backward: the whole values again in the storage autograd saved (after a
-  // reshard freed it); the slots stay sharded.
-  void refill();
   // Whether `tensor` is one of this group's whole parameters (it lies in the group's storage).
   bool holds(const at::Tensor& tensor) const;
 
@@ -90,15 +101,19 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   at::ScalarType compute_dtype() const;
   at::ScalarType reduce_dtype() const;
   at::TensorOptions options_of(at::ScalarType dtype) const;
+  void start_gather();  // the shards' all-gather, started (`gathering_`)
   void gather_into_storage();
   bool shards_changed() const;
+  // The group `step` places after this one in the root's last forward order (null: none).
+  std::shared_ptr<FsdpGroup> neighbour(int step) const;
+  // Starts gathering this group ahead of its use, unless it has nothing to gather.
+  void prefetch();
   void allocate_storage();
   void free_storage();
   at::Tensor storage_view(const Param& p) const;  // a fresh tensor aliasing p's place in the storage
   void point_slots(const std::vector<at::Tensor>& values);
-  // The sharded parameters' gradients from the reduced flat buffers.
-  std::vector<at::Tensor> shard_gradients(const at::Tensor& mine, const at::Tensor& replicated,
-                                          const std::vector<at::Tensor>& whole_grads) const;
+  // The local gradient of `p`'s shard, from this rank's reduced flat buffers.
+  at::Tensor shard_gradient(const Param& p, const at::Tensor& mine, const at::Tensor& replicated) const;
 
   std::string name_;
   MeshPtr mesh_;
@@ -114,7 +129,10 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   std::vector<int64_t> gathered_versions_;  // of each shard (the DTensor's and its local's) when gathered
   bool unsharded_ = false;
   bool connected_ = false;  // the slots hold whole parameters with an autograd node
-  bool is_root_ = false;
+  std::weak_ptr<FsdpGroup> root_;
+  std::vector<std::weak_ptr<FsdpGroup>> forward_order_, recording_;  // the root's: last forward's, this one's
+  std::optional<StartedCollective> gathering_;  // this group's all-gather in flight
+  std::optional<std::vector<StartedCollective>> reducing_;  // the root's: the last group's reductions in flight
   bool requires_sync_ = true;
   // Whole gradients accumulated without sync: [dp_size * shard_numel_] and [replicated_numel_].
   at::Tensor pending_grads_, pending_replicated_;

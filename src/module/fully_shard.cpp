@@ -64,15 +64,10 @@ void check_floating(const std::optional<at::ScalarType>& dtype, const char* fiel
 
 // The parameters `module`'s group takes: its own and its submodules', except in submodules that are
 // fully sharded already (their groups own them). A tensor registered in several places (a tied weight)
-// is one parameter with several slots. `inner` collects the groups met on the way.
+// is one parameter with several slots.
 void collect(torch::nn::Module& module, const std::string& prefix, bool top,
-             std::vector<FsdpGroup::Param>& params, std::map<const c10::TensorImpl*, size_t>& index,
-             std::vector<std::shared_ptr<FsdpGroup>>& inner) {
-  if (!top)
-    if (auto group = group_of(module)) {
-      inner.push_back(std::move(group));
-      return;
-    }
+             std::vector<FsdpGroup::Param>& params, std::map<const c10::TensorImpl*, size_t>& index) {
+  if (!top && group_of(module)) return;
   for (const auto& item : module.named_parameters(/*recurse=*/false)) {
     const std::string path = prefix + item.key();
     const at::Tensor& tensor = item.value();
@@ -84,7 +79,7 @@ void collect(torch::nn::Module& module, const std::string& prefix, bool top,
     params[it->second].slots.push_back(ParameterSlot{&module, item.key(), path});
   }
   for (const auto& child : module.named_children())
-    collect(*child.value(), prefix + child.key() + ".", false, params, index, inner);
+    collect(*child.value(), prefix + child.key() + ".", false, params, index);
 }
 
 // Where the group shards: its mesh, the dp dim, and (on a 2-d mesh) the TP dim's mesh.
@@ -201,7 +196,7 @@ void cast_floating(std::vector<at::Tensor>& tensors, at::ScalarType dtype) {
 
 void install_hooks(torch::nn::Module& module, const std::shared_ptr<FsdpGroup>& group) {
   register_forward_pre_hook(module, [group](torch::nn::Module&, std::vector<at::Tensor>& inputs) {
-    group->unshard();
+    group->before_forward();
     if (const auto dtype = group->options().mp_policy.param_dtype) cast_floating(inputs, *dtype);
   });
   register_forward_hook(module, [group](torch::nn::Module&, at::Tensor output) {
@@ -211,14 +206,9 @@ void install_hooks(torch::nn::Module& module, const std::shared_ptr<FsdpGroup>& 
       output = std::move(outputs.front());
     }
     const bool backward_follows = torch::autograd::GradMode::is_enabled() && output.requires_grad();
-    if (!backward_follows) {
-      // Nothing saved the gathered parameters for a backward.
-      group->reshard();
-    } else if (group->options().reshard_after_forward && !group->is_root()) {
-      group->reshard();
-      // The gradient of the output reaches the module's backward before anything inside it runs.
-      output.register_hook([group](const at::Tensor&) { group->refill(); });
-    }
+    // The gradient of the output reaches the module's backward before anything inside it runs.
+    if (group->after_forward(backward_follows))
+      output.register_hook([group](const at::Tensor&) { group->before_backward(); });
     return output;
   });
 }
@@ -240,12 +230,13 @@ void fully_shard(torch::nn::Module& module, const MeshPtr& mesh, const FullyShar
 
   std::vector<FsdpGroup::Param> params;
   std::map<const c10::TensorImpl*, size_t> index;
-  std::vector<std::shared_ptr<FsdpGroup>> inner;
-  collect(module, "", true, params, index, inner);
+  collect(module, "", true, params, index);
   shard_parameters(params, sharding, name);
   auto group = std::make_shared<FsdpGroup>(name, mesh, sharding.dp_dim, options, std::move(params));
-  group->set_root(true);
-  for (const auto& child : inner) child->set_root(false);
+  // This module's group is the root of every group in it, however deep.
+  for (const auto& item : module.named_modules())
+    if (auto inside = group_of(*item.value())) inside->set_root(group);
+  group->set_root(group);
   install_hooks(module, group);
   std::lock_guard<std::mutex> lock(groups_mutex);
   Entry& entry = groups()[&module];

@@ -75,24 +75,44 @@ at::Tensor strided_all_gather_step(const at::Tensor& local, const RedistributeSt
   return whole.movedim(0, d).contiguous();
 }
 
+// An all-gather step's input: this rank's rows (the gathered dim leading), padded to the chunk size.
+at::Tensor all_gather_input(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
+  const int64_t d = step.from.dim();
+  return padded_rows(local.movedim(d, 0), padded_chunk_size(step.logical_shape[d], mesh.size(step.mesh_dim)));
+}
+
+// The gathered rows as the step's result. Chunks are full-size before partial and empty ones, so the
+// first rows (the dim's length) are the data.
+at::Tensor all_gather_output(const at::Tensor& gathered, const RedistributeStep& step) {
+  const int64_t d = step.from.dim();
+  const at::Tensor rows = gathered.narrow(0, 0, step.logical_shape[d]);
+  return d == 0 ? rows : rows.movedim(0, d).contiguous();
+}
+
 at::Tensor all_gather_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
   if (step.from.is_strided_shard()) return strided_all_gather_step(local, step, mesh);
-  const int64_t d = step.from.dim(), n = mesh.size(step.mesh_dim);
-  const int64_t length = step.logical_shape[d];
-  at::Tensor rows = padded_rows(local.movedim(d, 0), padded_chunk_size(length, n));
-  at::Tensor gathered = all_gather(mesh, step.mesh_dim, rows).narrow(0, 0, length);
-  // Chunks are full-size before partial and empty ones, so the first `length` rows are the data.
-  return d == 0 ? gathered : gathered.movedim(0, d).contiguous();
+  return all_gather_output(all_gather(mesh, step.mesh_dim, all_gather_input(local, step, mesh)), step);
+}
+
+// A reduce-scatter step's input: the rows of the scattered dim (leading), padded to n whole chunks.
+at::Tensor reduce_scatter_input(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
+  const int64_t d = step.to.dim();
+  return padded_rows(local.movedim(d, 0), padded_chunk_size(local.size(d), mesh.size(step.mesh_dim)) * mesh.size(step.mesh_dim));
+}
+
+// This rank's reduced chunk as the step's result; `length` is the scattered dim's length.
+at::Tensor reduce_scatter_output(const at::Tensor& mine, const RedistributeStep& step, int64_t length,
+                                 const DeviceMesh& mesh) {
+  const int64_t d = step.to.dim();
+  const int64_t keep = chunk_extent(length, mesh.size(step.mesh_dim), (*mesh.coordinate())[step.mesh_dim]).size;
+  const at::Tensor rows = mine.narrow(0, 0, keep);
+  return d == 0 ? rows : rows.movedim(0, d).contiguous();
 }
 
 at::Tensor reduce_scatter_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
-  const int64_t d = step.to.dim(), n = mesh.size(step.mesh_dim);
-  const int64_t length = local.size(d);
-  at::Tensor rows = padded_rows(local.movedim(d, 0), padded_chunk_size(length, n) * n);
-  at::Tensor mine = reduce_scatter(mesh, step.mesh_dim, rows, step.from.reduce_op());
-  const int64_t keep = chunk_extent(length, n, (*mesh.coordinate())[step.mesh_dim]).size;
-  mine = mine.narrow(0, 0, keep);
-  return d == 0 ? mine : mine.movedim(0, d).contiguous();
+  const at::Tensor mine =
+      reduce_scatter(mesh, step.mesh_dim, reduce_scatter_input(local, step, mesh), step.from.reduce_op());
+  return reduce_scatter_output(mine, step, local.size(step.to.dim()), mesh);
 }
 
 // True when every dim before `d` has size 1: pieces cut along `d` from a contiguous tensor of this
@@ -228,6 +248,63 @@ at::Tensor execute_plan(const RedistributePlan& plan, const at::Tensor& local, c
     current = run_step(current, step, mesh, direction, ownership);
   }
   return current;
+}
+
+namespace {
+
+// Starts the collective `step` on `current` and returns what waits for it and makes the step's result.
+std::function<at::Tensor()> start_collective_step(const at::Tensor& current, const RedistributeStep& step,
+                                                  const MeshPtr& mesh) {
+  switch (step.kind) {
+    case StepKind::AllGather: {
+      StartedCollective started = start_all_gather(mesh, step.mesh_dim, all_gather_input(current, step, *mesh));
+      return [started, step]() mutable { return all_gather_output(started.wait(), step); };
+    }
+    case StepKind::ReduceScatter: {
+      StartedCollective started =
+          start_reduce_scatter(mesh, step.mesh_dim, reduce_scatter_input(current, step, *mesh), step.from.reduce_op());
+      return [started, step, mesh, length = current.size(step.to.dim())]() mutable {
+        return reduce_scatter_output(started.wait(), step, length, *mesh);
+      };
+    }
+    default: {
+      StartedCollective started = start_all_reduce(mesh, step.mesh_dim, current, step.from.reduce_op());
+      return [started]() mutable { return started.wait(); };
+    }
+  }
+}
+
+}  // namespace
+
+StartedRedistribution start_redistribute_local(const at::Tensor& local, const DTensorSpec& from, const Placements& to) {
+  const DeviceMesh& mesh = *from.mesh;
+  const RedistributePlan* plan = mesh.coordinate() ? &cached_plan(from, to) : nullptr;
+  // The plan's steps that cross ranks: one of the kinds that start is what runs asynchronously.
+  size_t collective = 0, collectives = 0;
+  for (size_t i = 0; plan && i < plan->steps.size(); ++i)
+    if (is_collective(plan->steps[i].kind) && mesh.size(plan->steps[i].mesh_dim) > 1) {
+      collective = i;
+      ++collectives;
+    }
+  const auto startable = [&](const RedistributeStep& s) {
+    return (s.kind == StepKind::AllGather && !s.from.is_strided_shard()) || s.kind == StepKind::ReduceScatter ||
+           s.kind == StepKind::AllReduce;
+  };
+  if (collectives != 1 || !startable(plan->steps[collective])) return {redistribute_local(local, from, to), {}};
+  log_redistribute(from, to);
+  at::Tensor current = with_views_resolved(local);
+  for (size_t i = 0; i < collective; ++i)
+    current = run_step(current, plan->steps[i], mesh, Direction::Forward,
+                       current.is_alias_of(local) ? Ownership::Borrowed : Ownership::Donated);
+  // Copies: the per-thread plan cache may drop the plan before the result is waited for.
+  std::vector<RedistributeStep> rest(plan->steps.begin() + static_cast<std::ptrdiff_t>(collective) + 1, plan->steps.end());
+  return {at::Tensor(), [started = start_collective_step(current, plan->steps[collective], from.mesh),
+                          rest = std::move(rest), mesh = from.mesh]() {
+            at::Tensor result = started();
+            for (const RedistributeStep& step : rest)
+              result = run_step(result, step, *mesh, Direction::Forward, Ownership::Donated);
+            return result;
+          }};
 }
 
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from, const Placements& to,

@@ -3,6 +3,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+
 #include "dtensor/redistribute_plan.h"
 #include "dtensor/spec.h"
 
@@ -29,6 +31,16 @@ const RedistributePlan& cached_plan(const DTensorSpec& from, const Placements& t
 // replicated gradient for sum, the gradient divided by the group size for avg, and undefined for max/min.
 at::Tensor redistribute_local(const at::Tensor& local, const DTensorSpec& from, const Placements& to,
                               Direction direction = Direction::Forward, Ownership ownership = Ownership::Borrowed);
+
+// redistribute_local (forward) with the plan's collective started and not waited for: `finish` waits
+// for it, runs the plan's steps after it and returns the local shard. A plan that crosses ranks more
+// than once, or by a collective other than an all-gather of Shard, a reduce-scatter or an all-reduce,
+// runs to the end here instead: `done` is its result and `finish` is empty.
+struct StartedRedistribution {
+  at::Tensor done;
+  std::function<at::Tensor()> finish;
+};
+StartedRedistribution start_redistribute_local(const at::Tensor& local, const DTensorSpec& from, const Placements& to);
 
 // This rank's chunk of each block of `whole` (the tensor as a group along `mesh_dim` holds it) under
 // `strided`, a StridedShard along that mesh dim.

@@ -46,6 +46,10 @@ at::Tensor fast_t(c10::DispatchKeySet keys, const at::Tensor& self) {
 
 at::Tensor fast_detach(c10::DispatchKeySet keys, const at::Tensor& self) {
   static const c10::OperatorHandle op = handle("aten::detach");
+  // A DTensor still arriving (a gradient whose reduce-scatter is in flight) stays so: autograd detaches
+  // each gradient it stores, and that must not wait for the transfer. The copy shares the wait.
+  if (const DTensorImpl* impl = as_dtensor(self); impl != nullptr && impl->local_pending())
+    return at::Tensor(impl->shallow_copy_and_detach(impl->version_counter(), impl->allow_tensor_metadata_change()));
   return one_tensor_view(op, keys, self, [](const at::Tensor& local) { return local.detach(); });
 }
 

@@ -7,6 +7,7 @@
 #include "../redistribute/cross_mesh.h"
 #include "../redistribute/executor.h"
 #include "autograd_nodes.h"
+#include "pending_local.h"
 #include "donation.h"
 #include "dtensor/errors.h"
 #include "dtensor/world.h"
@@ -291,6 +292,25 @@ at::Tensor redistribute(at::Tensor&& dtensor, const MeshPtr& mesh, const Placeme
   if (target == spec.placements) return std::move(dtensor);
   const at::Tensor owned = std::move(dtensor);  // consumed whether or not it can be donated
   return redistribute_to(owned, target, detail::donatable(owned) ? detail::Ownership::Donated : detail::Ownership::Borrowed);
+}
+
+at::Tensor redistribute(const at::Tensor& dtensor, const MeshPtr& mesh, const Placements& placements,
+                        const RedistributeOptions& options) {
+  if (!options.async_op) return redistribute(dtensor, mesh, placements);
+  const auto& impl = dtensor_impl(dtensor, "redistribute");
+  const DTensorSpec& spec = impl.spec();
+  const Placements target = redistribute_target(spec, mesh, placements);
+  if (mesh && !same_mesh(mesh, spec.mesh)) return redistribute_across_meshes(dtensor, mesh, target);
+  if (target == spec.placements) return dtensor;
+  auto started = detail::start_redistribute_local(impl.local(), spec, target);
+  auto out_spec = std::make_shared<const DTensorSpec>(spec.with_placements(target));
+  at::Tensor out = started.finish ? detail::make_pending_dtensor(std::move(out_spec), impl.local().options(),
+                                                                 [finish = std::move(started.finish), meta = spec.meta] {
+                                                                   return in_global_layout(finish(), meta);
+                                                                 })
+                                  : make_dtensor(in_global_layout(started.done, spec.meta), std::move(out_spec));
+  detail::record(detail::make_node<detail::RedistributeBackward>(spec), dtensor, out);
+  return out;
 }
 
 at::Tensor full_tensor(const at::Tensor& dtensor, std::optional<Placements> grad_placements) {

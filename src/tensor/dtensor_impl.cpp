@@ -8,6 +8,7 @@
 
 #include "as_dtensor.h"
 #include "dtensor/errors.h"
+#include "pending_local.h"
 
 namespace dtensor {
 
@@ -19,6 +20,17 @@ DTensorImpl::DTensorImpl(at::Tensor local, std::shared_ptr<const DTensorSpec> sp
   set_sizes_and_strides(spec_->meta.shape, spec_->meta.stride);
 }
 
+DTensorImpl::DTensorImpl(at::Tensor placeholder, std::shared_ptr<const DTensorSpec> spec,
+                         std::shared_ptr<detail::PendingLocal> pending)
+    : DTensorImpl(std::move(placeholder), std::move(spec)) {
+  pending_ = std::move(pending);
+}
+
+void DTensorImpl::wait_for_local() const {
+  local_ = pending_->get();
+  pending_.reset();
+}
+
 void DTensorImpl::reset_spec(std::shared_ptr<const DTensorSpec> spec) {
   spec_ = std::move(spec);
   set_sizes_and_strides(spec_->meta.shape, spec_->meta.stride);
@@ -27,7 +39,7 @@ void DTensorImpl::reset_spec(std::shared_ptr<const DTensorSpec> spec) {
 template <typename Version>
 c10::intrusive_ptr<c10::TensorImpl> DTensorImpl::copy_with_version(Version&& version,
                                                                    bool allow_tensor_metadata_change) const {
-  auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_);
+  auto impl = c10::make_intrusive<DTensorImpl>(local_, spec_, pending_);
   copy_tensor_metadata(this, impl.get(), std::forward<Version>(version), allow_tensor_metadata_change);
   return impl;
 }
@@ -47,6 +59,7 @@ void DTensorImpl::shallow_copy_from(const c10::intrusive_ptr<c10::TensorImpl>& i
   if (other == nullptr) throw DTensorError("set_data: a DTensor's data can only be replaced by another DTensor");
   copy_tensor_metadata(other, this, version_counter(), allow_tensor_metadata_change());
   local_ = other->local_;
+  pending_ = other->pending_;
   spec_ = other->spec_;
 }
 
@@ -56,14 +69,16 @@ std::vector<void (*)()>& first_dtensor_actions() {
   return actions;
 }
 
-// The DTensor over `local`, running the actions registered for the first one before it exists.
-at::Tensor new_dtensor(at::Tensor local, std::shared_ptr<const DTensorSpec> spec) {
+// The DTensor over `local` (a placeholder while `pending`), running the actions registered for the
+// first one before it exists.
+at::Tensor new_dtensor(at::Tensor local, std::shared_ptr<const DTensorSpec> spec,
+                       std::shared_ptr<detail::PendingLocal> pending = nullptr) {
   static const bool ran = [] {
     for (auto action : first_dtensor_actions()) action();
     return true;
   }();
   (void)ran;
-  return at::Tensor(c10::make_intrusive<DTensorImpl>(std::move(local), std::move(spec)));
+  return at::Tensor(c10::make_intrusive<DTensorImpl>(std::move(local), std::move(spec), std::move(pending)));
 }
 }  // namespace
 
@@ -75,6 +90,11 @@ at::Tensor make_dtensor(const at::Tensor& local, std::shared_ptr<const DTensorSp
 
 at::Tensor make_dtensor(const at::Tensor& local, DTensorSpec spec) {
   return make_dtensor(local, std::make_shared<const DTensorSpec>(std::move(spec)));
+}
+
+at::Tensor detail::make_pending_dtensor(std::shared_ptr<const DTensorSpec> spec, const at::TensorOptions& options,
+                                        std::function<at::Tensor()> finish) {
+  return new_dtensor(at::empty({0}, options), std::move(spec), std::make_shared<PendingLocal>(std::move(finish)));
 }
 
 namespace detail {
