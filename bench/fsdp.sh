@@ -41,8 +41,10 @@ vocabulary, 0.41M parameters; large: dim 512, 8 heads, 8 layers, ffn 2048, 25.3M
 ranks on these $(nproc) cores (oversubscribed: times include ranks waiting for a core), one intra-op
 thread per rank, each rank with its own batch of 8, AdamW (lr 3e-3, weight decay 0.01), fully_shard on
 each block and on the root. A step is forward, backward, the optimizer step, zero_grad and reading the
-loss, after a barrier. *dtensor*: \`gpt::fully_shard\` (reshard_after_forward on unless the row says
-off), \`dtensor::step_on_local_shards\`. *hand-written ZeRO-3*: FSDP1's flat parameter over raw c10d
+loss, after a barrier. *dtensor*: \`gpt::fully_shard\` (reshard_after_forward and overlap on unless the
+row says off; overlap: the next group's all-gather started before this one computes, in forward and
+backward, and one group's reduce-scatter left in flight until the next starts or the gradients are
+read), \`dtensor::step_on_local_shards\`. *hand-written ZeRO-3*: FSDP1's flat parameter over raw c10d
 (\`bench/fsdp_bench.cpp\`): one all-gather per group before its forward, straight into the flat buffer
 the parameters are views of, never freed (so it gathers once per step, as fully_shard with
 reshard_after_forward off does), gradients accumulated by autograd into a flat buffer and
@@ -54,8 +56,10 @@ dtensor's. *PyTorch FSDP2*: \`torch.distributed.fsdp.fully_shard\` on the same m
 steps; with TP=2 its Megatron plan gathers the logits (dtensor's keeps them class-sharded into the
 loss). Step time: rank 0's, median and middle half over the timed steps. Peak RSS: the largest
 \`ru_maxrss\` over ranks (each process's whole footprint: LibTorch, Python for PyTorch, the model).
-Every collective blocks in both dtensor and the hand-written run (no prefetch, no asynchronous
-reduce-scatter yet).
+The hand-written run's collectives all block. With 4 ranks on $(nproc) cores there is no idle core for
+a transfer to run on while another computes, so overlap can only hide waiting on peers, not
+transfer time: on a GPU, NCCL's transfers run on their own stream and the overlap is what it is built
+for.
 
 | model | layout | implementation | backend | step ms | middle half | peak RSS per rank, MiB |
 | --- | --- | --- | --- | --- | --- | --- |
@@ -63,6 +67,7 @@ EOF
   for backend in default gloo; do
     dtensor_rows "" $backend --config demo --rounds "$ROUNDS"
     dtensor_rows ", reshard after forward off" $backend --config demo --reshard 0 --rounds "$ROUNDS"
+    dtensor_rows ", overlap off" $backend --config demo --overlap 0 --rounds "$ROUNDS"
     dtensor_rows " (alone)" $backend --config demo --impl dtensor --rounds "$ROUNDS"
     dtensor_rows " (alone)" $backend --config demo --tp 2 --rounds "$ROUNDS"
   done
@@ -71,6 +76,7 @@ EOF
   for backend in default gloo; do
     dtensor_rows ", reshard after forward off" $backend --config large --reshard 0 --rounds "$LARGE_ROUNDS"
     dtensor_rows " (alone)" $backend --config large --impl dtensor --rounds "$LARGE_ROUNDS"
+    dtensor_rows " (alone), overlap off" $backend --config large --impl dtensor --overlap 0 --rounds "$LARGE_ROUNDS"
   done
   "$PYTHON" "$ROOT/bench/fsdp_pytorch.py" --config large --rounds "$LARGE_ROUNDS"
   echo

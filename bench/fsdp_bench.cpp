@@ -4,11 +4,13 @@
 // Rank 0 prints Markdown table rows; bench/fsdp.sh (./dev bench fsdp) runs the configurations and
 // PyTorch's own fully_shard (bench/fsdp_pytorch.py) beside them.
 //
-//   dtensor_fsdp_bench [--config demo|large] [--tp 1|2] [--impl both|dtensor] [--reshard 0|1] [--rounds R]
+//   dtensor_fsdp_bench [--config demo|large] [--tp 1|2] [--impl both|dtensor] [--reshard 0|1] [--overlap 0|1]
+//                      [--rounds R]
 //
 // --config demo: the main job's model (0.41M parameters); large: dim 512, 8 heads, 8 layers, ffn 2048
 // (25.3M). --tp 2: FSDP over half the ranks x TP=2 (dtensor only). --impl dtensor: dtensor alone, so
 // that the process's peak RSS is dtensor's. --reshard 0: fully_shard's reshard_after_forward off.
+// --overlap 0: FullyShardOptions::overlap off (every collective blocks).
 //
 // The hand-written ZeRO-3 keeps each group's parameters as views of one flat buffer [N x S] (the
 // parameters back to back, padded to a multiple of N; FSDP1's flat parameter), all-gathers a group's
@@ -53,6 +55,7 @@ struct Args {
   int tp = 1;
   std::string impl = "both";
   bool reshard = true;
+  bool overlap = true;
   int rounds = 10;
 };
 
@@ -66,8 +69,9 @@ Args parse(int argc, char** argv) {
     else if (flag == "--tp") args.tp = std::stoi(value);
     else if (flag == "--impl") args.impl = value;
     else if (flag == "--reshard") args.reshard = value != "0";
+    else if (flag == "--overlap") args.overlap = value != "0";
     else if (flag == "--rounds") args.rounds = std::stoi(value);
-    else throw std::invalid_argument("unknown flag " + flag + " (use --config, --tp, --impl, --reshard, --rounds)");
+    else throw std::invalid_argument("unknown flag " + flag + " (use --config, --tp, --impl, --reshard, --overlap, --rounds)");
   }
   if ((args.config != "demo" && args.config != "large") || (args.tp != 1 && args.tp != 2) ||
       (args.impl != "both" && args.impl != "dtensor") || args.rounds < 1)
@@ -220,7 +224,7 @@ int main(int argc, char** argv) {
     std::vector<Contender> contenders;
     gpt::Gpt model = seeded_model(config);
     if (args.tp == 2) gpt::parallelize(model, (*mesh)["tp"]);
-    gpt::fully_shard(model, mesh, {.reshard_after_forward = args.reshard});
+    gpt::fully_shard(model, mesh, {.reshard_after_forward = args.reshard, .overlap = args.overlap});
     torch::optim::AdamW optimizer(model->parameters(), adamw_options());
     contenders.push_back({"dtensor fully_shard",
                           [&](const gpt::Batch& b) {
@@ -288,8 +292,8 @@ int main(int argc, char** argv) {
         else std::printf(" (both in one process) |\n");
       }
       if (!ratios.empty())
-        std::printf("\nRatio dtensor / hand-written per round (%s, %s, reshard_after_forward %s): median %.3f, middle half %.3f-%.3f\n\n",
-                    args.config.c_str(), backend.c_str(), args.reshard ? "on" : "off", median(ratios),
+        std::printf("\nRatio dtensor / hand-written per round (%s, %s, reshard_after_forward %s, overlap %s): median %.3f, middle half %.3f-%.3f\n\n",
+                    args.config.c_str(), backend.c_str(), args.reshard ? "on" : "off", args.overlap ? "on" : "off", median(ratios),
                     quantile(ratios, 0.25), quantile(ratios, 0.75));
     }
     return 0;
