@@ -6,6 +6,9 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <mutex>
+#include <unordered_set>
+
 #include "../mesh/collectives.h"
 #include "../tensor/autograd_node_ptr.h"
 #include "../tensor/pending_local.h"
@@ -32,6 +35,13 @@ struct FsdpGatherBackward : torch::autograd::Node {
 // `per_rank`.
 int64_t rows_on(int64_t r, int64_t rows, int64_t per_rank) {
   return std::clamp<int64_t>(rows - r * per_rank, 0, per_rank);
+}
+
+// The storages of the live groups (what is_gathered_fsdp_parameter looks up).
+std::mutex storages_mutex;
+std::unordered_set<const c10::StorageImpl*>& group_storages() {
+  static std::unordered_set<const c10::StorageImpl*> storages;
+  return storages;
 }
 
 int64_t version_of(const at::Tensor& t) { return static_cast<int64_t>(t._version()); }
@@ -76,6 +86,13 @@ FsdpGroup::FsdpGroup(std::string name, MeshPtr mesh, int64_t dp_dim, FullyShardO
   }
   storage_ = c10::Storage(c10::Storage::use_byte_size_t(), 0, c10::GetAllocator(mesh_->device_type()),
                           /*resizable=*/true);
+  std::lock_guard<std::mutex> lock(storages_mutex);
+  group_storages().insert(storage_.unsafeGetStorageImpl());
+}
+
+FsdpGroup::~FsdpGroup() {
+  std::lock_guard<std::mutex> lock(storages_mutex);
+  group_storages().erase(storage_.unsafeGetStorageImpl());
 }
 
 at::ScalarType FsdpGroup::compute_dtype() const {
@@ -110,12 +127,6 @@ at::Tensor FsdpGroup::storage_view(const Param& p) const {
   for (int64_t d = static_cast<int64_t>(p.shape.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * p.shape[d + 1];
   t.set_(storage_, p.whole_offset, p.shape, strides);
   return t;
-}
-
-bool FsdpGroup::holds(const at::Tensor& tensor) const {
-  if (!tensor.defined()) return false;
-  const at::Tensor& t = plain(tensor);
-  return t.has_storage() && t.storage().unsafeGetStorageImpl() == storage_.unsafeGetStorageImpl();
 }
 
 bool FsdpGroup::shards_changed() const {
@@ -320,6 +331,14 @@ at::Tensor FsdpGroup::shard_gradient(const Param& p, const at::Tensor& mine, con
     grad = mine.view({shard_numel_}).narrow(0, p.flat_offset, rows * p.row_numel).view(block_shape(p, rows)).movedim(0, p.dim);
   }
   return grad.to(local.scalar_type()).contiguous();
+}
+
+bool is_gathered_fsdp_parameter(const at::Tensor& tensor) {
+  if (!tensor.defined()) return false;
+  const at::Tensor& t = plain(tensor);
+  if (!t.has_storage()) return false;
+  std::lock_guard<std::mutex> lock(storages_mutex);
+  return group_storages().count(t.storage().unsafeGetStorageImpl()) > 0;
 }
 
 }  // namespace dtensor::detail

@@ -63,6 +63,9 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   // `params` have their slots, sharded DTensors, gathered specs, shapes and dims set. `dp_dim` is the
   // mesh dim FSDP shards over.
   FsdpGroup(std::string name, MeshPtr mesh, int64_t dp_dim, FullyShardOptions options, std::vector<Param> params);
+  ~FsdpGroup();
+  FsdpGroup(const FsdpGroup&) = delete;
+  FsdpGroup& operator=(const FsdpGroup&) = delete;
 
   const std::string& name() const { return name_; }
   const FullyShardOptions& options() const { return options_; }
@@ -89,8 +92,6 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   void unshard();
   // Frees the whole parameters' bytes and points the slots back at the sharded parameters.
   void reshard();
-  // Whether `tensor` is one of this group's whole parameters (it lies in the group's storage).
-  bool holds(const at::Tensor& tensor) const;
 
   // The backward: whole gradients (in the gathered order, undefined for an unused parameter) reduced
   // onto the shards, as DTensor gradients of the sharded parameters (undefined while accumulating
@@ -138,7 +139,8 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   at::Tensor pending_grads_, pending_replicated_;
 };
 
-// Whether `tensor` is a gathered parameter of some fully_shard group (fully_shard.cpp keeps the groups).
+// Whether `tensor` is a gathered parameter of a live fully_shard group (it lies in a group's storage).
+// One set lookup: the optimizer step asks it of every parameter.
 bool is_gathered_fsdp_parameter(const at::Tensor& tensor);
 
 }  // namespace dtensor::detail

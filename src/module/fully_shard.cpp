@@ -256,14 +256,4 @@ void set_requires_gradient_sync(torch::nn::Module& module, bool requires_sync) {
     if (auto group = group_of(*item.value())) group->set_requires_gradient_sync(requires_sync);
 }
 
-namespace detail {
-
-bool is_gathered_fsdp_parameter(const at::Tensor& tensor) {
-  std::lock_guard<std::mutex> lock(groups_mutex);
-  for (const auto& [module, entry] : groups())
-    if (entry.group->holds(tensor)) return true;
-  return false;
-}
-
-}  // namespace detail
 }  // namespace dtensor
