@@ -44,7 +44,8 @@ each block and on the root. A step is forward, backward, the optimizer step, zer
 loss, after a barrier. *dtensor*: \`gpt::fully_shard\` (reshard_after_forward and overlap on unless the
 row says off; overlap: the next group's all-gather started before this one computes, in forward and
 backward, and one group's reduce-scatter left in flight until the next starts or the gradients are
-read), \`dtensor::step_on_local_shards\`. *hand-written ZeRO-3*: FSDP1's flat parameter over raw c10d
+read), \`dtensor::step_on_local_shards\` with \`fused\` on (AdamW in ATen's fused kernel, which the
+hand-written run uses as well). *hand-written ZeRO-3*: FSDP1's flat parameter over raw c10d
 (\`bench/fsdp_bench.cpp\`): one all-gather per group before its forward, straight into the flat buffer
 the parameters are views of, never freed (so it gathers once per step, as fully_shard with
 reshard_after_forward off does), gradients accumulated by autograd into a flat buffer and

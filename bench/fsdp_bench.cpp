@@ -16,7 +16,8 @@
 // parameters back to back, padded to a multiple of N; FSDP1's flat parameter), all-gathers a group's
 // flat shard into it before the group's forward (a forward pre-hook), lets autograd accumulate the
 // gradients into a flat gradient buffer they are views of, reduce-scatters each group's buffer after
-// backward, and steps AdamW on the flat shards. It never frees the gathered buffer, so it does the
+// backward, and steps AdamW on the flat shards (both in ATen's fused kernel: step_on_local_shards with
+// fused on, as dtensor's). It never frees the gathered buffer, so it does the
 // communication of fully_shard with reshard_after_forward off: one all-gather and one reduce-scatter
 // per group and step.
 
@@ -233,14 +234,14 @@ int main(int argc, char** argv) {
                             return loss;
                           },
                           [&] {
-                            dtensor::step_on_local_shards(optimizer);
+                            dtensor::step_on_local_shards(optimizer, {.fused = true});
                             optimizer.zero_grad();
                           }});
     std::unique_ptr<HandZero3> hand;
     if (args.impl == "both") {
       hand = std::make_unique<HandZero3>(config, everyone->group(0));
       contenders.push_back({"hand-written ZeRO-3", [&](const gpt::Batch& b) { return hand->forward_backward(b); },
-                            [&] { hand->optimizer->step(); }});
+                            [&] { dtensor::step_on_local_shards(*hand->optimizer, {.fused = true}); }});
     }
 
     auto barrier = [&] { everyone->group(0)->barrier()->wait(); };

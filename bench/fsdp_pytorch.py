@@ -1,11 +1,11 @@
 """PyTorch's own fully_shard (FSDP2) on the same GPT as bench/fsdp_bench.cpp, for bench/fsdp.sh.
 
 Same model (scripts/export_test_models.py mirrors examples/gpt module for module), same seed and
-sizes, AdamW with the main job's settings, 4 ranks on Gloo, one intra-op thread per rank, each rank
-with its own batch of 8; fully_shard on each block and on the root. With --tp 2: TP=2 on mesh["tp"]
-(the Megatron plan: column-parallel q/k/v, fc1 and head, row-parallel wo, fc2 and the vocabulary-
-parallel embedding), then fully_shard over mesh["dp"]. Prints one Markdown table row as
-bench/fsdp_bench.cpp does: median step time, middle half, and the largest peak RSS over ranks.
+sizes, AdamW with the main job's settings (fused=True, as dtensor's fused step), 4 ranks on Gloo,
+one intra-op thread per rank, each rank with its own batch of 8; fully_shard on each block and on the
+root. With --tp 2: TP=2 on mesh["tp"] (the Megatron plan: column-parallel q/k/v, fc1 and head,
+row-parallel wo, fc2 and the vocabulary-parallel embedding), then fully_shard over mesh["dp"]. Prints
+one Markdown table row as bench/fsdp_bench.cpp does: median step time, middle half, and the largest peak RSS over ranks.
 
     python bench/fsdp_pytorch.py --config demo|large [--tp 1|2] [--rounds R]
 """
@@ -67,7 +67,7 @@ def run(rank, world, args, port):
     for block in model.blocks:
         fully_shard(block, mesh=dp)
     fully_shard(model, mesh=dp)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, fused=True)
     generator = torch.Generator().manual_seed(1234 + dp.get_local_rank())
     tokens = torch.randint(c["vocab"], (4, BATCH, c["seq_len"] + 1), generator=generator)
 

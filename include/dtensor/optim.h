@@ -24,7 +24,15 @@ namespace dtensor {
 // state, as with optimizer.step(). Adam, AdamW and SGD, whose updates are elementwise, are supported;
 // any other optimizer is refused (its step may mix elements of a parameter), and so is a Partial
 // parameter (Adam's squared gradients need its value). Plain tensor parameters are stepped as they are.
-void step_on_local_shards(torch::optim::Optimizer& optimizer);
+struct LocalStepOptions {
+  // Adam and AdamW: each param group's update in one ATen fused kernel (at::_fused_adamw_, what
+  // PyTorch's `fused=True` runs) over every shard, instead of LibTorch's ten or so ops per parameter.
+  // The same update and the same state objects, rounded in another order: it may differ from
+  // LibTorch's step in the last bits. Taken only where the kernel takes every tensor (contiguous,
+  // gradients in their parameters' dtype); otherwise, and for SGD, LibTorch's step runs.
+  bool fused = false;
+};
+void step_on_local_shards(torch::optim::Optimizer& optimizer, const LocalStepOptions& options = {});
 
 // Scales the gradients of `parameters` in place so that their global norm (of order norm_type; 2 by
 // default, infinity allowed) is at most max_norm, and returns that norm as it was before clipping.

@@ -14,6 +14,7 @@
 #include "dtensor/errors.h"
 #include "dtensor/optim.h"
 #include "fsdp_group.h"
+#include "fused_adam_step.h"
 
 namespace dtensor {
 namespace {
@@ -114,7 +115,7 @@ void swap_out(Swap& s, States& states) {
 
 }  // namespace
 
-void step_on_local_shards(torch::optim::Optimizer& optimizer) {
+void step_on_local_shards(torch::optim::Optimizer& optimizer, const LocalStepOptions& options) {
   if (!elementwise(optimizer))
     throw DTensorError("step_on_local_shards supports Adam, AdamW and SGD, whose updates are elementwise; this "
                        "optimizer's step may mix the elements of a parameter, so call optimizer.step() on the "
@@ -146,7 +147,7 @@ void step_on_local_shards(torch::optim::Optimizer& optimizer) {
         swapped.emplace(slot.unsafeGetTensorImpl(), swaps.size());
         swaps.push_back(swap_in(slot, states));
       }
-    optimizer.step();
+    if (!(options.fused && detail::try_fused_adam_step(optimizer))) optimizer.step();
   } catch (...) {
     for (Swap& s : swaps) swap_out(s, states);
     throw;

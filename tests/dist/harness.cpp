@@ -172,20 +172,22 @@ at::Tensor expected_shard(const at::Tensor& full, const MeshPtr& mesh, const Pla
 }
 
 namespace {
-thread_local int64_t g_host_syncs = 0;
+thread_local std::string g_counted_op;
+thread_local int64_t g_op_calls = 0;
 
-std::unique_ptr<at::ObserverContext> count_host_sync(const at::RecordFunction& fn) {
-  if (std::string_view(fn.name()) == "aten::_local_scalar_dense") ++g_host_syncs;
+std::unique_ptr<at::ObserverContext> count_op(const at::RecordFunction& fn) {
+  if (std::string_view(fn.name()) == g_counted_op) ++g_op_calls;
   return nullptr;
 }
 }  // namespace
 
-HostSyncCounter::HostSyncCounter()
-    : handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(count_host_sync).needsInputs(false))) {
-  g_host_syncs = 0;
+OpCounter::OpCounter(std::string op_name)
+    : handle_(at::addThreadLocalCallback(at::RecordFunctionCallback(count_op).needsInputs(false))) {
+  g_counted_op = std::move(op_name);
+  g_op_calls = 0;
 }
-HostSyncCounter::~HostSyncCounter() { at::removeCallback(handle_); }
-int64_t HostSyncCounter::count() const { return g_host_syncs; }
+OpCounter::~OpCounter() { at::removeCallback(handle_); }
+int64_t OpCounter::count() const { return g_op_calls; }
 
 }  // namespace dtensor::testing
 

@@ -52,14 +52,14 @@ at::Tensor make_dtensor_holding(const at::Tensor& full, const MeshPtr& mesh, con
 // This rank's expected shard of `full` for non-Partial placements.
 at::Tensor expected_shard(const at::Tensor& full, const MeshPtr& mesh, const Placements& placements);
 
-// Counts the host syncs (item(): aten::_local_scalar_dense calls, each a stall on CUDA) this thread
-// makes while alive.
-class HostSyncCounter {
+// Counts the calls of one ATen operator (e.g. "aten::_local_scalar_dense", item()'s host sync, each a
+// stall on CUDA) that this thread makes while the counter is alive.
+class OpCounter {
  public:
-  HostSyncCounter();
-  ~HostSyncCounter();
-  HostSyncCounter(const HostSyncCounter&) = delete;
-  HostSyncCounter& operator=(const HostSyncCounter&) = delete;
+  explicit OpCounter(std::string op_name);
+  ~OpCounter();
+  OpCounter(const OpCounter&) = delete;
+  OpCounter& operator=(const OpCounter&) = delete;
   int64_t count() const;
 
  private:

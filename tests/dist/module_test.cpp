@@ -112,7 +112,7 @@ TEST_F(ModuleTest, ClipGradNormUsesTheGlobalNormAcrossShards) {
     call(reference, x).pow(2).sum().mul(2).backward();
     const double expected = torch::nn::utils::clip_grad_norm_(reference->parameters(), 1.0, norm_type);
     CommDebugMode debug;
-    HostSyncCounter syncs;
+    OpCounter syncs("aten::_local_scalar_dense");
     const double norm = clip_grad_norm_(parallel->parameters(), 1.0, norm_type);
     EXPECT_EQ(syncs.count(), 1) << "one host sync per clip, not one per parameter";
     EXPECT_NEAR(norm, expected, 1e-9 * expected) << norm_type;

@@ -1,7 +1,8 @@
 // step_on_local_shards: LibTorch's Adam, AdamW and SGD stepped on the shards of DTensor parameters
 // give the parameters and optimizer state of the same optimizer on the full tensors on one device,
 // dispatch no DTensor op when gradients are placed like their parameters, and leave the optimizer
-// over its DTensors (state included) so that a plain step or a checkpoint can follow.
+// over its DTensors (state included) so that a plain step or a checkpoint can follow; the same with
+// Adam and AdamW fused into one ATen kernel per param group.
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -40,19 +41,24 @@ using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(std
 struct Case {
   std::string name;
   MakeOptimizer make;
+  std::string fused_kernel;  // the ATen operator a fused step on shards runs ("": none, LibTorch's step)
 };
 
 std::vector<Case> optimizers() {
   return {
-      {"AdamW", [](auto p) { return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.1)); }},
+      {"AdamW", [](auto p) { return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.1)); },
+       "aten::_fused_adamw_"},
       {"AdamW amsgrad",
-       [](auto p) { return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.1).amsgrad(true)); }},
+       [](auto p) { return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.1).amsgrad(true)); },
+       "aten::_fused_adamw_"},
       {"Adam weight decay",
-       [](auto p) { return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.1).weight_decay(0.1)); }},
+       [](auto p) { return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.1).weight_decay(0.1)); },
+       "aten::_fused_adam_"},
       {"SGD nesterov", [](auto p) {
          return std::make_unique<torch::optim::SGD>(
              p, torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(0.01));
-       }},
+       },
+       ""},
   };
 }
 
@@ -68,7 +74,8 @@ std::vector<at::Tensor> state_of(torch::optim::Optimizer& optimizer, const at::T
 
 // Three steps with new gradients each: the first two on local shards, the last a plain DTensor step
 // (the state the shard steps made must serve it), against the optimizer on the full tensors.
-void check_against_one_device(const MeshPtr& m, const std::vector<Param>& params, const Case& c) {
+void check_against_one_device(const MeshPtr& m, const std::vector<Param>& params, const Case& c,
+                              const LocalStepOptions& step_options = {}) {
   std::vector<at::Tensor> full, dist;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor value = test_tensor(params[i].shape, at::kDouble, 30 + i) / 4;
@@ -84,7 +91,11 @@ void check_against_one_device(const MeshPtr& m, const std::vector<Param>& params
       dist[i].mutable_grad() = make_dtensor_holding(grad, m, params[i].grad_placements, step);
     }
     reference->step();
-    if (step < 2) step_on_local_shards(*optimizer);
+    if (step < 2) {
+      OpCounter fused(c.fused_kernel);
+      step_on_local_shards(*optimizer, step_options);
+      EXPECT_EQ(fused.count(), step_options.fused && !c.fused_kernel.empty() ? 1 : 0) << c.name;
+    }
     else optimizer->step();
     for (size_t i = 0; i < params.size(); ++i) {
       ASSERT_TRUE(is_dtensor(optimizer->param_groups()[0].params()[i])) << c.name;
@@ -110,6 +121,13 @@ TEST_F(OptimizerTest, StepOnLocalShardsMatchesTheOptimizerOnOneDevice) {
 
 TEST_F(OptimizerTest, StepOnLocalShardsMatchesTheOptimizerOnOneDeviceOn2dMesh) {
   for (const Case& c : optimizers()) check_against_one_device(mesh({2, 2}), params_2d(), c);
+}
+
+// Adam and AdamW in ATen's fused kernel: the same update within rounding (fp64 here), the same
+// LibTorch state objects, so that a plain DTensor step continues from them.
+TEST_F(OptimizerTest, FusedStepOnLocalShardsMatchesTheOptimizerOnOneDevice) {
+  for (const Case& c : optimizers()) check_against_one_device(mesh({4}), params_1d(), c, {.fused = true});
+  for (const Case& c : optimizers()) check_against_one_device(mesh({2, 2}), params_2d(), c, {.fused = true});
 }
 
 // With gradients placed like their parameters the step dispatches no DTensor op at all (the DTensor
