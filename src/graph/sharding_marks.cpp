@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <set>
+#include <unordered_map>
 
 #include "../sharding/propagation.h"
 #include "../sharding/registry.h"
@@ -11,6 +12,7 @@
 #include "lowerings.h"
 #include "reshard.h"
 #include "strategy_choice.h"
+#include "strategy_key.h"
 
 namespace dtensor::graph::detail {
 namespace {
@@ -191,11 +193,20 @@ bool keeps_strided_shards_reshardable(const c10::OperatorHandle& op, const Outpu
   for (const Placements& placements : d.chosen.outputs) strided_output = strided_output || dtensor::detail::holds_strided(placements);
   return !strided_output || strided_input || op.schema().name() == "aten::cat";
 }
+// The placements a node reading one value also asks its rule about: those the value may take.
+const std::vector<Placements>* probed_placements(const Call& c, const std::vector<Value*>& inputs, const PossiblePlacements& possible) {
+  size_t values = 0;
+  for (const Value* v : inputs) values += v != nullptr;
+  if (values != 1 || c.inputs.size() != 1 || !inputs[0]) return nullptr;
+  const auto it = possible.find(inputs[0]);
+  return it == possible.end() ? nullptr : &it->second;
+}
+
 // Every strategy of the node's rule. Mesh rules (views) offer those that fit the inputs' placements
 // as they are; so that a whole-graph choice may change the producers, a node reading one value is
 // also asked for every placement that value may take, and any node for Replicate inputs.
-std::vector<OutputSharding> options_for(const c10::OperatorHandle& op, const Call& c, const std::vector<Value*>& inputs,
-                                        const PossiblePlacements& possible, const MeshPtr& mesh) {
+std::vector<OutputSharding> options_for(const c10::OperatorHandle& op, const Call& c, const std::vector<Placements>* probed_input,
+                                        const MeshPtr& mesh) {
   std::vector<OutputSharding> out;
   std::set<std::string> known, probed = {to_string(c.inputs.empty() ? Placements{} : c.inputs[0].spec->placements)};
   auto probe = [&](std::vector<TensorInput> variant) {
@@ -208,13 +219,9 @@ std::vector<OutputSharding> options_for(const c10::OperatorHandle& op, const Cal
     moved.spec = std::make_shared<const DTensorSpec>(DTensorSpec{mesh, p, in.spec->meta});
     return moved;
   };
-  size_t values = 0;
-  for (const Value* v : inputs) values += v != nullptr;
-  if (values == 1 && c.inputs.size() == 1 && inputs[0]) {
-    if (auto it = possible.find(inputs[0]); it != possible.end())
-      for (const Placements& p : it->second)
-        if (probed.insert(to_string(p)).second) probe({placed(c.inputs[0], p)});
-  }
+  if (probed_input)
+    for (const Placements& p : *probed_input)
+      if (probed.insert(to_string(p)).second) probe({placed(c.inputs[0], p)});
   std::vector<TensorInput> replicated = c.inputs;
   bool differs = false;
   for (TensorInput& in : replicated) {
@@ -224,6 +231,19 @@ std::vector<OutputSharding> options_for(const c10::OperatorHandle& op, const Cal
   }
   if (differs) probe(replicated);
   return out;
+}
+
+// options_for, answered once per distinct call (strategy_key.h): the layers of a model repeat.
+using OptionsCache = std::unordered_map<std::string, std::vector<OutputSharding>>;
+std::vector<OutputSharding> cached_options_for(const c10::OperatorHandle& op, const Call& c, const std::vector<Value*>& inputs,
+                                               const PossiblePlacements& possible, const MeshPtr& mesh, OptionsCache& cache) {
+  const std::vector<Placements>* probed_input = probed_placements(c, inputs, possible);
+  std::vector<const Placements*> placements;
+  for (const TensorInput& in : c.inputs) placements.push_back(&in.spec->placements);
+  const std::optional<std::string> key = strategy_key(op, c.args, placements, probed_input);
+  if (!key) return options_for(op, c, probed_input, mesh);
+  if (const auto it = cache.find(*key); it != cache.end()) return it->second;
+  return cache.emplace(*key, options_for(op, c, probed_input, mesh)).first->second;
 }
 
 // Drops the strategies the options rule out: ones placing anything off Replicate along mesh dims other
@@ -272,6 +292,7 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
   StrategyChoice choice(mesh, placed);
   PossiblePlacements possible;
   std::vector<NodeOptions> chosen;
+  OptionsCache options_cache;
   for (Node* node : program.graph.nodes()) {
     if (!node->op) {  // integer operators on sizes
       result.sizes.record(*node, placed);
@@ -312,7 +333,7 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
     NodeOptions n{node, {}, outputs, {}};
     for (size_t k = 0; k < s.tensor_args.size(); ++k) n.inputs.push_back(s.list_index[k] == -2 ? nullptr : input_slot(*node, s, k));
     try {
-      n.options = options_for(*node->op, c, n.inputs, possible, mesh);
+      n.options = cached_options_for(*node->op, c, n.inputs, possible, mesh, options_cache);
     } catch (const DTensorError& e) {
       throw DTensorError("graph: node '" + node->name + "': " + e.what());
     }
