@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <optional>
-#include <set>
 
 namespace dtensor::graph::detail {
 namespace {
@@ -23,12 +22,22 @@ constexpr int kCompoundReach = kProducerDepth + 4;
 }  // namespace
 
 LocalSearch::LocalSearch(StrategyChoice& costs, std::vector<NodeOptions>& nodes, const std::vector<NeededOutput>& needed)
-    : costs_(costs), nodes_(nodes), needed_(needed) {
+    : costs_(costs), nodes_(nodes), needed_(needed), followers_(nodes.size()) {
+  std::vector<char> tracked;
+  auto track = [&](const Value* v) {
+    if (v->id >= tracked.size()) tracked.resize(v->id + 1);
+    if (!tracked[v->id]) needed_values_.push_back(v);
+    tracked[v->id] = 1;
+  };
   for (const NodeOptions& n : nodes_)
     for (size_t k = 0; k < n.inputs.size(); ++k)
-      if (n.inputs[k]) add_need(needs_[n.inputs[k]], n.options[n.chosen].chosen.inputs[k], 1);
+      if (n.inputs[k]) {
+        track(n.inputs[k]);
+        add_need(needs_[n.inputs[k]], n.options[n.chosen].chosen.inputs[k], 1);
+      }
   for (const NeededOutput& o : needed) {
     outputs_[o.value].push_back(&o);
+    track(o.value);
     needs_[o.value];
   }
   for (NodeOptions& n : nodes_) {
@@ -38,47 +47,67 @@ LocalSearch::LocalSearch(StrategyChoice& costs, std::vector<NodeOptions>& nodes,
   }
   for (NodeOptions& n : nodes_) {
     if (n.fixed || n.inputs.size() != 1 || !n.inputs[0] || !n.node || !is_view_like(*n.node)) continue;
-    if (auto it = producer_.find(n.inputs[0]); it != producer_.end()) followers_[it->second].push_back(&n);
+    if (NodeOptions* const* p = producer_.find(n.inputs[0]); p && *p) followers_[index_of(**p)].push_back(&n);
   }
 }
 
-void LocalSearch::add_need(Needs& needs, const Placements& to, int count) { needs[to] += count; }
+void LocalSearch::add_need(Needs& needs, const Placements& to, int count) {
+  for (auto& [target, n] : needs)
+    if (target == to) {
+      n += count;
+      return;
+    }
+  needs.emplace_back(to, count);
+}
 
 double LocalSearch::value_cost(const Value* v, const Placements& at, const Needs& of, const NeedChanges& changes) {
-  auto consumers = [&](const Placements& target) {
-    const auto it = of.find(target);
-    int count = it == of.end() ? 0 : it->second;
-    for (const auto& [changed, by] : changes) count += *changed == target ? by : 0;
-    return count;
-  };
+  // Each distinct target is one reshard, paid once: for its consumers (with `changes` applied), or
+  // else as the graph output the value is. A value read by many nodes has dozens of targets, so each
+  // is looked at once (`of` holds each target once; `changes` and the outputs are a few).
   c10::SmallVector<Placements, 2> output_targets;
-  if (auto it = outputs_.find(v); it != outputs_.end())
-    for (const NeededOutput* o : it->second) output_targets.push_back(o->target_from(at));
-  c10::SmallVector<const Placements*, 8> seen;  // each target is one reshard, paid once
-  double cost = 0;
-  auto pay = [&](const Placements& target) {
-    for (const Placements* s : seen)
-      if (*s == target) return;
-    seen.push_back(&target);
-    if (consumers(target) > 0) cost += costs_.move_cost(v, at, target);
-    else if (std::find(output_targets.begin(), output_targets.end(), target) != output_targets.end())
-      cost += costs_.output_move_cost(v, at, target);
+  if (const auto* outputs = outputs_.find(v))
+    for (const NeededOutput* o : *outputs) output_targets.push_back(o->target_from(at));
+  auto in_needs = [&](const Placements& target) {
+    return std::any_of(of.begin(), of.end(), [&](const auto& need) { return need.first == target; });
   };
-  for (const auto& [target, count] : of) pay(target);
-  for (const auto& [target, by] : changes) pay(*target);
-  for (const Placements& target : output_targets) pay(target);
+  auto pay = [&](const Placements& target, int consumers) {
+    if (consumers > 0) return costs_.move_cost(v, at, target);
+    if (std::find(output_targets.begin(), output_targets.end(), target) != output_targets.end())
+      return costs_.output_move_cost(v, at, target);
+    return 0.0;
+  };
+  auto changed_by = [&](const Placements& target) {
+    int by = 0;
+    for (const auto& [changed, delta] : changes) by += *changed == target ? delta : 0;
+    return by;
+  };
+  double cost = 0;
+  for (const auto& [target, count] : of) cost += pay(target, count + changed_by(target));
+  for (size_t i = 0; i < changes.size(); ++i) {
+    const Placements& target = *changes[i].first;
+    bool earlier = in_needs(target);
+    for (size_t j = 0; j < i && !earlier; ++j) earlier = *changes[j].first == target;
+    if (!earlier) cost += pay(target, changed_by(target));
+  }
+  for (size_t i = 0; i < output_targets.size(); ++i) {
+    const Placements& target = output_targets[i];
+    bool earlier = in_needs(target);
+    for (const auto& change : changes) earlier = earlier || *change.first == target;
+    for (size_t j = 0; j < i && !earlier; ++j) earlier = output_targets[j] == target;
+    if (!earlier) cost += pay(target, 0);
+  }
   return cost;
 }
 
 const LocalSearch::Needs& LocalSearch::needs_of(const Value* v) const {
   static const Needs none;
-  const auto it = needs_.find(v);
-  return it == needs_.end() ? none : it->second;
+  const Needs* needs = needs_.find(v);
+  return needs ? *needs : none;
 }
 
 double LocalSearch::total() {
   double cost = 0;
-  for (const auto& [v, of] : needs_) cost += value_cost(v, costs_.at(v), of);
+  for (const Value* v : needed_values_) cost += value_cost(v, costs_.at(v), needs_of(v));
   for (const NodeOptions& n : nodes_) cost += n.options[n.chosen].chosen.kernel_cost;
   return cost;
 }
@@ -125,8 +154,8 @@ bool LocalSearch::reshards_around(const NodeOptions& n) {
   for (const Value* v : n.outputs) {
     for (const auto& [target, count] : needs_of(v))
       if (count > 0 && target != costs_.at(v)) return true;
-    if (auto it = outputs_.find(v); it != outputs_.end())
-      for (const NeededOutput* o : it->second)
+    if (const auto* outputs = outputs_.find(v))
+      for (const NeededOutput* o : *outputs)
         if (o->target_from(costs_.at(v)) != costs_.at(v)) return true;
   }
   return false;
@@ -136,7 +165,7 @@ double LocalSearch::switch_with_followers(NodeOptions& n, size_t o, Undo& undo) 
   double delta = delta_of(n, o);
   undo.emplace_back(&n, n.chosen);
   apply(n, o);
-  for (NodeOptions* f : followers_[&n]) {
+  for (NodeOptions* f : followers_[index_of(n)]) {
     std::optional<size_t> fit;
     double fit_delta = 0;
     for (size_t k = 0; k < f->options.size(); ++k) {
@@ -160,9 +189,9 @@ double LocalSearch::switch_with_producers(NodeOptions& n, size_t o, Undo& undo, 
   for (size_t k = 0; k < n.inputs.size(); ++k) {
     Value* v = n.inputs[k];
     if (!v || !costs_.communicates(v, costs_.at(v), chosen.inputs[k])) continue;
-    const auto it = producer_.find(v);
-    if (it == producer_.end() || it->second->fixed) continue;
-    NodeOptions& p = *it->second;
+    NodeOptions* const* producer = producer_.find(v);
+    if (!producer || !*producer || (*producer)->fixed) continue;
+    NodeOptions& p = **producer;
     const size_t out = static_cast<size_t>(std::find(p.outputs.begin(), p.outputs.end(), v) - p.outputs.begin());
     std::optional<size_t> fit;
     double fit_delta = 0;
@@ -179,7 +208,7 @@ double LocalSearch::switch_with_producers(NodeOptions& n, size_t o, Undo& undo, 
 }
 
 bool LocalSearch::improve_compound(NodeOptions& n, Undo& kept) {
-  for (size_t o = 0; o < n.options.size() && !followers_[&n].empty(); ++o) {
+  for (size_t o = 0; o < n.options.size() && !followers_[index_of(n)].empty(); ++o) {
     if (o == n.chosen) continue;
     Undo undo;
     if (switch_with_followers(n, o, undo) < kDrop) {
@@ -209,27 +238,33 @@ void LocalSearch::mark_all() {
 }
 
 void LocalSearch::mark_around(const NodeOptions& changed) {
-  std::vector<const NodeOptions*> frontier = {&changed};
-  std::set<const NodeOptions*> seen = {&changed};
+  // Nodes reached in this call carry its stamp, so that nothing is cleared between calls.
+  if (reached_.size() != nodes_.size()) reached_.assign(nodes_.size(), 0);
+  ++stamp_;
+  std::vector<const NodeOptions*> frontier = {&changed}, next;
+  reached_[index_of(changed)] = stamp_;
   for (int distance = 0; distance <= kCompoundReach && !frontier.empty(); ++distance) {
-    std::vector<const NodeOptions*> next;
+    next.clear();
     auto reach = [&](const NodeOptions* n) {
-      if (seen.insert(n).second) next.push_back(n);
+      if (reached_[index_of(*n)] != stamp_) {
+        reached_[index_of(*n)] = stamp_;
+        next.push_back(n);
+      }
     };
     for (const NodeOptions* n : frontier) {
       if (distance <= 1) single_dirty_[index_of(*n)] = 1;
       compound_dirty_[index_of(*n)] = 1;
       for (const Value* v : n->inputs) {
         if (!v) continue;
-        if (auto it = producer_.find(v); it != producer_.end()) reach(it->second);
-        if (auto it = readers_.find(v); it != readers_.end())
-          for (const NodeOptions* r : it->second) reach(r);
+        if (NodeOptions* const* p = producer_.find(v); p && *p) reach(*p);
+        if (const auto* readers = readers_.find(v))
+          for (const NodeOptions* r : *readers) reach(r);
       }
       for (const Value* v : n->outputs)
-        if (auto it = readers_.find(v); it != readers_.end())
-          for (const NodeOptions* r : it->second) reach(r);
+        if (const auto* readers = readers_.find(v))
+          for (const NodeOptions* r : *readers) reach(r);
     }
-    frontier = std::move(next);
+    std::swap(frontier, next);
   }
 }
 

@@ -9,7 +9,6 @@
 //  - where nothing drops, changes of about zero cost that resolve a Partial output (they set up the
 //    next drop, and cannot cycle).
 
-#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,8 +27,9 @@ class LocalSearch {
   std::pair<double, double> run();
 
  private:
-  // The placements the consumers of one value need it in, and how many consumers need each.
-  using Needs = std::map<Placements, int, PlacementsLess>;
+  // The placements the consumers of one value need it in, and how many consumers need each: a few
+  // entries, searched in place (this is read for every option of every node in every sweep).
+  using Needs = c10::SmallVector<std::pair<Placements, int>, 2>;
   // Choices made by a compound change, to undo it: (node, its previous option), in order.
   using Undo = std::vector<std::pair<NodeOptions*, size_t>>;
 
@@ -71,15 +71,29 @@ class LocalSearch {
   void mark_all();
   size_t index_of(const NodeOptions& n) const { return static_cast<size_t>(&n - nodes_.data()); }
 
+  // Per value, by Value::id (a graph's ids are dense).
+  template <class T>
+  struct ByValue {
+    std::vector<T> items;
+    T& operator[](const Value* v) {
+      if (v->id >= items.size()) items.resize(v->id + 1);
+      return items[v->id];
+    }
+    const T* find(const Value* v) const { return v->id < items.size() ? &items[v->id] : nullptr; }
+  };
+
   StrategyChoice& costs_;
   std::vector<NodeOptions>& nodes_;
   const std::vector<NeededOutput>& needed_;
-  std::map<const Value*, Needs> needs_;
-  std::map<const Value*, std::vector<const NeededOutput*>> outputs_;  // the graph outputs each value is
-  std::map<const Value*, NodeOptions*> producer_;
-  std::map<const NodeOptions*, std::vector<NodeOptions*>> followers_;
-  std::map<const Value*, std::vector<NodeOptions*>> readers_;
+  ByValue<Needs> needs_;
+  std::vector<const Value*> needed_values_;  // the values needs_ holds an entry for, once each
+  ByValue<std::vector<const NeededOutput*>> outputs_;  // the graph outputs each value is
+  ByValue<NodeOptions*> producer_;
+  std::vector<std::vector<NodeOptions*>> followers_;  // by index_of
+  ByValue<std::vector<NodeOptions*>> readers_;
   std::vector<char> single_dirty_, compound_dirty_;  // by index_of
+  std::vector<uint64_t> reached_;                    // by index_of: mark_around's stamp when it reached the node
+  uint64_t stamp_ = 0;
 };
 
 }  // namespace dtensor::graph::detail

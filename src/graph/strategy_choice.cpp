@@ -223,6 +223,12 @@ class ExactSearch {
       for (const auto& [v, target] : paid) paid_[v].erase(target);
       return cost;
     }
+    // A state's key spells every value live across step i: a joint graph keeps thousands of
+    // activations live for its backward, and a search spelling them at each of its states would
+    // spend seconds before giving up. Keys are budgeted as states are, at an average of
+    // kLiveValuesPerState values each.
+    key_work_ += live_[i].size();
+    if (key_work_ > max_states_ * kLiveValuesPerState) throw OverBudget{};
     const std::string key = state_key(i);
     if (auto it = memo_.find(key); it != memo_.end() && (it->second.exact || it->second.cost >= bound)) return it->second.cost;
     if (memo_.size() >= max_states_) throw OverBudget{};
@@ -297,6 +303,8 @@ class ExactSearch {
   std::vector<NodeOptions>& nodes_;
   const std::vector<NeededOutput>& needed_;
   size_t max_states_;
+  static constexpr size_t kLiveValuesPerState = 64;
+  size_t key_work_ = 0;  // live values spelled into state keys so far
   std::vector<std::vector<const Value*>> live_;
   std::map<const Value*, std::set<std::string>> paid_;
   struct Entry {
