@@ -22,13 +22,16 @@ void append_ints(std::string& key, c10::IntArrayRef values) {
   key += ']';
 }
 
-void append_tensor(std::string& key, const at::Tensor& t) {
+// A real (not Meta) tensor is spelled by its value only when it holds one real number (a wrapped
+// number); any other real tensor leaves the node uncached rather than keyed by its shape alone.
+bool append_tensor(std::string& key, const at::Tensor& t) {
+  if (!t.is_meta() && (t.numel() != 1 || t.is_complex())) return false;
   key += 't';
   append_int(key, static_cast<int64_t>(t.scalar_type()));
   append_ints(key, t.sizes());
   append_ints(key, t.strides());
-  // A wrapped number (a real 0-d tensor, not a Meta stand-in) is a value: it is part of the call.
   if (!t.is_meta()) append_double(key, t.item().toDouble());
+  return true;
 }
 
 bool append_value(std::string& key, const c10::IValue& v);
@@ -60,7 +63,7 @@ bool append_value(std::string& key, const c10::IValue& v) {
   } else if (v.isDevice()) {
     key += 'D' + v.toDevice().str() + ',';
   } else if (v.isTensor()) {
-    append_tensor(key, v.toTensor());
+    return append_tensor(key, v.toTensor());
   } else if (v.isList()) {  // int, double, bool, tensor and optional-tensor lists
     return append_list(key, v.toList());
   } else {

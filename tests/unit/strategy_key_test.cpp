@@ -60,6 +60,10 @@ TEST(StrategyKeyTest, ArgumentsItCannotSpellLeaveTheNodeUncached) {
   c10::Dict<std::string, int64_t> dict;
   dict.insert("k", 1);
   EXPECT_FALSE(key_of({c10::IValue(dict)}, r, r).has_value());
+  // a real tensor that is not one real number: its values would be part of the call
+  EXPECT_FALSE(key_of({meta({4, 8}), at::ones({2})}, r, r).has_value());
+  EXPECT_FALSE(key_of({meta({4, 8}), at::ones({0})}, r, r).has_value());
+  EXPECT_FALSE(key_of({meta({4, 8}), at::scalar_tensor(c10::complex<double>(1, 2), at::kComplexDouble)}, r, r).has_value());
 }
 
 }  // namespace
