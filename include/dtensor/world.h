@@ -24,7 +24,8 @@ class Backend;
 namespace dtensor {
 namespace detail {
 class MeshGroup;
-}
+class PeerWatch;
+}  // namespace detail
 
 struct WorldOptions {
   // How long a collective (and the rendezvous) may wait before failing with an error. Default: the
@@ -66,12 +67,17 @@ class World {
   // The sum of `value` over every rank of the world, on every rank (through the store, so it needs no
   // process group): how the ranks of a job agree on a verdict, so that each exits with it. Every rank
   // must call it the same number of times.
-  int64_t sum_across_ranks(int64_t value);
+  // Calls on different `channel`s are independent (each counts its own calls), so a thread of its own
+  // (an asynchronous checkpoint save) can agree on one while the job's thread uses another.
+  int64_t sum_across_ranks(int64_t value, const std::string& channel = "");
 
-  // Of `ranks`, those whose process is known to have exited: ranks on this host that registered their
-  // process id when they joined and whose process is gone (or a zombie). Used to say which peer a failed
-  // collective lost; ranks on other hosts are never listed.
-  std::vector<int64_t> exited_ranks(const std::vector<int64_t>& ranks) const;
+  // Which of `ranks` are not answering and why, each named with its host, for an error message: exited
+  // or stopped (on this host), left the job, silent in the store's heartbeats for a few beats (hung,
+  // stopped, or its host down or cut off), or unreachable because this rank's own link to the store is
+  // down. Read from memory (a background thread keeps it current), so it never waits on the network;
+  // with `settle` it first waits up to a few beats for a peer that just failed to show as silent.
+  // Empty when every one of them is alive.
+  std::string describe_peers(const std::vector<int64_t>& ranks, bool settle) const;
 
   // A process group over `ranks` (sorted global ranks, this rank among them) on `backend` (resolved
   // as above). Every member must create groups over the same rank set in the same order; distinct
@@ -98,8 +104,10 @@ class World {
   bool started_by_mpirun_ = false;
   std::mutex mutex_;
   std::map<std::vector<int64_t>, int> groups_created_;
-  int64_t sums_done_ = 0;
+  std::map<std::string, int64_t> sums_done_;  // per channel; under mutex_
   std::vector<std::weak_ptr<detail::MeshGroup>> mesh_groups_;
+  mutable std::mutex watch_mutex_;
+  std::unique_ptr<detail::PeerWatch> watch_;
   bool shut_down_ = false;  // per rank set, so each group gets a fresh store prefix
 };
 

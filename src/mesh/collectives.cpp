@@ -5,12 +5,12 @@
 
 #include <chrono>
 #include <cstdio>
-#include <thread>
 
 #include "dtensor/comm_backend.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/errors.h"
 #include "dtensor/world.h"
+#include "error_text.h"
 #include "mesh_group.h"
 #include "packing.h"
 
@@ -39,8 +39,8 @@ std::string seconds_since(std::chrono::steady_clock::time_point start) {
   return text;
 }
 
-// Why a collective failed, as far as this rank can tell: a peer whose process exited (its connections
-// closed), the time limit, or a peer that left the collective some other way.
+// Why a collective failed, as far as this rank can tell: the peers that are not answering (each with
+// its host, from the world's heartbeats), else the time limit, else a peer that left it some other way.
 std::string what_happened(const DeviceMesh& mesh, int64_t dim, std::chrono::steady_clock::time_point start) {
   std::vector<int64_t> members;
   Shape c = *mesh.coordinate();
@@ -48,24 +48,16 @@ std::string what_happened(const DeviceMesh& mesh, int64_t dim, std::chrono::stea
     c[dim] = i;
     members.push_back(mesh.global_rank_at(c));
   }
-  // A dead peer's process may not be reaped yet: give its launcher a moment.
-  std::vector<int64_t> exited;
-  for (int attempt = 0; attempt < 10 && exited.empty(); ++attempt) {
-    exited = mesh.world()->exited_ranks(members);
-    if (exited.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (!exited.empty()) {
-    std::string ranks;
-    for (int64_t r : exited) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    return "the connection was closed by rank " + ranks + ", whose process has exited";
-  }
   const auto limit = mesh.timeout();
-  if (std::chrono::steady_clock::now() - start >= limit * 0.9)
+  const bool timed_out = std::chrono::steady_clock::now() - start >= limit * 0.9;
+  // A peer that died a moment ago (its connections just failed) has not yet missed enough beats.
+  const std::string peers = mesh.world()->describe_peers(members, /*settle=*/!timed_out);
+  if (!peers.empty()) return "peers not answering: " + peers;
+  if (timed_out)
     return "no answer within the time limit of " + std::to_string(limit.count() / 1000.0).substr(0, 6) +
-           " s (MeshOptions::timeout or DTENSOR_TIMEOUT_S): a peer is hung or never called it, and every rank must "
-           "run the same collectives";
-  return "a peer left the collective (its connection failed; it may have crashed on another host, or called "
-         "different collectives)";
+           " s (MeshOptions::timeout or DTENSOR_TIMEOUT_S), though every peer is alive: every rank must run the "
+           "same collectives in the same order";
+  return "a peer left the collective (its connection failed; it may have crashed, or called different collectives)";
 }
 
 std::string where(const DeviceMesh& mesh, int64_t dim, const char* operation) {
@@ -76,7 +68,7 @@ std::string where(const DeviceMesh& mesh, int64_t dim, const char* operation) {
 DTensorError failure(const DeviceMesh& mesh, int64_t dim, const char* operation,
                      std::chrono::steady_clock::time_point start, const std::exception& e) {
   return DTensorError(where(mesh, dim, operation) + " failed after " + seconds_since(start) +
-                      " s: " + what_happened(mesh, dim, start) + ": " + e.what());
+                      " s: " + what_happened(mesh, dim, start) + " (" + without_source_locations(e) + ")");
 }
 
 template <typename Launch>

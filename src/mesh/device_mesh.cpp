@@ -105,7 +105,14 @@ void DeviceMesh::create_groups() {
       c[d] = i;
       members.push_back(global_rank_at(c));
     }
-    groups_.push_back(world_->new_mesh_group(members, device_type_, timeout_, backend_));
+    try {
+      groups_.push_back(world_->new_mesh_group(members, device_type_, timeout_, backend_));
+    } catch (const DTensorError& e) {
+      // Which mesh and dim the failed group was for, in front of the world's account of why.
+      std::string why = e.what();
+      if (why.starts_with("dtensor: ")) why.erase(0, 9);
+      throw DTensorError("creating " + dim_label(d) + " of " + str() + ": " + why);
+    }
   }
 }
 

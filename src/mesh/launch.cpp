@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend_environment.h"
+#include "error_text.h"
 #include "dtensor/errors.h"
 
 #ifdef DTENSOR_WITH_MPI
@@ -229,7 +230,8 @@ int run_local_ranks(int argc, char** argv, const LaunchOptions& options,
     rank = world->rank();
     return body(world);
   } catch (const std::exception& e) {
-    std::cerr << "rank " << rank << ": " << e.what() << std::endl;
+    // One write, so that ranks sharing a terminal do not interleave their lines.
+    std::cerr << "rank " + std::to_string(rank) + ": " + detail::without_source_locations(e) + "\n" << std::flush;
 #ifdef DTENSOR_WITH_MPI
     if (detail::mpi::initialized()) detail::mpi::abort_job(1);
 #endif

@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <c10/util/Logging.h>
 
 #include <signal.h>
 #include <unistd.h>
@@ -17,6 +18,9 @@
 #include "dtensor/errors.h"
 #include "backend_environment.h"
 #include "mesh_group.h"
+#include "error_text.h"
+#include "peer_watch.h"
+#include "store_connections.h"
 
 namespace dtensor {
 namespace {
@@ -63,27 +67,6 @@ std::chrono::milliseconds timeout_from_environment(std::chrono::milliseconds fal
   return fallback;
 }
 
-namespace {
-
-std::string host_name() {
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  return name;
-}
-
-std::string process_key(int64_t rank) { return "dtensor/process/" + std::to_string(rank); }
-
-// Whether process `pid` on this host has exited: no such process, or a zombie not yet reaped.
-bool process_exited(int64_t pid) {
-  if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string pid_field, comm, state;
-  stat >> pid_field >> comm >> state;  // comm has no spaces for our ranks' executables
-  return state == "Z" || state == "X";
-}
-
-}  // namespace
-
 World::World(c10::intrusive_ptr<c10d::Store> store, int rank, int size, WorldOptions options)
     : store_(std::move(store)),
       rank_(rank),
@@ -94,30 +77,28 @@ World::World(c10::intrusive_ptr<c10d::Store> store, int rank, int size, WorldOpt
   // A peer that dies closes its sockets; writing to one must fail as an error Gloo reports, not kill
   // this process with SIGPIPE (Python, which torchrun-launched PyTorch runs under, ignores it too).
   signal(SIGPIPE, SIG_IGN);
-  // So that a peer's failed collective can say this process is the one that went away.
-  const std::string me = host_name() + " " + std::to_string(getpid());
-  store_->set(process_key(rank), std::vector<uint8_t>(me.begin(), me.end()));
+  // So that a peer's failed collective can say which process on which host went away or went quiet.
+  const std::string me = detail::PeerWatch::process_entry();
+  store_->set(detail::PeerWatch::process_key(rank), std::vector<uint8_t>(me.begin(), me.end()));
+  // A peer is silent after a few beats: well inside the timeout, so a timed-out collective can name it.
+  const auto beat = std::clamp(timeout_ / 10, std::chrono::milliseconds(100), std::chrono::milliseconds(1000));
+  std::function<void()> abandon_store;
+  c10::intrusive_ptr<c10d::Store> underlying = store_;
+  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(underlying.get())) underlying = prefixed->getUnderlyingNonPrefixStore();
+  if (const auto* tcp = dynamic_cast<const c10d::TCPStore*>(underlying.get()))
+    abandon_store = [connections = std::make_shared<detail::StoreConnections>(tcp->getHost(), tcp->getPort())] {
+      // c10d logs each call that fails on a closed socket as a warning with C++ stack frames; this rank
+      // is about to report the fault itself, in dtensor's words, so from here on only errors are logged.
+      FLAGS_caffe2_log_level = std::max(FLAGS_caffe2_log_level, 2);
+      connections->shut_down();
+    };
+  watch_ = std::make_unique<detail::PeerWatch>(store_->clone(), rank, size, beat, timeout_, std::move(abandon_store));
 }
 
-std::vector<int64_t> World::exited_ranks(const std::vector<int64_t>& ranks) const {
-  std::vector<int64_t> out;
-  if (!store_) return out;
-  const std::string here = host_name();
-  for (int64_t r : ranks) {
-    if (r == rank_) continue;
-    try {
-      if (!store_->check({process_key(r)})) continue;
-      const auto bytes = store_->get(process_key(r));
-      std::istringstream entry(std::string(bytes.begin(), bytes.end()));
-      std::string host;
-      int64_t pid = 0;
-      entry >> host >> pid;
-      if (host == here && pid > 0 && process_exited(pid)) out.push_back(r);
-    } catch (const std::exception&) {
-      // the store itself may be gone with the peer that served it; nothing more to say
-    }
-  }
-  return out;
+std::string World::describe_peers(const std::vector<int64_t>& ranks, bool settle) const {
+  std::lock_guard<std::mutex> lock(watch_mutex_);
+  if (!watch_) return "";
+  return settle ? watch_->describe_after_settling(ranks) : watch_->describe(ranks);
 }
 
 World::~World() { shutdown(); }
@@ -137,6 +118,10 @@ void World::shutdown() {
     mesh_groups_.clear();
   }
   for (const auto& g : live) g->shutdown();
+  {
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    watch_.reset();
+  }
   store_.reset();
 }
 
@@ -157,7 +142,12 @@ std::shared_ptr<World> World::from_environment(WorldOptions options) {
   if (env("RANK") && env("WORLD_SIZE")) {
     const int rank = env_int("RANK"), size = env_int("WORLD_SIZE");
     const bool agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
-    world = std::make_shared<World>(tcp_store(rank, size, agent_store, timeout), rank, size, options);
+    c10::intrusive_ptr<c10d::Store> store = tcp_store(rank, size, agent_store, timeout);
+    // torchrun's elastic restarts meet again in the same store: each attempt's keys stay apart (as
+    // PyTorch's own process-group setup does), or a restarted job would read the last attempt's groups.
+    if (const auto attempt = env("TORCHELASTIC_RESTART_COUNT"))
+      store = c10::make_intrusive<c10d::PrefixStore>("dtensor/attempt-" + *attempt, store);
+    world = std::make_shared<World>(store, rank, size, options);
     launcher = env("DTENSOR_LAUNCHED") ? "dtensor" : "torchrun";
   } else if (env("OMPI_COMM_WORLD_RANK") && env("OMPI_COMM_WORLD_SIZE")) {
     const int rank = env_int("OMPI_COMM_WORLD_RANK"), size = env_int("OMPI_COMM_WORLD_SIZE");
@@ -167,7 +157,13 @@ std::shared_ptr<World> World::from_environment(WorldOptions options) {
       const bool launcher_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
       store = tcp_store(rank, size, launcher_store, timeout);
     } else {
-      // One mpirun job = one id; all its ranks share this machine's /tmp when run locally.
+      // One mpirun job = one id; all its ranks share this machine's /tmp when run locally. Ranks on
+      // several hosts have no shared /tmp: they must meet over TCP.
+      if (env("OMPI_COMM_WORLD_LOCAL_SIZE") && env_int("OMPI_COMM_WORLD_LOCAL_SIZE") != size)
+        throw DTensorError("mpirun started " + std::to_string(size) + " ranks on several hosts (" +
+                           *env("OMPI_COMM_WORLD_LOCAL_SIZE") + " on this one): set MASTER_ADDR (a host every rank "
+                           "reaches, where rank 0 runs) and MASTER_PORT, and pass them with mpirun -x, so the ranks "
+                           "can meet over TCP");
       const auto job = env("OMPI_MCA_ess_base_jobid").value_or(env("PMIX_NAMESPACE").value_or(""));
       if (job.empty())
         throw DTensorError("mpirun environment without a job id (OMPI_MCA_ess_base_jobid / PMIX_NAMESPACE); "
@@ -189,9 +185,14 @@ std::shared_ptr<World> World::from_environment(WorldOptions options) {
   return world;
 }
 
-int64_t World::sum_across_ranks(int64_t value) {
+int64_t World::sum_across_ranks(int64_t value, const std::string& channel) {
   const auto store = this->store();
-  const std::string prefix = "dtensor/sum/" + std::to_string(sums_done_++) + "/";
+  int64_t serial = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    serial = sums_done_[channel]++;
+  }
+  const std::string prefix = "dtensor/sum/" + (channel.empty() ? "" : channel + "/") + std::to_string(serial) + "/";
   const std::string mine = std::to_string(value);
   store->set(prefix + std::to_string(rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
   int64_t total = 0;
@@ -200,12 +201,10 @@ int64_t World::sum_across_ranks(int64_t value) {
     try {
       store->wait({key}, timeout_);
     } catch (const std::exception& e) {
-      const bool exited = !exited_ranks({r}).empty();
-      const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+      const std::string peers = describe_peers({r}, /*settle=*/false);
       throw DTensorError("rank " + std::to_string(rank_) + ": sum_across_ranks: rank " + std::to_string(r) +
-                         (exited ? " did not report: its process has exited"
-                                 : " did not report within the world's timeout (" +
-                                       std::string(c10_error ? c10_error->what_without_backtrace() : e.what()) + ")"));
+                         " did not report" + (peers.empty() ? " within the world's timeout" : ": " + peers) + " (" +
+                         detail::without_source_locations(e) + ")");
     }
     const auto bytes = store->get(key);
     total += std::stoll(std::string(bytes.begin(), bytes.end()));
@@ -253,7 +252,27 @@ c10::intrusive_ptr<c10d::Backend> World::new_group(const std::vector<int64_t>& r
   prefix += "/" + std::to_string(serial);
   auto store = c10::make_intrusive<c10d::PrefixStore>(prefix, this->store());
   const int rank = static_cast<int>(me - ranks.begin());
-  return description.make_group({store, ranks, rank, rank_, timeout});
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    auto group = description.make_group({store, ranks, rank, rank_, timeout});
+    // Every member joined the world before this group could form: learn where each runs now, while the
+    // store answers, for the errors a later fault may raise.
+    std::lock_guard<std::mutex> lock(watch_mutex_);
+    if (watch_) watch_->learn_processes(*store_, ranks);
+    return group;
+  } catch (const DTensorError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // Typically a peer that never published its address in the store: say which, and where it runs.
+    std::string members;
+    for (auto r : ranks) members += (members.empty() ? "" : ", ") + std::to_string(r);
+    const std::string peers = describe_peers(ranks, /*settle=*/false);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    throw DTensorError("rank " + std::to_string(rank_) + ": creating the " + to_string(description.backend) +
+                       " process group of ranks [" + members + "] failed after " + std::to_string(took).substr(0, 5) +
+                       " s" + (peers.empty() ? "" : ": peers not answering: " + peers) + " (" +
+                       detail::without_source_locations(e) + ")");
+  }
 }
 
 }  // namespace dtensor

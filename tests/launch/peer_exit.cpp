@@ -1,6 +1,6 @@
 // A rank whose process exits in the middle of a job: its peers' next collective fails at once with an
-// error that says so ("the connection was closed by rank 2, whose process has exited"), not a claim of
-// a time limit that never ran out, and no peer is killed by SIGPIPE on the way.
+// error that names it and its host ("rank 2 on <host> (pid N) has exited"), not a claim of a time limit
+// that never ran out, and no peer is killed by SIGPIPE on the way.
 
 #include <ATen/ATen.h>
 #include <dtensor/dtensor.h>
@@ -21,7 +21,10 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {
       error = e.what();
     }
-    const bool named = error.find("closed by rank 2, whose process has exited") != std::string::npos;
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    const bool named = error.find("rank 2 on " + std::string(host) + " (pid ") != std::string::npos &&
+                       error.find(") has exited") != std::string::npos;
     const bool no_timeout_claim = error.find("time limit") == std::string::npos;
     std::printf("%s rank %d: %s\n", named && no_timeout_claim ? "OK" : "WRONG", world->rank(), error.c_str());
     return 0;
