@@ -26,7 +26,9 @@ Its baseline: the same bytes written with write(2) into one file and fsync'd; wh
 first alternates by round. *load*: \`checkpoint::load\` (every file's header, the ranks' agreement,
 then only this rank's byte ranges: pread straight into the shard for long runs, copies from the
 file's mapping for short ones). Its baseline: pread of the same bytes from the plain file. Reads come
-from the page cache in both. Goal: dtensor >= 0.8x plain file I/O.
+from the page cache in both. Goal: dtensor >= 0.8x plain file I/O. *stall*: the time until
+\`checkpoint::save_async\` returns (the same save's collectives and a staging copy of each rank's
+shards), against the blocking save; the background write then runs to its commit.
 
 EOT
   if [[ $# -gt 0 ]]; then

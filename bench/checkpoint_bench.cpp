@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -132,7 +133,7 @@ int main(int argc, char** argv) {
     const ckpt::State other_target = make_state(mesh, dtensor::Shard(1), args.mb, true);
     const auto data = local_data(state), into = local_data(target);
     const double mib = bytes_of(data) / double(1 << 20);
-    std::vector<double> w_plain, w_ckpt, w_whole, r_plain, r_ckpt, r_other;
+    std::vector<double> w_plain, w_ckpt, w_whole, r_plain, r_ckpt, r_other, w_stall, w_async_total;
     int64_t other_bytes = 0;
     // Each round writes new files (as a job saves step after step); the last round's go untimed.
     for (int round = 0; round < args.rounds; ++round) {
@@ -146,9 +147,18 @@ int main(int argc, char** argv) {
       r_ckpt.push_back(timed(*world, [&] { ckpt::load(target, saved); }));
       r_other.push_back(timed(*world, [&] { other_bytes = ckpt::load(other_target, saved).bytes_read; }));
       w_whole.push_back(timed(*world, [&] { ckpt::save(state, saved + "-whole", {.whole_tensors = true}); }));
+      // Asynchronous: the stall is until save_async returns (collectives done, staging copy made); the
+      // files are then written while the job would go on. Its total, to the commit, for comparison.
+      std::future<ckpt::SaveResult> pending;
+      const auto async_start = Clock::now();
+      w_stall.push_back(timed(*world, [&] { pending = ckpt::save_async(state, saved + "-async"); }));
+      pending.get();
+      world->sum_across_ranks(0);
+      const int64_t async_us = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - async_start).count();
+      w_async_total.push_back(static_cast<double>(world->sum_across_ranks(async_us)) / world->size() / 1e6);
       fs::remove(plain);
       world->sum_across_ranks(0);
-      if (rank == 0) fs::remove_all(saved), fs::remove_all(saved + "-whole");
+      if (rank == 0) fs::remove_all(saved), fs::remove_all(saved + "-whole"), fs::remove_all(saved + "-async");
     }
     // One whole safetensors file (plain tensors: rank 0 writes them all), loaded into TP=4 Shard(0).
     const ckpt::State whole = make_state(mesh, std::nullopt, args.mb, false);
@@ -182,6 +192,11 @@ int main(int argc, char** argv) {
       std::printf("| dtensor load: bytes read | %.1f MiB (%.1f%% of the file) | %.3f s |\n", tp_bytes_sum / 4.0 / (1 << 20),
                   100.0 * tp_bytes_sum / 4.0 / (1 << 20) / file_mib, median(r_whole_tp));
       std::printf("| every rank reading the whole file (plain I/O) | %.1f MiB | %.3f s |\n", file_mib, median(r_whole_plain));
+      std::printf("\nThe stall of a save: how long the job waits before it can train on (%.1f MiB per rank).\n\n", mib);
+      std::printf("| save | training stalls | until committed | stall / blocking save |\n| --- | --- | --- | --- |\n");
+      std::printf("| blocking (`checkpoint::save`) | %.3f s | %.3f s | 1.00x |\n", median(w_ckpt), median(w_ckpt));
+      std::printf("| asynchronous (`checkpoint::save_async`: staging copy, then written in the background) | %.3f s | %.3f s | %.2fx |\n",
+                  median(w_stall), median(w_async_total), median(w_stall) / median(w_ckpt));
     }
     world->sum_across_ranks(0);
     if (rank == 0) fs::remove_all(args.dir);

@@ -6,17 +6,25 @@
 // loss trajectories: PASS when every step's loss is within a relative 1e-4.
 //
 //   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp] [--corpus PATH] [--save DIR] [--resume DIR]
+//             [--checkpoint-every N DIR] [--blocking-checkpoints 1]
 //
 // --save DIR writes the first mode's model and optimizer state after its last step (a dtensor
 // checkpoint: safetensors files, one per rank that owns shards). --resume DIR starts every mode from such
 // a checkpoint, saved on any mesh: it continues at the saved step for K more steps, and the
 // single-process oracle then trains uninterrupted from the start and is compared on those K steps.
+// --checkpoint-every N DIR saves the first mode every N steps into DIR/step-S, asynchronously (a
+// staging copy, then the files written while training goes on; --blocking-checkpoints 1 waits instead),
+// keeping the latest complete one, and prints each save's stall. Started again with the same flags (by
+// an elastic launcher after a lost node, on however many ranks remain), it resumes from the latest
+// complete checkpoint in DIR.
 
 #include <ATen/Parallel.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <future>
 #include <iomanip>
 #include <iostream>
 
@@ -30,6 +38,9 @@ struct Args {
   std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp"};
   std::string corpus = GPT_CORPUS_PATH;
   std::string save, resume;
+  int checkpoint_every = 0;
+  std::string checkpoint_dir;
+  bool blocking_checkpoints = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -44,6 +55,11 @@ Args parse(int argc, char** argv) {
       args.save = value;
     } else if (flag == "--resume") {
       args.resume = value;
+    } else if (flag == "--checkpoint-every" && i + 2 < argc) {
+      args.checkpoint_every = std::stoi(value);
+      args.checkpoint_dir = argv[++i + 1];
+    } else if (flag == "--blocking-checkpoints") {
+      args.blocking_checkpoints = value == "1";
     } else if (flag == "--modes") {
       args.modes.clear();
       for (size_t start = 0; start <= value.size();) {
@@ -52,7 +68,9 @@ Args parse(int argc, char** argv) {
         start = comma + 1;
       }
     } else {
-      throw std::invalid_argument("unknown flag " + flag + " (use --steps, --modes, --corpus, --save, --resume)");
+      throw std::invalid_argument("unknown flag " + flag +
+                                  " (use --steps, --modes, --corpus, --save, --resume, --checkpoint-every N DIR, "
+                                  "--blocking-checkpoints 1)");
     }
   }
   return args;
@@ -61,10 +79,36 @@ Args parse(int argc, char** argv) {
 constexpr uint64_t kSeed = 1234;
 constexpr int64_t kBatch = 8;
 
-// Where a run starts and what it keeps: `resume` and `save` are checkpoint directories (or empty).
+// Where a run starts and what it keeps: `resume` and `save` are checkpoint directories (or empty);
+// `every` > 0 saves every that many steps under `periodic_dir`.
 struct Checkpointing {
   std::string resume, save;
+  int every = 0;
+  std::string periodic_dir;
+  bool blocking = false;
 };
+
+// The latest complete checkpoint DIR/step-S, or empty.
+std::string latest_checkpoint(const std::string& dir) {
+  std::string latest;
+  int latest_step = 0;
+  if (!std::filesystem::is_directory(dir)) return latest;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with("step-") || !dtensor::checkpoint::is_committed(entry.path().string())) continue;
+    const int step = std::stoi(name.substr(5));
+    if (step > latest_step) latest_step = step, latest = entry.path().string();
+  }
+  return latest;
+}
+
+// Rank 0, once the checkpoint of step `kept` is complete: the older ones are not needed any more.
+void remove_checkpoints_before(const std::string& dir, int kept) {
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("step-") && std::stoi(name.substr(5)) < kept) std::filesystem::remove_all(entry.path());
+  }
+}
 
 struct Run {
   int first_step = 1;  // after a resume: the saved step + 1
@@ -106,16 +150,24 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
   const auto world = mesh ? mesh->world() : nullptr;
   gpt::Batches batches(corpus, kBatch, model->pos_emb.size(0), kSeed);
   Run run;
-  if (!checkpointing.resume.empty()) {
-    state.load(checkpointing.resume, {.world = world});
+  const std::string& resume = checkpointing.resume;
+  if (!resume.empty()) {
+    state.load(resume, {.world = world});
     run.first_step = static_cast<int>(state.tensors()["train.step"].item<int64_t>()) + 1;
     for (int step = 1; step < run.first_step; ++step) batches.next();  // the batches those steps used
   }
   if (print) std::cout << "\n== " << label << " ==\n";
-  if (print && run.first_step > 1) std::cout << "  resumed from " << checkpointing.resume << " at step " << run.first_step << "\n";
+  if (print && run.first_step > 1) std::cout << "  resumed from " << resume << " at step " << run.first_step << "\n";
   const auto start = std::chrono::steady_clock::now();
   auto last = start;
   const int last_step = run.first_step + steps - 1;
+  std::future<dtensor::checkpoint::SaveResult> saving;  // the save in flight
+  int saving_step = 0;
+  auto finish_saving = [&] {
+    if (!saving.valid()) return;
+    saving.get();
+    if (world == nullptr || world->rank() == 0) remove_checkpoints_before(checkpointing.periodic_dir, saving_step);
+  };
   for (int step = run.first_step; step <= last_step; ++step) {
     gpt::Batch batch = batches.next();
     const int64_t rows = kBatch / dp_size;
@@ -133,7 +185,23 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
                 << "  " << std::setprecision(0) << tokens_per_s << " tokens/s\n";
       last = now;
     }
+    if (checkpointing.every > 0 && step % checkpointing.every == 0) {
+      // The stall: how long training waits for this save (the previous one, if still writing, included).
+      const auto stall_start = std::chrono::steady_clock::now();
+      finish_saving();
+      state.tensors()["train.step"].fill_(step);
+      const std::string dir = checkpointing.periodic_dir + "/step-" + std::to_string(step);
+      saving = state.save_async(dir, {.overwrite = true, .world = world});
+      saving_step = step;
+      if (checkpointing.blocking) finish_saving();
+      const double stall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - stall_start).count();
+      if (print)
+        std::cout << "  checkpoint of step " << step << " to " << dir << (checkpointing.blocking ? " (blocking)" : " (asynchronous)")
+                  << ": training stalled " << std::setprecision(1) << stall_ms << " ms" << std::endl;  // seen as it happens
+      last = std::chrono::steady_clock::now();  // tokens/s counts training only
+    }
   }
+  finish_saving();
   if (print)
     std::cout << "  " << steps << " steps in " << std::setprecision(2)
               << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s\n";
@@ -163,6 +231,7 @@ int main(int argc, char** argv) {
       std::cout << "GPT training: " << world->size() << " ranks (" << world->launcher() << "), vocabulary "
                 << corpus.vocabulary.size() << ", corpus " << corpus.tokens.size(0) << " characters, " << args.steps
                 << " steps, batch " << kBatch << "\n";
+    const std::string resume = args.resume.empty() && args.checkpoint_every > 0 ? latest_checkpoint(args.checkpoint_dir) : args.resume;
     std::vector<std::pair<std::string, Run>> runs;
     for (const std::string& mode : args.modes) {
       Parallelism parallelism;
@@ -188,8 +257,13 @@ int main(int argc, char** argv) {
         throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp, fsdp, fsdp-tp)");
       }
       label += " (" + dtensor::to_string(mesh->backend()) + ")";
-      // The first mode saves; every mode resumes.
-      const Checkpointing checkpointing{args.resume, runs.empty() ? args.save : std::string()};
+      // The first mode saves; every mode resumes (from the latest periodic checkpoint when restarted).
+      Checkpointing checkpointing{resume, runs.empty() ? args.save : std::string()};
+      if (runs.empty()) {
+        checkpointing.every = args.checkpoint_every;
+        checkpointing.periodic_dir = args.checkpoint_dir;
+        checkpointing.blocking = args.blocking_checkpoints;
+      }
       runs.emplace_back(label, train(corpus, parallelism, args.steps, label, print, checkpointing));
     }
     // Rank 0 runs the oracle; every rank then exits with its verdict.

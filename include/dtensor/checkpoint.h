@@ -32,6 +32,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <string>
@@ -68,6 +69,15 @@ struct SaveResult {
 };
 
 SaveResult save(const State& state, const std::string& dir, const SaveOptions& options = {});
+
+// The same, with training going on while the files are written: the collectives a save needs (Partial
+// shards reduced, whole tensors gathered) and a copy of what this rank writes (the staging copy) happen
+// before it returns; preparing the directory, writing, and the ranks' agreement on each step happen on
+// a thread of its own, which the future waits for (its destructor too). The state may change as soon as
+// this returns. Every rank must call it, as for save. The background agreements go through the store on
+// a channel of their own (World::sum_across_ranks), so the job may agree on other things meanwhile; at
+// most one asynchronous save may be in flight, so wait for one before starting the next.
+std::future<SaveResult> save_async(const State& state, const std::string& dir, const SaveOptions& options = {});
 
 struct LoadOptions {
   // Every state tensor must be in the checkpoint and every checkpoint tensor in the state; otherwise the

@@ -26,6 +26,8 @@ class TrainingState {
   // Adam/AdamW state not made yet is saved as the first step would make it (zero moments, step 0); SGD
   // momentum not made yet is left out (LibTorch starts it from the first gradient, not from zero).
   SaveResult save(const std::string& dir, const SaveOptions& options = {});
+  // checkpoint::save_async of the same: training may go on as soon as it returns.
+  std::future<SaveResult> save_async(const std::string& dir, const SaveOptions& options = {});
   // Loads in place; optimizer state the checkpoint holds but the optimizer has not made yet is made
   // from it, and the step counters are handed back (LibTorch keeps them as integers).
   LoadResult load(const std::string& dir, const LoadOptions& options = {});

@@ -63,16 +63,17 @@ void Job::agree(const std::exception_ptr& mine, const std::string& step) const {
   }
   std::string failure;  // what the ranks that did not fail throw
   try {
-    if (world->sum_across_ranks(mine ? 1 : 0) == 0) return;
+    if (world->sum_across_ranks(mine ? 1 : 0, channel) == 0) return;
     // Some rank failed. Rank 0 draws a key every rank learns; the failing ranks publish their errors
     // under it, and after one more round every other rank reads the first of them.
-    const int64_t nonce = world->sum_across_ranks(rank == 0 ? static_cast<int64_t>(std::random_device{}() & 0x3fffffff) : 0);
+    const int64_t nonce =
+        world->sum_across_ranks(rank == 0 ? static_cast<int64_t>(std::random_device{}() & 0x3fffffff) : 0, channel);
     const std::string prefix = "dtensor/checkpoint/failure/" + std::to_string(nonce) + "/";
     if (mine) {
       const std::string what = message_of(mine);
       world->store()->set(prefix + std::to_string(rank), std::vector<uint8_t>(what.begin(), what.end()));
     }
-    world->sum_across_ranks(0);
+    world->sum_across_ranks(0, channel);
     failure = "checkpoint: " + step + " failed on another rank (rank " + std::to_string(rank) + " stops too)";
     for (int r = 0; r < size && !mine; ++r) {
       const std::string key = prefix + std::to_string(r);
@@ -95,8 +96,8 @@ void Job::check_same(const std::string& fingerprint, const char* what) const {
   if (!world) return;
   // Equal hashes everywhere exactly when both the sum and the sum of squares are size times this rank's.
   const int64_t h = static_cast<int64_t>(std::hash<std::string>{}(fingerprint) & 0xfffff);
-  const int64_t sum = world->sum_across_ranks(h);
-  const int64_t squares = world->sum_across_ranks(h * h);
+  const int64_t sum = world->sum_across_ranks(h, channel);
+  const int64_t squares = world->sum_across_ranks(h * h, channel);
   if (sum != h * size || squares != h * h * size)
     throw DTensorError(std::string("checkpoint::") + what + ": rank " + std::to_string(rank) +
                        "'s state differs from another rank's (names, shapes, dtypes or placements); every rank must " +

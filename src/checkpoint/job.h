@@ -15,6 +15,9 @@ struct Job {
   std::shared_ptr<World> world;  // null: one process
   int rank = 0;
   int size = 1;
+  // The world's agreement channel (World::sum_across_ranks): an asynchronous save agrees on its own,
+  // apart from whatever the job's thread does meanwhile.
+  std::string channel;
 
   // The world of the state's DTensors (all on one world), else `given`, else one process.
   static Job of(const State& state, const std::shared_ptr<World>& given, const char* what);

@@ -1,8 +1,10 @@
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <future>
 #include <set>
 
 #include "../io/json.h"
@@ -156,16 +158,20 @@ void commit(const fs::path& dir) {
   detail::sync_directory(dir.string());
 }
 
-}  // namespace
-
-SaveResult save(const State& state, const std::string& dir_name, const SaveOptions& options) {
-  const Job job = Job::of(state, options.world, "save");
-  const fs::path dir(dir_name);
-  std::string fingerprint;
+// What a save holds once its collectives are done: every piece this rank writes, in memory of its
+// own when `staged` (so that the state may change while the files are written).
+struct Prepared {
+  Job job;
   std::vector<Saved> saved;
+};
+
+Prepared prepare(const State& state, const SaveOptions& options, bool staged) {
+  Prepared out{Job::of(state, options.world, "save"), {}};
+  const Job& job = out.job;
+  std::string fingerprint;
   std::exception_ptr error;
   try {
-    saved = plan(state, job, options.whole_tensors, fingerprint);
+    out.saved = plan(state, job, options.whole_tensors, fingerprint);
     fingerprint += options.whole_tensors ? "whole" : "shards";
   } catch (...) {
     error = std::current_exception();
@@ -176,28 +182,35 @@ SaveResult save(const State& state, const std::string& dir_name, const SaveOptio
   // Partial shards are reduced first, or whole tensors gathered on their writers: collectives every
   // rank runs in the same order.
   std::map<int64_t, MeshPtr> writer_meshes;  // a mesh of one rank per writer, made in the order of use
-  for (Saved& s : saved) {
+  for (Saved& s : out.saved) {
     const at::Tensor& tensor = state.at(s.name);
-    if (!is_dtensor(tensor)) {
-      s.local = tensor.detach();
-      continue;
-    }
-    const DTensorSpec& spec = spec_of(tensor);
     at::Tensor placed = tensor.detach();
-    if (options.whole_tensors) {
-      const int64_t writer = s.pieces.front().holders.front();
-      MeshPtr& one = writer_meshes[writer];
-      if (!one) one = DeviceMesh::create(job.world, {1}, {writer}, MeshOptions{{}, spec.mesh->device_type(), spec.mesh->timeout()});
-      placed = redistribute(placed, one, {Replicate()});
-    } else if (spec.has_partial()) {
-      placed = redistribute(placed, partial_as_replicate(spec.placements));
+    if (is_dtensor(tensor)) {
+      const DTensorSpec& spec = spec_of(tensor);
+      if (options.whole_tensors) {
+        const int64_t writer = s.pieces.front().holders.front();
+        MeshPtr& one = writer_meshes[writer];
+        if (!one) one = DeviceMesh::create(job.world, {1}, {writer}, MeshOptions{{}, spec.mesh->device_type(), spec.mesh->timeout()});
+        placed = redistribute(placed, one, {Replicate()});
+      } else if (spec.has_partial()) {
+        placed = redistribute(placed, partial_as_replicate(spec.placements));
+      }
+      placed = local_tensor_of(placed);
     }
-    s.local = local_tensor_of(placed);
+    const bool written_here = std::any_of(s.pieces.begin(), s.pieces.end(), [&](const Piece& p) { return writes(p, job.rank); });
+    if (staged && written_here) placed = placed.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    s.local = placed;
   }
+  return out;
+}
 
-  error = nullptr;
+// The files, the index and the commit marker, each step agreed on by every rank: no collectives, so it
+// may run on a thread of its own.
+SaveResult write(const Prepared& prepared, const fs::path& dir, bool overwrite) {
+  const Job& job = prepared.job;
+  std::exception_ptr error;
   if (job.rank == 0) try {
-      prepare_directory(dir, options.overwrite);
+      prepare_directory(dir, overwrite);
     } catch (...) {
       error = std::current_exception();
     }
@@ -207,9 +220,9 @@ SaveResult save(const State& state, const std::string& dir_name, const SaveOptio
   error = nullptr;
   try {
     const std::string file = detail::rank_file_name(job.rank, job.size);
-    result.bytes_written = write_rank_file(saved, job, dir / file);
+    result.bytes_written = write_rank_file(prepared.saved, job, dir / file);
     if (result.bytes_written > 0) result.file = (dir / file).string();
-    if (job.rank == 0) write_index(saved, job, dir);
+    if (job.rank == 0) write_index(prepared.saved, job, dir);
   } catch (...) {
     error = std::current_exception();
   }
@@ -224,6 +237,20 @@ SaveResult save(const State& state, const std::string& dir_name, const SaveOptio
     }
   job.agree(error, "committing " + dir.string());
   return result;
+}
+
+}  // namespace
+
+SaveResult save(const State& state, const std::string& dir, const SaveOptions& options) {
+  return write(prepare(state, options, /*staged=*/false), fs::path(dir), options.overwrite);
+}
+
+std::future<SaveResult> save_async(const State& state, const std::string& dir, const SaveOptions& options) {
+  auto prepared = std::make_shared<Prepared>(prepare(state, options, /*staged=*/true));
+  prepared->job.channel = "async-save";
+  return std::async(std::launch::async, [prepared, path = fs::path(dir), overwrite = options.overwrite] {
+    return write(*prepared, path, overwrite);
+  });
 }
 
 bool is_committed(const std::string& dir) { return fs::exists(fs::path(dir) / detail::kCommitFile); }

@@ -123,6 +123,10 @@ SaveResult TrainingState::save(const std::string& dir, const SaveOptions& option
   return checkpoint::save(optimizer_ ? with_optimizer(nullptr) : tensors_, dir, options);
 }
 
+std::future<SaveResult> TrainingState::save_async(const std::string& dir, const SaveOptions& options) {
+  return checkpoint::save_async(optimizer_ ? with_optimizer(nullptr) : tensors_, dir, options);
+}
+
 LoadResult TrainingState::load(const std::string& dir, const LoadOptions& options) {
   if (!optimizer_) return checkpoint::load(tensors_, dir, options);
   const auto stored = contents(dir);

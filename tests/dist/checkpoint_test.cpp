@@ -1,7 +1,8 @@
 // Checkpoints saved under one layout and loaded under another, for every pair of {one process, TP=4
 // S(0), TP=4 S(1), DP2xTP2, uneven on 3 of the 4 ranks}, against the whole tensors bit for bit (0-d and
 // zero-size tensors among them); what
-// each rank writes and reads; crash safety and the errors for damaged or mismatched checkpoints.
+// each rank writes and reads; asynchronous saves; crash safety and the errors for damaged or mismatched
+// checkpoints.
 
 #include <filesystem>
 #include <fstream>
@@ -147,6 +148,30 @@ TEST_F(CheckpointTest, PartialTensorsAreSavedReduced) {
     ckpt::State target = {{"p", at::zeros({6, 5})}};
     ckpt::load(target, saved.string(), {.world = world()});
     EXPECT_TRUE(tensors_equal(target.at("p"), whole));
+  }
+}
+
+// An asynchronous save writes the values the state held when it was called: the state is changed
+// (in place, as an optimizer step would) while the files are written, before the future is waited on.
+TEST_F(CheckpointTest, AsynchronousSaveWritesTheValuesOfTheMomentItWasCalled) {
+  for (const Layout& from : layouts()) {
+    SCOPED_TRACE(from.name);
+    const fs::path dir = shared_directory("async_" + from.name);
+    ckpt::State state = state_in(from, false);
+    auto pending = ckpt::save_async(state, dir.string(), {.world = world()});
+    for (auto& [name, t] : state) {
+      at::Tensor local = is_dtensor(t) ? local_tensor_of(t) : t;
+      if (local.numel() > 0) local.add_(1);
+    }
+    const ckpt::SaveResult saved = pending.get();
+    EXPECT_TRUE(ckpt::is_committed(dir.string()));
+    EXPECT_EQ(saved.bytes_written > 0, !saved.file.empty());
+    for (const Layout& to : layouts()) {
+      SCOPED_TRACE("loaded as " + to.name);
+      ckpt::State target = state_in(to, true);
+      ckpt::load(target, dir.string(), {.world = world()});
+      EXPECT_TRUE(holds_whole(target, to));
+    }
   }
 }
 
