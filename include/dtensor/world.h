@@ -52,7 +52,10 @@ class World {
   int rank() const { return rank_; }
   int size() const { return size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
-  c10::intrusive_ptr<c10d::Store> store() const;
+  // The job's store; for a non-empty `channel`, a connection of its own to it (made at first use), so
+  // that a thread agreeing on that channel never queues behind another thread's blocking wait (c10d's
+  // TCPStore client serves one request at a time).
+  c10::intrusive_ptr<c10d::Store> store(const std::string& channel = "") const;
   // Which environment started this process: "dtensor", "dtensor via mpirun", "torchrun", "mpirun" or
   // "manual".
   const std::string& launcher() const { return launcher_; }
@@ -67,8 +70,9 @@ class World {
   // The sum of `value` over every rank of the world, on every rank (through the store, so it needs no
   // process group): how the ranks of a job agree on a verdict, so that each exits with it. Every rank
   // must call it the same number of times.
-  // Calls on different `channel`s are independent (each counts its own calls), so a thread of its own
-  // (an asynchronous checkpoint save) can agree on one while the job's thread uses another.
+  // Calls on different `channel`s are independent (each counts its own calls and has its own store
+  // connection), so a thread of its own (an asynchronous checkpoint save) can agree on one while the
+  // job's thread uses another.
   int64_t sum_across_ranks(int64_t value, const std::string& channel = "");
 
   // Which of `ranks` are not answering and why, each named with its host, for an error message: exited
@@ -102,7 +106,8 @@ class World {
   std::chrono::milliseconds timeout_;
   std::string launcher_ = "manual";
   bool started_by_mpirun_ = false;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
+  mutable std::map<std::string, c10::intrusive_ptr<c10d::Store>> channel_stores_;  // under mutex_
   std::map<std::vector<int64_t>, int> groups_created_;
   std::map<std::string, int64_t> sums_done_;  // per channel; under mutex_
   std::vector<std::weak_ptr<detail::MeshGroup>> mesh_groups_;

@@ -71,14 +71,14 @@ void Job::agree(const std::exception_ptr& mine, const std::string& step) const {
     const std::string prefix = "dtensor/checkpoint/failure/" + std::to_string(nonce) + "/";
     if (mine) {
       const std::string what = message_of(mine);
-      world->store()->set(prefix + std::to_string(rank), std::vector<uint8_t>(what.begin(), what.end()));
+      world->store(channel)->set(prefix + std::to_string(rank), std::vector<uint8_t>(what.begin(), what.end()));
     }
     world->sum_across_ranks(0, channel);
     failure = "checkpoint: " + step + " failed on another rank (rank " + std::to_string(rank) + " stops too)";
     for (int r = 0; r < size && !mine; ++r) {
       const std::string key = prefix + std::to_string(r);
-      if (!world->store()->check({key})) continue;
-      const auto bytes = world->store()->get(key);
+      if (!world->store(channel)->check({key})) continue;
+      const auto bytes = world->store(channel)->get(key);
       failure = "checkpoint: " + step + " failed on rank " + std::to_string(r) + " (rank " + std::to_string(rank) +
                 " stops too): " + std::string(bytes.begin(), bytes.end());
       break;

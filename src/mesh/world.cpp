@@ -103,9 +103,13 @@ std::string World::describe_peers(const std::vector<int64_t>& ranks, bool settle
 
 World::~World() { shutdown(); }
 
-c10::intrusive_ptr<c10d::Store> World::store() const {
+c10::intrusive_ptr<c10d::Store> World::store(const std::string& channel) const {
+  std::lock_guard<std::mutex> lock(mutex_);
   if (!store_) throw DTensorError("rank " + std::to_string(rank_) + ": the world was shut down; it has no store");
-  return store_;
+  if (channel.empty()) return store_;
+  auto& connection = channel_stores_[channel];
+  if (!connection) connection = store_->clone();
+  return connection;
 }
 
 void World::shutdown() {
@@ -122,6 +126,8 @@ void World::shutdown() {
     std::lock_guard<std::mutex> lock(watch_mutex_);
     watch_.reset();
   }
+  std::lock_guard<std::mutex> lock(mutex_);
+  channel_stores_.clear();
   store_.reset();
 }
 
@@ -186,7 +192,7 @@ std::shared_ptr<World> World::from_environment(WorldOptions options) {
 }
 
 int64_t World::sum_across_ranks(int64_t value, const std::string& channel) {
-  const auto store = this->store();
+  const auto store = this->store(channel);
   int64_t serial = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
