@@ -23,7 +23,8 @@
 //
 // Both are collective over the world of the state's DTensors: every rank calls them with the same
 // names, shapes, dtypes and placements (plain tensors are taken to hold the same value on every rank),
-// and every rank sees the directory (a local or shared file system). Pipeline stages holding different
+// and every rank sees the directory (a local or shared file system), unless the save and the load are
+// node-local (each node its own directory). Pipeline stages holding different
 // tensors save into one directory per stage.
 //
 // The index's weight_map names only the tensors saved whole (plain, or Replicate on every mesh dim):
@@ -61,6 +62,11 @@ struct SaveOptions {
   // file is then an ordinary Hugging Face shard: the weight_map names every tensor, and
   // transformers' from_pretrained or safetensors' load_file read them as they are. Costs the gathers.
   bool whole_tensors = false;
+  // Each node has a directory of its own at `dir` (node-local disks, no shared file system; nodes are
+  // told apart by host name): each rank's file stays on its node, and the first rank of each node
+  // writes that node's copy of the index (which names the host holding every file) and of the commit
+  // marker. Load it with LoadOptions::node_local. On a shared directory it saves as usual.
+  bool node_local = false;
 };
 
 struct SaveResult {
@@ -85,12 +91,21 @@ struct LoadOptions {
   // both lists are returned.
   bool strict = true;
   std::shared_ptr<World> world;  // as for save
+  // Each node has a directory of its own at `dir`, holding some of the checkpoint's files (a node-local
+  // save's, another number of nodes, or none for a node that was not in the save): each rank reads
+  // what its node has and receives the rest from a rank whose node has it, in all-to-alls over the
+  // world. Every element crosses the network at most once per node that needs it (ranks of a node that
+  // need the same part get it from the first of them), and only when that node lacks it.
+  bool node_local = false;
 };
 
 struct LoadResult {
   std::vector<std::string> missing;     // in the state, not in the checkpoint
   std::vector<std::string> unexpected;  // in the checkpoint, not in the state
-  int64_t bytes_read = 0;               // tensor data this rank read
+  int64_t bytes_read = 0;               // tensor data this rank read from files (for itself or, node-local, others)
+  int64_t bytes_received = 0;           // node-local: tensor data other ranks sent this rank
+  int64_t bytes_received_from_other_nodes = 0;  // node-local: the part of it that crossed the network
+  int64_t bytes_sent = 0;               // node-local: tensor data this rank sent others
 };
 
 // Shape and dtype must match the checkpoint's (an error names the tensor, the file and both values).

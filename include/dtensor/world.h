@@ -74,6 +74,9 @@ class World {
   // connection), so a thread of its own (an asynchronous checkpoint save) can agree on one while the
   // job's thread uses another.
   int64_t sum_across_ranks(int64_t value, const std::string& channel = "");
+  // Every rank's `value`, by rank, on every rank (through the store, as sum_across_ranks, whose calls
+  // it shares the count of on each channel).
+  std::vector<std::string> gather_across_ranks(const std::string& value, const std::string& channel = "");
 
   // Which of `ranks` are not answering and why, each named with its host, for an error message: exited
   // or stopped (on this host), left the job, silent in the store's heartbeats for a few beats (hung,
@@ -109,12 +112,16 @@ class World {
   mutable std::mutex mutex_;
   mutable std::map<std::string, c10::intrusive_ptr<c10d::Store>> channel_stores_;  // under mutex_
   std::map<std::vector<int64_t>, int> groups_created_;
-  std::map<std::string, int64_t> sums_done_;  // per channel; under mutex_
+  std::map<std::string, int64_t> agreements_done_;  // per channel; under mutex_
   std::vector<std::weak_ptr<detail::MeshGroup>> mesh_groups_;
   mutable std::mutex watch_mutex_;
   std::unique_ptr<detail::PeerWatch> watch_;
   bool shut_down_ = false;  // per rank set, so each group gets a fresh store prefix
 };
+
+// This machine's host name: how errors name where a rank runs, and how node-local checkpoints tell
+// the nodes (and so their directories) apart.
+std::string host_name();
 
 // The timeout DTENSOR_TIMEOUT_S asks for, else `fallback`.
 std::chrono::milliseconds timeout_from_environment(std::chrono::milliseconds fallback);

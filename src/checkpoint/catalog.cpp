@@ -82,9 +82,19 @@ std::string rank_file_name(int rank, int world_size) {
 }
 
 // The files to read: a dtensor checkpoint's own list, a Hugging Face index's weight map, or every
-// *.safetensors file in the directory (a single save_file, or DCP's sharded output).
-std::vector<std::string> Catalog::files_of(const fs::path& dir) {
-  if (!fs::is_directory(dir)) throw DTensorError("checkpoint: " + dir.string() + " is not a directory");
+// *.safetensors file in the directory (a single save_file, or DCP's sharded output). Only those present
+// with PresentOnly, which takes an absent directory for one holding nothing.
+std::vector<std::string> Catalog::files_of(const fs::path& dir, Files files) {
+  const bool present_only = files == Files::PresentOnly;
+  if (!fs::is_directory(dir)) {
+    if (present_only && !fs::exists(dir)) return {};
+    throw DTensorError("checkpoint: " + dir.string() + " is not a directory");
+  }
+  const auto here = [&](std::set<std::string> names) {
+    listed_.assign(names.begin(), names.end());
+    if (present_only) std::erase_if(names, [&](const std::string& name) { return !fs::exists(dir / name); });
+    return std::vector<std::string>(names.begin(), names.end());
+  };
   const fs::path index = dir / kIndexFile;
   const bool committed = fs::exists(dir / kCommitFile);
   std::set<std::string> names;
@@ -97,21 +107,25 @@ std::vector<std::string> Catalog::files_of(const fs::path& dir) {
       if (!committed)
         throw DTensorError("checkpoint: " + dir.string() + " has no commit marker (" + kCommitFile +
                            "): its save did not finish; load an earlier checkpoint");
-      for (const JsonField& f : root.at(kDtensorKey).at("files").elements()) names.insert(checked_file_name(f));
-      return {names.begin(), names.end()};
+      const JsonField section = root.at(kDtensorKey);
+      for (const JsonField& f : section.at("files").elements()) names.insert(checked_file_name(f));
+      if (section.has(kNodesKey))
+        for (const auto& [file, host] : section.at(kNodesKey).members()) file_hosts_[file] = host.as_string();
+      return here(names);
     }
     if (root.has("weight_map")) {
       for (const auto& [tensor, file] : root.at("weight_map").members()) {
         names.insert(checked_file_name(file));
         weight_map_[tensor] = file.as_string();
       }
-      return {names.begin(), names.end()};
+      return here(names);
     }
   }
   for (const auto& entry : fs::directory_iterator(dir))
     if (entry.path().extension() == ".safetensors") names.insert(entry.path().filename().string());
-  if (names.empty()) throw DTensorError("checkpoint: " + dir.string() + " holds no checkpoint (no *.safetensors files)");
-  return {names.begin(), names.end()};
+  if (names.empty() && !present_only)
+    throw DTensorError("checkpoint: " + dir.string() + " holds no checkpoint (no *.safetensors files)");
+  return {names.begin(), names.end()};  // no index: nothing listed
 }
 
 void Catalog::add_pieces(const SafetensorsFile& file, bool committed, const fs::path& dir) {
@@ -132,28 +146,35 @@ void Catalog::add_pieces(const SafetensorsFile& file, bool committed, const fs::
         throw DTensorError("checkpoint: " + file.path() + ": its __metadata__ describes tensor '" + name + "', which the file does not hold");
 
   for (const StoredTensor& t : file.tensors()) {
-    SavedPiece piece{&file, Box{Shape(t.shape.size(), 0), t.shape}, t.begin};
-    if (const auto it = offsets.find(t.name); it != offsets.end()) piece.box.offset = it->second;
-    if (piece.box.offset.size() != t.shape.size())
-      throw DTensorError("checkpoint: " + file.path() + ": tensor '" + t.name + "' has saved_offsets " + shape_str(piece.box.offset) +
-                         " for its shape " + shape_str(t.shape) + ": the file is corrupted");
-    SavedTensor& saved = tensors_[t.name];
-    if (!saved.pieces.empty() && saved.dtype != t.dtype)
-      throw DTensorError("checkpoint: tensor '" + t.name + "' is " + saved.dtype + " in " + saved.pieces.front().file->path() + " but " +
-                         t.dtype + " in " + file.path());
-    if (!saved.pieces.empty() && saved.pieces.front().box.shape.size() != t.shape.size())
-      throw DTensorError("checkpoint: tensor '" + t.name + "' has " + std::to_string(saved.pieces.front().box.shape.size()) + " dims in " +
-                         saved.pieces.front().file->path() + " but " + std::to_string(t.shape.size()) + " in " + file.path());
-    saved.dtype = t.dtype;
-    if (const auto it = global_shapes.find(t.name); it != global_shapes.end()) {
-      if (recorded_in_.count(t.name) && saved.global_shape != it->second)
-        throw DTensorError("checkpoint: tensor '" + t.name + "' has global shape " + shape_str(saved.global_shape) + " in " +
-                           recorded_in_[t.name] + " but " + shape_str(it->second) + " in " + file.path() + ": the files disagree");
-      saved.global_shape = it->second;
-      recorded_in_[t.name] = file.path();
-    }
-    saved.pieces.push_back(piece);
+    DescribedPiece d{t.name, t.dtype, SavedPiece{file.path(), &file, Box{Shape(t.shape.size(), 0), t.shape}, t.begin}, std::nullopt};
+    if (const auto it = offsets.find(t.name); it != offsets.end()) d.piece.box.offset = it->second;
+    if (d.piece.box.offset.size() != t.shape.size())
+      throw DTensorError("checkpoint: " + file.path() + ": tensor '" + t.name + "' has saved_offsets " +
+                         shape_str(d.piece.box.offset) + " for its shape " + shape_str(t.shape) + ": the file is corrupted");
+    if (const auto it = global_shapes.find(t.name); it != global_shapes.end()) d.global_shape = it->second;
+    add(d);
   }
+}
+
+void Catalog::add(const DescribedPiece& d) {
+  SavedTensor& saved = tensors_[d.tensor];
+  const std::string& file = d.piece.file;
+  if (!saved.pieces.empty() && saved.dtype != d.dtype)
+    throw DTensorError("checkpoint: tensor '" + d.tensor + "' is " + saved.dtype + " in " + saved.pieces.front().file + " but " +
+                       d.dtype + " in " + file);
+  if (!saved.pieces.empty() && saved.pieces.front().box.shape.size() != d.piece.box.shape.size())
+    throw DTensorError("checkpoint: tensor '" + d.tensor + "' has " + std::to_string(saved.pieces.front().box.shape.size()) +
+                       " dims in " + saved.pieces.front().file + " but " + std::to_string(d.piece.box.shape.size()) + " in " + file);
+  saved.dtype = d.dtype;
+  if (d.global_shape) {
+    if (!saved.shape_recorded_in.empty() && saved.global_shape != *d.global_shape)
+      throw DTensorError("checkpoint: tensor '" + d.tensor + "' has global shape " + shape_str(saved.global_shape) + " in " +
+                         saved.shape_recorded_in + " but " + shape_str(*d.global_shape) + " in " + file + ": the files disagree");
+    saved.global_shape = *d.global_shape;
+    saved.shape_recorded_in = file;
+  }
+  saved.pieces.push_back(d.piece);
+  described_.push_back(d);
 }
 
 // The global shape is where the pieces end (DCP's rule), unless dtensor recorded it (uneven shards past
@@ -161,12 +182,12 @@ void Catalog::add_pieces(const SafetensorsFile& file, bool committed, const fs::
 // together as many elements as it has.
 void Catalog::check_tiling(const std::string& name, SavedTensor& saved) const {
   const size_t ndim = saved.pieces.front().box.shape.size();
-  if (!recorded_in_.count(name)) {
+  if (saved.shape_recorded_in.empty()) {
     saved.global_shape = Shape(ndim, 0);
     for (const SavedPiece& p : saved.pieces)
       for (size_t d = 0; d < ndim; ++d) {
         const auto end = io::checked_add(p.box.offset[d], p.box.shape[d]);
-        if (!end) throw DTensorError("checkpoint: tensor '" + name + "': the piece in " + p.file->path() + " lies beyond any tensor");
+        if (!end) throw DTensorError("checkpoint: tensor '" + name + "': the piece in " + p.file + " lies beyond any tensor");
         saved.global_shape[d] = std::max(saved.global_shape[d], *end);
       }
   }
@@ -182,7 +203,7 @@ void Catalog::check_tiling(const std::string& name, SavedTensor& saved) const {
       fits = end && *end <= saved.global_shape[d];
     }
     if (!fits)
-      throw DTensorError("checkpoint: tensor '" + name + "': the piece in " + p.file->path() + " at " + shape_str(p.box.offset) +
+      throw DTensorError("checkpoint: tensor '" + name + "': the piece in " + p.file + " at " + shape_str(p.box.offset) +
                          " of shape " + shape_str(p.box.shape) + " does not fit its global shape " + shape_str(saved.global_shape));
     if (held) held = io::checked_add(*held, *io::checked_numel(p.box.shape));  // a piece inside the shape has fewer elements
   }
@@ -201,8 +222,8 @@ void Catalog::check_tiling(const std::string& name, SavedTensor& saved) const {
   for (size_t i = 0; i < order.size(); ++i)
     for (size_t j = i + 1; j < order.size() && start(order[j]) < end(order[i]); ++j)
       if (overlap(order[i]->box, order[j]->box))
-        throw DTensorError("checkpoint: tensor '" + name + "': the pieces in " + order[i]->file->path() + " at " +
-                           shape_str(order[i]->box.offset) + " and in " + order[j]->file->path() + " at " +
+        throw DTensorError("checkpoint: tensor '" + name + "': the pieces in " + order[i]->file + " at " +
+                           shape_str(order[i]->box.offset) + " and in " + order[j]->file + " at " +
                            shape_str(order[j]->box.offset) + " overlap: the checkpoint is corrupted");
   if (held != total)  // disjoint pieces inside the shape: fewer elements than it has
     throw DTensorError("checkpoint: " + dir_ + ": tensor '" + name + "' of global shape " + shape_str(saved.global_shape) +
@@ -210,24 +231,39 @@ void Catalog::check_tiling(const std::string& name, SavedTensor& saved) const {
                        " elements: a file of the checkpoint is missing");
 }
 
-Catalog::Catalog(const std::string& dir_name) : dir_(dir_name) {
+Catalog::Catalog(const std::string& dir_name, Files files) : dir_(dir_name) {
   const fs::path dir(dir_name);
   const bool committed = fs::exists(dir / kCommitFile);
-  for (const std::string& name : files_of(dir)) {
+  for (const std::string& name : files_of(dir, files)) {
     files_.push_back(std::make_unique<SafetensorsFile>((dir / name).string()));
     add_pieces(*files_.back(), committed, dir);
   }
+  if (files == Files::All) check_complete();
+}
+
+Catalog::Catalog(std::string dir, const std::vector<DescribedPiece>& pieces) : dir_(std::move(dir)) {
+  for (const DescribedPiece& d : pieces) add(d);
+  check_complete();
+}
+
+void Catalog::check_complete() {
   for (auto& [name, saved] : tensors_) check_tiling(name, saved);
   // A Hugging Face index says which file holds each tensor: it must be so.
   for (const auto& entry : weight_map_) {
     const auto it = tensors_.find(entry.first);
     const bool there = it != tensors_.end() && std::any_of(it->second.pieces.begin(), it->second.pieces.end(), [&](const SavedPiece& p) {
-                         return fs::path(p.file->path()).filename() == entry.second;
+                         return fs::path(p.file).filename() == entry.second;
                        });
     if (!there)
-      throw DTensorError("checkpoint: " + (dir / kIndexFile).string() + ": weight_map puts tensor '" + entry.first + "' in " +
-                         entry.second + ", which does not hold it: the index is corrupted");
+      throw DTensorError("checkpoint: " + (fs::path(dir_) / kIndexFile).string() + ": weight_map puts tensor '" + entry.first +
+                         "' in " + entry.second + ", which does not hold it: the index is corrupted");
   }
+}
+
+const SafetensorsFile* Catalog::file_named(const std::string& name) const {
+  for (const auto& file : files_)
+    if (fs::path(file->path()).filename() == name) return file.get();
+  return nullptr;
 }
 
 }  // namespace dtensor::checkpoint::detail

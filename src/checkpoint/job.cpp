@@ -92,6 +92,10 @@ void Job::agree(const std::exception_ptr& mine, const std::string& step) const {
   throw DTensorError(failure);
 }
 
+std::vector<std::string> Job::gather(const std::string& mine) const {
+  return world ? world->gather_across_ranks(mine, channel) : std::vector<std::string>{mine};
+}
+
 void Job::check_same(const std::string& fingerprint, const char* what) const {
   if (!world) return;
   // Equal hashes everywhere exactly when both the sum and the sum of squares are size times this rank's.

@@ -6,6 +6,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dtensor/checkpoint.h"
 
@@ -25,6 +26,8 @@ struct Job {
   // Throws on every rank when `mine` holds an error on any rank: this rank's own, or one naming the
   // ranks that failed at `step`.
   void agree(const std::exception_ptr& mine, const std::string& step) const;
+  // Every rank's `mine`, by rank (World::gather_across_ranks on the job's channel).
+  std::vector<std::string> gather(const std::string& mine) const;
   // Throws on every rank unless every rank passed the same `fingerprint` (of its state's names,
   // shapes, dtypes and placements).
   void check_same(const std::string& fingerprint, const char* what) const;

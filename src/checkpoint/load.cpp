@@ -8,13 +8,11 @@
 #include "dtypes.h"
 #include "format.h"
 #include "job.h"
+#include "loading.h"
 
 namespace dtensor::checkpoint {
+namespace detail {
 namespace {
-
-using detail::Job;
-using detail::SavedPiece;
-using detail::SavedTensor;
 
 std::string list(const std::vector<std::string>& names) {
   std::string out;
@@ -23,7 +21,21 @@ std::string list(const std::vector<std::string>& names) {
   return out;
 }
 
-// This rank's box of `tensor` and the tensor its data goes into; nothing for ranks outside its mesh.
+}  // namespace
+
+void match_names(const State& state, const Catalog& catalog, const std::string& dir, bool strict, LoadResult& result) {
+  for (const auto& [name, tensor] : state)
+    if (!catalog.tensors().count(name)) result.missing.push_back(name);
+  for (const auto& [name, saved] : catalog.tensors())
+    if (!state.count(name)) result.unexpected.push_back(name);
+  if (strict && (!result.missing.empty() || !result.unexpected.empty()))
+    throw DTensorError("checkpoint::load: " + dir + " does not match the state (strict): " +
+                       (result.missing.empty() ? "" : "missing from the checkpoint: " + list(result.missing)) +
+                       (result.missing.empty() || result.unexpected.empty() ? "" : "; ") +
+                       (result.unexpected.empty() ? "" : "not in the state: " + list(result.unexpected)) +
+                       "; load with strict = false to load the rest and get both lists");
+}
+
 std::optional<std::pair<Box, at::Tensor>> target_of(const std::string& name, const at::Tensor& tensor) {
   const Shape global = tensor.sizes().vec();
   if (!is_dtensor(tensor)) return std::make_pair(Box{Shape(global.size(), 0), global}, tensor);
@@ -37,67 +49,63 @@ std::optional<std::pair<Box, at::Tensor>> target_of(const std::string& name, con
 }
 
 void check_matches(const std::string& name, const at::Tensor& tensor, const SavedTensor& saved) {
-  const std::string where = saved.pieces.empty() ? std::string("the checkpoint") : saved.pieces.front().file->path();
+  const std::string where = saved.pieces.empty() ? std::string("the checkpoint") : saved.pieces.front().file;
   const Shape shape = tensor.sizes().vec();
   if (shape != saved.global_shape)
     throw DTensorError("checkpoint::load: tensor '" + name + "' has shape " + shape_str(shape) + " but " + where +
                        " holds it with shape " + shape_str(saved.global_shape) +
                        "; build the model with the checkpoint's sizes or leave this tensor out (strict = false)");
-  const c10::ScalarType stored = detail::scalar_type_of(saved.dtype, name, where);
+  const c10::ScalarType stored = scalar_type_of(saved.dtype, name, where);
   if (tensor.scalar_type() != stored)
     throw DTensorError("checkpoint::load: tensor '" + name + "' is " + c10::toString(tensor.scalar_type()) + " but " +
                        where + " holds it as " + c10::toString(stored) + " (" + saved.dtype +
                        "); load into a tensor of that dtype and convert");
 }
 
-// Copies `part` of `piece` into `destination` (which holds `target`), reading only its bytes.
-int64_t read_part(const std::string& name, const SavedPiece& piece, const Box& part, const Box& target,
-                  at::Tensor& destination) {
+at::Tensor region_of(const at::Tensor& destination, const Box& part, const Box& target) {
   at::Tensor region = destination;
   for (size_t d = 0; d < part.shape.size(); ++d)
     region = region.narrow(static_cast<int64_t>(d), part.offset[d] - target.offset[d], part.shape[d]);
-  const bool direct = region.is_contiguous() && region.device().is_cpu() && !region.is_conj() && !region.is_neg();
-  at::Tensor buffer = direct ? region : at::empty(part.shape, destination.options().device(at::kCPU));
-  const int64_t element = static_cast<int64_t>(buffer.element_size());
-  char* out = static_cast<char*>(buffer.data_ptr());
-  int64_t bytes = 0;
-  for (const ContiguousRun& run : runs_within(piece.box, part)) {
-    piece.file->read(piece.begin + run.piece_offset * element, run.length * element, out + run.part_offset * element, name);
-    bytes += run.length * element;
-  }
-  if (direct) destination.unsafeGetTensorImpl()->bump_version();  // as copy_ would: autograd sees the change
-  else region.copy_(buffer);
-  return bytes;
+  return region;
 }
 
-}  // namespace
+void read_into(const std::string& name, const SavedPiece& piece, const Box& part, int64_t element_size, char* out) {
+  for (const ContiguousRun& run : runs_within(piece.box, part))
+    piece.local->read(piece.begin + run.piece_offset * element_size, run.length * element_size,
+                      out + run.part_offset * element_size, name);
+}
+
+int64_t read_part(const std::string& name, const SavedPiece& piece, const Box& part, const Box& target, at::Tensor& destination) {
+  at::Tensor region = region_of(destination, part, target);
+  const bool direct = region.is_contiguous() && region.device().is_cpu() && !region.is_conj() && !region.is_neg();
+  at::Tensor buffer = direct ? region : at::empty(part.shape, destination.options().device(at::kCPU));
+  read_into(name, piece, part, static_cast<int64_t>(buffer.element_size()), static_cast<char*>(buffer.data_ptr()));
+  if (direct) destination.unsafeGetTensorImpl()->bump_version();  // as copy_ would: autograd sees the change
+  else region.copy_(buffer);
+  return static_cast<int64_t>(buffer.nbytes());
+}
+
+}  // namespace detail
 
 LoadResult load(const State& state, const std::string& dir, const LoadOptions& options) {
-  const Job job = Job::of(state, options.world, "load");
+  const detail::Job job = detail::Job::of(state, options.world, "load");
+  if (options.node_local) return detail::load_node_local(state, dir, options.strict, job);
   LoadResult result;
   std::exception_ptr error;
   try {
     const detail::Catalog catalog(dir);
-    for (const auto& [name, tensor] : state)
-      if (!catalog.tensors().count(name)) result.missing.push_back(name);
-    for (const auto& [name, saved] : catalog.tensors())
-      if (!state.count(name)) result.unexpected.push_back(name);
-    if (options.strict && (!result.missing.empty() || !result.unexpected.empty()))
-      throw DTensorError("checkpoint::load: " + dir + " does not match the state (strict): " +
-                         (result.missing.empty() ? "" : "missing from the checkpoint: " + list(result.missing)) +
-                         (result.missing.empty() || result.unexpected.empty() ? "" : "; ") +
-                         (result.unexpected.empty() ? "" : "not in the state: " + list(result.unexpected)) +
-                         "; load with strict = false to load the rest and get both lists");
+    detail::match_names(state, catalog, dir, options.strict, result);
     at::NoGradGuard no_grad;
     for (const auto& [name, tensor] : state) {
       const auto found = catalog.tensors().find(name);
       if (found == catalog.tensors().end()) continue;
-      check_matches(name, tensor, found->second);
-      auto target = target_of(name, tensor);
+      detail::check_matches(name, tensor, found->second);
+      auto target = detail::target_of(name, tensor);
       if (!target) continue;
       auto& [box, destination] = *target;
-      for (const SavedPiece& piece : found->second.pieces)
-        if (const auto part = intersect(piece.box, box)) result.bytes_read += read_part(name, piece, *part, box, destination);
+      for (const detail::SavedPiece& piece : found->second.pieces)
+        if (const auto part = intersect(piece.box, box))
+          result.bytes_read += detail::read_part(name, piece, *part, box, destination);
     }
   } catch (...) {
     error = std::current_exception();
@@ -110,7 +118,7 @@ std::map<std::string, StoredTensorInfo> contents(const std::string& dir) {
   const detail::Catalog catalog(dir);
   std::map<std::string, StoredTensorInfo> out;
   for (const auto& [name, saved] : catalog.tensors()) {
-    const std::string file = saved.pieces.empty() ? dir : saved.pieces.front().file->path();
+    const std::string file = saved.pieces.empty() ? dir : saved.pieces.front().file;
     out[name] = StoredTensorInfo{detail::scalar_type_of(saved.dtype, name, file), saved.global_shape};
   }
   return out;

@@ -12,6 +12,7 @@
 #include "dtensor/checkpoint.h"
 #include "dtensor/errors.h"
 #include "dtensor/pieces.h"
+#include "dtensor/world.h"
 #include "dtypes.h"
 #include "durable_file.h"
 #include "format.h"
@@ -127,9 +128,10 @@ int64_t write_rank_file(const std::vector<Saved>& saved, const Job& job, const f
   return detail::write_safetensors(path.string(), tensors, metadata);
 }
 
-// The Hugging Face index (with dtensor's list of files and tensors), written by rank 0 with its file:
-// pure layout math says what every rank writes. Without the commit marker it counts for nothing.
-void write_index(const std::vector<Saved>& saved, const Job& job, const fs::path& dir) {
+// The Hugging Face index (with dtensor's list of files and tensors, and for a node-local save the host
+// that wrote each file), written with the files: pure layout math says what every rank writes. Without
+// the commit marker it counts for nothing.
+void write_index(const std::vector<Saved>& saved, const Job& job, const std::vector<std::string>& hosts, const fs::path& dir) {
   json weight_map = json::object(), tensors = json::object();
   std::set<std::string> files;
   int64_t total = 0;
@@ -143,10 +145,14 @@ void write_index(const std::vector<Saved>& saved, const Job& job, const fs::path
     }
     tensors[s.name] = {{"dtype", s.dtype}, {"global_shape", s.global_shape}};
   }
-  const json index = {{"metadata", {{"total_size", total}}},
-                      {"weight_map", weight_map},
-                      {detail::kDtensorKey,
-                       {{"version", detail::kFormatVersion}, {"world_size", job.size}, {"files", files}, {"tensors", tensors}}}};
+  json section = {{"version", detail::kFormatVersion}, {"world_size", job.size}, {"files", files}, {"tensors", tensors}};
+  if (!hosts.empty()) {
+    json nodes = json::object();
+    for (int r = 0; r < job.size; ++r)
+      if (files.count(detail::rank_file_name(r, job.size))) nodes[detail::rank_file_name(r, job.size)] = hosts[static_cast<size_t>(r)];
+    section[detail::kNodesKey] = nodes;
+  }
+  const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}, {detail::kDtensorKey, section}};
   detail::write_durably((dir / detail::kIndexFile).string(), index.dump(2));
 }
 
@@ -163,6 +169,10 @@ void commit(const fs::path& dir) {
 struct Prepared {
   Job job;
   std::vector<Saved> saved;
+  // Whether this rank prepares the directory and writes the index and the commit marker: rank 0, or in
+  // a node-local save the first rank of each host, so that every node's directory has its own.
+  bool leads_directory = false;
+  std::vector<std::string> hosts;  // a node-local save's: every rank's host
 };
 
 Prepared prepare(const State& state, const SaveOptions& options, bool staged) {
@@ -177,7 +187,13 @@ Prepared prepare(const State& state, const SaveOptions& options, bool staged) {
     error = std::current_exception();
   }
   job.agree(error, "planning the save");
-  job.check_same(fingerprint, "save");
+  job.check_same(fingerprint + (options.node_local ? "node-local" : ""), "save");
+  out.leads_directory = job.rank == 0;
+  if (options.node_local) {
+    out.hosts = job.gather(host_name());
+    const auto first = std::find(out.hosts.begin(), out.hosts.end(), out.hosts[static_cast<size_t>(job.rank)]);
+    out.leads_directory = first - out.hosts.begin() == job.rank;
+  }
 
   // Partial shards are reduced first, or whole tensors gathered on their writers: collectives every
   // rank runs in the same order.
@@ -209,7 +225,7 @@ Prepared prepare(const State& state, const SaveOptions& options, bool staged) {
 SaveResult write(const Prepared& prepared, const fs::path& dir, bool overwrite) {
   const Job& job = prepared.job;
   std::exception_ptr error;
-  if (job.rank == 0) try {
+  if (prepared.leads_directory) try {
       prepare_directory(dir, overwrite);
     } catch (...) {
       error = std::current_exception();
@@ -222,7 +238,7 @@ SaveResult write(const Prepared& prepared, const fs::path& dir, bool overwrite) 
     const std::string file = detail::rank_file_name(job.rank, job.size);
     result.bytes_written = write_rank_file(prepared.saved, job, dir / file);
     if (result.bytes_written > 0) result.file = (dir / file).string();
-    if (job.rank == 0) write_index(prepared.saved, job, dir);
+    if (prepared.leads_directory) write_index(prepared.saved, job, prepared.hosts, dir);
   } catch (...) {
     error = std::current_exception();
   }
@@ -230,7 +246,7 @@ SaveResult write(const Prepared& prepared, const fs::path& dir, bool overwrite) 
   job.agree(error, "writing " + dir.string());
 
   error = nullptr;
-  if (job.rank == 0) try {
+  if (prepared.leads_directory) try {
       commit(dir);
     } catch (...) {
       error = std::current_exception();

@@ -1,5 +1,7 @@
 #include "peer_watch.h"
 
+#include "dtensor/world.h"
+
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <signal.h>
@@ -14,12 +16,6 @@ namespace dtensor::detail {
 namespace {
 
 using Clock = PeerWatch::Clock;
-
-std::string host_name() {
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  return name;
-}
 
 std::string beat_key(int64_t rank) { return "dtensor/beat/" + std::to_string(rank); }
 

@@ -192,30 +192,41 @@ std::shared_ptr<World> World::from_environment(WorldOptions options) {
 }
 
 int64_t World::sum_across_ranks(int64_t value, const std::string& channel) {
+  int64_t total = 0;
+  for (const std::string& each : gather_across_ranks(std::to_string(value), channel)) total += std::stoll(each);
+  return total;
+}
+
+std::vector<std::string> World::gather_across_ranks(const std::string& value, const std::string& channel) {
   const auto store = this->store(channel);
   int64_t serial = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    serial = sums_done_[channel]++;
+    serial = agreements_done_[channel]++;
   }
-  const std::string prefix = "dtensor/sum/" + (channel.empty() ? "" : channel + "/") + std::to_string(serial) + "/";
-  const std::string mine = std::to_string(value);
-  store->set(prefix + std::to_string(rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
-  int64_t total = 0;
+  const std::string prefix = "dtensor/gather/" + (channel.empty() ? "" : channel + "/") + std::to_string(serial) + "/";
+  store->set(prefix + std::to_string(rank_), std::vector<uint8_t>(value.begin(), value.end()));
+  std::vector<std::string> out;
   for (int r = 0; r < size_; ++r) {
     const std::string key = prefix + std::to_string(r);
     try {
       store->wait({key}, timeout_);
     } catch (const std::exception& e) {
       const std::string peers = describe_peers({r}, /*settle=*/false);
-      throw DTensorError("rank " + std::to_string(rank_) + ": sum_across_ranks: rank " + std::to_string(r) +
+      throw DTensorError("rank " + std::to_string(rank_) + ": agreeing through the store: rank " + std::to_string(r) +
                          " did not report" + (peers.empty() ? " within the world's timeout" : ": " + peers) + " (" +
                          detail::without_source_locations(e) + ")");
     }
     const auto bytes = store->get(key);
-    total += std::stoll(std::string(bytes.begin(), bytes.end()));
+    out.emplace_back(bytes.begin(), bytes.end());
   }
-  return total;
+  return out;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  return name;
 }
 
 CommBackend World::resolve(CommBackend requested, c10::DeviceType device) const {

@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "dtensor/checkpoint.h"
+#include "dtensor/pieces.h"
+#include "dtensor/world.h"
 #include "harness.h"
 
 namespace dtensor::testing {
@@ -173,6 +175,79 @@ TEST_F(CheckpointTest, AsynchronousSaveWritesTheValuesOfTheMomentItWasCalled) {
       EXPECT_TRUE(holds_whole(target, to));
     }
   }
+}
+
+// Node-local loading, with each rank given a directory of its own that holds some of a checkpoint's
+// files, as node-local disks would: ranks 0 and 1 share "node A" (the files ranks 0 and 1 wrote), rank 2
+// is "node B" (those of ranks 2 and 3), rank 3 a node that was not in the save (nothing). Each rank must
+// end with its shard bit for bit, having received exactly the bytes its node lacks: the minimum, from
+// the saved layout's pieces (the multi-node test does the same across network namespaces).
+std::string rank_file(int writer) { return "model-0000" + std::to_string(writer + 1) + "-of-00004.safetensors"; }
+
+std::vector<int> writers_on_node_of(int rank) {
+  if (rank <= 1) return {0, 1};
+  if (rank == 2) return {2, 3};
+  return {};
+}
+
+int64_t bytes_held_on_node(const ckpt::State& target, const Layout& from, int rank) {
+  const std::vector<int> writers = writers_on_node_of(rank);
+  const auto written_here = [&](int64_t writer) { return std::find(writers.begin(), writers.end(), writer) != writers.end(); };
+  const ckpt::State saved = state_in(from, true);
+  int64_t bytes = 0;
+  for (const auto& [name, t] : target) {
+    if (t.numel() == 0 || (is_dtensor(t) && !mesh_of(t)->contains_this_rank())) continue;
+    const Shape global = t.sizes().vec();
+    const Box mine = is_dtensor(t) ? [&] {
+      const LocalLayout l = local_layout(global, mesh_of(t)->shape(), *mesh_of(t)->coordinate(), placements_of(t));
+      return Box{l.offset, l.shape};
+    }()
+                                   : Box{Shape(global.size(), 0), global};
+    const at::Tensor& s = saved.at(name);
+    const std::vector<Piece> pieces = is_dtensor(s) ? pieces_of(global, mesh_of(s)->shape(), mesh_of(s)->ranks(), placements_of(s))
+                                                    : std::vector<Piece>{Piece{Box{Shape(global.size(), 0), global}, {0}}};
+    for (const Piece& p : pieces)
+      if (const auto part = intersect(p.box, mine); part && written_here(p.holders.front()))
+        bytes += numel(part->shape) * static_cast<int64_t>(t.element_size());
+  }
+  return bytes;
+}
+
+TEST_F(CheckpointTest, NodeLocalLoadReadsWhatEachNodeHasAndReceivesTheRest) {
+  const int rank = world()->rank();
+  for (const Layout& from : {layouts()[1], layouts()[3], layouts()[4]}) {
+    const fs::path saved = shared_directory("node_local_" + from.name);
+    ckpt::save(state_in(from, false), saved.string(), {.world = world(), .node_local = true});
+    std::ifstream in(saved / "model.safetensors.index.json");
+    const auto nodes = nlohmann::json::parse(in)["dtensor"]["nodes"];  // on one host here: all on it
+    ASSERT_EQ(nodes.size(), 4u) << from.name;
+    for (const auto& [file, host] : nodes.items()) EXPECT_EQ(host.get<std::string>(), host_name()) << file;
+    // This rank's "node" directory.
+    const fs::path mine = saved.string() + "_rank" + std::to_string(rank);
+    fs::create_directories(mine);
+    for (const char* name : {"model.safetensors.index.json", "dtensor.commit"})
+      if (!writers_on_node_of(rank).empty()) fs::copy_file(saved / name, mine / name, fs::copy_options::overwrite_existing);
+    for (int writer : writers_on_node_of(rank))
+      fs::copy_file(saved / rank_file(writer), mine / rank_file(writer),
+                    fs::copy_options::overwrite_existing);
+    world()->sum_across_ranks(0);
+    for (const Layout& to : layouts()) {
+      SCOPED_TRACE(from.name + " -> " + to.name);
+      ckpt::State target = state_in(to, true);
+      const ckpt::LoadResult result = ckpt::load(target, mine.string(), {.world = world(), .node_local = true});
+      EXPECT_TRUE(holds_whole(target, to));
+      EXPECT_EQ(result.bytes_received, local_bytes(target) - bytes_held_on_node(target, from, rank));
+      EXPECT_EQ(world()->sum_across_ranks(result.bytes_sent), world()->sum_across_ranks(result.bytes_received));
+    }
+  }
+  // A file on no node of the job: named, with the host that wrote it.
+  const fs::path lost = shared_directory("node_local_lost");
+  ckpt::save(state_in(layouts()[1], false), lost.string(), {.world = world(), .node_local = true});
+  if (rank == 0) fs::remove(lost / "model-00003-of-00004.safetensors");
+  world()->sum_across_ranks(0);
+  EXPECT_THAT(error_of([&] { ckpt::load(state_in(layouts()[1], true), lost.string(), {.world = world(), .node_local = true}); }),
+              ::testing::AllOf(::testing::HasSubstr("model-00003-of-00004.safetensors, written on " + host_name()),
+                               ::testing::HasSubstr("is in no node's")));
 }
 
 // Rank 0 changes the saved files; every rank waits for it.

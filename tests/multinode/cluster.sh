@@ -3,7 +3,9 @@
 # Source it, then call cluster_up N; everything it made (namespaces, links, processes) is removed on
 # exit, and cluster_down fails the test if anything is left behind. Needs root (CI runs as root).
 #
+#   cluster_with_logs N      cluster_up N with a log directory $logs, and fail MESSAGE
 #   on_node I CMD...         run CMD on node I (host name nodeI, address 10.77.0.<I+1>, interface eth0)
+#   node_disk                the path of every node's own disk (each node sees its own directory there)
 #   node_address I           that address
 #   link_down I / link_up I  take node I's link off the bridge and back (a partition)
 #   kill_node I              SIGKILL every process on node I (a lost machine)
@@ -50,16 +52,36 @@ cluster_up() {
   # Every node resolves every node's name (torchrun's elastic rendezvous looks its own up).
   CLUSTER_HOSTS=$(mktemp)
   { echo "127.0.0.1 localhost"; for ((i = 0; i < CLUSTER_NODES; i++)); do echo "$(node_address "$i") node$i"; done; } >"$CLUSTER_HOSTS"
-  export GLOO_SOCKET_IFNAME=eth0 DTENSOR_CLUSTER=$CLUSTER CLUSTER_HOSTS
+  # Every node's own disk, seen by it alone at the same path (node-local checkpoints).
+  CLUSTER_DISKS=$(mktemp -d)
+  mkdir "$CLUSTER_DISKS/local"
+  for ((i = 0; i < CLUSTER_NODES; i++)); do mkdir "$CLUSTER_DISKS/node$i"; done
+  export GLOO_SOCKET_IFNAME=eth0 DTENSOR_CLUSTER=$CLUSTER CLUSTER_HOSTS CLUSTER_DISKS
 }
 
-# Its own UTS namespace gives each node its own host name, which errors name and MPI tells nodes apart
-# by; its own mount namespace, an /etc/hosts naming every node.
+node_disk() { echo "$CLUSTER_DISKS/local"; }
+
+# Its own UTS namespace gives each node its own host name, which errors name and MPI and node-local
+# checkpoints tell nodes apart by; its own mount namespace, an /etc/hosts naming every node and its own
+# disk (enter_node).
 on_node() {
   local i=$1
   shift
-  ip netns exec "$(node_namespace "$i")" unshare --uts --mount \
-    bash -c 'hostname "$0"; mount --bind "$CLUSTER_HOSTS" /etc/hosts; exec "$@"' "node$i" "$@"
+  ip netns exec "$(node_namespace "$i")" unshare --uts --mount "$(dirname "${BASH_SOURCE[0]}")/enter_node" "node$i" "$@"
+}
+
+# A test's cluster of N nodes with a log directory LOGS, removed with it on exit, and fail MESSAGE,
+# which prints the message and every *.log there and ends the test: cluster_with_logs N
+cluster_with_logs() {
+  cluster_up "$1"
+  logs=$(mktemp -d)
+  trap 'rm -rf "$logs"; cluster_down || exit 1' EXIT
+}
+fail() {
+  echo "FAIL: $*"
+  local f
+  for f in "$logs"/*.log; do echo "== $(basename "$f" .log)"; cat "$f"; done
+  exit 1
 }
 
 link_down() { ip -n "${CLUSTER}hub" link set "v$1" down; }
@@ -108,6 +130,7 @@ cluster_down() {
   done
   ip netns del "${CLUSTER}hub" 2>/dev/null
   rm -f "$CLUSTER_HOSTS"
+  rm -rf "$CLUSTER_DISKS"
   CLUSTER_NODES=0
   if ip netns list | grep -q "^${CLUSTER}"; then echo "cluster: namespaces left behind"; status=1; fi
   if ip -o link | grep -q "${CLUSTER}"; then echo "cluster: links left behind"; status=1; fi
@@ -122,15 +145,20 @@ ranks_on_node() {
   echo "${counts[$2]:-${counts[0]}}"
 }
 
-# torchrun on every node (the store on node 0), in the background, each node's output in
-# LOG_PREFIX<I>.log: start_torchrun PYTHON RANKS_PER_NODE LOG_PREFIX PROGRAM ARGS...
+# torchrun on every node, or on the nodes RUN_NODES lists ("0 1"), the store on the first of them, in
+# the background, each node's output in LOG_PREFIX<I>.log:
+#   [RUN_NODES="..."] start_torchrun PYTHON RANKS_PER_NODE LOG_PREFIX PROGRAM ARGS...
 start_torchrun() {
-  local python=$1 per_node=$2 log=$3 i
+  local python=$1 per_node=$2 log=$3 i k=0
   shift 3
-  local port=$((20000 + $$ % 20000))
-  for ((i = 0; i < CLUSTER_NODES; i++)); do
-    on_node "$i" "$python" -m torch.distributed.run --nnodes "$CLUSTER_NODES" --node-rank "$i" \
-      --nproc-per-node "$(ranks_on_node "$per_node" "$i")" --master-addr "$(node_address 0)" --master-port "$port" \
+  local -a nodes
+  read -r -a nodes <<<"${RUN_NODES:-$(seq -s ' ' 0 $((CLUSTER_NODES - 1)))}"
+  local port=$((20000 + $$ % 20000 + ${#nodes[@]}))
+  for i in "${nodes[@]}"; do
+    # (the & runs the whole command in a subshell: count outside it)
+    local node_rank=$((k++))
+    on_node "$i" "$python" -m torch.distributed.run --nnodes "${#nodes[@]}" --node-rank "$node_rank" \
+      --nproc-per-node "$(ranks_on_node "$per_node" "$i")" --master-addr "$(node_address "${nodes[0]}")" --master-port "$port" \
       --no-python "$@" >"$log$i.log" 2>&1 &
   done
 }

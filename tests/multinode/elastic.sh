@@ -8,10 +8,7 @@
 set -uo pipefail
 source "$(dirname "$0")/cluster.sh"
 python=$1 gpt_train=$2
-cluster_up 2
-logs=$(mktemp -d)
-trap 'rm -rf "$logs"; cluster_down || exit 1' EXIT
-fail() { echo "FAIL: $*"; for i in 0 1; do echo "== node$i"; cat "$logs/node$i.log"; done; exit 1; }
+cluster_with_logs 2
 export DTENSOR_BACKEND=gloo DTENSOR_TIMEOUT_S=10
 port=$((20000 + $$ % 20000))
 for i in 0 1; do

@@ -12,14 +12,11 @@ set -uo pipefail
 source "$(dirname "$0")/cluster.sh"
 fault=$1 python=$2 job=$3
 timeout_s=10 margin_s=5
-cluster_up 2
-logs=$(mktemp -d)
-trap 'rm -rf "$logs"; cluster_down || exit 1' EXIT
+cluster_with_logs 2
 export DTENSOR_BACKEND=gloo DTENSOR_TIMEOUT_S=$timeout_s DTENSOR_TEST_SECONDS=120
 [[ $fault == partition-at-groups ]] && export DTENSOR_TEST_HOLD_DIR=$logs
 start_torchrun "$python" 2 "$logs/node" "$job"
 
-fail() { echo "FAIL: $*"; for i in 0 1; do echo "== node$i"; cat "$logs/node$i.log"; done; exit 1; }
 wait_for() {  # wait_for DESCRIPTION TEST...: up to 60 s
   local what=$1 k
   shift

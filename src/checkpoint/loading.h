@@ -1,0 +1,42 @@
+#pragma once
+// What both ways of loading share (from one directory every rank sees, load.cpp; from node-local
+// directories, node_local_load.cpp): matching the state against the catalog, each rank's target box,
+// and copying saved bytes into a shard.
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "dtensor/checkpoint.h"
+#include "dtensor/pieces.h"
+#include "format.h"
+
+namespace dtensor::checkpoint::detail {
+
+// Fills result.missing and result.unexpected; with `strict`, either being non-empty is an error.
+void match_names(const State& state, const Catalog& catalog, const std::string& dir, bool strict, LoadResult& result);
+
+// The state's tensor `name` has the saved tensor's global shape and dtype, or an error names both.
+void check_matches(const std::string& name, const at::Tensor& tensor, const SavedTensor& saved);
+
+// This rank's box of `tensor` and the tensor its data goes into; nothing for ranks outside its mesh.
+// A Partial DTensor is an error (it has no single value to load into).
+std::optional<std::pair<Box, at::Tensor>> target_of(const std::string& name, const at::Tensor& tensor);
+
+// The region of `destination` (which holds `target`) that `part` covers.
+at::Tensor region_of(const at::Tensor& destination, const Box& part, const Box& target);
+
+// The bytes of `part` (inside `piece`, whose file is on this node; elements of `element_size` bytes),
+// row-major, into `out`.
+void read_into(const std::string& name, const SavedPiece& piece, const Box& part, int64_t element_size, char* out);
+
+// Copies `part` of `piece` into `destination` (which holds `target`), reading only its bytes; returns them.
+int64_t read_part(const std::string& name, const SavedPiece& piece, const Box& part, const Box& target, at::Tensor& destination);
+
+struct Job;
+// LoadOptions::node_local's load (load.cpp checks nothing before it).
+LoadResult load_node_local(const State& state, const std::string& dir, bool strict, const Job& job);
+
+}  // namespace dtensor::checkpoint::detail
