@@ -86,6 +86,7 @@ FsdpGroup::FsdpGroup(std::string name, MeshPtr mesh, int64_t dp_dim, FullyShardO
   }
   storage_ = c10::Storage(c10::Storage::use_byte_size_t(), 0, c10::GetAllocator(mesh_->device_type()),
                           /*resizable=*/true);
+  alias_shards_into_send_buffer();
   std::lock_guard<std::mutex> lock(storages_mutex);
   group_storages().insert(storage_.unsafeGetStorageImpl());
 }
@@ -137,18 +138,35 @@ bool FsdpGroup::shards_changed() const {
   return false;
 }
 
+void FsdpGroup::alias_shards_into_send_buffer() {
+  at::NoGradGuard no_grad;
+  send_buffer_ = at::zeros({shard_numel_}, options_of(compute_dtype()));  // padding included: never garbage on the wire
+  for (const Param& p : params_) {
+    const at::Tensor& local = local_tensor_of(p.sharded);
+    if (p.dim != 0 || local.scalar_type() != compute_dtype() || local.numel() == 0) continue;
+    send_buffer_.narrow(0, p.flat_offset, local.numel()).view(local.sizes()).copy_(local);
+    local.set_(send_buffer_.storage(), send_buffer_.storage_offset() + p.flat_offset, local.sizes(), c10::contiguous_strides(local.sizes()));
+  }
+}
+
+// Whether `p`'s shard still lies in the send buffer (nobody replaced its storage since).
+bool FsdpGroup::aliases_send_buffer(const Param& p) const {
+  const at::Tensor& local = local_tensor_of(p.sharded);
+  return p.dim == 0 && local.is_contiguous() && local.scalar_type() == send_buffer_.scalar_type() &&
+         local.data_ptr() == static_cast<const char*>(send_buffer_.const_data_ptr()) + p.flat_offset * send_buffer_.element_size();
+}
+
 void FsdpGroup::start_gather() {
   at::NoGradGuard no_grad;
-  at::Tensor send = at::empty({shard_numel_}, options_of(compute_dtype()));
   gathered_versions_.clear();
   for (const Param& p : params_) {
     const at::Tensor& local = local_tensor_of(p.sharded);
     gathered_versions_.push_back(version_of(p.sharded));
     gathered_versions_.push_back(version_of(local));
-    if (p.dim >= 0 && local.numel() > 0)
-      send.narrow(0, p.flat_offset, local.numel()).view(block_shape(p, local.size(p.dim))).copy_(local.movedim(p.dim, 0));
+    if (p.dim >= 0 && local.numel() > 0 && !aliases_send_buffer(p))
+      send_buffer_.narrow(0, p.flat_offset, local.numel()).view(block_shape(p, local.size(p.dim))).copy_(local.movedim(p.dim, 0));
   }
-  gathering_ = shard_numel_ > 0 ? start_all_gather(mesh_, dp_dim_, send) : StartedCollective(send);
+  gathering_ = shard_numel_ > 0 ? start_all_gather(mesh_, dp_dim_, send_buffer_) : StartedCollective(send_buffer_);
 }
 
 void FsdpGroup::gather_into_storage() {
@@ -266,10 +284,26 @@ std::vector<at::Tensor> FsdpGroup::reduce_gradients(const std::vector<at::Tensor
     for (StartedCollective& previous : *root->reducing_) previous.wait();
     root->reducing_.reset();
   }
-  at::Tensor flat = pending_grads_.defined() ? pending_grads_ : at::zeros({dp_size_ * shard_numel_}, options_of(reduce_dtype()));
-  at::Tensor replicated =
-      pending_replicated_.defined() ? pending_replicated_ : at::zeros({replicated_numel_}, options_of(reduce_dtype()));
+  // Fresh buffers take each gradient by a copy (not zeros and an add: a pass less over them); what no
+  // gradient covers (padding, unused parameters) is zeroed.
+  const bool fresh = !pending_grads_.defined();
+  at::Tensor flat = fresh ? at::empty({dp_size_ * shard_numel_}, options_of(reduce_dtype())) : pending_grads_;
+  at::Tensor replicated = fresh ? at::empty({replicated_numel_}, options_of(reduce_dtype())) : pending_replicated_;
+  const auto take = [fresh](const at::Tensor& into, const at::Tensor& grad) { fresh ? into.copy_(grad) : into.add_(grad); };
   const at::Tensor per_rank = flat.view({dp_size_, shard_numel_});
+  if (fresh)
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const Param& p = params_[i];
+      if (p.dim < 0) {
+        if (!whole_grads[i].defined()) replicated.narrow(0, p.flat_offset, p.row_numel).zero_();
+        continue;
+      }
+      const at::Tensor blocks = per_rank.narrow(1, p.flat_offset, p.padded_numel()).view({dp_size_, p.rows_per_rank, p.row_numel});
+      for (int64_t r = 0; r < dp_size_; ++r) {
+        const int64_t covered = whole_grads[i].defined() ? rows_on(r, p.shape[p.dim], p.rows_per_rank) : 0;
+        if (covered < p.rows_per_rank) blocks[r].narrow(0, covered, p.rows_per_rank - covered).zero_();
+      }
+    }
   for (size_t i = 0; i < params_.size(); ++i) {
     const Param& p = params_[i];
     if (!whole_grads[i].defined()) continue;
@@ -284,18 +318,18 @@ std::vector<at::Tensor> FsdpGroup::reduce_gradients(const std::vector<at::Tensor
       grad = redistribute(grad, p.gathered_spec->mesh, p.gathered_spec->placements);
     const at::Tensor& local = plain(grad);
     if (p.dim < 0) {
-      replicated.narrow(0, p.flat_offset, p.row_numel).view(p.shape).add_(local);
+      take(replicated.narrow(0, p.flat_offset, p.row_numel).view(p.shape), local);
       continue;
     }
     const at::Tensor blocks = per_rank.narrow(1, p.flat_offset, p.padded_numel()).view({dp_size_, p.rows_per_rank, p.row_numel});
     if (p.dim == 0 && p.shape[0] == dp_size_ * p.rows_per_rank) {
-      blocks.add_(local.reshape({dp_size_, p.rows_per_rank, p.row_numel}));
+      take(blocks, local.reshape({dp_size_, p.rows_per_rank, p.row_numel}));
       continue;
     }
     const at::Tensor moved = local.movedim(p.dim, 0);
     for (int64_t r = 0; r < dp_size_; ++r)
       if (const int64_t rows = rows_on(r, p.shape[p.dim], p.rows_per_rank); rows > 0)
-        blocks[r].narrow(0, 0, rows).view(block_shape(p, rows)).add_(moved.narrow(0, r * p.rows_per_rank, rows));
+        take(blocks[r].narrow(0, 0, rows).view(block_shape(p, rows)), moved.narrow(0, r * p.rows_per_rank, rows));
   }
   std::vector<at::Tensor> grads(params_.size());
   if (!requires_sync_) {

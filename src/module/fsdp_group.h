@@ -102,6 +102,9 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   at::ScalarType compute_dtype() const;
   at::ScalarType reduce_dtype() const;
   at::TensorOptions options_of(at::ScalarType dtype) const;
+  // Makes the dim-0 shards stored in the compute dtype views of send_buffer_ at their flat offsets.
+  void alias_shards_into_send_buffer();
+  bool aliases_send_buffer(const Param& p) const;
   void start_gather();  // the shards' all-gather, started (`gathering_`)
   void gather_into_storage();
   bool shards_changed() const;
@@ -125,6 +128,10 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   int64_t shard_numel_ = 0;       // a rank's padded flat shard
   int64_t replicated_numel_ = 0;  // the parameters replicated over dp, back to back
   int64_t whole_numel_ = 0;       // the gathered storage
+  // A rank's flat shard as the all-gather sends it. The shards that can be are views of it, so that a
+  // gather copies in only the others (cut along another dim, or cast to a compute dtype); the optimizer
+  // step and a checkpoint load write the shards in place, so it always holds their values.
+  at::Tensor send_buffer_;
   c10::Storage storage_;
   bool storage_filled_ = false;
   std::vector<int64_t> gathered_versions_;  // of each shard (the DTensor's and its local's) when gathered
