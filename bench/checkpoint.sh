@@ -48,7 +48,7 @@ EOT
     echo "## Node-local load across nodes: bytes moved against the least possible"
     echo
     echo "Saved by 2 nodes x 2 ranks (TP=4), each node on its own disk; loaded on 3 nodes x 2 ranks as"
-    echo "DP2 x TP3, node 2 holding no file (\\`tests/multinode/node_local_checkpoint.sh\\` with"
+    echo 'DP2 x TP3, node 2 holding no file (`tests/multinode/node_local_checkpoint.sh` with'
     echo "DTENSOR_TEST_SCALE=2000: 74000 x 23 and 58000 x 41 float, 100000 float, 66000 x 16 bf16, and a plain"
     echo "tensor). The least possible across nodes: each distinct box of the loaded layout once per node"
     echo "whose ranks hold it, less what that node's disk holds (checkpoint_job computes it from the layouts)."
