@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -31,6 +32,10 @@ at::Tensor region_of(const at::Tensor& destination, const Box& part, const Box& 
 // The bytes of `part` (inside `piece`, whose file is on this node; elements of `element_size` bytes),
 // row-major, into `out`.
 void read_into(const std::string& name, const SavedPiece& piece, const Box& part, int64_t element_size, char* out);
+
+// Writes `part` of `destination` (which holds `target`): `fill` gets its row-major bytes to fill, the
+// region itself when it is contiguous CPU memory, else a buffer copied in after. Returns the bytes.
+int64_t fill_part(const Box& part, const Box& target, at::Tensor& destination, const std::function<void(char*)>& fill);
 
 // Copies `part` of `piece` into `destination` (which holds `target`), reading only its bytes; returns them.
 int64_t read_part(const std::string& name, const SavedPiece& piece, const Box& part, const Box& target, at::Tensor& destination);

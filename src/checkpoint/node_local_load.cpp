@@ -187,16 +187,6 @@ Plan plan_and_read_local(const State& state, const Catalog& global, const Holdin
   return plan;
 }
 
-// Copies `bytes` (the row-major values of `part`) into this rank's target.
-void place(const char* bytes, const Box& part, std::pair<Box, at::Tensor>& target) {
-  at::Tensor region = region_of(target.second, part, target.first);
-  const bool direct = region.is_contiguous() && region.device().is_cpu() && !region.is_conj() && !region.is_neg();
-  at::Tensor buffer = direct ? region : at::empty(part.shape, target.second.options().device(at::kCPU));
-  std::memcpy(buffer.data_ptr(), bytes, buffer.nbytes());
-  if (direct) target.second.unsafeGetTensorImpl()->bump_version();  // as copy_ would: autograd sees the change
-  else region.copy_(buffer);
-}
-
 // The values of `part` from this rank's own target, into `out`.
 void read_back(const Box& part, const std::pair<Box, at::Tensor>& target, char* out) {
   const at::Tensor values = region_of(target.second, part, target.first).to(at::kCPU).contiguous();
@@ -249,7 +239,9 @@ void exchange(const std::vector<Transfer>& round, bool forwarded, Plan& plan, co
   for (const Transfer& t : round)
     if (t.forwarded == forwarded && t.destination == job.rank) {
       int64_t& at = recv_at[static_cast<size_t>(t.source)];
-      place(static_cast<const char*>(received.data_ptr()) + at, t.part, plan.mine.at(*t.name));
+      const char* bytes = static_cast<const char*>(received.data_ptr()) + at;
+      auto& [box, into] = plan.mine.at(*t.name);
+      fill_part(t.part, box, into, [&](char* out) { std::memcpy(out, bytes, static_cast<size_t>(t.bytes)); });
       at += t.bytes;
       result.bytes_received += t.bytes;
       if (holdings.hosts[static_cast<size_t>(t.source)] != holdings.hosts[static_cast<size_t>(job.rank)])
