@@ -1,5 +1,6 @@
 #include "lowerings.h"
 
+#include "../sharding/rules/squeezed_dims.h"
 #include "reshard.h"
 
 namespace dtensor::graph::detail {
@@ -60,10 +61,27 @@ Replacements lower_row_sharded_embedding(Program& program, const DeviceMesh& mes
   return {{out, looked}};
 }
 
+// squeeze (any overload) on local shards: squeeze.dims of the dims that are 1 in the global shape
+// (what the squeeze rule's local kernel runs), so that a sharded dim 1 in this shard only stays.
+Replacements lower_squeeze(Program& program, Node* node, const GlobalMeta& global) {
+  Value* self = node->args[0].values[0];
+  const std::vector<int64_t> dims =
+      rules::globally_squeezed_dims(global(self).shape, node->args.size() > 1 ? &node->args[1].constant : nullptr);
+  Builder b{program, node, "squeeze of the dims that are 1 in the global shape"};
+  Value* squeezed = b.op("aten::squeeze.dims", {Arg::tensor(self), Arg::ints(dims)}, node->name);
+  Value* out = node->outputs[0];
+  program.annotations.set_placements(*squeezed, program.annotations.placements_of(*out));
+  program.graph.replace_all_uses(out, squeezed);
+  program.graph.erase(node);
+  return {{out, squeezed}};
+}
+
 }  // namespace
 
 Replacements lower_local_kernel(Program& program, const DeviceMesh& mesh, Node* node, const GlobalMeta& global) {
-  if (node->op_name() == "aten::embedding") return lower_row_sharded_embedding(program, mesh, node, global);
+  const std::string op = node->op_name();
+  if (op == "aten::embedding") return lower_row_sharded_embedding(program, mesh, node, global);
+  if (op == "aten::squeeze" || op == "aten::squeeze.dim" || op == "aten::squeeze.dims") return lower_squeeze(program, node, global);
   return {};
 }
 

@@ -427,7 +427,10 @@ void partition(Program& program, const MeshPtr& mesh, Marks& all_marks, const st
   std::map<std::pair<const Value*, std::string>, Value*> reshards;  // one per value and target
   auto moved = [&](Node* before, Value* v, const Placements& to, const std::string& why) {
     auto& slot = reshards[{v, to_string(to)}];
-    if (!slot) slot = insert_reshard(program, mesh, before, v, global.at(v), to, why);
+    if (!slot) {
+      slot = insert_reshard(program, mesh, before, v, global.at(v), to, why);
+      global[slot] = global.at(v);  // a reshard moves the value, its global meta stays (lowerings read it)
+    }
     return slot;
   };
   for (Node* node : program.graph.nodes()) {

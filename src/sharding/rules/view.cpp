@@ -19,6 +19,7 @@
 #include "dtensor/layout.h"
 #include "optional_tensors.h"
 #include "rule_helpers.h"
+#include "squeezed_dims.h"
 
 namespace dtensor::rules {
 namespace {
@@ -291,24 +292,8 @@ LocalArgs new_empty_strided_args(const OpSchema& s, const PlacementStrategy& cho
 
 // ---- squeeze, unsqueeze ----------------------------------------------------------------------------
 
-// The dims a squeeze removes: those asked for (all when none are) that are 1 in the global shape.
-// A sharded dim can be 1 in a local shard only, so the local call must be told these dims.
 std::vector<int64_t> squeezed_dims(const OpSchema& s) {
-  const Shape& in = s.input(0).meta.shape;
-  const auto ndim = static_cast<int64_t>(in.size());
-  std::vector<int64_t> asked;
-  if (s.args.size() == 1) {
-    for (int64_t d = 0; d < ndim; ++d) asked.push_back(d);
-  } else if (s.args[1].isInt()) {
-    asked.push_back(wrap_dim(s.args[1].toInt(), ndim));
-  } else {
-    for (int64_t d : s.args[1].toIntVector()) asked.push_back(wrap_dim(d, ndim));
-  }
-  std::vector<int64_t> out;
-  for (int64_t d : asked)
-    if (d < ndim && in[d] == 1 && std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
-  std::sort(out.begin(), out.end());
-  return out;
+  return globally_squeezed_dims(s.input(0).meta.shape, s.args.size() == 1 ? nullptr : &s.args[1]);
 }
 
 std::vector<DimStrategy> squeeze(const OpSchema& s) {
