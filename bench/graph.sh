@@ -8,8 +8,30 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${1:?usage: bench/graph.sh <build-dir> [--rounds R]}
 shift
 RESULTS=$ROOT/bench/results/graph.md
+PYTHON=$(grep '^DTENSOR_PYTHON:' "$BUILD/CMakeCache.txt" | cut -d= -f2)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$HOME/.cache/dtensor/inductor}
+CACHE_STATE=$([[ -d $TORCHINDUCTOR_CACHE_DIR ]] && echo "as left by earlier runs" || echo cold)
 MODEL=$BUILD/graph_models/gpt_train_ir_static.pt2
 JOINT=$BUILD/graph_models/gpt_joint.pt2
+# One table with the compiled contender: the bench saves each rank's program with its sample inputs, the
+# venv's Python compiles them, and the bench times the packages next to the others.
+#   compiled_run NAME TP BENCH_ARGS...
+compiled_run() {
+  local tp=$2 dir=$WORK/$1_tp$2
+  shift 2
+  "$BUILD/bench/dtensor_graph_bench" --tp "$tp" --save-programs "$dir/programs" "$@" >&2
+  local start=$(date +%s%N)
+  "$PYTHON" "$ROOT/scripts/compile_rank_programs.py" --threads 1 --out "$dir/compiled" "$dir"/programs/rank*.pt2 >&2
+  local ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  "$BUILD/bench/dtensor_graph_bench" --tp "$tp" --compiled "$dir/compiled" "$@"
+  echo
+  printf 'Compiling the %d rank programs (AOTInductor, one after another, Inductor cache %s): %d.%d s\n\n' \
+    "$tp" "$CACHE_STATE" $((ms / 1000)) $((ms % 1000 / 100))
+  CACHE_STATE=warm
+}
+
 {
   cat <<EOT
 # GPT under tensor parallelism from exported graphs vs eager module-level TP vs hand-written Megatron (CPU)
@@ -28,8 +50,11 @@ transformed by \`dtensor::graph::tensor_parallel_transform\` with the demo's TP 
 parallel, its classes gathered at the end), run by the graph interpreter. *eager module-level TP*:
 \`gpt::parallelize\` and \`model->logits\`, then \`full_tensor\`. *hand-written Megatron*: per-rank shards
 and raw c10d all-reduces, logits all-gathered. Rounds of 5 forwards each, order rotating, a barrier
-before every forward; a forward's time is the maximum over ranks; medians. Goal: graph TP <= 1.0x the
-hand-written forward.
+before every forward; a forward's time is the maximum over ranks; medians. *compiled graph TP*: the
+same per-rank programs saved with their sample input (\`graph::save_program\`), compiled ahead of time
+by AOTInductor (\`scripts/compile_rank_programs.py --threads 1\`, the venv's torch) and run from C++ by
+\`graph::CompiledProgram\`, its collectives on the mesh's process groups. Goals: graph TP <= 1.0x and
+compiled graph TP <= 0.9x the hand-written forward.
 
 Training step: the same model's loss (mean cross-entropy), gradients and an AdamW step (lr 1e-3) on
 a fixed batch. *graph SPMD*: the joint forward+backward program (\`torch.export.experimental.
@@ -38,21 +63,22 @@ parameter placements, one \`joint_step\` (the program: loss, gradients and their
 \`AdamW::step\` on the local shards. *eager module-level TP*: \`gpt::parallelize\`, forward, backward,
 AdamW. *hand-written Megatron*: \`megatron::MegatronGpt\` (f/g autograd functions over raw c10d,
 vocabulary-parallel cross-entropy), backward, AdamW. First losses checked against the single-process
-program (rel 1e-4). Same timing method. Goal: graph SPMD <= 1.0x hand-written. Also the expanded step's
+program (rel 1e-4). *compiled graph SPMD*: the expanded joint program compiled likewise, the package
+computing with parameters of its own that an AdamW steps in place (\`CompiledProgram::use_state_of\`,
+gradients handed out by \`graph::take_joint_outputs\`). Same timing method. Goals: graph SPMD <= 1.0x and
+compiled graph SPMD <= 0.9x hand-written. Also the expanded step's
 peak of live activation bytes per rank with and without freeing each value after its last use.
 
 EOT
   for tp in 2 4; do
     echo "## Forward, TP=$tp"
     echo
-    "$BUILD/bench/dtensor_graph_bench" --model "$MODEL" --tp "$tp" "$@"
-    echo
+    compiled_run forward "$tp" --model "$MODEL" "$@"
   done
   for tp in 2 4; do
     echo "## Training step, TP=$tp"
     echo
-    "$BUILD/bench/dtensor_graph_bench" --train --model "$JOINT" --tp "$tp" "$@"
-    echo
+    compiled_run train "$tp" --train --model "$JOINT" "$@"
   done
 } > "$RESULTS.tmp"
 mv "$RESULTS.tmp" "$RESULTS"

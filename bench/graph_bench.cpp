@@ -9,7 +9,11 @@
 //    expanded step's peak of live activation bytes, with and without freeing after the last use.
 // Rank 0 prints markdown; bench/graph.sh (./dev bench graph) runs TP = 2 and 4.
 //
-//   dtensor_graph_bench --model PATH [--train] [--tp N] [--rounds R]
+// With --save-programs DIR each rank saves its program (the TP forward, or the expanded joint step)
+// with its sample inputs to DIR/rank<r>.pt2 and stops; bench/graph.sh compiles them with AOTInductor,
+// and --compiled DIR times those packages (graph::CompiledProgram) next to the other three.
+//
+//   dtensor_graph_bench --model PATH [--train] [--tp N] [--rounds R] [--save-programs DIR | --compiled DIR]
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -20,11 +24,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "dtensor/dtensor.h"
+#include "dtensor/graph/compiled_program.h"
 #include "dtensor/graph/program.h"
 #include "dtensor/graph/spmd.h"
 #include "dtensor/graph/tensor_parallel.h"
@@ -44,6 +52,8 @@ constexpr double kLearningRate = 1e-3;
 
 struct Args {
   std::string model;
+  std::string save_programs;  // forward: save each rank's program with sample inputs here, then stop
+  std::string compiled;       // forward: also time the packages compiled from them (scripts/compile_rank_programs.py)
   bool train = false;
   int tp = 2;
   int rounds = 20;
@@ -62,7 +72,9 @@ Args parse(int argc, char** argv) {
     if (flag == "--model") args.model = value;
     else if (flag == "--tp") args.tp = std::stoi(value);
     else if (flag == "--rounds") args.rounds = std::stoi(value);
-    else throw std::invalid_argument("unknown flag " + flag + " (use --model, --train, --tp, --rounds)");
+    else if (flag == "--save-programs") args.save_programs = value;
+    else if (flag == "--compiled") args.compiled = value;
+    else throw std::invalid_argument("unknown flag " + flag + " (use --model, --train, --tp, --rounds, --save-programs, --compiled)");
   }
   if (args.model.empty()) throw std::invalid_argument("--model PATH (gpt_train_ir_static.pt2, or gpt_joint.pt2 with --train) is required");
   return args;
@@ -133,6 +145,16 @@ at::Tensor demo_tokens(const gpt::Config& config, int64_t length) {
   return at::arange(8 * length, at::kLong).mul(7).remainder(config.vocab).view({8, length});
 }
 
+std::string rank_program_path(const std::string& dir, const dtensor::DeviceMesh& mesh) {
+  return dir + "/rank" + std::to_string(mesh.world()->rank()) + ".pt2";
+}
+
+void save_rank_program(const g::Program& program, const dtensor::DeviceMesh& mesh, const std::string& dir,
+                       const std::vector<c10::IValue>& sample_inputs) {
+  std::filesystem::create_directories(dir);
+  g::save_program(program, rank_program_path(dir, mesh), {.sample_inputs = sample_inputs});
+}
+
 int run_forward(const dtensor::MeshPtr& mesh, const gpt::Config& config, const Args& args) {
   torch::NoGradGuard no_grad;
   g::Program whole = g::load_program(args.model);
@@ -142,14 +164,24 @@ int run_forward(const dtensor::MeshPtr& mesh, const gpt::Config& config, const A
   const megatron::MegatronGpt hand(model_from(whole, config), config);
 
   const at::Tensor tokens = demo_tokens(config, config.seq_len);
-  std::vector<std::pair<std::string, std::function<at::Tensor()>>> logits = {
+  if (!args.save_programs.empty()) {
+    save_rank_program(local, *mesh, args.save_programs, {tokens});
+    return 0;
+  }
+  std::vector<std::pair<std::string, std::function<at::Tensor()>>> logits;
+  std::unique_ptr<g::CompiledProgram> compiled;
+  if (!args.compiled.empty()) {
+    compiled = std::make_unique<g::CompiledProgram>(rank_program_path(args.compiled, *mesh), mesh);
+    logits.push_back({"compiled graph TP (AOTInductor)", [&] { return compiled->run({tokens})[0]; }});
+  }
+  logits.insert(logits.end(), {
       {"graph TP (dtensor::graph)", [&] { return g::run(local, {tokens})[0].toTensor(); }},
       {"eager module-level TP (dtensor)",
        [&] {
          at::Tensor out = eager->logits(tokens);
          return dtensor::is_dtensor(out) ? dtensor::full_tensor(out) : out;
        }},
-      {"hand-written Megatron (raw c10d)", [&] { return hand.logits(tokens); }}};
+      {"hand-written Megatron (raw c10d)", [&] { return hand.logits(tokens); }}});
   const at::Tensor expected = g::run(whole, {tokens})[0].toTensor();
   std::vector<Contender> contenders;
   for (auto& [name, f] : logits) {
@@ -177,12 +209,33 @@ int run_training(const dtensor::MeshPtr& mesh, const gpt::Config& config, const 
   const at::Tensor tokens = text.narrow(1, 0, config.seq_len).contiguous(), targets = text.narrow(1, 1, config.seq_len).contiguous();
   const std::vector<c10::IValue> inputs = {tokens, targets};
   const double expected = g::joint_step(whole, inputs).item<double>();
+  if (!args.save_programs.empty()) {
+    save_rank_program(step, *mesh, args.save_programs, inputs);
+    return 0;
+  }
 
   using torch::optim::AdamW, torch::optim::AdamWOptions;
   auto graph_adamw = std::make_shared<AdamW>(g::joint_parameters(step), AdamWOptions(kLearningRate));
   auto eager_adamw = std::make_shared<AdamW>(eager->parameters(), AdamWOptions(kLearningRate));
   auto hand_adamw = std::make_shared<AdamW>(hand->parameters(), AdamWOptions(kLearningRate));
-  std::vector<std::pair<std::string, std::function<double()>>> steps = {
+  std::vector<std::pair<std::string, std::function<double()>>> steps;
+  // The compiled step computes with parameters of its own (a second expansion's), stepped by an AdamW
+  // of its own: the package reads them in place (CompiledProgram::use_state_of).
+  std::optional<g::Program> compiled_step;
+  std::unique_ptr<g::CompiledProgram> compiled;
+  std::shared_ptr<AdamW> compiled_adamw;
+  if (!args.compiled.empty()) {
+    compiled_step = g::spmd_expand(g::load_program(args.model), mesh, where);
+    compiled = std::make_unique<g::CompiledProgram>(rank_program_path(args.compiled, *mesh), mesh);
+    compiled->use_state_of(*compiled_step);
+    compiled_adamw = std::make_shared<AdamW>(g::joint_parameters(*compiled_step), AdamWOptions(kLearningRate));
+    steps.push_back({"compiled graph SPMD (AOTInductor)", [&] {
+                       const double loss = g::take_joint_outputs(*compiled_step, compiled->run({tokens, targets})).item<double>();
+                       compiled_adamw->step();
+                       return loss;
+                     }});
+  }
+  steps.insert(steps.end(), {
       {"graph SPMD (dtensor::graph, expanded joint program)",
        [&] {
          const double loss = g::joint_step(step, inputs).item<double>();
@@ -203,7 +256,7 @@ int run_training(const dtensor::MeshPtr& mesh, const gpt::Config& config, const 
          hand_adamw->step();
          hand_adamw->zero_grad();
          return loss.item<double>();
-       }}};
+       }}});
   std::vector<Contender> contenders;
   for (auto& [name, f] : steps) {
     const double loss = f();

@@ -39,6 +39,7 @@ PUBLIC_HEADERS = {
     "checkpoint.h": "checkpoint", "training_state.h": "checkpoint",
     "graph/ir.h": "graph", "graph/annotations.h": "graph", "graph/program.h": "graph", "graph/spmd.h": "graph",
     "graph/tensor_parallel.h": "graph", "graph/hugging_face.h": "graph", "graph/training.h": "graph",
+    "graph/compiled_program.h": "graph",
     "dtensor.h": None,  # the umbrella header, for users only
 }
 

@@ -57,9 +57,13 @@ def main(saved_dir, models_dir):
             print(f"ok {name}: loads, {len(targets)} nodes")
             continue
         tensors = load_set(models_dir, reference)
+        # Saved with the reference input as its sample input (graph::SaveProgramOptions::sample_inputs).
+        args, kwargs = ep.example_inputs
+        if len(args) != 1 or kwargs or not torch.equal(args[0], tensors["input0"]):
+            sys.exit(f"{name}: its sample inputs are not the reference input")
         out = ep.module()(tensors["input0"])
         torch.testing.assert_close(out, tensors["output0"], rtol=1e-5, atol=1e-6)
-        print(f"ok {name}: loads and runs in PyTorch, outputs equal the reference")
+        print(f"ok {name}: loads with its sample inputs and runs in PyTorch, outputs equal the reference")
     print(f"PASS: {len(files)} programs")
 
 

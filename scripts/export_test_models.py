@@ -25,6 +25,8 @@ Archives (torch.export.save):
                           cross-entropy (the C++ model's own forward), made by
                           torch.export.experimental._export_forward_backward (which runs the core ATen
                           decompositions itself); outputs: LOSS_OUTPUT then one GRADIENT_TO_PARAMETER each.
+  mlp_joint.pt2           joint forward+backward graph of the MLP's forward(x, target) -> mean squared
+                          error, made the same way.
 
 Reference tensors, in a raw format (no Python needed to read it). A "set" NAME is two files:
   NAME.json  {"format": "dtensor-raw-tensors-v1",
@@ -41,6 +43,7 @@ Sets:
                  call, i.e. with `calls` = 0 before and 1 after).
   gpt_joint_io   input0 tokens, input1 targets, loss (from the joint graph), grad.PARAM for every
                  parameter (from the joint graph; checked against eager autograd).
+  mlp_joint_io   input0 x, input1 target.
 index.json lists archives and sets with torch version and the GPT config.
 """
 import copy
@@ -73,6 +76,11 @@ class Mlp(nn.Module):
 
     def forward(self, x):
         return self.fc2(F.gelu(self.fc1(x)))
+
+
+class MlpLoss(Mlp):
+    def forward(self, x, target):
+        return F.mse_loss(super().forward(x), target)
 
 
 class MlpHead(Mlp):
@@ -321,6 +329,16 @@ def main():
             grads.append((f"grad.{spec.target}", value))
     assert len(grads) == 1 + len(list(model.parameters())), "expected the loss and one gradient per parameter"
     index["archives"]["gpt_joint"]["io"].append(write_set(out_dir, "gpt_joint_io", io_tensors(args, ()) + grads))
+
+    # -- The MLP's joint forward+backward with a mean squared error (tests/compiled/ compiles and trains
+    # it on 4 ranks); its own seed, so that the models before it keep their weights.
+    with torch.random.fork_rng():
+        torch.manual_seed(2)
+        mlp_loss = MlpLoss()
+        args = (torch.randn(4, 16), torch.randn(4, 16))
+    joint = torch.export.experimental._export_forward_backward(torch.export.export(mlp_loss, args), joint_loss_index=0)
+    save("mlp_joint", joint, [], [])
+    index["archives"]["mlp_joint"]["io"].append(write_set(out_dir, "mlp_joint_io", io_tensors(args, ())))
 
     with open(os.path.join(out_dir, "index.json"), "w") as f:
         json.dump(index, f, indent=1)

@@ -1,7 +1,7 @@
 // Writes a program as a .pt2 archive that torch.export.load (torch 2.15) accepts, its model.json
 // built from torch's generated serialization types (torch/csrc/utils/generated_serialization_types.h,
 // from schema.yaml): the records it requires (archive_format, archive_version, models/model.json, the weights and constants configs,
-// an empty data/sample_inputs/model.pt) through LibTorch's PyTorchStreamWriter, which adds the
+// data/sample_inputs/model.pt, empty unless sample inputs are given) through LibTorch's PyTorchStreamWriter, which adds the
 // top-level folder, .data/version and 64-byte alignment. Every state tensor is written as its own
 // contiguous storage. The file appears under its final name only once complete.
 
@@ -17,6 +17,7 @@
 #include "../io/json.h"
 #include "dtensor/errors.h"
 #include "dtensor/graph/program.h"
+#include "sample_inputs.h"
 #include "serialized_enums.h"  // with torch's generated serialization types
 
 namespace dtensor::graph {
@@ -384,7 +385,7 @@ void write_payloads(caffe2::serialize::PyTorchStreamWriter& writer, const Progra
 
 }  // namespace
 
-void save_program(const Program& p, const std::string& path) {
+void save_program(const Program& p, const std::string& path, const SaveProgramOptions& options) {
   namespace fs = std::filesystem;
   const fs::path target(path);
   // The archive's top-level folder is named after the file, so the temporary file keeps the final
@@ -402,7 +403,8 @@ void save_program(const Program& p, const std::string& path) {
     text("archive_format", "pt2");
     text("archive_version", "0");
     text("models/model.json", model.dump());
-    text("data/sample_inputs/model.pt", "");
+    text("data/sample_inputs/model.pt", options.sample_inputs.empty() ? "" : detail::sample_inputs_archive(p, options.sample_inputs));
+    if (p.mesh) text("extra/dtensor.json", detail::rank_program_record(p));
     write_payloads(writer, p, true);
     write_payloads(writer, p, false);
     writer.writeEndOfFile();

@@ -43,14 +43,22 @@ std::vector<at::Tensor> joint_parameters(Program& program) {
   return out;
 }
 
-at::Tensor joint_step(Program& program, const std::vector<c10::IValue>& user_inputs, const RunOptions& options, RunStats* stats) {
+at::Tensor take_joint_outputs(Program& program, const std::vector<at::Tensor>& outputs) {
   const JointOutputs layout = joint_outputs(program);
-  const std::vector<c10::IValue> outputs = run(program, user_inputs, options, stats);
   for (const auto& [index, name] : layout.gradients) {
+    if (index >= outputs.size())
+      throw DTensorError("graph training: " + program.source + " has " + std::to_string(index + 1) + " or more outputs, got " +
+                         std::to_string(outputs.size()));
     at::Tensor parameter = program.state.at(name).tensor();
-    parameter.mutable_grad() = outputs.at(index).toTensor();
+    parameter.mutable_grad() = outputs[index];
   }
-  return outputs.at(layout.loss).toTensor();
+  return outputs.at(layout.loss);
+}
+
+at::Tensor joint_step(Program& program, const std::vector<c10::IValue>& user_inputs, const RunOptions& options, RunStats* stats) {
+  std::vector<at::Tensor> outputs;
+  for (const c10::IValue& out : run(program, user_inputs, options, stats)) outputs.push_back(out.toTensor());
+  return take_joint_outputs(program, outputs);
 }
 
 std::vector<double> train_steps(Program& program, torch::optim::Optimizer& optimizer, const std::vector<c10::IValue>& user_inputs,

@@ -4,8 +4,11 @@
 
 #include <ATen/ATen.h>
 
+#include <filesystem>
+
 #include <gmock/gmock.h>
 
+#include "../support/error_of.h"
 #include "../support/tensor_assertions.h"
 #include "../support/test_models.h"
 #include "dtensor/graph/program.h"
@@ -106,17 +109,37 @@ TEST(GraphInterpreterTest, PrinterShowsOneLinePerNodeWithModulePaths) {
 }
 
 // Saved programs load back and run alike; scripts/check_saved_programs.py then runs them in PyTorch
-// (torch.export.load) against PyTorch's own outputs.
+// (torch.export.load) against PyTorch's own outputs, on the sample inputs saved with them.
 TEST(GraphInterpreterTest, SavedProgramsRoundTrip) {
   for (const auto& [archive, io] : std::vector<std::pair<std::string, std::string>>{
            {"mlp", "mlp_io"}, {"gpt_aten_static", "gpt_aten_static_io_b8"}, {"gpt_train_ir_dynamic", "gpt_train_ir_dynamic_io_b3"}}) {
     SCOPED_TRACE(archive);
-    g::save_program(g::load_program(graph_model(archive + ".pt2")), graph_saved(archive + ".pt2"));
-    g::Program again = g::load_program(graph_saved(archive + ".pt2"));
     const auto set = tensor_map(io);
+    g::save_program(g::load_program(graph_model(archive + ".pt2")), graph_saved(archive + ".pt2"), {.sample_inputs = {set.at("input0")}});
+    g::Program again = g::load_program(graph_saved(archive + ".pt2"));
     const auto out = g::run(again, {set.at("input0")});
     EXPECT_TRUE(tensors_close(out[0].toTensor(), set.at("output0"), 1e-5, 1e-6));
   }
+}
+
+// Sample inputs must be what the program takes: the count, the dtype, the sizes where static (the
+// dynamic GPT's batch takes any size).
+TEST(GraphInterpreterTest, SampleInputsThatDoNotFitAreRefused) {
+  const g::Program mlp = g::load_program(graph_model("mlp.pt2"));
+  const at::Tensor input = tensor_map("mlp_io").at("input0");
+  const std::string path = graph_saved("refused_sample_inputs.pt2");
+  EXPECT_THAT(error_of([&] { g::save_program(mlp, path, {.sample_inputs = {input, input}}); }),
+              HasSubstr("sample inputs: the program takes 1 user inputs, got 2"));
+  EXPECT_THAT(error_of([&] { g::save_program(mlp, path, {.sample_inputs = {input.to(at::kDouble)}}); }),
+              HasSubstr("sample input 0 ('x') is Double [4, 16]; the program takes Float [4, 16]"));
+  EXPECT_THAT(error_of([&] { g::save_program(mlp, path, {.sample_inputs = {input.narrow(1, 0, 8)}}); }),
+              HasSubstr("is Float [4, 8]; the program takes Float [4, 16]"));
+  EXPECT_THAT(error_of([&] { g::save_program(mlp, path, {.sample_inputs = {c10::IValue(int64_t{3})}}); }),
+              HasSubstr("the program takes a tensor here, got Int"));
+  EXPECT_FALSE(std::filesystem::exists(path));
+  const g::Program dynamic = g::load_program(graph_model("gpt_train_ir_dynamic.pt2"));
+  EXPECT_NO_THROW(g::save_program(dynamic, path, {.sample_inputs = {tensor_map("gpt_train_ir_dynamic_io_b8").at("input0")}}));
+  std::filesystem::remove(path);
 }
 
 // torch's generated F64 writer spells -inf "Infinity"; a saved program keeps it -inf (HF's causal mask

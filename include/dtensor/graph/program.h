@@ -114,8 +114,18 @@ class Program {
 // file, the node and the field.
 Program load_program(const std::string& path);
 
+struct SaveProgramOptions {
+  // The user inputs (tensors or integers, in order, as run() takes them) to record as the program's
+  // example inputs: torch.export.load returns them as ep.example_inputs, which AOTInductor compiles
+  // against (scripts/compile_rank_programs.py). Empty: an empty record, as torch.export.save writes
+  // without them.
+  std::vector<c10::IValue> sample_inputs;
+};
+
 // Writes `program` as a .pt2 archive torch.export.load accepts (under a temporary name, then renamed).
-void save_program(const Program& program, const std::string& path);
+// A per-rank program also records which rank of which mesh it is and the process groups its
+// collectives name (extra/dtensor.json), which compiling it carries into the package.
+void save_program(const Program& program, const std::string& path, const SaveProgramOptions& options = {});
 
 struct RunOptions {
   bool free_after_last_use = true;  // drop each value right after its last use

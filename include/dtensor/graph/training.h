@@ -28,6 +28,10 @@ std::vector<at::Tensor> joint_parameters(Program& program);
 at::Tensor joint_step(Program& program, const std::vector<c10::IValue>& user_inputs, const RunOptions& options = {},
                       RunStats* stats = nullptr);
 
+// Sets each parameter's grad to its gradient among `outputs` (the program's outputs as run() returns
+// them, or as a package compiled from it does: graph::CompiledProgram) and returns the loss.
+at::Tensor take_joint_outputs(Program& program, const std::vector<at::Tensor>& outputs);
+
 // `steps` training steps on the same inputs (joint_step, then optimizer.step() on the parameters it
 // was built over, joint_parameters(program)); returns each step's loss.
 std::vector<double> train_steps(Program& program, torch::optim::Optimizer& optimizer, const std::vector<c10::IValue>& user_inputs,
