@@ -3,8 +3,8 @@
 
 #include <ATen/ATen.h>
 
-#include <unordered_map>
-#include <unordered_set>
+#include <cstdint>
+#include <vector>
 
 #include "dtensor/errors.h"
 #include "dtensor/graph/program.h"
@@ -16,25 +16,29 @@ namespace {
 // Errors name the program's file, when it came from one.
 std::string run_of(const Program& program) { return "graph run" + (program.source.empty() ? "" : " of " + program.source); }
 
+// The values of a run, in arrays indexed by Value::id (dense): a run binds, reads and frees each value
+// of a deep training graph, and hashing them cost more than some of the small ops themselves.
 class Environment {
  public:
-  Environment(RunStats* stats, std::string where) : stats_(stats), where_(std::move(where)) {}
+  Environment(size_t values, RunStats* stats, std::string where)
+      : values_(values), bound_(values, 0), counted_(values, 0), stats_(stats), where_(std::move(where)) {}
 
   void bind(const Value* v, c10::IValue value, bool counted) {
     if (counted && value.isTensor()) add(value.toTensor().defined() ? value.toTensor().nbytes() : 0);
-    if (counted) counted_.insert(v);
-    values_[v] = std::move(value);
+    counted_[v->id] = counted;
+    bound_[v->id] = 1;
+    values_[v->id] = std::move(value);
   }
   const c10::IValue& at(const Value* v) const {
-    auto it = values_.find(v);
-    if (it == values_.end()) throw DTensorError(where_ + ": value %" + v->name + " has no value (freed, or never computed by its node)");
-    return it->second;
+    if (!bound_[v->id]) throw DTensorError(where_ + ": value %" + v->name + " has no value (freed, or never computed by its node)");
+    return values_[v->id];
   }
   void free(const Value* v) {
-    auto it = values_.find(v);
-    if (it == values_.end()) return;
-    if (counted_.erase(v) && it->second.isTensor() && it->second.toTensor().defined()) live_ -= static_cast<int64_t>(it->second.toTensor().nbytes());
-    values_.erase(it);
+    if (!bound_[v->id]) return;
+    const c10::IValue& value = values_[v->id];
+    if (counted_[v->id] && value.isTensor() && value.toTensor().defined()) live_ -= static_cast<int64_t>(value.toTensor().nbytes());
+    values_[v->id] = c10::IValue();
+    bound_[v->id] = 0;
   }
 
  private:
@@ -42,8 +46,8 @@ class Environment {
     live_ += static_cast<int64_t>(bytes);
     if (stats_) stats_->peak_live_bytes = std::max(stats_->peak_live_bytes, live_);
   }
-  std::unordered_map<const Value*, c10::IValue> values_;
-  std::unordered_set<const Value*> counted_;
+  std::vector<c10::IValue> values_;
+  std::vector<char> bound_, counted_;
   int64_t live_ = 0;
   RunStats* stats_;
   std::string where_;  // for errors: the run and its program's file
@@ -122,16 +126,29 @@ void call(const Program& program, const Node& node, Environment& env) {
   }
 }
 
-// The last node (position) that reads each value; graph outputs are never freed.
-std::unordered_map<const Value*, size_t> last_uses(const Graph& graph) {
-  std::unordered_map<const Value*, size_t> last;
-  const auto nodes = graph.nodes();
-  for (size_t i = 0; i < nodes.size(); ++i)
-    for (const Value* v : nodes[i]->inputs()) last[v] = i;
-  for (const Arg& a : graph.outputs()) {
-    for (const Value* v : a.values) last[v] = SIZE_MAX;
+constexpr size_t kReadByOutputs = SIZE_MAX, kNeverRead = SIZE_MAX - 1;
+
+// Calls f(value) for every value `node` reads (tensors and symbolic sizes), without collecting them.
+template <typename F>
+void for_each_read(const Node& node, F&& f) {
+  for (const Arg& a : node.args) {
+    for (const Value* v : a.values)
+      if (v) f(v);
     for (const SymSize& s : a.sizes)
-      if (s.symbol) last[s.symbol] = SIZE_MAX;
+      if (s.symbol) f(s.symbol);
+  }
+}
+
+// The last node (position) that reads each value, by Value::id: kReadByOutputs for graph outputs
+// (never freed), kNeverRead for values nothing reads.
+std::vector<size_t> last_reads(const Graph& graph, const std::vector<Node*>& nodes) {
+  std::vector<size_t> last(graph.num_values(), kNeverRead);
+  for (size_t i = 0; i < nodes.size(); ++i) for_each_read(*nodes[i], [&](const Value* v) { last[v->id] = i; });
+  for (const Arg& a : graph.outputs()) {
+    for (const Value* v : a.values)
+      if (v) last[v->id] = kReadByOutputs;
+    for (const SymSize& s : a.sizes)
+      if (s.symbol) last[s.symbol->id] = kReadByOutputs;
   }
   return last;
 }
@@ -140,7 +157,7 @@ std::unordered_map<const Value*, size_t> last_uses(const Graph& graph) {
 
 std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& user_inputs, const RunOptions& options,
                              RunStats* stats) {
-  Environment env(stats, run_of(program));
+  Environment env(program.graph.num_values(), stats, run_of(program));
   size_t next_user = 0;
   for (const InputSpec& spec : program.inputs) {
     if (spec.kind == InputSpec::Kind::UserInput) {
@@ -161,8 +178,8 @@ std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& u
     throw DTensorError(run_of(program) + ": the program takes " + std::to_string(next_user) + " user inputs, got " +
                        std::to_string(user_inputs.size()));
 
-  const auto last = last_uses(program.graph);
   const auto nodes = program.graph.nodes();
+  const std::vector<size_t> last = last_reads(program.graph, nodes);
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& node = *nodes[i];
     if (!node.op) {
@@ -171,10 +188,11 @@ std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& u
       call(program, node, env);
     }
     if (!options.free_after_last_use) continue;
-    for (const Value* v : node.inputs())
-      if (auto it = last.find(v); it != last.end() && it->second == i) env.free(v);
+    for_each_read(node, [&](const Value* v) {
+      if (last[v->id] == i) env.free(v);
+    });
     for (const Value* v : node.outputs)
-      if (!last.count(v)) env.free(v);  // never read
+      if (last[v->id] == kNeverRead) env.free(v);
   }
 
   std::vector<c10::IValue> out;

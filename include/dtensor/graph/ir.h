@@ -131,6 +131,8 @@ class Graph {
 
   std::vector<Node*> nodes() const;
   size_t size() const { return nodes_.size(); }
+  // How many values the graph has made (Value::id is below it), for arrays indexed by value.
+  size_t num_values() const { return values_.size(); }
 
   // A node calling dispatcher op `qualified` ("aten::add.Tensor", "_c10d_functional::wait_tensor";
   // overload "" by default), with `args` for the leading schema arguments and the schema's defaults
