@@ -2,6 +2,7 @@
 
 #include <optional>
 
+#include "dead_code.h"
 #include "reshard.h"
 
 namespace dtensor::graph::detail {
@@ -51,20 +52,6 @@ Value* operand_4d(Graph& graph, Node* at, const Operand& o) {
   t->module_type = o.transpose->module_type;
   infer_local_metas(*t);
   return t->outputs[0];
-}
-
-// Erases `v`'s producer, and then its inputs' producers, while nothing uses them.
-void erase_if_unused(Graph& graph, Value* v) {
-  Node* n = v ? v->producer : nullptr;
-  if (!n || !n->op) return;
-  for (Value* out : n->outputs)
-    if (!graph.users(out).empty()) return;
-  for (const Arg& a : graph.outputs())
-    for (Value* out : n->outputs)
-      if (std::find(a.values.begin(), a.values.end(), out) != a.values.end()) return;
-  const auto inputs = n->inputs();
-  graph.erase(n);
-  for (Value* in : inputs) erase_if_unused(graph, in);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include "batched_matmul.h"
 #include "bucketing.h"
+#include "fused_backward.h"
 #include "dtensor/errors.h"
 
 namespace dtensor::graph::detail {
@@ -28,6 +29,7 @@ void Pipeline::run(PassContext& context, const std::function<void(const std::str
 
 Pipeline spmd_pipeline() {
   return Pipeline({
+      {"fold_backward", [](PassContext& c) { fold_decomposed_backward(c.program.graph); }},
       {"lift_batch_matmuls", [](PassContext& c) { lift_merged_batch_matmuls(c.program.graph); }},
       {"mark", [](PassContext& c) { c.marks = mark_sharding(c.program, c.mesh, c.options); }},
       {"partition", [](PassContext& c) { partition(c.program, c.mesh, c.marks, c.options.output_targets); }},

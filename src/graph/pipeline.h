@@ -39,6 +39,8 @@ class Pipeline {
 };
 
 // The expansion of a program whose inputs are marked, into this rank's program:
+//  - fold_backward: decomposed layer norm, softmax and GELU backward folded into ATen's fused
+//    kernels (fused_backward.h);
 //  - lift_batch_matmuls: bmm over merged dims lifted to 4-d matmuls (batched_matmul.h);
 //  - mark: every node's strategy (mark_sharding);
 //  - partition: reshards, local arguments and kernels, local shapes (to options.output_targets);

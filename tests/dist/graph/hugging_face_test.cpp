@@ -139,11 +139,13 @@ struct TrainingLayout {
 // column-parallel block (2 per layer) and of lm_head's; the loss's; the logits gathered once. Llama's
 // replicated KV heads add none: their gradients come back Partial (each rank's heads' part, padded)
 // and join the input gradient's all-reduce. GPT-2's plan leaves its (untied) lm_head replicated: no
-// logits to gather, no input gradient to reduce.
+// logits to gather, no input gradient to reduce; and its layer norms' backward, folded into
+// native_layer_norm_backward (src/graph/fused_backward.h), runs on the all-reduced gradient, so their
+// weights' and biases' gradients come out whole, with no bucket of Partial gradients to reduce.
 std::map<std::string, int> tp4_step_collectives(const std::string& family) {
   const int megatron_reduces = 1 + 2 * kLayers + 2 * kLayers + 2;
   const std::string reduce = "_c10d_functional::all_reduce", gather = "_c10d_functional::all_gather_into_tensor";
-  if (family == "gpt2") return {{reduce, megatron_reduces - 1}};
+  if (family == "gpt2") return {{reduce, megatron_reduces - 2}};
   return {{reduce, megatron_reduces}, {gather, 1}};
 }
 
