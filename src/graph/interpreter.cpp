@@ -107,14 +107,34 @@ void bind_results(const Program& program, const Node& node, torch::jit::Stack& r
   }
 }
 
+// The functional all-reduce (out of place: it clones its input) and its in-place form, which
+// hand-written tensor parallelism uses.
+struct AllReduceOps {
+  c10::OperatorHandle functional, in_place;
+};
+const AllReduceOps& all_reduce_ops() {
+  static const AllReduceOps ops{c10::Dispatcher::singleton().findSchemaOrThrow("_c10d_functional::all_reduce", ""),
+                                c10::Dispatcher::singleton().findSchemaOrThrow("_c10d_functional::all_reduce_", "")};
+  return ops;
+}
+
 // Runs one dispatcher op node on its arguments' values; every failure names the file and the node.
-void call(const Program& program, const Node& node, Environment& env) {
+// `input_dies_here`: this node is the last to read its first argument, so an all-reduce may take
+// that tensor over and reduce it in place when nothing else holds it or its storage (the saved
+// program stays functional; only this run skips the clone).
+void call(const Program& program, const Node& node, Environment& env, bool input_dies_here) {
   try {
     torch::jit::Stack stack;
     stack.reserve(node.args.size());
     for (const Arg& a : node.args) stack.push_back(value_of(a, env));
-    if (node.local_kernel) node.local_kernel(*node.op, stack);
-    else node.op->callBoxed(stack);
+    const c10::OperatorHandle* op = &*node.op;
+    if (input_dies_here && *op == all_reduce_ops().functional && stack[0].isTensor()) {
+      env.free(node.args[0].values[0]);
+      const at::Tensor& input = stack[0].toTensor();
+      if (input.use_count() == 1 && input.storage().use_count() == 1 && input.is_contiguous()) op = &all_reduce_ops().in_place;
+    }
+    if (node.local_kernel) node.local_kernel(*op, stack);
+    else op->callBoxed(stack);
     bind_results(program, node, stack, env);
   } catch (const DTensorError&) {
     throw;
@@ -185,7 +205,8 @@ std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& u
     if (!node.op) {
       env.bind(node.outputs.at(0), integer_operator(program, node, env), true);
     } else {
-      call(program, node, env);
+      const Value* first = !node.args.empty() && node.args[0].kind == Arg::Kind::Tensor ? node.args[0].values[0] : nullptr;
+      call(program, node, env, options.free_after_last_use && first && last[first->id] == i);
     }
     if (!options.free_after_last_use) continue;
     for_each_read(node, [&](const Value* v) {

@@ -144,8 +144,10 @@ Node* Graph::insert(Node* before, const std::string& qualified, std::vector<Arg>
   for (size_t r = 0; r < schema.returns().size(); ++r) {
     const bool is_int = schema.returns()[r].type()->kind() == c10::TypeKind::IntType ||
                         schema.returns()[r].type()->kind() == c10::TypeKind::SymIntType;
-    Value* out = new_value(r == 0 ? node->name : node->name + "_" + std::to_string(r),
-                           is_int ? Value::Kind::SymInt : Value::Kind::Tensor);
+    // One output takes the node's name (FX's convention); several are named apart from it, as a
+    // saved program's getitems are nodes of their own beside the call.
+    const bool single = schema.returns().size() == 1;
+    Value* out = new_value(single ? node->name : node->name + "_" + std::to_string(r), is_int ? Value::Kind::SymInt : Value::Kind::Tensor);
     node->outputs.push_back(out);
   }
   return place(position(before), std::move(node));
