@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the graph benchmarks (forward: graph TP; training step: SPMD expansion of the joint program)
-# for TP = 2, 4 and writes bench/results/graph.md.
+# Runs the graph benchmarks (forward: graph TP; training step: SPMD expansion of the joint program;
+# each also compiled with AOTInductor) for TP = 2, 4, then the expansion-time bench, and writes
+# bench/results/graph.md.
 #   bench/graph.sh <build-dir> [--rounds R]      (what `./dev bench graph` calls)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/record.sh"
@@ -30,6 +31,18 @@ compiled_run() {
   printf 'Compiling the %d rank programs (AOTInductor, one after another, Inductor cache %s): %d.%d s\n\n' \
     "$tp" "$CACHE_STATE" $((ms / 1000)) $((ms % 1000 / 100))
   CACHE_STATE=warm
+}
+
+# The expansion-time table: bench/expansion.sh (./dev bench expansion) runs, and its table is repeated.
+expansion_section() {
+  echo "## SPMD expansion time against depth"
+  echo
+  echo "Run by this script through \`bench/expansion.sh\` (\`./dev bench expansion\`), which also writes"
+  echo "bench/results/expansion.md with its method: a Hugging Face Llama's joint graph at N layers, expanded on"
+  echo "DP2 x TP2 by \`spmd_expand\`, the slowest of 4 ranks. Goal: 32 layers in at most 10 s."
+  echo
+  "$ROOT/bench/expansion.sh" "$BUILD" >/dev/null
+  sed -n '/^| layers/,$p' "$ROOT/bench/results/expansion.md"
 }
 
 {
@@ -80,6 +93,7 @@ EOT
     echo
     compiled_run train "$tp" --train --model "$JOINT" "$@"
   done
+  expansion_section
 } > "$RESULTS.tmp"
 mv "$RESULTS.tmp" "$RESULTS"
 cat "$RESULTS"
