@@ -75,7 +75,8 @@ class World {
   // job's thread uses another.
   int64_t sum_across_ranks(int64_t value, const std::string& channel = "");
   // Every rank's `value`, by rank, on every rank (through the store, as sum_across_ranks, whose calls
-  // it shares the count of on each channel).
+  // it shares the count of on each channel). Rank 0, which may host the store, returns only once
+  // every rank has read every value, so that a job may exit right after its last agreement.
   std::vector<std::string> gather_across_ranks(const std::string& value, const std::string& channel = "");
 
   // Which of `ranks` are not answering and why, each named with its host, for an error message: exited

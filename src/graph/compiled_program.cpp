@@ -52,6 +52,39 @@ bool reads_values(const Node* node) {
   return !metadata_only.count(node->op_name().substr(0, node->op_name().find('.')));
 }
 
+// The package's record against where it is loaded: this rank, this mesh, this thread count, a CPU with
+// every extension the compiling one had.
+void check_built_for(const io::JsonField& record, const DeviceMesh& mesh, const std::string& where) {
+  const int64_t rank = mesh.world()->rank();
+  const int64_t built_rank = record.at("rank").as_int(0);
+  if (built_rank != rank)
+    throw DTensorError(where + ": compiled for rank " + std::to_string(built_rank) + ", but this is rank " + std::to_string(rank) +
+                       "; give each rank the package compiled from its own program");
+
+  const io::JsonField built_mesh = record.at("mesh");
+  const std::vector<int64_t> shape = built_mesh.at("shape").as_ints(1), ranks = built_mesh.at("ranks").as_ints(0);
+  std::vector<std::string> names;
+  for (const io::JsonField& name : built_mesh.at("dim_names").elements()) names.push_back(name.as_string());
+  if (shape != mesh.shape() || ranks != mesh.ranks() || names != mesh.dim_names())
+    throw DTensorError(where + ": compiled for a mesh of " + mesh_text(shape, ranks, names) + ", but it was given " +
+                       mesh_text(mesh.shape(), mesh.ranks(), mesh.dim_names()) +
+                       "; run it on the mesh it was compiled for, or compile the program made on this one");
+
+  const int64_t threads = record.at("threads").as_int(1);
+  if (threads != at::get_num_threads())
+    throw DTensorError(where + ": its kernels were compiled for " + std::to_string(threads) + " intra-op threads, but this process runs " +
+                       std::to_string(at::get_num_threads()) + "; call at::set_num_threads(" + std::to_string(threads) +
+                       ") before loading it, or compile with --threads " + std::to_string(at::get_num_threads()));
+
+  const std::set<std::string> here = this_cpu_flags();
+  std::vector<std::string> missing;
+  for (const io::JsonField& flag : record.at("cpu_flags").elements())
+    if (!here.count(flag.as_string())) missing.push_back(flag.as_string());
+  if (!missing.empty())
+    throw DTensorError(where + ": compiled on a machine whose CPU has instruction set extensions this one lacks (" +
+                       list_text(missing) + "; its kernels are built with -march=native); compile it on this machine");
+}
+
 }  // namespace
 
 CompiledProgram::CompiledProgram(const std::string& package_path, MeshPtr mesh) : path_(package_path), mesh_(std::move(mesh)) {
@@ -71,34 +104,7 @@ CompiledProgram::CompiledProgram(const std::string& package_path, MeshPtr mesh) 
   const io::Json parsed = io::parse_untrusted_json(record_text->second, source);
   const io::JsonField record(parsed, source);
 
-  const int64_t rank = mesh_->world()->rank();
-  const int64_t built_rank = record.at("rank").as_int(0);
-  if (built_rank != rank)
-    throw DTensorError(where + ": compiled for rank " + std::to_string(built_rank) + ", but this is rank " + std::to_string(rank) +
-                       "; give each rank the package compiled from its own program");
-
-  const io::JsonField built_mesh = record.at("mesh");
-  const std::vector<int64_t> shape = built_mesh.at("shape").as_ints(1), ranks = built_mesh.at("ranks").as_ints(0);
-  std::vector<std::string> names;
-  for (const io::JsonField& name : built_mesh.at("dim_names").elements()) names.push_back(name.as_string());
-  if (shape != mesh_->shape() || ranks != mesh_->ranks() || names != mesh_->dim_names())
-    throw DTensorError(where + ": compiled for a mesh of " + mesh_text(shape, ranks, names) + ", but it was given " +
-                       mesh_text(mesh_->shape(), mesh_->ranks(), mesh_->dim_names()) +
-                       "; run it on the mesh it was compiled for, or compile the program made on this one");
-
-  const int64_t threads = record.at("threads").as_int(1);
-  if (threads != at::get_num_threads())
-    throw DTensorError(where + ": its kernels were compiled for " + std::to_string(threads) + " intra-op threads, but this process runs " +
-                       std::to_string(at::get_num_threads()) + "; call at::set_num_threads(" + std::to_string(threads) +
-                       ") before loading it, or compile with --threads " + std::to_string(at::get_num_threads()));
-
-  const std::set<std::string> here = this_cpu_flags();
-  std::vector<std::string> missing;
-  for (const io::JsonField& flag : record.at("cpu_flags").elements())
-    if (!here.count(flag.as_string())) missing.push_back(flag.as_string());
-  if (!missing.empty())
-    throw DTensorError(where + ": compiled on a machine whose CPU has instruction set extensions this one lacks (" +
-                       list_text(missing) + "; its kernels are built with -march=native); compile it on this machine");
+  check_built_for(record, *mesh_, where);
 
   for (const io::JsonField& input : record.at("inputs").elements()) {
     InputRecord expected{input.at("dtype").as_string(), input.at("shape").as_ints(-1)};
@@ -118,7 +124,7 @@ CompiledProgram::CompiledProgram(const std::string& package_path, MeshPtr mesh) 
       throw DTensorError(where + ": its collectives call process group '" + group.as_string() +
                          "', which this process does not have (this mesh's groups, on " +
                          std::string(mesh_->backend_description().backend.name()) + ": " + list_text(ours) + "; it was compiled on " +
-                         built_mesh.at("backend").as_string() + "); run it on the backend it was compiled for, or recompile");
+                           record.at("mesh").at("backend").as_string() + "); run it on the backend it was compiled for, or recompile");
 
   try {
     loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(path_, "model", /*run_single_threaded=*/true);

@@ -105,6 +105,7 @@ bool fold_gelu(Graph& graph, Node* root) {
 
 // g * y - y * sum(g * y, [dim], keepdim=True) -> _softmax_backward_data(g, y, dim, y's dtype)
 bool fold_softmax(Graph& graph, Node* root) {
+  if (root->args.size() > 2 && !is_number(root, 2, 1.0)) return false;  // sub's alpha
   const Node* grad_y = made_by(tensor_arg(root, 0), "aten::mul.Tensor");
   const Node* y_sum = made_by(tensor_arg(root, 1), "aten::mul.Tensor");
   if (!grad_y || !y_sum) return false;

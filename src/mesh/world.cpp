@@ -220,6 +220,17 @@ std::vector<std::string> World::gather_across_ranks(const std::string& value, co
     const auto bytes = store->get(key);
     out.emplace_back(bytes.begin(), bytes.end());
   }
+  // Rank 0 may host the store: it leaves only once every rank has read, or a job's last agreement
+  // (its verdict) would have the others' reads reset by a server that exited.
+  if (store->add(prefix + "read", 1) == size_) store->set(prefix + "all_read", std::vector<uint8_t>{1});
+  if (rank_ == 0) {
+    try {
+      store->wait({prefix + "all_read"}, timeout_);
+    } catch (const std::exception& e) {
+      throw DTensorError("rank 0: agreeing through the store: not every rank read the others' values within the world's timeout (" +
+                         detail::without_source_locations(e) + ")");
+    }
+  }
   return out;
 }
 
