@@ -145,9 +145,9 @@ void CompiledProgram::use_state_of(Program& program) {
       throw DTensorError(where + ": it computes with '" + name + "', which " + program.source + " has no state tensor for; give the program it was compiled from");
     const at::Tensor& tensor = found->second.tensor();
     if (tensor.scalar_type() != own.scalar_type() || tensor.sizes() != own.sizes() || tensor.strides() != own.strides() || !tensor.device().is_cpu())
-      throw DTensorError(where + ": state tensor '" + name + "' is " + std::string(c10::toString(tensor.scalar_type())) + " [" +
-                         list_text(tensor.sizes().vec()) + "] strides [" + list_text(tensor.strides().vec()) + "]; it was compiled for " +
-                         c10::toString(own.scalar_type()) + " [" + list_text(own.sizes().vec()) + "] strides [" + list_text(own.strides().vec()) + "]");
+      throw DTensorError(where + ": state tensor '" + name + "' is " + std::string(c10::toString(tensor.scalar_type())) + " " +
+                         shape_str(tensor.sizes().vec()) + " strides " + shape_str(tensor.strides().vec()) + "; it was compiled for " +
+                         c10::toString(own.scalar_type()) + " " + shape_str(own.sizes().vec()) + " strides " + shape_str(own.strides().vec()));
     state.emplace(name, tensor);
   }
   // A parameter or buffer Inductor wrote into the code as literal values (it inlines small tensors
@@ -174,9 +174,9 @@ std::vector<at::Tensor> CompiledProgram::run(const std::vector<at::Tensor>& user
       fits = expected.shape[d] == -1 || t.size(static_cast<int64_t>(d)) == expected.shape[d];
     if (!fits)
       throw DTensorError(where + ": input " + std::to_string(i) + " is " +
-                         (t.defined() ? std::string(c10::toString(t.scalar_type())) + " [" + list_text(t.sizes().vec()) + "] on " + t.device().str()
+                         (t.defined() ? std::string(c10::toString(t.scalar_type())) + " " + shape_str(t.sizes().vec()) + " on " + t.device().str()
                                       : std::string("undefined")) +
-                         "; it was compiled for " + expected.dtype + " [" + list_text(expected.shape) + "] (-1: any size) on the CPU");
+                         "; it was compiled for " + expected.dtype + " " + shape_str(expected.shape) + " (-1: any size) on the CPU");
     inputs.push_back(t.contiguous());
   }
   try {

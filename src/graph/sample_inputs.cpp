@@ -15,12 +15,6 @@
 namespace dtensor::graph::detail {
 namespace {
 
-std::string shape_text(const Shape& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 // The sample's tensor must be what the graph input describes: same dtype and rank, and the same size
 // wherever the size is static (a dynamic dim takes any size, as when the program runs).
 void check_sample(const Value& input, const c10::IValue& sample, size_t index) {
@@ -38,8 +32,8 @@ void check_sample(const Value& input, const c10::IValue& sample, size_t index) {
     fits = dynamic || t.size(static_cast<int64_t>(d)) == meta.shape[d];
   }
   if (!fits)
-    throw DTensorError(which + " is " + std::string(c10::toString(t.scalar_type())) + " " + shape_text(t.sizes().vec()) +
-                       "; the program takes " + c10::toString(meta.dtype) + " " + shape_text(meta.shape) +
+    throw DTensorError(which + " is " + std::string(c10::toString(t.scalar_type())) + " " + shape_str(t.sizes().vec()) +
+                       "; the program takes " + c10::toString(meta.dtype) + " " + shape_str(meta.shape) +
                        " (pass this rank's local input)");
 }
 
