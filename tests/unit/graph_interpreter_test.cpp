@@ -48,6 +48,33 @@ TEST(GraphInterpreterTest, MlpEqualsPyTorch) {
   expect_outputs_match("mlp", {"mlp_io"});
 }
 
+// Without grad mode the nodes dispatch below autograd (faster); with it, autograd records through
+// the run as through eager code. Both give the same values.
+TEST(GraphInterpreterTest, RunsRecordAutogradOnlyInGradMode) {
+  g::Program program = g::load_program(graph_model("mlp.pt2"));
+  std::vector<c10::IValue> inputs;
+  for (const auto& [name, t] : load_tensor_set("mlp_io"))
+    if (name.rfind("input", 0) == 0) inputs.emplace_back(t);
+  at::Tensor weight = program.state.begin()->second.tensor();
+  weight.requires_grad_(true);
+  const at::Tensor recorded = g::run(program, inputs).at(0).toTensor();
+  ASSERT_TRUE(recorded.requires_grad()) << "grad mode on: the output depends on a parameter that requires grad";
+  recorded.sum().backward();
+  ASSERT_TRUE(weight.grad().defined());
+  EXPECT_GT(weight.grad().abs().sum().item<double>(), 0.0);
+
+  at::Tensor plain;
+  {
+    at::NoGradGuard no_grad;
+    plain = g::run(program, inputs).at(0).toTensor();
+  }
+  EXPECT_FALSE(plain.requires_grad());
+  EXPECT_FALSE(plain.is_inference());
+  EXPECT_TRUE(tensors_equal(plain, recorded.detach()));
+  EXPECT_FALSE(c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::AutogradCPU)) << "the run restores the caller's dispatch";
+  weight.requires_grad_(false);
+}
+
 TEST(GraphInterpreterTest, BuffersConstantsAndMutationsInBothIrs) {
   // Training IR mutates the counter buffer in place; core ATen returns it as a buffer mutation.
   for (const std::string archive : {"mlp_extras", "mlp_extras_aten"}) {
