@@ -122,11 +122,11 @@ const AllReduceOps& all_reduce_ops() {
 // Runs one dispatcher op node on its arguments' values; every failure names the file and the node.
 // `input_dies_here`: this node is the last to read its first argument, so an all-reduce may take
 // that tensor over and reduce it in place when nothing else holds it or its storage (the saved
-// program stays functional; only this run skips the clone).
-void call(const Program& program, const Node& node, Environment& env, bool input_dies_here) {
+// program stays functional; only this run skips the clone). `stack` is the run's one stack, reused
+// by every node so that a node allocates none.
+void call(const Program& program, const Node& node, Environment& env, bool input_dies_here, torch::jit::Stack& stack) {
+  stack.clear();
   try {
-    torch::jit::Stack stack;
-    stack.reserve(node.args.size());
     for (const Arg& a : node.args) stack.push_back(value_of(a, env));
     const c10::OperatorHandle* op = &*node.op;
     if (input_dies_here && *op == all_reduce_ops().functional && stack[0].isTensor()) {
@@ -137,6 +137,7 @@ void call(const Program& program, const Node& node, Environment& env, bool input
     if (node.local_kernel) node.local_kernel(*op, stack);
     else op->callBoxed(stack);
     bind_results(program, node, stack, env);
+    stack.clear();  // holds nothing past its node (an all-reduce may take its input over)
   } catch (const DTensorError&) {
     throw;
   } catch (const c10::Error& e) {
@@ -202,9 +203,9 @@ std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& u
   const auto nodes = program.graph.nodes();
   const std::vector<size_t> last = last_reads(program.graph, nodes);
   // With grad mode off the autograd kernels record nothing and only redispatch, so the nodes skip
-  // them (hand-written eager code cannot), which brings a small forward from 1.03x to at most 1.0x
-  // hand-written Megatron. View and version-counter tracking (ADInplaceOrView) still runs, so the
+  // them (hand-written eager code cannot). View and version-counter tracking (ADInplaceOrView) still runs, so the
   // outputs behave as eager ones do; the buffer updates below run with the caller's dispatch.
+  torch::jit::Stack stack;
   std::optional<at::AutoDispatchBelowAutograd> below_autograd;
   if (!at::GradMode::is_enabled()) below_autograd.emplace();
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -213,7 +214,7 @@ std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& u
       env.bind(node.outputs.at(0), integer_operator(program, node, env), true);
     } else {
       const Value* first = !node.args.empty() && node.args[0].kind == Arg::Kind::Tensor ? node.args[0].values[0] : nullptr;
-      call(program, node, env, options.free_after_last_use && first && last[first->id] == i);
+      call(program, node, env, options.free_after_last_use && first && last[first->id] == i, stack);
     }
     if (!options.free_after_last_use) continue;
     for_each_read(node, [&](const Value* v) {
