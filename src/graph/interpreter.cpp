@@ -203,8 +203,9 @@ std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& u
   const auto nodes = program.graph.nodes();
   const std::vector<size_t> last = last_reads(program.graph, nodes);
   // With grad mode off the autograd kernels record nothing and only redispatch, so the nodes skip
-  // them (hand-written eager code cannot). View and version-counter tracking (ADInplaceOrView) still runs, so the
-  // outputs behave as eager ones do; the buffer updates below run with the caller's dispatch.
+  // them (hand-written eager code cannot). View and version-counter tracking (ADInplaceOrView) still
+  // runs, so the outputs behave as eager ones do; the buffer updates below run with the caller's
+  // dispatch.
   torch::jit::Stack stack;
   std::optional<at::AutoDispatchBelowAutograd> below_autograd;
   if (!at::GradMode::is_enabled()) below_autograd.emplace();
