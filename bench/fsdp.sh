@@ -27,6 +27,26 @@ dtensor_rows() {
   grep '^Ratio' <<<"$out" >>"$RATIOS" || true
 }
 
+# against_pytorch TABLE: for each model, dtensor's, the hand-written ZeRO-3's and the compute floor's step
+# time over PyTorch's (FSDP=4, Gloo), read from the rows written so far.
+against_pytorch() {
+  awk -F' *\\| *' '
+    { key = $2 "|" $3 "|" $4 "|" $5; if (!(key in ms)) ms[key] = $6 }
+    $4 ~ /^compute floor/ { floor[$2] = $6 }
+    END {
+      split("demo large", models, " ")
+      for (i = 1; i <= 2; i++) {
+        m = models[i]; pt = ms[m "|FSDP=4|PyTorch fully_shard|gloo"]
+        if (pt == "") continue
+        printf "- %s: dtensor fully_shard (alone) %.2f, hand-written ZeRO-3 %.2f, compute floor %.2f\n", m,
+          ms[m "|FSDP=4|dtensor fully_shard (alone)|gloo"] / pt, ms[m "|FSDP=4|hand-written ZeRO-3|gloo"] / pt,
+          floor[m] / pt
+      }
+      pt = ms["demo|FSDP=2 x TP=2|PyTorch fully_shard|gloo"]
+      if (pt != "") printf "- demo FSDP=2 x TP=2: dtensor fully_shard (alone) %.2f\n", ms["demo|FSDP=2 x TP=2|dtensor fully_shard (alone)|gloo"] / pt
+    }' "$1"
+}
+
 {
   cat <<EOF
 # GPT training step, fully sharded data parallel: dtensor vs hand-written ZeRO-3 vs PyTorch FSDP2 (CPU)
@@ -74,17 +94,24 @@ EOF
   done
   "$PYTHON" "$ROOT/bench/fsdp_pytorch.py" --config demo --rounds "$ROUNDS"
   "$PYTHON" "$ROOT/bench/fsdp_pytorch.py" --config demo --tp 2 --rounds "$ROUNDS"
+  dtensor_rows "" default --config demo --impl floor --rounds "$ROUNDS"
   for backend in default gloo; do
     dtensor_rows ", reshard after forward off" $backend --config large --reshard 0 --rounds "$LARGE_ROUNDS"
     dtensor_rows " (alone)" $backend --config large --impl dtensor --rounds "$LARGE_ROUNDS"
     dtensor_rows " (alone), overlap off" $backend --config large --impl dtensor --overlap 0 --rounds "$LARGE_ROUNDS"
   done
   "$PYTHON" "$ROOT/bench/fsdp_pytorch.py" --config large --rounds "$LARGE_ROUNDS"
+  dtensor_rows "" default --config large --impl floor --rounds "$LARGE_ROUNDS"
   echo
   echo "dtensor over hand-written, per round (the two in the same processes, back to back; medians of each"
   echo "round's steps):"
   echo
   sed 's/^/- /' "$RATIOS"
+  echo
+  echo "Against PyTorch's fully_shard (step time over its step, FSDP=4 on Gloo; the compute floor and the"
+  echo "hand-written ZeRO-3 bound what any implementation can reach here):"
+  echo
+  against_pytorch "$RESULTS.tmp"
 } > "$RESULTS.tmp"
 mv "$RESULTS.tmp" "$RESULTS"
 cat "$RESULTS"

@@ -4,12 +4,14 @@
 // Rank 0 prints Markdown table rows; bench/fsdp.sh (./dev bench fsdp) runs the configurations and
 // PyTorch's own fully_shard (bench/fsdp_pytorch.py) beside them.
 //
-//   dtensor_fsdp_bench [--config demo|large] [--tp 1|2] [--impl both|dtensor] [--reshard 0|1] [--overlap 0|1]
-//                      [--rounds R]
+//   dtensor_fsdp_bench [--config demo|large] [--tp 1|2] [--impl both|dtensor|floor] [--reshard 0|1]
+//                      [--overlap 0|1] [--rounds R]
 //
 // --config demo: the main job's model (0.41M parameters); large: dim 512, 8 heads, 8 layers, ffn 2048
 // (25.3M). --tp 2: FSDP over half the ranks x TP=2 (dtensor only). --impl dtensor: dtensor alone, so
-// that the process's peak RSS is dtensor's. --reshard 0: fully_shard's reshard_after_forward off.
+// that the process's peak RSS is dtensor's. --impl floor: the compute floor alone, the whole model's
+// forward and backward on each rank's batch with no communication and no optimizer step, which every
+// data-parallel step contains (4 ranks computing at once on these cores, as in the other runs). --reshard 0: fully_shard's reshard_after_forward off.
 // --overlap 0: FullyShardOptions::overlap off (every collective blocks).
 //
 // The hand-written ZeRO-3 keeps each group's parameters as views of one flat buffer [N x S] (the
@@ -75,8 +77,8 @@ Args parse(int argc, char** argv) {
     else throw std::invalid_argument("unknown flag " + flag + " (use --config, --tp, --impl, --reshard, --overlap, --rounds)");
   }
   if ((args.config != "demo" && args.config != "large") || (args.tp != 1 && args.tp != 2) ||
-      (args.impl != "both" && args.impl != "dtensor") || args.rounds < 1)
-    throw std::invalid_argument("--config demo|large, --tp 1|2, --impl both|dtensor, --rounds R >= 1");
+      (args.impl != "both" && args.impl != "dtensor" && args.impl != "floor") || args.rounds < 1)
+    throw std::invalid_argument("--config demo|large, --tp 1|2, --impl both|dtensor|floor, --rounds R >= 1");
   if (args.tp == 2 && args.impl == "both") args.impl = "dtensor";  // the hand-written run is FSDP alone
   return args;
 }
@@ -223,20 +225,34 @@ int main(int argc, char** argv) {
     for (int i = 0; i < kDistinctBatches; ++i) batches.push_back(source.next());
 
     std::vector<Contender> contenders;
-    gpt::Gpt model = seeded_model(config);
-    if (args.tp == 2) gpt::parallelize(model, (*mesh)["tp"]);
-    gpt::fully_shard(model, mesh, {.reshard_after_forward = args.reshard, .overlap = args.overlap});
-    torch::optim::AdamW optimizer(model->parameters(), adamw_options());
-    contenders.push_back({"dtensor fully_shard",
-                          [&](const gpt::Batch& b) {
-                            at::Tensor loss = dtensor::call(model, b.tokens, b.targets);
-                            loss.backward();
-                            return loss;
-                          },
-                          [&] {
-                            dtensor::step_on_local_shards(optimizer, {.fused = true});
-                            optimizer.zero_grad();
-                          }});
+    if (args.impl == "floor") {
+      gpt::Gpt whole = seeded_model(config);
+      contenders.push_back({"compute floor (forward and backward, no communication)",
+                            [whole](const gpt::Batch& b) mutable {
+                              at::Tensor loss = dtensor::call(whole, b.tokens, b.targets);
+                              loss.backward();
+                              return loss;
+                            },
+                            [whole]() mutable { whole->zero_grad(); }});
+    }
+    gpt::Gpt model{nullptr};
+    std::unique_ptr<torch::optim::AdamW> optimizer;
+    if (args.impl != "floor") {
+      model = seeded_model(config);
+      if (args.tp == 2) gpt::parallelize(model, (*mesh)["tp"]);
+      gpt::fully_shard(model, mesh, {.reshard_after_forward = args.reshard, .overlap = args.overlap});
+      optimizer = std::make_unique<torch::optim::AdamW>(model->parameters(), adamw_options());
+      contenders.push_back({"dtensor fully_shard",
+                            [&](const gpt::Batch& b) {
+                              at::Tensor loss = dtensor::call(model, b.tokens, b.targets);
+                              loss.backward();
+                              return loss;
+                            },
+                            [&] {
+                              dtensor::step_on_local_shards(*optimizer, {.fused = true});
+                              optimizer->zero_grad();
+                            }});
+    }
     std::unique_ptr<HandZero3> hand;
     if (args.impl == "both") {
       hand = std::make_unique<HandZero3>(config, everyone->group(0));
@@ -289,7 +305,7 @@ int main(int argc, char** argv) {
         std::printf("| %s | %s | %s | %s | %.1f | %.1f-%.1f |", args.config.c_str(), layout.c_str(),
                     contenders[c].name.c_str(), backend.c_str(), 1e3 * median(times[c]), 1e3 * quantile(times[c], 0.25),
                     1e3 * quantile(times[c], 0.75));
-        if (args.impl == "dtensor") std::printf(" %lld |\n", static_cast<long long>(max_rss));
+        if (args.impl != "both") std::printf(" %lld |\n", static_cast<long long>(max_rss));
         else std::printf(" (both in one process) |\n");
       }
       if (!ratios.empty())
