@@ -11,8 +11,9 @@
 // (25.3M). --tp 2: FSDP over half the ranks x TP=2 (dtensor only). --impl dtensor: dtensor alone, so
 // that the process's peak RSS is dtensor's. --impl floor: the compute floor alone, the whole model's
 // forward and backward on each rank's batch with no communication and no optimizer step, which every
-// data-parallel step contains (4 ranks computing at once on these cores, as in the other runs). --reshard 0: fully_shard's reshard_after_forward off.
-// --overlap 0: FullyShardOptions::overlap off (every collective blocks).
+// data-parallel step contains (4 ranks computing at once on these cores, as in the other runs).
+// --reshard 0: fully_shard's reshard_after_forward off. --overlap 0: FullyShardOptions::overlap off
+// (every collective blocks).
 //
 // The hand-written ZeRO-3 keeps each group's parameters as views of one flat buffer [N x S] (the
 // parameters back to back, padded to a multiple of N; FSDP1's flat parameter), all-gathers a group's

@@ -124,7 +124,7 @@ CompiledProgram::CompiledProgram(const std::string& package_path, MeshPtr mesh) 
       throw DTensorError(where + ": its collectives call process group '" + group.as_string() +
                          "', which this process does not have (this mesh's groups, on " +
                          std::string(mesh_->backend_description().backend.name()) + ": " + list_text(ours) + "; it was compiled on " +
-                           record.at("mesh").at("backend").as_string() + "); run it on the backend it was compiled for, or recompile");
+                         record.at("mesh").at("backend").as_string() + "); run it on the backend it was compiled for, or recompile");
 
   try {
     loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(path_, "model", /*run_single_threaded=*/true);

@@ -122,10 +122,9 @@ const AllReduceOps& all_reduce_ops() {
 // Runs one dispatcher op node on its arguments' values; every failure names the file and the node.
 // `input_dies_here`: this node is the last to read its first argument, so an all-reduce may take
 // that tensor over and reduce it in place when nothing else holds it or its storage (the saved
-// program stays functional; only this run skips the clone). `stack` is the run's one stack, reused
-// by every node so that a node allocates none.
+// program stays functional; only this run skips the clone). `stack` is the run's one stack, empty
+// between nodes and reused by every node so that a node allocates none.
 void call(const Program& program, const Node& node, Environment& env, bool input_dies_here, torch::jit::Stack& stack) {
-  stack.clear();
   try {
     for (const Arg& a : node.args) stack.push_back(value_of(a, env));
     const c10::OperatorHandle* op = &*node.op;
