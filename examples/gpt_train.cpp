@@ -1,11 +1,12 @@
 // The main job: trains a GPT-style decoder on the shipped corpus on 4 local ranks it starts itself,
 // first tensor parallel over all 4 (TP=4), then data parallel x tensor parallel (DP=2 x TP=2), then
 // fully sharded data parallel over all 4 (FSDP=4: each rank keeps a quarter of the parameters and
-// optimizer state and trains on a quarter of each batch), then FSDP=2 x TP=2. Rank 0
+// optimizer state and trains on a quarter of each batch), then FSDP=2 x TP=2, then hybrid sharded data
+// parallel (HSDP: 2 replicas x FSDP=2, each rank on a quarter of each batch). Rank 0
 // then trains the same model on the same batches from the same seed in one process and compares the
 // loss trajectories: PASS when every step's loss is within a relative 1e-4.
 //
-//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp] [--corpus PATH] [--save DIR] [--resume DIR]
+//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp] [--corpus PATH] [--save DIR] [--resume DIR]
 //             [--checkpoint-every N DIR] [--blocking-checkpoints 1]
 //
 // --save DIR writes the first mode's model and optimizer state after its last step (a dtensor
@@ -20,6 +21,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -35,7 +37,7 @@ namespace {
 
 struct Args {
   int steps = 50;
-  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp"};
+  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp"};
   std::string corpus = GPT_CORPUS_PATH;
   std::string save, resume;
   int checkpoint_every = 0;
@@ -116,7 +118,8 @@ struct Run {
 };
 
 // How a mode splits the model: tensor parallel (a 1-d "tp" mesh, or a 2-d ("dp", "tp") one with data
-// parallel over dp), or fully sharded over a 1-d "dp" mesh. A null mesh is one process.
+// parallel over dp), or fully sharded over "dp" (a 1-d mesh, ("dp", "tp"), or ("replicate", "dp")). A
+// null mesh is one process.
 struct Parallelism {
   dtensor::MeshPtr mesh;
   bool fully_sharded = false;
@@ -130,12 +133,18 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
   gpt::Gpt model(gpt::demo_config(corpus));
   const dtensor::MeshPtr& mesh = parallelism.mesh;
   int64_t dp_rank = 0, dp_size = 1;
+  dtensor::MeshPtr data = mesh;  // the data-parallel ranks (of a fully-sharded mode)
   if (mesh && parallelism.fully_sharded) {
-    // On a ("dp", "tp") mesh: Megatron-style TP over tp first, then FSDP over dp.
-    if (mesh->ndim() == 2) gpt::parallelize(model, (*mesh)["tp"]);
+    // On a ("dp", "tp") mesh: Megatron-style TP over tp first, then FSDP over dp. On ("replicate", "dp")
+    // every rank is a data-parallel rank of its own.
+    const auto& names = mesh->dim_names();
+    if (std::find(names.begin(), names.end(), "tp") != names.end()) {
+      gpt::parallelize(model, (*mesh)["tp"]);
+      data = (*mesh)["dp"];
+    }
     gpt::fully_shard(model, mesh);
-    dp_rank = (*mesh->coordinate())[0];
-    dp_size = mesh->size(0);
+    dp_size = data->size();
+    for (int64_t d = 0; d < data->ndim(); ++d) dp_rank = dp_rank * data->size(d) + (*data->coordinate())[d];
   } else if (mesh) {
     gpt::parallelize(model, mesh);
     if (mesh->ndim() == 2) {
@@ -175,7 +184,7 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
     batch.targets = batch.targets.slice(0, dp_rank * rows, (dp_rank + 1) * rows);
     const double loss = gpt::train_step(model, optimizer, batch, options);
     // A fully-sharded rank's loss is its own rows' (a tensor-parallel loss is the whole batch's already).
-    run.losses.push_back(parallelism.fully_sharded ? gpt::mean_over(mesh->ndim() == 2 ? (*mesh)["dp"] : mesh, loss) : loss);
+    run.losses.push_back(parallelism.fully_sharded ? gpt::mean_over(data, loss) : loss);
     if (print && (step == run.first_step || step % 5 == 0 || step == last_step)) {
       const auto now = std::chrono::steady_clock::now();
       const double seconds = std::chrono::duration<double>(now - last).count();
@@ -253,8 +262,13 @@ int main(int argc, char** argv) {
         mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"dp", "tp"}});
         parallelism.fully_sharded = true;
         label = "fully sharded x tensor parallel, FSDP=2 x TP=" + std::to_string(world->size() / 2);
+      } else if (mode == "hsdp") {
+        if (world->size() % 2 != 0) throw std::invalid_argument("hsdp needs an even number of ranks");
+        mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"replicate", "dp"}});
+        parallelism.fully_sharded = true;
+        label = "hybrid sharded data parallel, 2 replicas x FSDP=" + std::to_string(world->size() / 2);
       } else {
-        throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp, fsdp, fsdp-tp)");
+        throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp, fsdp, fsdp-tp, hsdp)");
       }
       label += " (" + dtensor::to_string(mesh->backend()) + ")";
       // The first mode saves; every mode resumes (from the latest periodic checkpoint when restarted).

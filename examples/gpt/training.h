@@ -126,11 +126,12 @@ inline void fully_shard(Gpt& model, const dtensor::MeshPtr& dp, const dtensor::F
   dtensor::fully_shard(*model, dp, options);
 }
 
-// The mean over the data-parallel mesh `dp` of every rank's loss on its own rows: the whole batch's
-// mean loss when the ranks hold equally many rows.
+// The mean over the data-parallel mesh `dp` (every dim of it data parallel) of every rank's loss on its
+// own rows: the whole batch's mean loss when the ranks hold equally many rows.
 inline double mean_over(const dtensor::MeshPtr& dp, double local_loss) {
   const at::Tensor local = at::tensor({local_loss}, at::kDouble);
-  return dtensor::full_tensor(dtensor::from_local(local, dp, {dtensor::Partial(dtensor::ReduceOp::Avg)})).item<double>();
+  const dtensor::Placements averaged(static_cast<size_t>(dp->ndim()), dtensor::Partial(dtensor::ReduceOp::Avg));
+  return dtensor::full_tensor(dtensor::from_local(local, dp, averaged)).item<double>();
 }
 
 // The loss as a number, from a DTensor (possibly Partial: the loss-parallel cross-entropy may leave its

@@ -43,10 +43,16 @@ struct MixedPrecisionPolicy {
 };
 
 struct FullyShardOptions {
-  // On a 2-d mesh, the dim FSDP shards over; the other dim is tensor parallelism's: parameters that are
-  // DTensors on that dim's mesh (parallelize_module(*model, mesh["tp"], plan) first) keep their TP
-  // placement, and FSDP shards each rank's TP shard over dp along the first dim TP leaves whole.
+  // On a mesh of more than one dim, the dim FSDP shards over. A dim that is neither this one nor
+  // replicate_dim is tensor parallelism's: parameters that are DTensors on that dim's mesh
+  // (parallelize_module(*model, mesh["tp"], plan) first) keep their TP placement, and FSDP shards each
+  // rank's TP shard over dp along the first dim TP leaves whole.
   std::string dp_dim = "dp";
+  // A mesh dim with this name makes the data parallelism hybrid (HSDP, FSDP2 on a 2-d mesh): parameters
+  // are sharded over dp_dim and replicated over this dim, so a group gathers over dp_dim only (within a
+  // host, when dp_dim spans one), and gradients are reduce-scattered over dp_dim and then averaged over
+  // the replicas by an all-reduce of each shard. Meshes: {replicate, dp} or {replicate, dp, tp}.
+  std::string replicate_dim = "replicate";
   // Free the gathered parameters after forward and gather again before backward (less memory, one
   // all-gather more per step). The root module ignores it: its backward comes straight after.
   bool reshard_after_forward = true;
@@ -59,7 +65,8 @@ struct FullyShardOptions {
 };
 
 // Shards `module`'s parameters over `mesh` (1-d: the data-parallel ranks; 2-d: data parallel x tensor
-// parallel, see dp_dim) and installs the gathering hooks. Throws DTensorError for a module already
+// parallel, see dp_dim, or replicas x data parallel, see replicate_dim; 3-d: replicas x data parallel x
+// tensor parallel) and installs the gathering hooks. Throws DTensorError for a module already
 // fully sharded, a mesh that does not hold this rank, a parameter with no dims, a DTensor parameter
 // on another mesh than the TP dim's (or Partial), a parameter held outside the module as well (tied to
 // a module of another group, or held by an optimizer made before: make optimizers afterwards), and a

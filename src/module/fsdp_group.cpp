@@ -59,11 +59,12 @@ const at::Tensor& plain(const at::Tensor& t) { return is_dtensor(t) ? local_tens
 
 }  // namespace
 
-FsdpGroup::FsdpGroup(std::string name, MeshPtr mesh, int64_t dp_dim, FullyShardOptions options,
+FsdpGroup::FsdpGroup(std::string name, MeshPtr mesh, int64_t dp_dim, int64_t replicate_dim, FullyShardOptions options,
                      std::vector<Param> params)
     : name_(std::move(name)),
       mesh_(std::move(mesh)),
       dp_dim_(dp_dim),
+      replicate_dim_(replicate_dim),
       dp_size_(mesh_->size(dp_dim)),
       dp_rank_((*mesh_->coordinate())[dp_dim]),
       options_(std::move(options)),
@@ -337,9 +338,10 @@ std::vector<at::Tensor> FsdpGroup::reduce_gradients(const std::vector<at::Tensor
     pending_replicated_ = replicated;
   } else {
     pending_grads_ = pending_replicated_ = at::Tensor();
-    StartedCollective mine = shard_numel_ > 0 ? start_reduce_scatter(mesh_, dp_dim_, flat, ReduceOp::Avg) : StartedCollective(flat);
-    StartedCollective averaged =
-        replicated_numel_ > 0 ? start_all_reduce(mesh_, dp_dim_, replicated, ReduceOp::Avg) : StartedCollective(replicated);
+    StartedCollective mine = averaged_over_replicas(
+        shard_numel_ > 0 ? start_reduce_scatter(mesh_, dp_dim_, flat, ReduceOp::Avg) : StartedCollective(flat));
+    StartedCollective averaged = averaged_over_replicas(
+        replicated_numel_ > 0 ? start_all_reduce(mesh_, dp_dim_, replicated, ReduceOp::Avg) : StartedCollective(replicated));
     if (root && options_.overlap) root->reducing_ = std::vector<StartedCollective>{mine, averaged};
     for (size_t i = 0; i < params_.size(); ++i) {
       if (!whole_grads[i].defined()) continue;
@@ -353,6 +355,14 @@ std::vector<at::Tensor> FsdpGroup::reduce_gradients(const std::vector<at::Tensor
     }
   }
   return grads;
+}
+
+StartedCollective FsdpGroup::averaged_over_replicas(StartedCollective reduced) const {
+  if (replicate_dim_ < 0) return reduced;
+  // The second stage starts once the first completes: what stays in flight is the all-reduce over the
+  // replicas, the collective that crosses hosts when dp spans one.
+  const at::Tensor& shard = reduced.wait();
+  return shard.numel() == 0 ? reduced : start_all_reduce(mesh_, replicate_dim_, shard, ReduceOp::Avg);
 }
 
 at::Tensor FsdpGroup::shard_gradient(const Param& p, const at::Tensor& mine, const at::Tensor& replicated) const {

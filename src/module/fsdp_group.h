@@ -12,6 +12,9 @@
 // shard (a DTensor on the TP mesh), and FSDP shards that over dp along the first dim TP leaves whole.
 // One TP shards on every dim (a column-parallel bias) stays replicated over dp; its gradients are
 // averaged over dp by one all-reduce for the group.
+//
+// With replicas (HSDP), every collective above runs over dp only, and the reduced gradients are then
+// averaged over the replicas' dim: an all-reduce of this rank's shard, 1/dp of the group.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
@@ -61,8 +64,9 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   };
 
   // `params` have their slots, sharded DTensors, gathered specs, shapes and dims set. `dp_dim` is the
-  // mesh dim FSDP shards over.
-  FsdpGroup(std::string name, MeshPtr mesh, int64_t dp_dim, FullyShardOptions options, std::vector<Param> params);
+  // mesh dim FSDP shards over; `replicate_dim` the one the parameters are replicated over (HSDP), or -1.
+  FsdpGroup(std::string name, MeshPtr mesh, int64_t dp_dim, int64_t replicate_dim, FullyShardOptions options,
+            std::vector<Param> params);
   ~FsdpGroup();
   FsdpGroup(const FsdpGroup&) = delete;
   FsdpGroup& operator=(const FsdpGroup&) = delete;
@@ -116,12 +120,16 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   void free_storage();
   at::Tensor storage_view(const Param& p) const;  // a fresh tensor aliasing p's place in the storage
   void point_slots(const std::vector<at::Tensor>& values);
+  // The average over the replicas (HSDP) of a reduction over dp, once that completes; `reduced` itself
+  // without replicas.
+  StartedCollective averaged_over_replicas(StartedCollective reduced) const;
   // The local gradient of `p`'s shard, from this rank's reduced flat buffers.
   at::Tensor shard_gradient(const Param& p, const at::Tensor& mine, const at::Tensor& replicated) const;
 
   std::string name_;
   MeshPtr mesh_;
   int64_t dp_dim_;
+  int64_t replicate_dim_;
   int64_t dp_size_, dp_rank_;
   FullyShardOptions options_;
   std::vector<Param> params_;

@@ -82,11 +82,13 @@ void collect(torch::nn::Module& module, const std::string& prefix, bool top,
     collect(*child.value(), prefix + child.key() + ".", false, params, index);
 }
 
-// Where the group shards: its mesh, the dp dim, and (on a 2-d mesh) the TP dim's mesh.
+// Where the group shards: its mesh, the dp dim, the replicas' dim (HSDP) and the TP dim's mesh.
 struct Sharding {
   MeshPtr mesh;
   int64_t dp_dim = 0;
-  MeshPtr tp_mesh;  // null on a 1-d mesh
+  int64_t replicate_dim = -1;  // -1: no replicas
+  int64_t tp_dim = -1;         // -1: no tensor parallelism
+  MeshPtr tp_mesh;             // null without tensor parallelism
   at::ScalarType compute_dtype(const at::Tensor& param) const;
   std::optional<at::ScalarType> param_dtype;
 };
@@ -108,9 +110,9 @@ void shard_one(FsdpGroup::Param& p, const at::Tensor& param, const Sharding& sha
   }
   if (!sharding.tp_mesh || !same_mesh(mesh_of(param), sharding.tp_mesh))
     throw DTensorError("fully_shard: parameter " + path + " is a DTensor on " + mesh_of(param)->str() + " (" +
-                       describe(param) + "); fully_shard composes with tensor parallelism on the other dim of a 2-d " +
-                       "mesh: parallelize on mesh[\"tp\"], then fully_shard on the 2-d mesh " +
-                       (sharding.tp_mesh ? "(here " + sharding.tp_mesh->str() + ")" : std::string("(this mesh is 1-d)")));
+                       describe(param) + "); fully_shard composes with tensor parallelism on a mesh dim of its own: " +
+                       "parallelize on mesh[\"tp\"], then fully_shard on the whole mesh " +
+                       (sharding.tp_mesh ? "(here " + sharding.tp_mesh->str() + ")" : std::string("(this mesh has no TP dim)")));
   const Placement tp = placements_of(param).front();
   if (tp.is_partial())
     throw DTensorError("fully_shard: parameter " + path + " is Partial over tensor parallelism (" + describe(param) +
@@ -120,7 +122,8 @@ void shard_one(FsdpGroup::Param& p, const at::Tensor& param, const Sharding& sha
   p.dim = -1;
   for (int64_t d = 0; d < tp_local.dim() && p.dim < 0; ++d)
     if (!(tp.is_sharding() && tp.dim() == d)) p.dim = d;
-  Placements placements(mesh->ndim(), tp);
+  Placements placements(mesh->ndim(), Replicate());
+  placements[sharding.tp_dim] = tp;
   at::Tensor local = tp_local.detach();
   if (p.dim >= 0) {
     const int64_t n = mesh->size(sharding.dp_dim), r = (*mesh->coordinate())[sharding.dp_dim];
@@ -173,19 +176,28 @@ void shard_parameters(std::vector<FsdpGroup::Param>& params, const Sharding& sha
   }
 }
 
-// The mesh dims: which one FSDP shards over and, on a 2-d mesh, the TP dim's mesh.
+// The mesh dims: which one FSDP shards over, which one (if named so) holds replicas, and the remaining
+// one's mesh, tensor parallelism's.
 Sharding sharding_of(const MeshPtr& mesh, const FullyShardOptions& options, const std::string& name) {
   Sharding sharding{mesh};
   sharding.param_dtype = options.mp_policy.param_dtype;
   if (mesh->ndim() == 1) return sharding;
   const auto& names = mesh->dim_names();
-  const auto dp = std::find(names.begin(), names.end(), options.dp_dim);
-  if (mesh->ndim() != 2 || dp == names.end())
-    throw DTensorError("fully_shard(" + name + "): the mesh " + mesh->str() +
-                       " is not 1-d, nor 2-d with a dim named '" + options.dp_dim +
-                       "' (FullyShardOptions::dp_dim) for data parallelism and one for tensor parallelism");
-  sharding.dp_dim = dp - names.begin();
-  sharding.tp_mesh = mesh->slice({names[1 - sharding.dp_dim]});
+  const auto index_of = [&names](const std::string& dim) -> int64_t {
+    const auto it = std::find(names.begin(), names.end(), dim);
+    return it == names.end() ? -1 : it - names.begin();
+  };
+  sharding.dp_dim = index_of(options.dp_dim);
+  sharding.replicate_dim = options.replicate_dim.empty() ? -1 : index_of(options.replicate_dim);
+  const int64_t others = mesh->ndim() - 1 - (sharding.replicate_dim >= 0 ? 1 : 0);
+  if (sharding.dp_dim < 0 || sharding.replicate_dim == sharding.dp_dim || mesh->ndim() > 3 || others > 1)
+    throw DTensorError("fully_shard(" + name + "): the mesh " + mesh->str() + " has no dim named '" + options.dp_dim +
+                       "' (FullyShardOptions::dp_dim) for data parallelism, or more dims than one each for data "
+                       "parallelism, its replicas (a dim named '" + options.replicate_dim +
+                       "', FullyShardOptions::replicate_dim) and tensor parallelism");
+  for (int64_t d = 0; d < mesh->ndim(); ++d)
+    if (d != sharding.dp_dim && d != sharding.replicate_dim) sharding.tp_dim = d;
+  if (sharding.tp_dim >= 0) sharding.tp_mesh = mesh->slice({names[sharding.tp_dim]});
   return sharding;
 }
 
@@ -232,7 +244,7 @@ void fully_shard(torch::nn::Module& module, const MeshPtr& mesh, const FullyShar
   std::map<const c10::TensorImpl*, size_t> index;
   collect(module, "", true, params, index);
   shard_parameters(params, sharding, name);
-  auto group = std::make_shared<FsdpGroup>(name, mesh, sharding.dp_dim, options, std::move(params));
+  auto group = std::make_shared<FsdpGroup>(name, mesh, sharding.dp_dim, sharding.replicate_dim, options, std::move(params));
   // This module's group is the root of every group in it, however deep.
   for (const auto& item : module.named_modules())
     if (auto inside = group_of(*item.value())) inside->set_root(group);

@@ -152,6 +152,44 @@ TEST_F(FsdpTest, FullyShardedTimesTensorParallelFollowsOneDevice) {
   expect_training_follows_one_device(parallel, reference, (*m)["dp"]);
 }
 
+// HSDP, 2 replicas x FSDP=2: parameters sharded over dp (7 + 6 rows of 13) and replicated over the
+// replicas; a group gathers over dp only, and its gradients are reduce-scattered over dp, then
+// all-reduced over the replicas. Each of the 4 ranks trains on its own rows.
+TEST_F(FsdpTest, HybridShardingFollowsOneDevice) {
+  auto m = mesh({2, 2}, {}, {"replicate", "dp"});
+  auto everyone = mesh({4}, {}, {"data"});  // rank r = replica * 2 + dp rank: whose rows, and the mean loss
+  auto reference = seeded_gpt(), parallel = seeded_gpt();
+  gpt::fully_shard(parallel, m);
+  for (const auto& p : parallel->named_parameters()) EXPECT_EQ(placements_of(p.value()), (Placements{Replicate(), Shard(0)})) << p.key();
+  {
+    const gpt::Batch batch = rows_of(batch_of(0), everyone);
+    const int64_t layers = uneven_config().layers;
+    CommDebugMode comm;
+    call(parallel, batch.tokens, batch.targets).backward();
+    EXPECT_EQ(comm.count("all-gather"), 2 * layers + 1) << comm.summary();
+    EXPECT_EQ(comm.count("reduce-scatter"), layers + 1) << comm.summary();
+    EXPECT_EQ(comm.count("all-reduce"), layers + 1) << comm.summary();
+    EXPECT_EQ(comm.total_count(), 4 * layers + 3) << comm.summary();
+  }
+  expect_training_follows_one_device(parallel, reference, everyone);
+}
+
+// Replicas x FSDP x TP on a 3-d mesh, over 4 ranks one dim at a time: 2 replicas x TP=2 (dp of one
+// rank), and FSDP=2 x TP=2 (one replica).
+TEST_F(FsdpTest, ReplicasTimesFullyShardedTimesTensorParallelFollowsOneDevice) {
+  for (const Shape& shape : {Shape{2, 1, 2}, Shape{1, 2, 2}}) {
+    SCOPED_TRACE(shape[0]);
+    auto m = mesh(shape, {}, {"replicate", "dp", "tp"});
+    auto reference = seeded_gpt(), parallel = seeded_gpt();
+    gpt::parallelize(parallel, (*m)["tp"]);
+    gpt::fully_shard(parallel, m);
+    auto* fc1 = parallel->blocks[0]->as<gpt::BlockImpl>()->mlp->fc1.get();
+    EXPECT_EQ(placements_of(fc1->weight), (Placements{Replicate(), Shard(1), Shard(0)}));
+    EXPECT_EQ(placements_of(fc1->bias), (Placements{Replicate(), Replicate(), Shard(0)}));
+    expect_training_follows_one_device(parallel, reference, (*m)[shape[0] > 1 ? "replicate" : "dp"]);
+  }
+}
+
 // The mixed-precision oracle, one process: fp32 master weights, and for each data-parallel rank's rows
 // a bf16 copy of the model that runs forward and backward (its buffer, the causal mask, in bf16 too:
 // the policy casts a block's floating inputs, the mask among them, to bf16); the bf16 gradients, cast
@@ -291,9 +329,9 @@ TEST_F(FsdpTest, UnshardGathersWholeParametersUntilReshard) {
   for (const auto& p : parallel->named_parameters()) EXPECT_TRUE(is_dtensor(p.value())) << p.key();
 }
 
-// Saved from FSDP=4 (parameters and AdamW state after two steps), loaded into TP=4, into one process
-// and into FSDP=2 x TP=2; saved again from TP=4 and loaded into a fresh FSDP=4 job: every tensor bit
-// for bit.
+// Saved from FSDP=4 (parameters and AdamW state after two steps), loaded into TP=4, into one process,
+// into FSDP=2 x TP=2 and into 2 replicas x FSDP=2 (saved again from each); saved again from TP=4 and
+// loaded into a fresh FSDP=4 job: every tensor bit for bit.
 TEST_F(FsdpTest, CheckpointsMoveBetweenFsdpTensorParallelAndOneProcess) {
   namespace ckpt = dtensor::checkpoint;
   const fs::path root = shared_directory("fsdp");
@@ -356,6 +394,13 @@ TEST_F(FsdpTest, CheckpointsMoveBetweenFsdpTensorParallelAndOneProcess) {
   const Job fsdp_tp_job = load_into(fsdp_tp, "fsdp");
   fsdp_tp_job.state->save((root / "fsdp-tp").string());
   expect_same_contents("fsdp", "fsdp-tp");
+
+  torch::manual_seed(95);
+  gpt::Gpt hybrid(uneven_config());
+  gpt::fully_shard(hybrid, mesh({2, 2}, {}, {"replicate", "dp"}));
+  const Job hybrid_job = load_into(hybrid, "fsdp");
+  hybrid_job.state->save((root / "hsdp").string());
+  expect_same_contents("fsdp", "hsdp");
 
   torch::manual_seed(97);
   gpt::Gpt back(uneven_config());
@@ -438,7 +483,10 @@ TEST_F(FsdpErrorTest, MisuseIsRefusedWithAClearError) {
     EXPECT_THAT(error_of([&] { fully_shard(*model, m, {.mp_policy = {.reduce_dtype = at::kLong}}); }),
                 ::testing::HasSubstr("reduce_dtype is Long"));
     EXPECT_THAT(error_of([&] { fully_shard(*model, mesh({2, 2}, {}, {"rows", "cols"})); }),
-                ::testing::HasSubstr("nor 2-d with a dim named 'dp'"));
+                ::testing::HasSubstr("has no dim named 'dp'"));
+    // Three dims need one of them named for the replicas: two TP dims are not a layout fully_shard knows.
+    EXPECT_THAT(error_of([&] { fully_shard(*model, mesh({1, 2, 2}, {}, {"rows", "dp", "tp"})); }),
+                ::testing::HasSubstr("its replicas (a dim named 'replicate'"));
   }
   {
     // An optimizer made before fully_shard would step tensors the module no longer uses; nothing changes.
