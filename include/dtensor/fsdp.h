@@ -20,8 +20,10 @@
 // DistributedModule), and its parameters must be read inside its forward only, so that the gradient
 // of its output is what reaches its backward first.
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -57,6 +59,11 @@ struct FullyShardOptions {
   // all-gather more per step). The root module ignores it: its backward comes straight after.
   bool reshard_after_forward = true;
   MixedPrecisionPolicy mp_policy;
+  // Which dim of a parameter FSDP shards over dp (FSDP2's shard_placement_fn): called with the
+  // parameter's path in the module and the tensor (a TP parameter's local shard), it returns a dim
+  // (negative counts from the end), or nullopt for the default: dim 0, or for a TP parameter the first
+  // dim TP leaves whole. E.g. shard a weight's columns to keep each rank's rows whole.
+  std::function<std::optional<int64_t>(const std::string& path, const at::Tensor& param)> shard_dim;
   // Communication overlapped with computation: before a group's forward, start gathering the group
   // that ran after it in the previous forward; before its backward, the group that ran before it; and
   // leave the gradients' reduce-scatter in flight, the gradients (DTensors) waiting for it at their
@@ -69,8 +76,8 @@ struct FullyShardOptions {
 // tensor parallel) and installs the gathering hooks. Throws DTensorError for a module already
 // fully sharded, a mesh that does not hold this rank, a parameter with no dims, a DTensor parameter
 // on another mesh than the TP dim's (or Partial), a parameter held outside the module as well (tied to
-// a module of another group, or held by an optimizer made before: make optimizers afterwards), and a
-// mixed-precision dtype that is not floating point.
+// a module of another group, or held by an optimizer made before: make optimizers afterwards), a
+// mixed-precision dtype that is not floating point, and a shard_dim out of range (or one TP shards).
 void fully_shard(torch::nn::Module& module, const MeshPtr& mesh, const FullyShardOptions& options = {});
 
 bool is_fully_sharded(const torch::nn::Module& module);

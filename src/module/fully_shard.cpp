@@ -91,9 +91,27 @@ struct Sharding {
   MeshPtr tp_mesh;             // null without tensor parallelism
   at::ScalarType compute_dtype(const at::Tensor& param) const;
   std::optional<at::ScalarType> param_dtype;
+  decltype(FullyShardOptions::shard_dim) shard_dim;
+  // The dim of `tensor` (the parameter at `path`, or a TP parameter's local shard, which `tp` places)
+  // sharded over dp: shard_dim's choice, else `fallback`.
+  int64_t dim_of(const std::string& path, const at::Tensor& tensor, int64_t fallback, const Placement& tp = Replicate()) const;
 };
 
 at::ScalarType Sharding::compute_dtype(const at::Tensor& param) const { return param_dtype.value_or(param.scalar_type()); }
+
+int64_t Sharding::dim_of(const std::string& path, const at::Tensor& tensor, int64_t fallback, const Placement& tp) const {
+  const std::optional<int64_t> chosen = shard_dim ? shard_dim(path, tensor) : std::nullopt;
+  if (!chosen) return fallback;
+  const int64_t dim = *chosen < 0 ? *chosen + tensor.dim() : *chosen;
+  if (dim < 0 || dim >= tensor.dim())
+    throw DTensorError("fully_shard: FullyShardOptions::shard_dim chose dim " + std::to_string(*chosen) + " for parameter " +
+                       path + " of shape " + c10::str(tensor.sizes()) + ", which has no such dim");
+  if (tp.is_sharding() && tp.dim() == dim)
+    throw DTensorError("fully_shard: FullyShardOptions::shard_dim chose dim " + std::to_string(dim) + " for parameter " +
+                       path + ", which tensor parallelism shards already (" + tp.str() +
+                       "); choose another dim, or nullopt for the first dim TP leaves whole");
+  return dim;
+}
 
 // `param` sharded over dp as the group keeps it: a plain parameter Shard(0) over dp (Replicate over
 // TP); a TP parameter's local shard cut over dp along the first dim TP leaves whole.
@@ -101,11 +119,11 @@ void shard_one(FsdpGroup::Param& p, const at::Tensor& param, const Sharding& sha
   const std::string& path = p.slots.front().path;
   const MeshPtr& mesh = sharding.mesh;
   if (!is_dtensor(param)) {
+    p.dim = sharding.dim_of(path, param, 0);
     Placements placements(mesh->ndim(), Replicate());
-    placements[sharding.dp_dim] = Shard(0);
+    placements[sharding.dp_dim] = Shard(p.dim);
     p.sharded = distribute_tensor(param, mesh, placements);
     p.shape = param.sizes().vec();
-    p.dim = 0;
     return;
   }
   if (!sharding.tp_mesh || !same_mesh(mesh_of(param), sharding.tp_mesh))
@@ -119,9 +137,10 @@ void shard_one(FsdpGroup::Param& p, const at::Tensor& param, const Sharding& sha
                        "); redistribute it to Replicate or Shard first");
   const at::Tensor& tp_local = local_tensor_of(param);
   p.shape = tp_local.sizes().vec();
-  p.dim = -1;
-  for (int64_t d = 0; d < tp_local.dim() && p.dim < 0; ++d)
-    if (!(tp.is_sharding() && tp.dim() == d)) p.dim = d;
+  int64_t whole_dim = -1;  // the first dim TP leaves whole, if any
+  for (int64_t d = 0; d < tp_local.dim() && whole_dim < 0; ++d)
+    if (!(tp.is_sharding() && tp.dim() == d)) whole_dim = d;
+  p.dim = sharding.dim_of(path, tp_local, whole_dim, tp);
   Placements placements(mesh->ndim(), Replicate());
   placements[sharding.tp_dim] = tp;
   at::Tensor local = tp_local.detach();
@@ -181,6 +200,7 @@ void shard_parameters(std::vector<FsdpGroup::Param>& params, const Sharding& sha
 Sharding sharding_of(const MeshPtr& mesh, const FullyShardOptions& options, const std::string& name) {
   Sharding sharding{mesh};
   sharding.param_dtype = options.mp_policy.param_dtype;
+  sharding.shard_dim = options.shard_dim;
   if (mesh->ndim() == 1) return sharding;
   const auto& names = mesh->dim_names();
   const auto index_of = [&names](const std::string& dim) -> int64_t {

@@ -190,6 +190,23 @@ TEST_F(FsdpTest, ReplicasTimesFullyShardedTimesTensorParallelFollowsOneDevice) {
   }
 }
 
+// FSDP2's shard_placement_fn: every 2-d weight sharded along its last dim (fc2's 22 columns as
+// 6 + 6 + 6 + 4), everything else along dim 0.
+TEST_F(FsdpTest, ChosenShardDimsFollowOneDevice) {
+  auto m = mesh({4}, {}, {"dp"});
+  auto reference = seeded_gpt(), parallel = seeded_gpt();
+  FullyShardOptions options;
+  options.shard_dim = [](const std::string&, const at::Tensor& param) {
+    return param.dim() == 2 ? std::optional<int64_t>(-1) : std::nullopt;
+  };
+  gpt::fully_shard(parallel, m, options);
+  auto* fc2 = parallel->blocks[0]->as<gpt::BlockImpl>()->mlp->fc2.get();
+  EXPECT_EQ(placements_of(fc2->weight), Placements{Shard(1)});
+  EXPECT_EQ(local_tensor_of(fc2->weight).size(1), world()->rank() < 3 ? 6 : 4);
+  EXPECT_EQ(placements_of(fc2->bias), Placements{Shard(0)});
+  expect_training_follows_one_device(parallel, reference, m);
+}
+
 // The mixed-precision oracle, one process: fp32 master weights, and for each data-parallel rank's rows
 // a bf16 copy of the model that runs forward and backward (its buffer, the causal mask, in bf16 too:
 // the policy casts a block's floating inputs, the mask among them, to bf16); the bf16 gradients, cast
@@ -522,6 +539,19 @@ TEST_F(FsdpErrorTest, MisuseIsRefusedWithAClearError) {
     reshard(*model);
     EXPECT_THAT(error_of([&] { step_on_local_shards(optimizer); }),
                 ::testing::HasSubstr("gathered (unsharded) parameter of a fully-sharded module"));
+  }
+  {
+    // A shard dim the parameter does not have, or one tensor parallelism shards already; nothing changes.
+    auto model = seeded_gpt();
+    const auto third = [](const std::string&, const at::Tensor&) -> std::optional<int64_t> { return 2; };
+    EXPECT_THAT(error_of([&] { fully_shard(*model->blocks[0], m, {.shard_dim = third}); }),
+                ::testing::HasSubstr("shard_dim chose dim 2 for parameter"));
+    auto m2 = mesh({2, 2}, {}, {"dp", "tp"});
+    gpt::parallelize(model, (*m2)["tp"]);
+    const auto rows = [](const std::string&, const at::Tensor&) -> std::optional<int64_t> { return 0; };
+    EXPECT_THAT(error_of([&] { fully_shard(*model->blocks[0], m2, {.shard_dim = rows}); }),
+                ::testing::HasSubstr("which tensor parallelism shards already"));
+    EXPECT_FALSE(is_fully_sharded(*model->blocks[0]));
   }
   EXPECT_THAT(error_of([&] { unshard(*seeded_gpt()); }), ::testing::HasSubstr("is not fully sharded"));
 }
