@@ -42,8 +42,11 @@ against_pytorch() {
           ms[m "|FSDP=4|dtensor fully_shard (alone)|gloo"] / pt, ms[m "|FSDP=4|hand-written ZeRO-3|gloo"] / pt,
           floor[m] / pt
       }
-      pt = ms["demo|FSDP=2 x TP=2|PyTorch fully_shard|gloo"]
-      if (pt != "") printf "- demo FSDP=2 x TP=2: dtensor fully_shard (alone) %.2f\n", ms["demo|FSDP=2 x TP=2|dtensor fully_shard (alone)|gloo"] / pt
+      split("FSDP=2 x TP=2|HSDP: 2 replicas x FSDP=2", layouts, "|")
+      for (i = 1; i <= 2; i++) {
+        pt = ms["demo|" layouts[i] "|PyTorch fully_shard|gloo"]
+        if (pt != "") printf "- demo %s: dtensor fully_shard (alone) %.2f\n", layouts[i], ms["demo|" layouts[i] "|dtensor fully_shard (alone)|gloo"] / pt
+      }
     }' "$1"
 }
 
@@ -75,7 +78,9 @@ $LARGE_ROUNDS for the large model), so their peak RSS is that of both: the "alon
 dtensor's. *PyTorch FSDP2*: \`torch.distributed.fsdp.fully_shard\` on the same model from the same seed
 (\`scripts/export_test_models.py\` mirrors the C++ GPT), random tokens, 3 warm-up and $ROUNDS x 3 timed
 steps; with TP=2 its Megatron plan gathers the logits (dtensor's keeps them class-sharded into the
-loss). Step time: rank 0's, median and middle half over the timed steps. Peak RSS: the largest
+loss). *HSDP* rows: fully_shard on a 2 x 2 mesh of replicas x dp (PyTorch's: \`("replicate", "shard")\`),
+every rank on its own batch: gathers within dp, gradients reduce-scattered over dp, then all-reduced
+over the replicas (dtensor's reduce-scatter blocks before that all-reduce starts). Step time: rank 0's, median and middle half over the timed steps. Peak RSS: the largest
 \`ru_maxrss\` over ranks (each process's whole footprint: LibTorch, Python for PyTorch, the model).
 The hand-written run's collectives all block. With 4 ranks on $(nproc) cores there is no idle core for
 a transfer to run on while another computes, so overlap can only hide waiting on peers, not
@@ -91,9 +96,11 @@ EOF
     dtensor_rows ", overlap off" $backend --config demo --overlap 0 --rounds "$ROUNDS"
     dtensor_rows " (alone)" $backend --config demo --impl dtensor --rounds "$ROUNDS"
     dtensor_rows " (alone)" $backend --config demo --tp 2 --rounds "$ROUNDS"
+    dtensor_rows " (alone)" $backend --config demo --replicas 2 --rounds "$ROUNDS"
   done
   "$PYTHON" "$ROOT/bench/fsdp_pytorch.py" --config demo --rounds "$ROUNDS"
   "$PYTHON" "$ROOT/bench/fsdp_pytorch.py" --config demo --tp 2 --rounds "$ROUNDS"
+  "$PYTHON" "$ROOT/bench/fsdp_pytorch.py" --config demo --replicas 2 --rounds "$ROUNDS"
   dtensor_rows "" default --config demo --impl floor --rounds "$ROUNDS"
   for backend in default gloo; do
     dtensor_rows ", reshard after forward off" $backend --config large --reshard 0 --rounds "$LARGE_ROUNDS"

@@ -4,11 +4,12 @@
 // Rank 0 prints Markdown table rows; bench/fsdp.sh (./dev bench fsdp) runs the configurations and
 // PyTorch's own fully_shard (bench/fsdp_pytorch.py) beside them.
 //
-//   dtensor_fsdp_bench [--config demo|large] [--tp 1|2] [--impl both|dtensor|floor] [--reshard 0|1]
-//                      [--overlap 0|1] [--rounds R]
+//   dtensor_fsdp_bench [--config demo|large] [--tp 1|2] [--replicas 1|2] [--impl both|dtensor|floor]
+//                      [--reshard 0|1] [--overlap 0|1] [--rounds R]
 //
 // --config demo: the main job's model (0.41M parameters); large: dim 512, 8 heads, 8 layers, ffn 2048
-// (25.3M). --tp 2: FSDP over half the ranks x TP=2 (dtensor only). --impl dtensor: dtensor alone, so
+// (25.3M). --tp 2: FSDP over half the ranks x TP=2 (dtensor only). --replicas 2: HSDP, 2 replicas x FSDP
+// over half the ranks, every rank on its own batch (dtensor only). --impl dtensor: dtensor alone, so
 // that the process's peak RSS is dtensor's. --impl floor: the compute floor alone, the whole model's
 // forward and backward on each rank's batch with no communication and no optimizer step, which every
 // data-parallel step contains (4 ranks computing at once on these cores, as in the other runs).
@@ -57,6 +58,7 @@ constexpr double kLossTolerance = 1e-4;
 struct Args {
   std::string config = "demo";
   int tp = 1;
+  int replicas = 1;
   std::string impl = "both";
   bool reshard = true;
   bool overlap = true;
@@ -71,16 +73,18 @@ Args parse(int argc, char** argv) {
     const std::string value = argv[i + 1];
     if (flag == "--config") args.config = value;
     else if (flag == "--tp") args.tp = std::stoi(value);
+    else if (flag == "--replicas") args.replicas = std::stoi(value);
     else if (flag == "--impl") args.impl = value;
     else if (flag == "--reshard") args.reshard = value != "0";
     else if (flag == "--overlap") args.overlap = value != "0";
     else if (flag == "--rounds") args.rounds = std::stoi(value);
-    else throw std::invalid_argument("unknown flag " + flag + " (use --config, --tp, --impl, --reshard, --overlap, --rounds)");
+    else throw std::invalid_argument("unknown flag " + flag + " (use --config, --tp, --replicas, --impl, --reshard, --overlap, --rounds)");
   }
   if ((args.config != "demo" && args.config != "large") || (args.tp != 1 && args.tp != 2) ||
+      (args.replicas != 1 && args.replicas != 2) || (args.tp == 2 && args.replicas == 2) ||
       (args.impl != "both" && args.impl != "dtensor" && args.impl != "floor") || args.rounds < 1)
-    throw std::invalid_argument("--config demo|large, --tp 1|2, --impl both|dtensor|floor, --rounds R >= 1");
-  if (args.tp == 2 && args.impl == "both") args.impl = "dtensor";  // the hand-written run is FSDP alone
+    throw std::invalid_argument("--config demo|large, --tp 1|2 or --replicas 1|2, --impl both|dtensor|floor, --rounds R >= 1");
+  if ((args.tp == 2 || args.replicas == 2) && args.impl == "both") args.impl = "dtensor";  // the hand-written run is FSDP alone
   return args;
 }
 
@@ -219,6 +223,8 @@ int main(int argc, char** argv) {
     if (args.tp == 2) {
       mesh = dtensor::DeviceMesh::create(world, {n / 2, 2}, {.dim_names = {"dp", "tp"}});
       dp = (*mesh)["dp"];
+    } else if (args.replicas == 2) {
+      mesh = dtensor::DeviceMesh::create(world, {2, n / 2}, {.dim_names = {"replicate", "dp"}});  // every rank its own data
     }
     const int64_t dp_rank = (*dp->coordinate())[0];
     std::vector<gpt::Batch> batches;
@@ -301,7 +307,9 @@ int main(int argc, char** argv) {
     for (int r = 0; r < n; ++r) max_rss = std::max(max_rss, world->sum_across_ranks(r == rank ? rss : 0));
     if (rank == 0) {
       const std::string backend = dtensor::to_string(mesh->backend());
-      const std::string layout = args.tp == 2 ? "FSDP=" + std::to_string(n / 2) + " x TP=2" : "FSDP=" + std::to_string(n);
+      const std::string layout = args.tp == 2         ? "FSDP=" + std::to_string(n / 2) + " x TP=2"
+                                 : args.replicas == 2 ? "HSDP: 2 replicas x FSDP=" + std::to_string(n / 2)
+                                                      : "FSDP=" + std::to_string(n);
       for (size_t c = 0; c < contenders.size(); ++c) {
         std::printf("| %s | %s | %s | %s | %.1f | %.1f-%.1f |", args.config.c_str(), layout.c_str(),
                     contenders[c].name.c_str(), backend.c_str(), 1e3 * median(times[c]), 1e3 * quantile(times[c], 0.25),

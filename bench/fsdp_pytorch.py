@@ -4,10 +4,11 @@ Same model (scripts/export_test_models.py mirrors examples/gpt module for module
 sizes, AdamW with the main job's settings (fused=True, as dtensor's fused step), 4 ranks on Gloo,
 one intra-op thread per rank, each rank with its own batch of 8; fully_shard on each block and on the
 root. With --tp 2: TP=2 on mesh["tp"] (the Megatron plan: column-parallel q/k/v, fc1 and head,
-row-parallel wo, fc2 and the vocabulary-parallel embedding), then fully_shard over mesh["dp"]. Prints
+row-parallel wo, fc2 and the vocabulary-parallel embedding), then fully_shard over mesh["dp"]. With
+--replicas 2: HSDP, fully_shard on a ("replicate", "shard") mesh of 2 x half the ranks. Prints
 one Markdown table row as bench/fsdp_bench.cpp does: median step time, middle half, and the largest peak RSS over ranks.
 
-    python bench/fsdp_pytorch.py --config demo|large [--tp 1|2] [--rounds R]
+    python bench/fsdp_pytorch.py --config demo|large [--tp 1|2 | --replicas 1|2] [--rounds R]
 """
 import argparse
 import os
@@ -62,13 +63,16 @@ def run(rank, world, args, port):
             plan[f"blocks.{i}.mlp.fc2"] = RowwiseParallel()
         parallelize_module(model, mesh["tp"], plan)
         dp = mesh["dp"]
+    elif args.replicas == 2:
+        dp = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
     else:
         dp = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
     for block in model.blocks:
         fully_shard(block, mesh=dp)
     fully_shard(model, mesh=dp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, fused=True)
-    generator = torch.Generator().manual_seed(1234 + dp.get_local_rank())
+    data_rank = rank if args.replicas == 2 else dp.get_local_rank()  # HSDP: every rank its own data
+    generator = torch.Generator().manual_seed(1234 + data_rank)
     tokens = torch.randint(c["vocab"], (4, BATCH, c["seq_len"] + 1), generator=generator)
 
     def step(i):
@@ -89,7 +93,8 @@ def run(rank, world, args, port):
     dist.all_reduce(rss, op=dist.ReduceOp.MAX)
     if rank == 0:
         q = statistics.quantiles(times, n=4)
-        layout = f"FSDP={world // 2} x TP=2" if args.tp == 2 else f"FSDP={world}"
+        layout = (f"FSDP={world // 2} x TP=2" if args.tp == 2 else
+                  f"HSDP: 2 replicas x FSDP={world // 2}" if args.replicas == 2 else f"FSDP={world}")
         print(f"| {args.config} | {layout} | PyTorch fully_shard | gloo | {1e3 * statistics.median(times):.1f} | "
               f"{1e3 * q[0]:.1f}-{1e3 * q[2]:.1f} | {int(rss.item())} |", flush=True)
     dist.destroy_process_group()
@@ -99,6 +104,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", choices=("demo", "large"), default="demo")
     parser.add_argument("--tp", type=int, choices=(1, 2), default=1)
+    parser.add_argument("--replicas", type=int, choices=(1, 2), default=1)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--ranks", type=int, default=4)
     args = parser.parse_args()
