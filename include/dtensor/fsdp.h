@@ -2,8 +2,9 @@
 // Fully sharded data parallelism for torch::nn modules: PyTorch's FSDP2 (fully_shard), in C++.
 //
 // fully_shard(module, mesh) makes every parameter of `module` (except those of submodules already fully
-// sharded) a DTensor Shard(0) on the data-parallel mesh, uneven sizes as torch.chunk cuts them: each
-// rank keeps 1/N of the parameters, their gradients and the optimizer state. The module's parameters
+// sharded) a DTensor Shard(0) (or along FullyShardOptions::shard_dim) on the data-parallel mesh, uneven
+// sizes as torch.chunk cuts them: each rank keeps 1/N of the parameters, their gradients and the
+// optimizer state. The module's parameters
 // form one group. When the module is called through dtensor::call, the group's shards are gathered in
 // one all-gather before its forward, and freed after it (reshard_after_forward); before its backward
 // they are gathered again, and its gradients leave in one reduce-scatter (averaged over the mesh)
