@@ -327,10 +327,11 @@ std::shared_ptr<StartedCollective::InFlight> start(const MeshPtr& mesh, int64_t 
 
 }  // namespace
 
-StartedCollective start_all_gather(const MeshPtr& mesh, int64_t dim, const at::Tensor& input) {
+StartedCollective start_all_gather(const MeshPtr& mesh, int64_t dim, const at::Tensor& input, const at::Tensor& output) {
   const auto sizes = gathered_sizes(input, mesh->size(dim));
   if (alone(*mesh, dim)) return StartedCollective(input.reshape(sizes).clone());
-  return StartedCollective(start(mesh, dim, "all-gather", input.contiguous(), at::empty(sizes, input.options()),
+  at::Tensor gathered = output.defined() ? output.view(sizes) : at::empty(sizes, input.options());
+  return StartedCollective(start(mesh, dim, "all-gather", input.contiguous(), std::move(gathered),
                                  [](c10d::Backend& g, at::Tensor out, at::Tensor in) { return all_gather_single(g, out, in); }));
 }
 

@@ -33,8 +33,10 @@ class StartedCollective {
   at::Tensor result_;
 };
 
-// The started forms of all_gather, reduce_scatter and all_reduce (the input is not changed).
-StartedCollective start_all_gather(const MeshPtr& mesh, int64_t dim, const at::Tensor& input);
+// The started forms of all_gather, reduce_scatter and all_reduce (the input is not changed). The
+// all-gather's result goes into `output` when one is given (contiguous, the group size times the
+// input's elements).
+StartedCollective start_all_gather(const MeshPtr& mesh, int64_t dim, const at::Tensor& input, const at::Tensor& output = {});
 StartedCollective start_reduce_scatter(const MeshPtr& mesh, int64_t dim, const at::Tensor& input, ReduceOp op);
 StartedCollective start_all_reduce(const MeshPtr& mesh, int64_t dim, const at::Tensor& input, ReduceOp op);
 

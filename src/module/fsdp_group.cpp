@@ -85,7 +85,7 @@ FsdpGroup::FsdpGroup(std::string name, MeshPtr mesh, int64_t dp_dim, int64_t rep
     p.whole_offset = whole_numel_;
     whole_numel_ += numel;
   }
-  storage_ = c10::Storage(c10::Storage::use_byte_size_t(), 0, c10::GetAllocator(mesh_->device_type()),
+  storage_ = c10::Storage(c10::Storage::use_byte_size_t(), 0, fsdp_buffer_allocator(mesh_->device_type()),
                           /*resizable=*/true);
   alias_shards_into_send_buffer();
   std::lock_guard<std::mutex> lock(storages_mutex);
@@ -167,7 +167,9 @@ void FsdpGroup::start_gather() {
     if (p.dim >= 0 && local.numel() > 0 && !aliases_send_buffer(p))
       send_buffer_.narrow(0, p.flat_offset, local.numel()).view(block_shape(p, local.size(p.dim))).copy_(local.movedim(p.dim, 0));
   }
-  gathering_ = shard_numel_ > 0 ? start_all_gather(mesh_, dp_dim_, send_buffer_) : StartedCollective(send_buffer_);
+  gathering_ = shard_numel_ > 0 ? start_all_gather(mesh_, dp_dim_, send_buffer_,
+                                                    fsdp_buffer(dp_size_ * shard_numel_, send_buffer_.options()))
+                                 : StartedCollective(send_buffer_);
 }
 
 void FsdpGroup::gather_into_storage() {
@@ -288,7 +290,7 @@ std::vector<at::Tensor> FsdpGroup::reduce_gradients(const std::vector<at::Tensor
   // Fresh buffers take each gradient by a copy (not zeros and an add: a pass less over them); what no
   // gradient covers (padding, unused parameters) is zeroed.
   const bool fresh = !pending_grads_.defined();
-  at::Tensor flat = fresh ? at::empty({dp_size_ * shard_numel_}, options_of(reduce_dtype())) : pending_grads_;
+  at::Tensor flat = fresh ? fsdp_buffer(dp_size_ * shard_numel_, options_of(reduce_dtype())) : pending_grads_;
   at::Tensor replicated = fresh ? at::empty({replicated_numel_}, options_of(reduce_dtype())) : pending_replicated_;
   const auto take = [fresh](const at::Tensor& into, const at::Tensor& grad) { fresh ? into.copy_(grad) : into.add_(grad); };
   const at::Tensor per_rank = flat.view({dp_size_, shard_numel_});

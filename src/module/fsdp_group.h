@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "../mesh/collectives.h"
+#include "fsdp_buffers.h"
 #include "dtensor/device_mesh.h"
 #include "dtensor/fsdp.h"
 #include "dtensor/spec.h"
@@ -126,6 +127,7 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   // The local gradient of `p`'s shard, from this rank's reduced flat buffers.
   at::Tensor shard_gradient(const Param& p, const at::Tensor& mine, const at::Tensor& replicated) const;
 
+  FsdpBufferUse buffer_use_;  // first, so destroyed last: the group's own buffers are back in the cache by then
   std::string name_;
   MeshPtr mesh_;
   int64_t dp_dim_;
