@@ -61,7 +61,8 @@ $(bench_record "$BUILD")
 
 Method: the GPT of examples/gpt (demo: seq 32, dim 128, 8 heads, 2 layers, ffn 512, the corpus's
 vocabulary, 0.41M parameters; large: dim 512, 8 heads, 8 layers, ffn 2048, 25.3M parameters), 4 local
-ranks on these $(nproc) cores (oversubscribed: times include ranks waiting for a core), one intra-op
+ranks on these $(nproc) cores (oversubscribed: times include ranks waiting for a core; the FSDP=2 rows at
+the end run 2 ranks, a core each), one intra-op
 thread per rank, each rank with its own batch of 8, AdamW (lr 3e-3, weight decay 0.01), fully_shard on
 each block and on the root. A step is forward, backward, the optimizer step, zero_grad and reading the
 loss, after a barrier. *dtensor*: \`gpt::fully_shard\` (reshard_after_forward and overlap on unless the
@@ -109,6 +110,9 @@ EOF
   done
   "$PYTHON" "$ROOT/bench/fsdp_pytorch.py" --config large --rounds "$LARGE_ROUNDS"
   dtensor_rows "" default --config large --impl floor --rounds "$LARGE_ROUNDS"
+  # A core to each rank: dtensor's own work is not hidden behind ranks waiting for a core.
+  dtensor_rows ", reshard after forward off" default --config demo --reshard 0 --ranks 2 --rounds "$ROUNDS"
+  dtensor_rows ", reshard after forward off" default --config large --reshard 0 --ranks 2 --rounds "$LARGE_ROUNDS"
   echo
   echo "dtensor over hand-written, per round (the two in the same processes, back to back; medians of each"
   echo "round's steps):"

@@ -5,7 +5,7 @@
 // PyTorch's own fully_shard (bench/fsdp_pytorch.py) beside them.
 //
 //   dtensor_fsdp_bench [--config demo|large] [--tp 1|2] [--replicas 1|2] [--impl both|dtensor|floor]
-//                      [--reshard 0|1] [--overlap 0|1] [--rounds R]
+//                      [--reshard 0|1] [--overlap 0|1] [--rounds R] [--ranks N]
 //
 // --config demo: the main job's model (0.41M parameters); large: dim 512, 8 heads, 8 layers, ffn 2048
 // (25.3M). --tp 2: FSDP over half the ranks x TP=2 (dtensor only). --replicas 2: HSDP, 2 replicas x FSDP
@@ -14,7 +14,7 @@
 // forward and backward on each rank's batch with no communication and no optimizer step, which every
 // data-parallel step contains (4 ranks computing at once on these cores, as in the other runs).
 // --reshard 0: fully_shard's reshard_after_forward off. --overlap 0: FullyShardOptions::overlap off
-// (every collective blocks).
+// (every collective blocks). --ranks N: N local ranks (default 4; 2 leaves a core to each rank).
 //
 // The hand-written ZeRO-3 keeps each group's parameters as views of one flat buffer [N x S] (the
 // parameters back to back, padded to a multiple of N; FSDP1's flat parameter), all-gathers a group's
@@ -63,6 +63,7 @@ struct Args {
   bool reshard = true;
   bool overlap = true;
   int rounds = 10;
+  int ranks = 4;
 };
 
 Args parse(int argc, char** argv) {
@@ -78,12 +79,14 @@ Args parse(int argc, char** argv) {
     else if (flag == "--reshard") args.reshard = value != "0";
     else if (flag == "--overlap") args.overlap = value != "0";
     else if (flag == "--rounds") args.rounds = std::stoi(value);
-    else throw std::invalid_argument("unknown flag " + flag + " (use --config, --tp, --replicas, --impl, --reshard, --overlap, --rounds)");
+    else if (flag == "--ranks") args.ranks = std::stoi(value);
+    else throw std::invalid_argument("unknown flag " + flag + " (use --config, --tp, --replicas, --impl, --reshard, --overlap, --rounds, --ranks)");
   }
   if ((args.config != "demo" && args.config != "large") || (args.tp != 1 && args.tp != 2) ||
       (args.replicas != 1 && args.replicas != 2) || (args.tp == 2 && args.replicas == 2) ||
-      (args.impl != "both" && args.impl != "dtensor" && args.impl != "floor") || args.rounds < 1)
-    throw std::invalid_argument("--config demo|large, --tp 1|2 or --replicas 1|2, --impl both|dtensor|floor, --rounds R >= 1");
+      (args.impl != "both" && args.impl != "dtensor" && args.impl != "floor") || args.rounds < 1 || args.ranks < 2 ||
+      args.ranks % 2 != 0)
+    throw std::invalid_argument("--config demo|large, --tp 1|2 or --replicas 1|2, --impl both|dtensor|floor, --rounds R >= 1, --ranks N even >= 2");
   if ((args.tp == 2 || args.replicas == 2) && args.impl == "both") args.impl = "dtensor";  // the hand-written run is FSDP alone
   return args;
 }
@@ -213,7 +216,7 @@ double peak_rss_mib() {
 
 int main(int argc, char** argv) {
   const Args args = parse(argc, argv);
-  return dtensor::run_local_ranks(argc, argv, dtensor::LaunchOptions{}, [&](const std::shared_ptr<dtensor::World>& world) {
+  return dtensor::run_local_ranks(argc, argv, dtensor::LaunchOptions{.nprocs = args.ranks}, [&](const std::shared_ptr<dtensor::World>& world) {
     at::set_num_threads(1);
     const int rank = static_cast<int>(world->rank()), n = static_cast<int>(world->size());
     const gpt::Corpus corpus = gpt::load_corpus(GPT_CORPUS_PATH);
@@ -318,8 +321,8 @@ int main(int argc, char** argv) {
         else std::printf(" (both in one process) |\n");
       }
       if (!ratios.empty())
-        std::printf("\nRatio dtensor / hand-written per round (%s, %s, reshard_after_forward %s, overlap %s): median %.3f, middle half %.3f-%.3f\n\n",
-                    args.config.c_str(), backend.c_str(), args.reshard ? "on" : "off", args.overlap ? "on" : "off", median(ratios),
+        std::printf("\nRatio dtensor / hand-written per round (%s, %s, %s, reshard_after_forward %s, overlap %s): median %.3f, middle half %.3f-%.3f\n\n",
+                    args.config.c_str(), layout.c_str(), backend.c_str(), args.reshard ? "on" : "off", args.overlap ? "on" : "off", median(ratios),
                     quantile(ratios, 0.25), quantile(ratios, 0.75));
     }
     return 0;
