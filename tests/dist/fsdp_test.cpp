@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 // Rows of tok_emb and lm_head (13), fc1 (22) and pos_emb (9) are uneven over 4 ranks.
 gpt::Config uneven_config() { return {.vocab = 13, .seq_len = 9, .dim = 12, .heads = 4, .layers = 2, .ffn = 22}; }
 
-gpt::Gpt seeded_gpt(at::ScalarType dtype = at::kDouble) {
+gpt::Gpt seeded_uneven_gpt(at::ScalarType dtype = at::kDouble) {
   torch::manual_seed(5);
   gpt::Gpt model(uneven_config());
   model->to(dtype);
@@ -33,7 +33,7 @@ gpt::Batch batch_of(int64_t step, int64_t rows = 8) {
 }
 
 // This rank's rows of `batch` over the 1-d data-parallel mesh `m`.
-gpt::Batch rows_of(const gpt::Batch& batch, const MeshPtr& m) {
+gpt::Batch dp_rows_of(const gpt::Batch& batch, const MeshPtr& m) {
   const int64_t rows = batch.tokens.size(0) / m->size(), r = (*m->coordinate())[0];
   return {batch.tokens.slice(0, r * rows, (r + 1) * rows), batch.targets.slice(0, r * rows, (r + 1) * rows)};
 }
@@ -56,7 +56,7 @@ void expect_training_follows_one_device(gpt::Gpt& parallel, gpt::Gpt& reference,
   auto optimizer_ref = gpt::make_optimizer(reference, options);
   for (int64_t step = 0; step < 3; ++step) {
     const gpt::Batch batch = batch_of(step, 2 * dp->size());
-    const double loss = gpt::mean_over(dp, gpt::train_step(parallel, optimizer, rows_of(batch, dp), options));
+    const double loss = gpt::mean_over(dp, gpt::train_step(parallel, optimizer, dp_rows_of(batch, dp), options));
     const double loss_ref = gpt::train_step(reference, optimizer_ref, batch, options);
     EXPECT_NEAR(loss, loss_ref, 1e-9 * std::abs(loss_ref)) << "step " << step;
   }
@@ -67,7 +67,7 @@ class FsdpTest : public DistTest {};
 
 TEST_F(FsdpTest, ParametersBecomeRowShardsOfTheDataParallelMesh) {
   auto m = mesh({4}, {}, {"dp"});
-  auto reference = seeded_gpt(), parallel = seeded_gpt();
+  auto reference = seeded_uneven_gpt(), parallel = seeded_uneven_gpt();
   gpt::fully_shard(parallel, m);
   const auto expected = reference->named_parameters();
   for (const auto& p : parallel->named_parameters()) {
@@ -86,9 +86,9 @@ TEST_F(FsdpTest, ParametersBecomeRowShardsOfTheDataParallelMesh) {
 // forward), none for the root (it stays gathered); one reduce-scatter per group.
 TEST_F(FsdpTest, EachGroupGathersOnceAndReducesOnce) {
   auto m = mesh({4}, {}, {"dp"});
-  auto parallel = seeded_gpt();
+  auto parallel = seeded_uneven_gpt();
   gpt::fully_shard(parallel, m);
-  const gpt::Batch batch = rows_of(batch_of(0), m);
+  const gpt::Batch batch = dp_rows_of(batch_of(0), m);
   const int64_t layers = uneven_config().layers;
   CommDebugMode forward;
   at::Tensor loss = call(parallel, batch.tokens, batch.targets);
@@ -111,10 +111,10 @@ TEST_F(FsdpTest, GradientsEqualOneDeviceWithAndWithoutReshardAfterForward) {
   for (const bool reshard_after_forward : {true, false}) {
     SCOPED_TRACE(reshard_after_forward);
     auto m = mesh({4}, {}, {"dp"});
-    auto reference = seeded_gpt(), parallel = seeded_gpt();
+    auto reference = seeded_uneven_gpt(), parallel = seeded_uneven_gpt();
     gpt::fully_shard(parallel, m, {.reshard_after_forward = reshard_after_forward});
     const gpt::Batch batch = batch_of(1);
-    at::Tensor loss = call(parallel, rows_of(batch, m).tokens, rows_of(batch, m).targets);
+    at::Tensor loss = call(parallel, dp_rows_of(batch, m).tokens, dp_rows_of(batch, m).targets);
     const at::Tensor loss_ref = call(reference, batch.tokens, batch.targets);
     EXPECT_NEAR(gpt::mean_over(m, loss.item<double>()), loss_ref.item<double>(), 1e-12);
     loss.backward();
@@ -132,7 +132,7 @@ TEST_F(FsdpTest, TrainingStepsFollowOneDevice) {
       continue;
     }
     auto m = mesh({ranks}, {}, {"dp"});
-    auto reference = seeded_gpt(), parallel = seeded_gpt();
+    auto reference = seeded_uneven_gpt(), parallel = seeded_uneven_gpt();
     gpt::fully_shard(parallel, m);
     expect_training_follows_one_device(parallel, reference, m);
   }
@@ -142,7 +142,7 @@ TEST_F(FsdpTest, TrainingStepsFollowOneDevice) {
 // 1 for a column-parallel weight; its bias, sharded by TP on its only dim, stays replicated over dp).
 TEST_F(FsdpTest, FullyShardedTimesTensorParallelFollowsOneDevice) {
   auto m = mesh({2, 2}, {}, {"dp", "tp"});
-  auto reference = seeded_gpt(), parallel = seeded_gpt();
+  auto reference = seeded_uneven_gpt(), parallel = seeded_uneven_gpt();
   gpt::parallelize(parallel, (*m)["tp"]);
   gpt::fully_shard(parallel, m);
   auto* fc1 = parallel->blocks[0]->as<gpt::BlockImpl>()->mlp->fc1.get();
@@ -158,11 +158,11 @@ TEST_F(FsdpTest, FullyShardedTimesTensorParallelFollowsOneDevice) {
 TEST_F(FsdpTest, HybridShardingFollowsOneDevice) {
   auto m = mesh({2, 2}, {}, {"replicate", "dp"});
   auto everyone = mesh({4}, {}, {"data"});  // rank r = replica * 2 + dp rank: whose rows, and the mean loss
-  auto reference = seeded_gpt(), parallel = seeded_gpt();
+  auto reference = seeded_uneven_gpt(), parallel = seeded_uneven_gpt();
   gpt::fully_shard(parallel, m);
   for (const auto& p : parallel->named_parameters()) EXPECT_EQ(placements_of(p.value()), (Placements{Replicate(), Shard(0)})) << p.key();
   {
-    const gpt::Batch batch = rows_of(batch_of(0), everyone);
+    const gpt::Batch batch = dp_rows_of(batch_of(0), everyone);
     const int64_t layers = uneven_config().layers;
     CommDebugMode comm;
     call(parallel, batch.tokens, batch.targets).backward();
@@ -180,7 +180,7 @@ TEST_F(FsdpTest, ReplicasTimesFullyShardedTimesTensorParallelFollowsOneDevice) {
   for (const Shape& shape : {Shape{2, 1, 2}, Shape{1, 2, 2}}) {
     SCOPED_TRACE(shape[0]);
     auto m = mesh(shape, {}, {"replicate", "dp", "tp"});
-    auto reference = seeded_gpt(), parallel = seeded_gpt();
+    auto reference = seeded_uneven_gpt(), parallel = seeded_uneven_gpt();
     gpt::parallelize(parallel, (*m)["tp"]);
     gpt::fully_shard(parallel, m);
     auto* fc1 = parallel->blocks[0]->as<gpt::BlockImpl>()->mlp->fc1.get();
@@ -194,7 +194,7 @@ TEST_F(FsdpTest, ReplicasTimesFullyShardedTimesTensorParallelFollowsOneDevice) {
 // 6 + 6 + 6 + 4), everything else along dim 0.
 TEST_F(FsdpTest, ChosenShardDimsFollowOneDevice) {
   auto m = mesh({4}, {}, {"dp"});
-  auto reference = seeded_gpt(), parallel = seeded_gpt();
+  auto reference = seeded_uneven_gpt(), parallel = seeded_uneven_gpt();
   FullyShardOptions options;
   options.shard_dim = [](const std::string&, const at::Tensor& param) {
     return param.dim() == 2 ? std::optional<int64_t>(-1) : std::nullopt;
@@ -245,7 +245,7 @@ double mixed_precision_step(gpt::Gpt& master, gpt::Gpt& compute, torch::optim::O
 // bf16 compute from fp32 shards, gradients reduced in fp32.
 TEST_F(FsdpTest, MixedPrecisionFollowsOneProcessWithTheSamePolicy) {
   auto m = mesh({4}, {}, {"dp"});
-  auto master = seeded_gpt(at::kFloat), compute = seeded_gpt(at::kBFloat16), parallel = seeded_gpt(at::kFloat);
+  auto master = seeded_uneven_gpt(at::kFloat), compute = seeded_uneven_gpt(at::kBFloat16), parallel = seeded_uneven_gpt(at::kFloat);
   const FullyShardOptions policy{.mp_policy = {.param_dtype = at::kBFloat16, .reduce_dtype = at::kFloat}};
   gpt::fully_shard(parallel, m, policy);
   gpt::TrainOptions options;
@@ -253,7 +253,7 @@ TEST_F(FsdpTest, MixedPrecisionFollowsOneProcessWithTheSamePolicy) {
   auto optimizer_ref = gpt::make_optimizer(master, options);
   for (int64_t step = 0; step < 3; ++step) {
     const gpt::Batch batch = batch_of(step);
-    const double loss = gpt::mean_over(m, gpt::train_step(parallel, optimizer, rows_of(batch, m), options));
+    const double loss = gpt::mean_over(m, gpt::train_step(parallel, optimizer, dp_rows_of(batch, m), options));
     const double loss_ref = mixed_precision_step(master, compute, optimizer_ref, batch, 4, options);
     EXPECT_NEAR(loss, loss_ref, 1e-6 * std::abs(loss_ref)) << "step " << step;
   }
@@ -274,14 +274,14 @@ TEST_F(FsdpTest, OverlapPrefetchesTheNextGroupAndLeavesTheLastReductionInFlight)
   std::vector<std::vector<double>> losses;
   for (const bool overlap : {true, false}) {
     SCOPED_TRACE(overlap);
-    auto model = seeded_gpt();
+    auto model = seeded_uneven_gpt();
     gpt::fully_shard(model, m, {.overlap = overlap});
     auto optimizer = gpt::make_optimizer(model, {});
     int64_t gathers_before_block0_computes = -1;
     auto* block0 = model->blocks[0]->as<gpt::BlockImpl>();
     losses.emplace_back();
     for (int64_t step = 0; step < 3; ++step) {
-      const gpt::Batch batch = rows_of(batch_of(step), m);
+      const gpt::Batch batch = dp_rows_of(batch_of(step), m);
       CommDebugMode comm;
       register_forward_pre_hook(*block0->attn, [&](torch::nn::Module&, std::vector<at::Tensor>&) {
         gathers_before_block0_computes = comm.count("all-gather");
@@ -306,17 +306,17 @@ TEST_F(FsdpTest, OverlapPrefetchesTheNextGroupAndLeavesTheLastReductionInFlight)
 // second reduces both at once; the same gradients as one device's over both micro-batches.
 TEST_F(FsdpTest, GradientAccumulationWithoutSyncReducesOnce) {
   auto m = mesh({4}, {}, {"dp"});
-  auto reference = seeded_gpt(), parallel = seeded_gpt();
+  auto reference = seeded_uneven_gpt(), parallel = seeded_uneven_gpt();
   gpt::fully_shard(parallel, m);
   const gpt::Batch first = batch_of(2), second = batch_of(3);
   set_requires_gradient_sync(*parallel, false);
   CommDebugMode without_sync;
-  call(parallel, rows_of(first, m).tokens, rows_of(first, m).targets).mul(0.5).backward();
+  call(parallel, dp_rows_of(first, m).tokens, dp_rows_of(first, m).targets).mul(0.5).backward();
   EXPECT_EQ(without_sync.count("reduce-scatter"), 0) << without_sync.summary();
   for (const auto& p : parallel->named_parameters()) EXPECT_FALSE(p.value().grad().defined()) << p.key();
   set_requires_gradient_sync(*parallel, true);
   CommDebugMode with_sync;
-  call(parallel, rows_of(second, m).tokens, rows_of(second, m).targets).mul(0.5).backward();
+  call(parallel, dp_rows_of(second, m).tokens, dp_rows_of(second, m).targets).mul(0.5).backward();
   EXPECT_EQ(with_sync.count("reduce-scatter"), uneven_config().layers + 1) << with_sync.summary();
   call(reference, first.tokens, first.targets).mul(0.5).backward();
   call(reference, second.tokens, second.targets).mul(0.5).backward();
@@ -325,7 +325,7 @@ TEST_F(FsdpTest, GradientAccumulationWithoutSyncReducesOnce) {
 
 TEST_F(FsdpTest, UnshardGathersWholeParametersUntilReshard) {
   auto m = mesh({4}, {}, {"dp"});
-  auto reference = seeded_gpt(), parallel = seeded_gpt();
+  auto reference = seeded_uneven_gpt(), parallel = seeded_uneven_gpt();
   gpt::fully_shard(parallel, m);
   auto& block = *parallel->blocks[1];
   unshard(block);
@@ -340,7 +340,7 @@ TEST_F(FsdpTest, UnshardGathersWholeParametersUntilReshard) {
   {
     at::NoGradGuard no_grad;
     const gpt::Batch batch = batch_of(4);
-    const double loss = gpt::mean_over(m, call(parallel, rows_of(batch, m).tokens, rows_of(batch, m).targets).item<double>());
+    const double loss = gpt::mean_over(m, call(parallel, dp_rows_of(batch, m).tokens, dp_rows_of(batch, m).targets).item<double>());
     EXPECT_NEAR(loss, call(reference, batch.tokens, batch.targets).item<double>(), 1e-12);
   }
   for (const auto& p : parallel->named_parameters()) EXPECT_TRUE(is_dtensor(p.value())) << p.key();
@@ -354,13 +354,13 @@ TEST_F(FsdpTest, CheckpointsMoveBetweenFsdpTensorParallelAndOneProcess) {
   const fs::path root = shared_directory("fsdp");
   auto m = mesh({4}, {}, {"dp"});
   gpt::TrainOptions options;
-  auto source = seeded_gpt(at::kFloat);
+  auto source = seeded_uneven_gpt(at::kFloat);
   gpt::fully_shard(source, m);
   auto source_optimizer = gpt::make_optimizer(source, options);
   ckpt::TrainingState saved(*source, &source_optimizer);
   for (int64_t step = 0; step < 2; ++step) {
     const gpt::Batch batch = batch_of(step);
-    gpt::train_step(source, source_optimizer, rows_of(batch, m), options);
+    gpt::train_step(source, source_optimizer, dp_rows_of(batch, m), options);
   }
   saved.save((root / "fsdp").string());
 
@@ -444,7 +444,7 @@ int64_t bytes_of_parameters(torch::nn::Module& module) {
 TEST_F(FsdpTest, TrainsUnderAMemoryLimitTheWholeTrainingStateExceeds) {
   const gpt::Config config{.vocab = 13, .seq_len = 32, .dim = 256, .heads = 4, .layers = 8, .ffn = 1024};
   auto m = mesh({4}, {}, {"dp"});
-  const gpt::Batch local = rows_of(batch_of(0), m);
+  const gpt::Batch local = dp_rows_of(batch_of(0), m);
   torch::manual_seed(3);
   gpt::Gpt probe(config);
   const int64_t state = 4 * bytes_of_parameters(*probe), largest_group = bytes_of_parameters(*probe->blocks[0]);
@@ -490,12 +490,12 @@ class FsdpErrorTest : public DistTest {};
 TEST_F(FsdpErrorTest, MisuseIsRefusedWithAClearError) {
   auto m = mesh({4}, {}, {"dp"});
   {
-    auto model = seeded_gpt();
+    auto model = seeded_uneven_gpt();
     fully_shard(*model->blocks[0], m);
     EXPECT_THAT(error_of([&] { fully_shard(*model->blocks[0], m); }), ::testing::HasSubstr("fully sharded already"));
   }
   {
-    auto model = seeded_gpt();
+    auto model = seeded_uneven_gpt();
     EXPECT_THAT(error_of([&] { fully_shard(*model, m, {.mp_policy = {.param_dtype = at::kInt}}); }),
                 ::testing::AllOf(::testing::HasSubstr("param_dtype is Int"), ::testing::HasSubstr("not a floating-point")));
     EXPECT_THAT(error_of([&] { fully_shard(*model, m, {.mp_policy = {.reduce_dtype = at::kLong}}); }),
@@ -508,7 +508,7 @@ TEST_F(FsdpErrorTest, MisuseIsRefusedWithAClearError) {
   }
   {
     // An optimizer made before fully_shard would step tensors the module no longer uses; nothing changes.
-    auto model = seeded_gpt();
+    auto model = seeded_uneven_gpt();
     auto optimizer = gpt::make_optimizer(model, {});
     EXPECT_THAT(error_of([&] { fully_shard(*model, m); }),
                 ::testing::AllOf(::testing::HasSubstr("still referenced outside the module"),
@@ -517,7 +517,7 @@ TEST_F(FsdpErrorTest, MisuseIsRefusedWithAClearError) {
   }
   {
     // The LM head tied to the token embedding, which another group takes.
-    auto model = seeded_gpt();
+    auto model = seeded_uneven_gpt();
     model->lm_head->weight = model->tok_emb->weight;
     replace_parameter(*model->lm_head, "weight", model->tok_emb->weight, "lm_head.weight");
     EXPECT_THAT(error_of([&] { fully_shard(*model->lm_head, m); }),
@@ -530,7 +530,7 @@ TEST_F(FsdpErrorTest, MisuseIsRefusedWithAClearError) {
   {
     // An optimizer over the gathered parameters would step copies that the next forward replaces.
     // (Gathered under grad mode they are not leaves, and torch::optim refuses them itself.)
-    auto model = seeded_gpt();
+    auto model = seeded_uneven_gpt();
     gpt::fully_shard(model, m);
     {
       at::NoGradGuard no_grad;
@@ -543,7 +543,7 @@ TEST_F(FsdpErrorTest, MisuseIsRefusedWithAClearError) {
   }
   {
     // A shard dim the parameter does not have, or one tensor parallelism shards already; nothing changes.
-    auto model = seeded_gpt();
+    auto model = seeded_uneven_gpt();
     const auto third = [](const std::string&, const at::Tensor&) -> std::optional<int64_t> { return 2; };
     EXPECT_THAT(error_of([&] { fully_shard(*model->blocks[0], m, {.shard_dim = third}); }),
                 ::testing::HasSubstr("shard_dim chose dim 2 for parameter"));
@@ -554,12 +554,12 @@ TEST_F(FsdpErrorTest, MisuseIsRefusedWithAClearError) {
                 ::testing::HasSubstr("which tensor parallelism shards already"));
     EXPECT_FALSE(is_fully_sharded(*model->blocks[0]));
   }
-  EXPECT_THAT(error_of([&] { unshard(*seeded_gpt()); }), ::testing::HasSubstr("is not fully sharded"));
+  EXPECT_THAT(error_of([&] { unshard(*seeded_uneven_gpt()); }), ::testing::HasSubstr("is not fully sharded"));
 }
 
 TEST_F(FsdpErrorTest, AMeshWithoutThisRankIsRefused) {
   auto m = mesh({2}, {0, 1}, {"dp"});
-  auto model = seeded_gpt();
+  auto model = seeded_uneven_gpt();
   if (world()->rank() < 2) {
     fully_shard(*model, m);
     EXPECT_TRUE(is_fully_sharded(*model));

@@ -32,7 +32,7 @@
 namespace dtensor::rules {
 namespace {
 
-constexpr const char* kOp = "aten::linear";
+constexpr const char* kLinearOp = "aten::linear";
 
 // The placements of everything, from the operands' layout on each mesh dim (see the table above).
 struct LinearLayout {
@@ -100,7 +100,7 @@ struct LinearBackward : torch::autograd::Node {
     const at::Tensor w = should_compute_output(0) ? weight.unpack() : at::Tensor();
     // A graph of the gradient (create_graph) needs differentiable ops: the DTensor ops themselves.
     if (torch::autograd::GradMode::is_enabled()) return differentiable(grads[0], x, w);
-    const CommContext context(kOp);
+    const CommContext context(kLinearOp);
     const auto& grad = dtensor_impl(grads[0], "the gradient flowing back into linear");
     // A Partial output's gradient is the whole one (Replicate); any other output's is laid out like it.
     const at::Tensor g = detail::redistribute_local(grad.local(), grad.spec(), partial_as_replicate(layout.output));
@@ -143,7 +143,7 @@ void record_for_debug(const at::Tensor& x, const at::Tensor& weight, const at::T
   if (debug == nullptr) return;
   std::vector<Placements> placements = {placements_of(x), placements_of(weight)};
   if (bias != nullptr) placements.push_back(placements_of(*bias));
-  debug->record_op(kOp, std::move(placements));
+  debug->record_op(kLinearOp, std::move(placements));
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias_arg) {

@@ -31,7 +31,7 @@
 namespace dtensor::rules {
 namespace {
 
-constexpr const char* kOp = "aten::cross_entropy_loss";
+constexpr const char* kCrossEntropyOp = "aten::cross_entropy_loss";
 
 struct FusedLayout {
   std::vector<int64_t> class_dims;  // mesh dims sharding the classes (dim 1)
@@ -75,7 +75,7 @@ at::Tensor local_of(const at::Tensor& t) { return is_dtensor(t) ? local_tensor_o
 // classes, it would give a quiet wrong loss instead.
 void check_targets(const at::Tensor& target, int64_t classes, int64_t ignore_index) {
   if (const std::optional<int64_t> outside = first_index_outside(target, classes, ignore_index))
-    throw DTensorError(std::string(kOp) + ": target " + std::to_string(*outside) + " is out of bounds for " +
+    throw DTensorError(std::string(kCrossEntropyOp) + ": target " + std::to_string(*outside) + " is out of bounds for " +
                        std::to_string(classes) + " classes (and not ignore_index " + std::to_string(ignore_index) + ")");
 }
 
@@ -92,7 +92,7 @@ struct LossParallelCrossEntropyBackward : torch::autograd::Node {
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     if (!grads[0].defined()) return {at::Tensor()};
     std::lock_guard<std::mutex> lock(mutex_);  // as LibTorch's nodes: release_variables may run concurrently
-    const CommContext context(kOp);
+    const CommContext context(kCrossEntropyOp);
     const auto& grad = dtensor_impl(grads[0], "the gradient flowing back into cross_entropy");
     at::Tensor g = detail::redistribute_local(grad.local(), grad.spec(), grad_placements);
     DTensorSpec spec = logits_spec;
@@ -117,7 +117,7 @@ struct LossParallelCrossEntropyBackward : torch::autograd::Node {
 
 at::Tensor fused_cross_entropy(const at::Tensor& self, const at::Tensor& target, const std::optional<at::Tensor>& weight,
                                int64_t reduction, int64_t ignore_index, const FusedLayout& layout) {
-  const CommContext context(kOp);
+  const CommContext context(kCrossEntropyOp);
   const DTensorSpec& spec = spec_of(self);
   const DeviceMesh& mesh = *spec.mesh;
   const int64_t rows = self.size(0), classes = self.size(1);

@@ -103,7 +103,7 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
                                enable_gqa);
 }
 
-const bool registered = [] {
+const bool attention_rules_registered = [] {
   using detail::register_overloads;
   register_overloads({"aten::_scaled_dot_product_flash_attention_for_cpu"},
                      {.dim = [](const OpSchema& s) { return forward(s, kForward); },

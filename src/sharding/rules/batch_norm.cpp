@@ -255,7 +255,7 @@ LocalKernel batch_norm_backward_kernel(const OpSchema& s, const PlacementStrateg
   return {};
 }
 
-const bool registered = [] {
+const bool batch_norm_rules_registered = [] {
   using detail::register_overloads;
   // _native_batch_norm_legit (core ATen's form, running statistics required) takes the same arguments.
   register_overloads({"aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit.no_stats",

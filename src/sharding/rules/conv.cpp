@@ -128,7 +128,7 @@ LocalKernel convolution_backward_of_empty_shard(const OpSchema& s, const Placeme
   };
 }
 
-const bool registered = [] {
+const bool conv_rules_registered = [] {
   using detail::register_overloads;
   register_overloads({"aten::convolution"},
                      {.dim = convolution, .local_kernel = convolution_of_empty_shard, .family = "conv"});

@@ -93,7 +93,7 @@ std::vector<TensorMeta> backward_meta(const c10::OperatorHandle&, c10::ArrayRef<
   return {TensorMeta{shape, contiguous_strides(shape), grad.scalar_type()}};
 }
 
-const bool registered = [] {
+const bool embedding_rules_registered = [] {
   detail::register_family({"aten::embedding"}, {.dim = embedding, .local_kernel = masked_lookup, .family = "embedding"});
   detail::register_family({"aten::embedding_dense_backward"},
                           {.dim = embedding_backward, .local_kernel = masked_backward, .output_metas = backward_meta,

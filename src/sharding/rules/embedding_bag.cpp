@@ -232,7 +232,7 @@ LocalKernel rows_of_dot_products(const OpSchema& s, const PlacementStrategy& cho
   };
 }
 
-const bool registered = [] {
+const bool embedding_bag_rules_registered = [] {
   using detail::register_overloads;
   register_overloads({"aten::_embedding_bag", "aten::_embedding_bag_forward_only"},
                      {.dim = embedding_bag,

@@ -17,7 +17,7 @@ OpStrategy fresh(const OpSchema& s) {
   return {PlacementStrategy{{Placements(s.mesh->ndim(), Replicate())}, {s.input(0).placements}, {}}};
 }
 
-const bool registered = [] {
+const bool factory_rules_registered = [] {
   using enum detail::StridedShards;
   detail::register_family({"aten::empty_like", "aten::zeros_like", "aten::ones_like", "aten::full_like"},
                           {.mesh = like, .family = "factory", .strided_shards = Own});

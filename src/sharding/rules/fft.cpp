@@ -20,7 +20,7 @@ std::vector<DimStrategy> fft(const OpSchema& s) {
   return out;
 }
 
-const bool registered = [] {
+const bool fft_rules_registered = [] {
   detail::register_family({"aten::_fft_r2c", "aten::_fft_c2c", "aten::_fft_c2r"}, {.dim = fft, .family = "fft"});
   return true;
 }();

@@ -133,7 +133,7 @@ LocalKernel unscale_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
   };
 }
 
-const bool registered = [] {
+const bool foreach_rules_registered = [] {
   using detail::register_family;
   using detail::register_overloads;
   register_family({"aten::_foreach_abs", "aten::_foreach_acos", "aten::_foreach_asin", "aten::_foreach_atan", "aten::_foreach_ceil",

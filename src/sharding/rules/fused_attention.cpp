@@ -169,7 +169,7 @@ detail::OpRule rule(size_t sharded_outputs, OutputMetaRule metas, std::optional<
   return {.dim = [outputs](const OpSchema& s) { return strategies(s, outputs); }, .output_metas = std::move(metas), .family = "attention"};
 }
 
-const bool registered = [] {
+const bool fused_attention_rules_registered = [] {
   using detail::register_overloads;
   register_overloads({"aten::_scaled_dot_product_flash_attention"}, rule(2, flash_metas));
   register_overloads({"aten::_scaled_dot_product_flash_attention_backward"}, rule(3, gradients_like_inputs));

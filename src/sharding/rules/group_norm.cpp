@@ -90,7 +90,7 @@ LocalKernelRule zeros_when_empty(size_t input) {
   };
 }
 
-const bool registered = [] {
+const bool group_norm_rules_registered = [] {
   using detail::register_overloads;
   register_overloads({"aten::native_group_norm"}, {.dim = group_norm,
                                                    .local_args = local_counts(0),

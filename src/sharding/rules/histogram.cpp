@@ -48,7 +48,7 @@ LocalKernel histc_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
   };
 }
 
-const bool registered = [] {
+const bool histogram_rules_registered = [] {
   detail::register_overloads({"aten::bucketize.Tensor"}, {.dim = bucketize, .family = "histogram"});
   detail::register_family({"aten::histc"}, {.dim = histc, .local_kernel = histc_kernel, .family = "histogram"});
   return true;

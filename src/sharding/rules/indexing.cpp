@@ -164,7 +164,7 @@ std::vector<DimStrategy> index_put(const OpSchema& s) {
   return out;
 }
 
-const bool registered = [] {
+const bool indexing_rules_registered = [] {
   using detail::register_family;
   using enum detail::StridedShards;
   register_family({"aten::index_select"}, {.dim = index_select, .family = "indexing", .strided_shards = IndexWise});

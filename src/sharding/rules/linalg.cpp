@@ -89,7 +89,7 @@ std::vector<DimStrategy> cross(const OpSchema& s) {
 // batch element, so that all raise together rather than one alone while the others wait.
 std::vector<DimStrategy> whole_info(const OpSchema& s) { return {all_replicate(s)}; }
 
-const bool registered = [] {
+const bool linalg_rules_registered = [] {
   using detail::register_family;
   const std::vector<std::pair<std::vector<std::string>, CoreDims>> ops = {
       {{"aten::linalg_cholesky_ex", "aten::linalg_inv_ex"}, {{2}, {2, 0}}},

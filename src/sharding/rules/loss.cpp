@@ -308,7 +308,7 @@ LocalKernelRule global_mean(size_t reduction_arg) {
   };
 }
 
-const bool registered = [] {
+const bool loss_rules_registered = [] {
   using detail::register_family;
   using detail::register_overloads;  // the backward ops' out= overloads are named grad_input
   register_family({"aten::_log_softmax"}, {.dim = log_softmax, .local_kernel = sharded_log_softmax, .family = "loss"});

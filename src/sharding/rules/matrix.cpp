@@ -113,7 +113,7 @@ std::vector<DimStrategy> matmul(const OpSchema& s) {
   return with_partial_operands(s, std::move(out));
 }
 
-const bool registered = [] {
+const bool matrix_rules_registered = [] {
   // Exact overloads: the families' .dtype forms (out_dtype matmuls) have no CPU kernels.
   using detail::register_overloads;
   register_overloads({"aten::mm"}, {.dim = mm, .family = "matrix", .strided_shards = detail::StridedShards::IndexWise});

@@ -99,7 +99,7 @@ std::vector<TensorMeta> rms_norm_backward_metas(const c10::OperatorHandle& op, c
   return out;
 }
 
-const bool registered = [] {
+const bool norm_rules_registered = [] {
   using detail::register_overloads;
   register_overloads({"aten::_softmax"}, {.dim = softmax, .family = "norm", .strided_shards = detail::StridedShards::IndexWise});
   // softmax that gives 0, not NaN, for a row of -inf (masked attention rows): the same dims.

@@ -127,7 +127,7 @@ detail::OpRule rule(Linearity linearity) {
           .strided_shards = detail::StridedShards::IndexWise};
 }
 
-const bool registered = [] {
+const bool pointwise_rules_registered = [] {
   using detail::register_family;
   register_family({"aten::add", "aten::sub", "aten::rsub", "aten::neg", "aten::clone", "aten::positive"},
                   rule(Linearity::Additive));

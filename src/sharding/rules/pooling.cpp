@@ -90,7 +90,7 @@ detail::OpRule rule(bool linear, LocalArgsRule local_args = {}) {
           .family = "pooling"};
 }
 
-const bool registered = [] {
+const bool pooling_rules_registered = [] {
   using detail::register_family;
   register_family({"aten::avg_pool2d", "aten::avg_pool3d", "aten::avg_pool2d_backward", "aten::avg_pool3d_backward",
                    "aten::_adaptive_avg_pool2d", "aten::_adaptive_avg_pool3d", "aten::_adaptive_avg_pool2d_backward",

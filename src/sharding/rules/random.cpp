@@ -334,7 +334,7 @@ std::vector<TensorMeta> rrelu_metas(const c10::OperatorHandle& op, c10::ArrayRef
   return metas;
 }
 
-const bool registered = [] {
+const bool random_rules_registered = [] {
   // The in-place fills, and the functional and *_like forms: those are composites of empty_like (or
   // clone) and a fill, but as ops of their own they draw once, by this rule, in either mode, rather
   // than through the composite fallback; their out= forms share the rule. multinomial's output is not

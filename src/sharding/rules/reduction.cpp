@@ -294,7 +294,7 @@ TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse2, m) {
   m.impl("cummaxmin_backward", TORCH_FN(cummaxmin_backward));
 }
 
-const bool registered = [] {
+const bool reduction_rules_registered = [] {
   using detail::register_overloads;
   const Combine sums{ReduceOp::Sum, {ReduceOp::Sum, ReduceOp::Avg}};
   const Combine maxima{ReduceOp::Max, {ReduceOp::Max}};

@@ -535,7 +535,7 @@ at::Tensor diagonal_backward(const at::Tensor& grad, c10::SymIntArrayRef input_s
 
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse2, m) { m.impl("diagonal_backward", TORCH_FN(diagonal_backward)); }
 
-const bool registered = [] {
+const bool view_rules_registered = [] {
   using detail::register_family;
   using enum detail::StridedShards;
   register_family({"aten::expand"}, {.dim = expand, .local_args = local_size_arg, .family = "view", .strided_shards = IndexWise});

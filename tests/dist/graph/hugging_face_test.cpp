@@ -6,9 +6,9 @@
 // SPMD-expanded on TP=4 and DP2 x TP2, train like one process.
 
 #include <ATen/ATen.h>
-#include <torch/optim/adamw.h>
 
 #include "../harness.h"
+#include "adamw_losses.h"
 #include "../../support/test_models.h"
 #include "dtensor/graph/hugging_face.h"
 #include "dtensor/graph/program.h"
@@ -151,11 +151,6 @@ std::map<std::string, int> tp4_step_collectives(const std::string& family) {
 
 class HuggingFaceTraining : public DistTest, public ::testing::WithParamInterface<TrainingLayout> {};
 
-std::vector<double> train(g::Program& program, const std::vector<c10::IValue>& inputs, int steps) {
-  torch::optim::AdamW adamw(g::joint_parameters(program), torch::optim::AdamWOptions(1e-2));
-  return g::train_steps(program, adamw, inputs, steps);
-}
-
 TEST_P(HuggingFaceTraining, EveryFamilyTrainsLikeOneProcess) {
   const TrainingLayout& layout = GetParam();
   const MeshPtr m = mesh(layout.mesh_shape, {}, layout.dims);
@@ -183,7 +178,7 @@ TEST_P(HuggingFaceTraining, EveryFamilyTrainsLikeOneProcess) {
             << spec.target;
 
     constexpr int kSteps = 5;
-    const std::vector<double> losses = train(step, local_inputs, kSteps), expected = train(whole, inputs, kSteps);
+    const std::vector<double> losses = adamw_losses(step, local_inputs, kSteps), expected = adamw_losses(whole, inputs, kSteps);
     for (int s = 0; s < kSteps; ++s) EXPECT_NEAR(losses[s], expected[s], 1e-4 * std::abs(expected[s])) << "step " << s;
     EXPECT_LT(losses.back(), losses.front());
   }

@@ -5,9 +5,9 @@
 // bad placements get clear errors.
 
 #include <ATen/ATen.h>
-#include <torch/optim/adamw.h>
 
 #include "../harness.h"
+#include "adamw_losses.h"
 #include "dtensor/graph/program.h"
 #include "dtensor/graph/spmd.h"
 #include "dtensor/graph/training.h"
@@ -46,12 +46,6 @@ g::Program expanded_joint_gpt(const Layout& layout, const MeshPtr& m) {
   return g::spmd_expand(g::load_program(path), m, layout.placements(whole, m));
 }
 
-// Losses of `steps` AdamW steps on the same batch.
-std::vector<double> train(g::Program& program, const std::vector<c10::IValue>& inputs, int steps) {
-  torch::optim::AdamW adamw(g::joint_parameters(program), torch::optim::AdamWOptions(1e-2));
-  return g::train_steps(program, adamw, inputs, steps);
-}
-
 class GraphSpmdTraining : public DistTest, public ::testing::WithParamInterface<Layout> {};
 
 // One call of the expanded joint program is a whole training step: its loss and every parameter's
@@ -76,7 +70,7 @@ TEST_P(GraphSpmdTraining, JointGptTrainsLikeOneProcess) {
 
   constexpr int kSteps = 10;
   g::Program fresh = expanded_joint_gpt(layout, m);
-  const std::vector<double> losses = train(fresh, local_inputs, kSteps), expected = train(whole, inputs, kSteps);
+  const std::vector<double> losses = adamw_losses(fresh, local_inputs, kSteps), expected = adamw_losses(whole, inputs, kSteps);
   for (int s = 0; s < kSteps; ++s) EXPECT_NEAR(losses[s], expected[s], 1e-4 * std::abs(expected[s])) << "step " << s;
   EXPECT_LT(losses.back(), losses.front());
   // The trained shards are the single-process parameters' parts: AdamW normalises each update, so

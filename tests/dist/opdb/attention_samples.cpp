@@ -15,7 +15,7 @@ at::Tensor small_values(size_t i, const Shape& shape) { return test_tensor(shape
 const std::vector<Placement> queries = {Replicate(), Shard(0), Shard(1), Shard(2)};
 const std::vector<Placement> keys = {Replicate(), Shard(1)};
 
-const bool registered = add_op_samples({
+const bool attention_samples_registered = add_op_samples({
     {.name = "scaled_dot_product_attention",
      .shapes = {{2, 5, 6, 4}, {2, 5, 7, 4}, {2, 5, 7, 4}},
      .run = [](In x) { return outputs(at::scaled_dot_product_attention(x[0], x[1], x[2])); },

@@ -12,7 +12,7 @@ namespace {
 using In = const std::vector<at::Tensor>&;
 
 // input, weight, bias, running_mean, running_var: a positive running_var.
-at::Tensor make_input(size_t i, const Shape& shape) {
+at::Tensor batch_norm_input(size_t i, const Shape& shape) {
   const at::Tensor t = test_tensor(shape, at::kDouble, 800 + i);
   return i == 4 ? t.abs() + 1 : t;
 }
@@ -26,7 +26,7 @@ OpSample with_running_stats(std::string name, Shape input, bool training, bool t
             at::Tensor out = at::batch_norm(x[0], x[1], x[2], x[3], x[4], training, 0.3, 1e-5, false);
             return outputs(out, x[3], x[4]);
           },
-          .make_input = make_input,
+          .make_input = batch_norm_input,
           .two_d = two_d,
           .differentiable = {true, true, true, false, false}};
 }
@@ -34,7 +34,7 @@ OpSample with_running_stats(std::string name, Shape input, bool training, bool t
 // native_batch_norm_backward called directly in training, every gradient asked for: grad_out is also
 // tried Partial (the gradients are linear in it). Inputs: grad_out, input, weight, save_mean and a
 // positive save_invstd.
-OpSample backward_sample() {
+OpSample batch_norm_backward_sample() {
   const std::vector<Placement> activations{Replicate(), Shard(0), Shard(1), Shard(2)};
   return {.name = "native_batch_norm_backward",
           .shapes = {{5, 7, 3}, {5, 7, 3}, {7}, {7}, {7}},
@@ -53,8 +53,8 @@ OpSample backward_sample() {
           .partial_inputs = false};
 }
 
-const bool registered = add_op_samples({
-    backward_sample(),
+const bool batch_norm_samples_registered = add_op_samples({
+    batch_norm_backward_sample(),
     with_running_stats("batch_norm_training", {5, 7, 3}, true, /*two_d=*/true),
     with_running_stats("batch_norm_training_2d", {5, 3, 2, 3}, true),
     with_running_stats("batch_norm_eval", {5, 7, 3}, false, /*two_d=*/true),

@@ -48,7 +48,7 @@ OpSample conv_backward(std::string name, std::vector<bool> mask) {
           .placements = {activations, activations, {Replicate(), Shard(0), Shard(1), Partial()}}};
 }
 
-const bool registered = add_op_samples({
+const bool conv_samples_registered = add_op_samples({
     conv("conv2d", {{5, 5, 4, 4}, {7, 5, 3, 3}, {7}},
          [](In x) { return at::conv2d(x[0], x[1], bias_of(x), 1, 1); }, /*two_d=*/true, /*every_dim=*/true),
     conv("conv2d_no_bias_dilated", {{5, 5, 5, 5}, {7, 5, 2, 2}},

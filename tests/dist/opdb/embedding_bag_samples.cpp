@@ -15,7 +15,7 @@ using In = const std::vector<at::Tensor>&;
 constexpr int64_t kSum = 0, kMean = 1, kMax = 2;
 
 // Inputs: table [7, 3], indices [8], offsets [4] (or [5] ending at 8), per-sample weights [8].
-at::Tensor make_input(size_t i, const Shape& shape) {
+at::Tensor bag_input(size_t i, const Shape& shape) {
   if (i == 1) return at::tensor({1, 2, 4, 5, 6, 0, 3, 6}, at::kLong);
   if (i == 2) return shape[0] == 4 ? at::tensor({0, 2, 2, 5}, at::kLong) : at::tensor({0, 2, 2, 5, 8}, at::kLong);
   return test_tensor(shape, at::kDouble, 900 + i);
@@ -49,14 +49,14 @@ OpSample bags(std::string name, Bags b) {
                                   b.padding_idx >= 0 ? std::optional<int64_t>(b.padding_idx) : std::nullopt);
             return outputs(out, offset2bag, bag_size, max_indices);
           },
-          .make_input = make_input,
+          .make_input = bag_input,
           .placements = placements,
           .two_d = b.two_d};
 }
 
 // _embedding_bag_backward called directly (mean mode, padding_idx 6): the gradient [4, 3] is also
 // tried Partial (the table's gradient is linear in it); the bag outputs come from the forward op.
-OpSample backward_sample() {
+OpSample embedding_bag_backward_sample() {
   return {.name = "embedding_bag_backward_mean",
           .shapes = {{4, 3}, {8}, {4}, {8}, {4}, {4}},
           .run = [](In x) {
@@ -65,8 +65,8 @@ OpSample backward_sample() {
           },
           .make_input = [](size_t i, const Shape& shape) {
             if (i == 0) return test_tensor(shape, at::kDouble, 950);
-            if (i <= 2) return make_input(i, shape);
-            const auto bags = at::_embedding_bag(at::zeros({7, 3}, at::kDouble), make_input(1, {8}), make_input(2, {4}),
+            if (i <= 2) return bag_input(i, shape);
+            const auto bags = at::_embedding_bag(at::zeros({7, 3}, at::kDouble), bag_input(1, {8}), bag_input(2, {4}),
                                                  false, kMean, false, {}, false, 6);
             return i == 3 ? std::get<1>(bags) : i == 4 ? std::get<2>(bags) : std::get<3>(bags);
           },
@@ -77,8 +77,8 @@ OpSample backward_sample() {
           .partial_inputs = false};
 }
 
-const bool registered = add_op_samples({
-    backward_sample(),
+const bool embedding_bag_samples_registered = add_op_samples({
+    embedding_bag_backward_sample(),
     bags("embedding_bag_sum", {.two_d = true}),
     bags("embedding_bag_mean_padding_idx", {.mode = kMean, .padding_idx = 6, .two_d = true}),
     bags("embedding_bag_max", {.mode = kMax}),

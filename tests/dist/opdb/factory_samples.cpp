@@ -7,7 +7,7 @@ namespace {
 
 using In = const std::vector<at::Tensor>&;
 
-const bool registered = add_op_samples({
+const bool factory_samples_registered = add_op_samples({
     {"zeros_like", {{5, 3}}, [](In x) { return outputs(at::zeros_like(x[0]) + x[0]); }},
     {"ones_like", {{5, 3}}, [](In x) { return outputs(at::ones_like(x[0]) * x[0]); }},
     {"full_like", {{5, 3}}, [](In x) { return outputs(at::full_like(x[0], 3.0) * x[0]); }},

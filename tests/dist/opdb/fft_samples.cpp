@@ -11,7 +11,7 @@ using In = const std::vector<at::Tensor>&;
 
 at::Tensor real_parts(const at::Tensor& complex) { return at::view_as_real(complex); }
 
-const bool registered = add_op_samples({
+const bool fft_samples_registered = add_op_samples({
     {.name = "fft_r2c_full", .shapes = {{5, 8}}, .run = [](In x) { return outputs(real_parts(at::fft_fft(x[0]))); }, .two_d = true},
     {.name = "fft_r2c_onesided", .shapes = {{5, 8}}, .run = [](In x) { return outputs(real_parts(at::fft_rfft(x[0], {}, 0))); }},
     {.name = "fft_c2c", .shapes = {{5, 6, 2}},

@@ -280,7 +280,7 @@ OpSample unscale_sample() {
           .partial_inputs = false};
 }
 
-const bool registered = [] {
+const bool foreach_samples_registered = [] {
   add_op_samples(fused_adam_samples());
   add_op_samples({unscale_sample()});
   add_op_samples(unary_samples());

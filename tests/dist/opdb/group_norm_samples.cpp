@@ -12,7 +12,7 @@ using In = const std::vector<at::Tensor>&;
 
 // native_group_norm_backward called directly: grad_out is also tried Partial (the gradients are
 // linear in it). Inputs: grad_out, input, mean and a positive rstd per (sample, group), weight.
-OpSample backward_sample() {
+OpSample group_norm_backward_sample() {
   const std::vector<Placement> activations{Replicate(), Shard(0), Shard(1)};
   return {.name = "native_group_norm_backward",
           .shapes = {{5, 6, 4}, {5, 6, 4}, {5, 3}, {5, 3}, {6}},
@@ -32,8 +32,8 @@ OpSample backward_sample() {
           .partial_inputs = false};
 }
 
-const bool registered = add_op_samples({
-    backward_sample(),
+const bool group_norm_samples_registered = add_op_samples({
+    group_norm_backward_sample(),
     {.name = "group_norm",
      .shapes = {{5, 6, 4}, {6}, {6}},
      .run = [](In x) { return outputs(at::group_norm(x[0], 3, x[1], x[2])); },

@@ -14,7 +14,7 @@ at::Tensor values_or_boundaries(size_t i, const Shape& shape) {
   return i == 1 ? std::get<0>(t.sort()) : t;
 }
 
-const bool registered = add_op_samples({
+const bool histogram_samples_registered = add_op_samples({
     {.name = "bucketize", .shapes = {{5, 3}, {6}}, .run = [](In x) { return outputs(at::bucketize(x[0], x[1])); },
      .make_input = values_or_boundaries, .two_d = true, .partial_inputs = false},
     {.name = "histc", .shapes = {{5, 3}}, .run = [](In x) { return outputs(at::histc(x[0], 4, -1, 1)); },

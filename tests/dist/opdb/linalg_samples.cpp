@@ -32,7 +32,7 @@ OpSample without_gradient(OpSample s, const std::string& why) {
   return s;
 }
 
-const bool registered = add_op_samples({
+const bool linalg_samples_registered = add_op_samples({
     sample("linalg_cholesky_ex", {kMatrices}, [](In x) {
       auto [l, info] = at::linalg_cholesky_ex(spd(x[0]));
       return outputs(l, info);

@@ -64,7 +64,7 @@ OpSample nll_backward(std::string name, int64_t reduction) {
 const Shape kLogits{5, 7}, kTargets{5}, kWeights{7};
 const Shape kImage{2, 5, 3, 2}, kPixels{2, 3, 2}, kImageWeights{5};
 
-const bool registered = add_op_samples({
+const bool loss_samples_registered = add_op_samples({
     // nll_loss: nll_loss_forward / nll_loss_backward
     classification("nll_loss_mean", {kLogits, kTargets, kWeights},
                    [](In x) { return at::nll_loss(x[0], x[1], weight_of(x)); }, /*two_d=*/true),

@@ -7,7 +7,7 @@ namespace {
 
 using In = const std::vector<at::Tensor>&;
 
-const bool registered = add_op_samples({
+const bool matrix_samples_registered = add_op_samples({
     {"mm", {{5, 4}, {4, 6}}, [](In x) { return outputs(at::mm(x[0], x[1])); }, nullptr, {}, true, true},
     {"addmm", {{6}, {5, 4}, {4, 6}}, [](In x) { return outputs(at::addmm(x[0], x[1], x[2], 0.5, 2)); }},
     {"addmm_2d_bias", {{5, 6}, {5, 4}, {4, 6}}, [](In x) { return outputs(at::addmm(x[0], x[1], x[2])); }},

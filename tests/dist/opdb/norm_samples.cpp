@@ -9,7 +9,7 @@ namespace {
 
 using In = const std::vector<at::Tensor>&;
 
-const bool registered = add_op_samples({
+const bool norm_samples_registered = add_op_samples({
     {"softmax", {{5, 6}}, [](In x) { return outputs(at::softmax(x[0], 1)); }, nullptr, {}, true, true},
     {"softmax_dim0", {{2, 5, 6}}, [](In x) { return outputs(at::softmax(x[0], 0)); }},
     // A row of -inf (a fully masked attention row) gives zeros, not NaN.

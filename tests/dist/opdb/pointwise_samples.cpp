@@ -189,7 +189,7 @@ std::optional<OpSample> sample_for(const c10::OperatorHandle& op, const c10::IVa
   return std::nullopt;
 }
 
-const bool registered = [] {
+const bool pointwise_samples_registered = [] {
   std::vector<OpSample> samples;
   for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
     const std::string qualified = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;

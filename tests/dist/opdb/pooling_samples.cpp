@@ -29,7 +29,7 @@ at::Tensor input_then_samples(size_t i, const Shape& shape) {
 // The batch and channel dims of a [5, 3, ...] input, alone or with a second input alike.
 const std::vector<Placement> kPlanes = {Replicate(), Shard(0), Shard(1)};
 
-const bool registered = add_op_samples({
+const bool pooling_samples_registered = add_op_samples({
     {.name = "avg_pool2d", .shapes = {{5, 3, 6, 6}}, .run = [](In x) { return outputs(at::avg_pool2d(x[0], {2, 2}, {2, 1}, {1, 0})); },
      .two_d = true},
     {.name = "avg_pool3d", .shapes = {{5, 3, 4, 4, 4}}, .run = [](In x) { return outputs(at::avg_pool3d(x[0], {2, 2, 2})); }},

@@ -55,7 +55,7 @@ OpSample forward_only(OpSample s) {
   return s;
 }
 
-const bool registered = add_op_samples({
+const bool random_samples_registered = add_op_samples({
     sample("uniform_", {{5, 3}}, seeded([](In x) { return outputs(at::empty_like(x[0]).uniform_(-1, 2)); })),
     sample("normal_", {{7, 5}}, seeded([](In x) { return outputs(at::empty_like(x[0]).normal_(1, 2)); })),
     sample("bernoulli_float", {{5, 3}}, seeded([](In x) { return outputs(at::empty_like(x[0]).bernoulli_(0.3)); })),

@@ -29,7 +29,7 @@ at::Tensor all_but_one_alike(size_t i, const Shape& shape) {
   return t;
 }
 
-const bool registered = add_op_samples({
+const bool reduction_samples_registered = add_op_samples({
     {"sum", {{5, 3}}, [](In x) { return outputs(x[0].sum()); }, nullptr, {}, true, true},
     {"sum_dim", {{5, 3}}, [](In x) { return outputs(x[0].sum(1)); }},
     {"sum_dim_keepdim", {{2, 5, 3}}, [](In x) { return outputs(x[0].sum({0, 2}, true)); }},

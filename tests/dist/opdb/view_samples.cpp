@@ -27,7 +27,7 @@ std::function<at::Tensor(size_t, const Shape&)> index_input(size_t index_at, int
   };
 }
 
-const bool registered = add_op_samples({
+const bool view_samples_registered = add_op_samples({
     // dims reordered or broadcast
     {.name = "t", .shapes = {{5, 3}}, .run = [](In x) { return outputs(x[0].t() * 1); }, .two_d = true},
     {.name = "transpose", .shapes = {{2, 5, 3}}, .run = [](In x) { return outputs(x[0].transpose(0, 2) * 1); }},
