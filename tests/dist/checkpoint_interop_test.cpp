@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "dtensor/checkpoint.h"
+#include "../support/test_models.h"
 #include "harness.h"
 
 namespace dtensor::testing {
@@ -84,7 +85,8 @@ TEST_F(CheckpointInteropTest, WritesWhatPyTorchReads) {
   // Read back by ctest checkpoint_read_by_pytorch. DP2 x TP2: replicas over dp are written once.
   // Also as whole tensors (dtensor_written_whole): ordinary Hugging Face shards.
   for (const bool whole : {false, true}) {
-    const std::string dir = (kInterop / (whole ? "dtensor_written_whole" : "dtensor_written")).string();
+    const fs::path written = test_output_dir(kInterop) / (whole ? "dtensor_written_whole" : "dtensor_written");
+    const std::string dir = written.string();
     ckpt::save(tensor_parallel_state(mesh({2, 2}), true), dir, {.overwrite = true, .whole_tensors = whole});
     ckpt::State back = tensor_parallel_state(mesh({4}), false);
     ckpt::load(back, dir);

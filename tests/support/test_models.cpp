@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -34,9 +35,14 @@ std::string read_file(const std::string& path) {
 std::string graph_models_dir() { return DTENSOR_GRAPH_MODELS; }
 std::string graph_model(const std::string& archive) { return graph_models_dir() + "/" + archive; }
 std::string graph_model_text(const std::string& name) { return read_file(graph_model(name)); }
+std::filesystem::path test_output_dir(const std::filesystem::path& build_dir) {
+  const char* outputs = std::getenv("DTENSOR_TEST_OUTPUTS");
+  return outputs != nullptr && *outputs != '\0' ? std::filesystem::path(outputs) / build_dir.filename() : build_dir;
+}
 std::string graph_saved(const std::string& archive) {
-  std::filesystem::create_directories(DTENSOR_GRAPH_SAVED);
-  return std::string(DTENSOR_GRAPH_SAVED) + "/" + archive;
+  const std::filesystem::path dir = test_output_dir(DTENSOR_GRAPH_SAVED);
+  std::filesystem::create_directories(dir);
+  return (dir / archive).string();
 }
 
 std::vector<std::pair<std::string, at::Tensor>> load_tensor_set(const std::string& name) {

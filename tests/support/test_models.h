@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -33,6 +34,10 @@ inline const std::vector<std::string>& hugging_face_families() {
 // The directory holding the archives and reference sets.
 std::string graph_models_dir();
 std::string graph_model(const std::string& archive);  // graph_models_dir() + "/" + archive
+// Where a test writes files that a later ctest reads in PyTorch: `build_dir`, or a directory of the same
+// name under $DTENSOR_TEST_OUTPUTS when set. distributed_gloo sets it, so that its copies do not
+// overwrite those of distributed, which the readers check, while both run at once.
+std::filesystem::path test_output_dir(const std::filesystem::path& build_dir);
 // Where tests save programs for scripts/check_saved_programs.py to load in PyTorch (created on use).
 std::string graph_saved(const std::string& archive);
 
