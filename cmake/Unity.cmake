@@ -19,8 +19,10 @@ option(DTENSOR_UNITY_BUILD "Compile sources in batches (unity builds): a much fa
 set(DTENSOR_UNITY_BATCH_SIZE 8 CACHE STRING "Most source files per unity batch")
 
 # dtensor_unity_batches(target): replaces the target's .cpp sources by batch files under
-# <build>/unity/<target>/. The sources stay listed (HEADER_FILE_ONLY), so IDEs and dependency scans
-# still see them. Call it after the target's last target_sources().
+# <build>/unity/<target>/ (a directory with one file keeps it). Call it after the target's last
+# target_sources(), and after its sources' properties are set. The files leave the target rather than
+# being marked HEADER_FILE_ONLY: that property belongs to the directory, so another target compiling the
+# same file (dtensor_nccl_compile_check) would lose it.
 function(dtensor_unity_batches target)
   if(NOT DTENSOR_UNITY_BUILD)
     return()
@@ -29,8 +31,10 @@ function(dtensor_unity_batches target)
   get_target_property(target_source_dir ${target} SOURCE_DIR)
   set(batch_dir "${CMAKE_BINARY_DIR}/unity/${target}")
   set(directories "")
+  set(kept "")  # sources the target keeps as they are
   foreach(source IN LISTS sources)
     if(NOT source MATCHES "\\.cpp$")
+      list(APPEND kept "${source}")
       continue()
     endif()
     get_filename_component(path "${source}" ABSOLUTE BASE_DIR "${target_source_dir}")
@@ -45,7 +49,8 @@ function(dtensor_unity_batches target)
   foreach(key IN LISTS directories)
     list(LENGTH files_${key} count)
     if(count EQUAL 1)
-      continue()  # a batch of one would only rename the file
+      list(APPEND kept ${files_${key}})  # a batch of one would only rename the file
+      continue()
     endif()
     # As many batches as the size allows, filled evenly (9 files in batches of 8 make 5 + 4, not 8 + 1).
     math(EXPR batches "(${count} + ${DTENSOR_UNITY_BATCH_SIZE} - 1) / ${DTENSOR_UNITY_BATCH_SIZE}")
@@ -61,7 +66,6 @@ function(dtensor_unity_batches target)
           list(APPEND ${property}_${key}_${batch} ${values})
         endif()
       endforeach()
-      set_source_files_properties("${path}" TARGET_DIRECTORY ${target} PROPERTIES HEADER_FILE_ONLY ON)
       math(EXPR index "${index} + 1")
     endforeach()
     math(EXPR last "${batches} - 1")
@@ -80,5 +84,5 @@ function(dtensor_unity_batches target)
       list(APPEND batch_files "${batch_file}")
     endforeach()
   endforeach()
-  target_sources(${target} PRIVATE ${batch_files})
+  set_property(TARGET ${target} PROPERTY SOURCES ${kept} ${batch_files})
 endfunction()

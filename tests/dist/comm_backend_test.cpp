@@ -9,7 +9,6 @@
 #include <chrono>
 #include <map>
 #include <numeric>
-#include <thread>
 
 #include "harness.h"
 
@@ -331,22 +330,25 @@ TEST_F(CommBackendTest, ARegisteredBackendCarriesTheMeshesThatNameIt) {
               HasSubstr("no communication backend 'ucc' in this build of dtensor (it has gloo"));
 }
 
-// Rank 1 of a pair joining a collective late: after rank 0 gave up on it (a 1 s timeout), runs
-// `join`, then tells rank 0 under `done_key`.
+// Rank 1 of a pair joining a collective late: once rank 0 has given up on it (`key`/gave-up, from
+// error_of_abandoned_redistribute), runs `join`, then tells rank 0 (`key`/done). Rank 1 waits for rank
+// 0's word, not for a fixed time: on a loaded machine rank 0 may reach the collective long after rank 1.
 template <typename Join>
-void join_late(const std::string& done_key, Join&& join) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+void join_late(const std::string& key, Join&& join) {
+  world()->store()->wait({key + "/gave-up"}, std::chrono::seconds(60));
   join();
-  world()->store()->set(done_key, std::vector<uint8_t>{1});
+  world()->store()->set(key + "/done", std::vector<uint8_t>{1});
 }
 
 // What rank 0's redistribute of `dt` to Replicate says when its peer stays away, after checking that
-// it waited the whole 1 s timeout and that the group then refuses the next collective.
-std::string error_of_abandoned_redistribute(const at::Tensor& dt) {
+// it waited the whole 1 s timeout and that the group then refuses the next collective; then it lets
+// the peer join (join_late under `key`).
+std::string error_of_abandoned_redistribute(const at::Tensor& dt, const std::string& key) {
   const auto started = std::chrono::steady_clock::now();
   const std::string error = error_of([&] { redistribute(dt, {Replicate()}); });
   EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(1000));
   EXPECT_THAT(error_of([&] { redistribute(dt, {Replicate()}); }), HasSubstr("its communicator is unusable"));
+  world()->store()->set(key + "/gave-up", std::vector<uint8_t>{1});
   return error;
 }
 
@@ -364,13 +366,13 @@ TEST_F(CommBackendTest, MpiCollectiveThatTimesOutFailsAndPoisonsItsGroup) {
                      DeviceMesh::create(world(), {2}, {0, 2}, options)};  // the witness drives MPI on rank 0 below
   });
   const int64_t me = world()->rank();
-  const std::string late_done = "comm_backend_test/late-all-reduce-done";
+  const std::string late = "comm_backend_test/late-all-reduce";
   // Rank 1 completes only while rank 0 makes MPI progress: rank 0 and 2 all-reduce "has rank 1
   // finished?" until both see yes (the same answer on both, so they stop together).
   const auto drive_until_rank1_done = [&] {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     for (bool done = false; !done;) {
-      std::vector<at::Tensor> flag{at::full({1}, world()->store()->check({late_done}) ? 1 : 0, at::kInt)};
+      std::vector<at::Tensor> flag{at::full({1}, world()->store()->check({late + "/done"}) ? 1 : 0, at::kInt)};
       c10d::AllreduceOptions max;
       max.reduceOp = c10d::ReduceOp::MAX;
       witness->group(0)->allreduce(flag, max)->wait(std::chrono::seconds(40));
@@ -381,19 +383,19 @@ TEST_F(CommBackendTest, MpiCollectiveThatTimesOutFailsAndPoisonsItsGroup) {
   if (me > 1) return;
   at::Tensor dt = make_dtensor_holding(at::ones({4}), pair, {Partial()});
   if (me == 1) {
-    join_late(late_done, [&] {
+    join_late(late, [&] {
       std::vector<at::Tensor> t{to_local(dt).clone()};
       pair->group(0)->allreduce(t)->wait(std::chrono::seconds(30));
       EXPECT_TRUE(tensors_equal(t[0], at::ones({4})));
     });
     return;
   }
-  const std::string error = error_of_abandoned_redistribute(dt);
+  const std::string error = error_of_abandoned_redistribute(dt, late);
   EXPECT_THAT(error, HasSubstr("rank 0: all-reduce on mesh dim 0 (pair) of DeviceMesh([0, 1], names=(pair))"));
   EXPECT_THAT(error, HasSubstr("no answer within the time limit of 1.0"));
   EXPECT_THAT(error, HasSubstr("MPI all-reduce did not complete"));
   drive_until_rank1_done();
-  EXPECT_TRUE(world()->store()->check({late_done}));
+  EXPECT_TRUE(world()->store()->check({late + "/done"}));
 }
 
 // The same for an all-gather, which goes through shared memory rather than MPI: the member that waits
@@ -404,18 +406,18 @@ TEST_F(CommBackendTest, MpiAllGatherThatTimesOutFailsAndPoisonsItsGroup) {
   MeshOptions options{.dim_names = {"pair"}, .timeout = std::chrono::milliseconds(1000), .backend = CommBackend::Mpi};
   auto pair = DeviceMesh::create(world(), {2}, {0, 1}, options);
   const int64_t me = world()->rank();
-  const std::string late_done = "comm_backend_test/late-all-gather-done";
+  const std::string late = "comm_backend_test/late-all-gather";
   if (me > 1) return;
   const at::Tensor full = test_tensor({6, 3}, at::kFloat, 5);
   at::Tensor dt = make_dtensor_holding(full, pair, {Shard(0)});
   if (me == 1) {
-    join_late(late_done, [&] { EXPECT_TRUE(tensors_equal(full_tensor(dt), full)); });
+    join_late(late, [&] { EXPECT_TRUE(tensors_equal(full_tensor(dt), full)); });
     return;
   }
-  const std::string error = error_of_abandoned_redistribute(dt);
+  const std::string error = error_of_abandoned_redistribute(dt, late);
   EXPECT_THAT(error, HasSubstr("rank 0: all-gather on mesh dim 0 (pair)"));
   EXPECT_THAT(error, HasSubstr("MPI all-gather did not complete"));
-  world()->store()->wait({late_done}, std::chrono::seconds(30));
+  world()->store()->wait({late + "/done"}, std::chrono::seconds(30));
 }
 
 }  // namespace

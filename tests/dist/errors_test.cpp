@@ -2,7 +2,6 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
-#include <thread>
 
 #include "harness.h"
 
@@ -96,11 +95,12 @@ TEST_F(ErrorsTest, CollectiveTimeoutNamesOperationAndMeshDim) {
   options.dim_names = {"tp"};
   auto m = DeviceMesh::create(world(), {4}, options);  // its own groups: this test leaves them broken
   at::Tensor dt = make_dtensor_holding(at::zeros({8, 2}), m, {Shard(0)});
+  const std::string gave_up = "errors_test/timeout-gave-up/rank";
   if (world()->rank() == 3) {
-    // Rank 3 joins the all-gather only after the others gave up; it stays alive so they see a timeout,
-    // not a reset. Its late call completes what MPI still holds of theirs (Gloo just fails it), so
-    // either outcome is right here.
-    std::this_thread::sleep_for(std::chrono::milliseconds(4000));
+    // Rank 3 joins the all-gather only after the others said they gave up (a fixed pause would not do on
+    // a loaded machine); it stays alive so they see a timeout, not a reset. Its late call completes
+    // what MPI still holds of theirs (Gloo just fails it), so either outcome is right here.
+    world()->store()->wait({gave_up + "0", gave_up + "1", gave_up + "2"}, std::chrono::seconds(60));
     try {
       redistribute(dt, {Replicate()});
     } catch (const DTensorError&) {
@@ -108,6 +108,7 @@ TEST_F(ErrorsTest, CollectiveTimeoutNamesOperationAndMeshDim) {
     return;
   }
   const std::string error = error_of([&] { redistribute(dt, {Replicate()}); });
+  world()->store()->set(gave_up + std::to_string(world()->rank()), std::vector<uint8_t>{1});
   EXPECT_THAT(error, HasSubstr("rank " + std::to_string(world()->rank()) + ": all-gather on mesh dim 0 (tp)"));
   EXPECT_THAT(error, HasSubstr("1.5"));
 }

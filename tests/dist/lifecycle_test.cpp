@@ -159,19 +159,27 @@ TEST_F(LifecycleTest, RuleReplacedWhileAnotherThreadDispatches) {
 }
 
 TEST_F(LifecycleTest, TwoThreadsRacingOnOneMeshGetAClearError) {
-  // Rank 0's first thread sits inside an all-reduce (the other ranks join it only after a pause); its
-  // second thread then starts a collective on the same group and must be refused, not interleaved.
+  // Rank 0's first thread sits inside an all-reduce (the other ranks join it only once rank 0's second
+  // thread is done); its second thread then starts a collective on the same group and must be refused,
+  // not interleaved.
   MeshPtr m = mesh({4});
   at::Tensor partial = make_dtensor_holding(at::ones({3}, at::kFloat), m, {Partial()}, 1);
+  const std::string second_done = "lifecycle_test/racing-second-thread-done";
   std::string second_error;
   if (world()->rank() == 0) {
-    std::thread first([&] { full_tensor(partial); });
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::atomic<bool> started = false;
+    std::thread first([&] {
+      started = true;
+      full_tensor(partial);
+    });
+    while (!started) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // from `started` into the all-reduce
     at::Tensor other = make_dtensor_holding(at::ones({3}, at::kFloat), m, {Partial()}, 2);
     second_error = error_of([&] { full_tensor(other); });
+    world()->store()->set(second_done, std::vector<uint8_t>{1});
     first.join();
   } else {
-    std::this_thread::sleep_for(std::chrono::milliseconds(900));
+    world()->store()->wait({second_done}, std::chrono::seconds(60));
     full_tensor(partial);
   }
   if (world()->rank() == 0) EXPECT_THAT(second_error, HasSubstr("another thread of this rank is running a collective"));
