@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "build_paths.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/fsdp.h"
 #include "dtensor/optim.h"
@@ -219,7 +220,7 @@ int main(int argc, char** argv) {
   return dtensor::run_local_ranks(argc, argv, dtensor::LaunchOptions{.nprocs = args.ranks}, [&](const std::shared_ptr<dtensor::World>& world) {
     at::set_num_threads(1);
     const int rank = static_cast<int>(world->rank()), n = static_cast<int>(world->size());
-    const gpt::Corpus corpus = gpt::load_corpus(GPT_CORPUS_PATH);
+    const gpt::Corpus corpus = gpt::load_corpus(dtensor::build_paths::gpt_corpus);
     const gpt::Config config = config_of(args.config, corpus);
     auto everyone = dtensor::DeviceMesh::create(world, {n}, {.dim_names = {"dp"}});
     dtensor::MeshPtr mesh = everyone, dp = everyone;

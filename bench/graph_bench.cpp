@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "build_paths.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/graph/compiled_program.h"
 #include "dtensor/graph/program.h"
@@ -285,7 +286,7 @@ int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
   at::set_num_threads(1);
   auto mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"tp"}});
   megatron::tp_group() = {mesh->group(0), world->rank(), world->size()};
-  const gpt::Config config = gpt::demo_config(gpt::load_corpus(GPT_CORPUS_PATH));
+  const gpt::Config config = gpt::demo_config(gpt::load_corpus(dtensor::build_paths::gpt_corpus));
   return args.train ? run_training(mesh, config, args) : run_forward(mesh, config, args);
 }
 

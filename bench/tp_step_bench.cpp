@@ -40,6 +40,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
+#include "build_paths.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/optim.h"
@@ -309,7 +310,7 @@ void print_table(const std::vector<Contender>& contenders, const at::Tensor& tim
 
 int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
   at::set_num_threads(1);  // one core per rank
-  const gpt::Corpus corpus = gpt::load_corpus(GPT_CORPUS_PATH);
+  const gpt::Corpus corpus = gpt::load_corpus(dtensor::build_paths::gpt_corpus);
   const gpt::Config config = gpt::demo_config(corpus);
   const auto mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"tp"}});
   tp_group() = {mesh->group(0), world->rank(), world->size()};

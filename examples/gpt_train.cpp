@@ -30,6 +30,7 @@
 #include <iomanip>
 #include <iostream>
 
+#include "build_paths.h"
 #include "dtensor/training_state.h"
 #include "gpt/training.h"
 
@@ -38,7 +39,7 @@ namespace {
 struct Args {
   int steps = 50;
   std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp"};
-  std::string corpus = GPT_CORPUS_PATH;
+  std::string corpus = dtensor::build_paths::gpt_corpus;
   std::string save, resume;
   int checkpoint_every = 0;
   std::string checkpoint_dir;

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 
+#include "build_paths.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/graph/program.h"
 #include "dtensor/graph/tensor_parallel.h"
@@ -38,7 +39,7 @@ int count_of(const g::Graph& graph, const std::string& op) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = DTENSOR_DEFAULT_GRAPH_MODEL;
+  std::string model = std::string(dtensor::build_paths::graph_models) + "/gpt_train_ir_static.pt2";
   for (int i = 1; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--model") model = argv[i + 1];
   return dtensor::run_local_ranks(argc, argv, {.nprocs = 4}, [&](const std::shared_ptr<dtensor::World>& world) {

@@ -16,6 +16,7 @@
 #include <iostream>
 #include <string>
 
+#include "build_paths.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/graph/spmd.h"
 #include "dtensor/graph/training.h"
@@ -36,7 +37,7 @@ std::vector<double> train(g::Program& program, const std::vector<c10::IValue>& i
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model = DTENSOR_DEFAULT_JOINT_MODEL;
+  std::string model = std::string(dtensor::build_paths::graph_models) + "/gpt_joint.pt2";
   int steps = 10;
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--model") model = argv[i + 1];

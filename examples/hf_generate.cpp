@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "build_paths.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/graph/hugging_face.h"
 #include "dtensor/graph/program.h"
@@ -117,7 +118,7 @@ bool generates_like_transformers(const std::shared_ptr<dtensor::World>& world, c
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir = DTENSOR_DEFAULT_HF_MODELS;
+  std::string dir = std::string(dtensor::build_paths::graph_models) + "/hf";
   std::vector<std::string> irs = {"train_ir", "aten"};
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--models") dir = argv[i + 1];

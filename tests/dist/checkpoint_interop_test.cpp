@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "dtensor/checkpoint.h"
+#include "../support/build_paths.h"
 #include "../support/test_models.h"
 #include "harness.h"
 
@@ -16,7 +17,7 @@ namespace {
 namespace fs = std::filesystem;
 namespace ckpt = dtensor::checkpoint;
 
-const fs::path kInterop = DTENSOR_CHECKPOINT_INTEROP;
+const fs::path kInterop = build_paths::checkpoint_interop;
 
 struct InteropTensor {
   std::string name;

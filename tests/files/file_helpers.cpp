@@ -7,11 +7,13 @@
 #include <fstream>
 #include <sstream>
 
+#include "../support/build_paths.h"
+
 namespace dtensor::testing {
 namespace fs = std::filesystem;
 
 std::string pytorch_checkpoint(const std::string& name) {
-  return std::string(DTENSOR_CHECKPOINT_INTEROP) + "/pytorch_written/" + name;
+  return std::string(build_paths::checkpoint_interop) + "/pytorch_written/" + name;
 }
 
 std::string scratch(const std::string& name) {

@@ -1,5 +1,6 @@
 #include "test_models.h"
 
+#include "build_paths.h"
 #include "dtensor/graph/program.h"
 
 #include <ATen/ATen.h>
@@ -32,7 +33,7 @@ std::string read_file(const std::string& path) {
 
 }  // namespace
 
-std::string graph_models_dir() { return DTENSOR_GRAPH_MODELS; }
+std::string graph_models_dir() { return build_paths::graph_models; }
 std::string graph_model(const std::string& archive) { return graph_models_dir() + "/" + archive; }
 std::string graph_model_text(const std::string& name) { return read_file(graph_model(name)); }
 std::filesystem::path test_output_dir(const std::filesystem::path& build_dir) {
@@ -40,7 +41,7 @@ std::filesystem::path test_output_dir(const std::filesystem::path& build_dir) {
   return outputs != nullptr && *outputs != '\0' ? std::filesystem::path(outputs) / build_dir.filename() : build_dir;
 }
 std::string graph_saved(const std::string& archive) {
-  const std::filesystem::path dir = test_output_dir(DTENSOR_GRAPH_SAVED);
+  const std::filesystem::path dir = test_output_dir(build_paths::graph_saved);
   std::filesystem::create_directories(dir);
   return (dir / archive).string();
 }

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 
+#include "../support/build_paths.h"
 #include "dtensor/sharding.h"
 
 namespace {
@@ -42,8 +43,8 @@ std::map<std::string, std::string> read_exclusions(const std::string& path) {
 }
 
 TEST(OpCensus, EveryOverloadPyTorchShardsHasARuleOrAReason) {
-  const std::set<std::string> pytorch = read_lines(DTENSOR_CENSUS_PYTORCH_OPS);
-  const auto exclusions = read_exclusions(DTENSOR_CENSUS_EXCLUSIONS);
+  const std::set<std::string> pytorch = read_lines(dtensor::build_paths::census_pytorch_ops);
+  const auto exclusions = read_exclusions(dtensor::build_paths::census_exclusions);
   std::set<std::string> ours;
   for (const std::string& op : dtensor::ops_with_sharding_rules())
     if (op.rfind("aten::", 0) == 0) ours.insert(op);
