@@ -11,10 +11,14 @@ python=$1 gpt_train=$2
 cluster_with_logs 2
 export DTENSOR_BACKEND=gloo DTENSOR_TIMEOUT_S=10
 port=$((20000 + $$ % 20000))
+# last_call_timeout: how long a rendezvous that has its minimum (node 0 alone) waits for more. On a loaded
+# machine node 1's agent joined 1.5 s after node 0's; with 1 s node 0 had started alone, restarted its
+# workers for node 1, and the second round never gave node 1 a master address (CI, under ctest --parallel).
+# Both nodes end the first wait at once when they arrive; the restart after the kill pays the full 10 s.
 for i in 0 1; do
   on_node "$i" "$python" -m torch.distributed.run --nnodes 1:2 --nproc-per-node 2 --max-restarts 1 \
     --rdzv-backend c10d --rdzv-endpoint "$(node_address 0):$port" --rdzv-id elastic-test \
-    --rdzv-conf last_call_timeout=1,join_timeout=60 --monitor-interval 0.2 --no-python \
+    --rdzv-conf last_call_timeout=10,join_timeout=60 --monitor-interval 0.2 --no-python \
     "$gpt_train" --steps 40 --modes tp --checkpoint-every 5 "$logs/checkpoints" >"$logs/node$i.log" 2>&1 &
   pids[i]=$!
 done
