@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Fails when a lower layer of dtensor includes a higher one (docs/architecture.md names the layers).
+"""Fails when a lower layer of dtensor includes a higher one, or another layer's private header
+(docs/architecture.md names the layers).
 
 Every source file belongs to the layer of its directory under src/, every public header to the layer
 the table below gives it (the layer whose sources implement it). A file may include headers of its own layer and of the layers it is built
 on (LAYERS: each layer with the layers below it that it may use), nothing else. A public header
-missing from the table is an error too, so a new one is placed on purpose.
+missing from the table is an error too, so a new one is placed on purpose. Of another layer's headers
+under src/, only those in INTERNAL_DOORS may be included: the rest are that layer's own business.
 
 Usage: check_layers.py [repository root]   (exit 1 and one line per offending include)
 """
@@ -43,6 +45,24 @@ PUBLIC_HEADERS = {
     "dtensor.h": None,  # the umbrella header, for users only
 }
 
+# Headers under src/ that layers above theirs may include, each with what it is for. Any other header
+# under src/<layer>/ is private to that layer.
+INTERNAL_DOORS = {
+    "io/checked_int.h": "integers read from untrusted files",
+    "io/json.h": "nlohmann with the project's warnings silenced",
+    "io/untrusted_json.h": "JSON from untrusted files, checked",
+    "io/zip_archive.h": "zip archives (.pt2, checkpoints)",
+    "mesh/collectives.h": "collectives on process groups, with timeouts naming rank and op",
+    "redistribute/executor.h": "running redistribution plans, strided chunks",
+    "redistribute/cross_mesh.h": "moving tensors between meshes",
+    "redistribute/redistribute_log.h": "the log of what redistribution moved",
+    "tensor/as_dtensor.h": "a DTensor's implementation from an at::Tensor",
+    "tensor/autograd_node_ptr.h": "autograd nodes held across calls",
+    "tensor/autograd_nodes.h": "DTensor's autograd functions",
+    "tensor/pending_local.h": "local tensors whose collectives are in flight",
+    "sharding/for_graph.h": "what graph passes ask of the rules and the cost model",
+}
+
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -55,6 +75,17 @@ def layer_of_header(root, including, name):
         return PUBLIC_HEADERS[key]
     target = (including.parent / name).resolve()
     return layer_of_path(root, target)
+
+
+def is_private_to_another_layer(root, including_layer, including, name):
+    """Whether `name` (a relative include) is a header under src/ of a layer other than the includer's,
+    which that layer does not offer in INTERNAL_DOORS."""
+    if name.startswith("dtensor/"):
+        return False
+    parts = (including.parent / name).resolve().relative_to(root).parts
+    if parts[0] != "src" or parts[1] == including_layer:
+        return False
+    return "/".join(parts[1:]) not in INTERNAL_DOORS
 
 
 def layer_of_path(root, path):
@@ -93,6 +124,9 @@ def main():
             elif used != layer and used not in LAYERS[layer]:
                 problems.append(f"{path.relative_to(root)} ({layer}) includes {name} ({used}): {layer} is built "
                                 f"on {', '.join(sorted(LAYERS[layer])) or 'nothing'}")
+            elif is_private_to_another_layer(root, layer, path, name):
+                problems.append(f"{path.relative_to(root)} ({layer}) includes {name}, private to {used}: include "
+                                f"what {used} offers (INTERNAL_DOORS), or offer this header there on purpose")
     for p in problems:
         print(p)
     if problems:

@@ -8,7 +8,9 @@ Face causal mask) must read -inf back, not +inf.
 
     python scripts/check_saved_programs.py SAVED_DIR MODELS_DIR
 """
+import concurrent.futures
 import json
+import multiprocessing
 import os
 import sys
 
@@ -33,37 +35,48 @@ def load_set(models_dir, name):
     return out
 
 
+class Refused(Exception):
+    """A saved program PyTorch does not read as it should."""
+
+
+def check(saved_dir, models_dir, name):
+    """Loads one saved program and checks it; returns the line to print, raises Refused."""
+    ep = torch.export.load(os.path.join(saved_dir, name))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    collectives = [t for t in targets if "_c10d_functional" in t]
+    if name.startswith("tp_"):
+        if not collectives:
+            raise Refused(f"{name}: a tensor-parallel program without collectives")
+        return f"ok {name}: loads, {len(targets)} nodes, {len(collectives)} collective nodes"
+    if name in MINUS_INFINITY:
+        args = [a for n in ep.graph.nodes if n.op == "call_function" for a in n.args]
+        if not any(isinstance(a, float) and a == float("-inf") for a in args):
+            raise Refused(f"{name}: its -inf constants did not survive the round trip")
+        return f"ok {name}: loads, its -inf constants read back as -inf"
+    reference = REFERENCES.get(name)
+    if reference is None:
+        return f"ok {name}: loads, {len(targets)} nodes"
+    tensors = load_set(models_dir, reference)
+    # Saved with the reference input as its sample input (graph::SaveProgramOptions::sample_inputs).
+    args, kwargs = ep.example_inputs
+    if len(args) != 1 or kwargs or not torch.equal(args[0], tensors["input0"]):
+        raise Refused(f"{name}: its sample inputs are not the reference input")
+    out = ep.module()(tensors["input0"])
+    torch.testing.assert_close(out, tensors["output0"], rtol=1e-5, atol=1e-6)
+    return f"ok {name}: loads with its sample inputs and runs in PyTorch, outputs equal the reference"
+
+
 def main(saved_dir, models_dir):
     files = sorted(f for f in os.listdir(saved_dir) if f.endswith(".pt2"))
     if not files:
         sys.exit(f"no .pt2 files in {saved_dir}")
-    for name in files:
-        ep = torch.export.load(os.path.join(saved_dir, name))
-        targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
-        collectives = [t for t in targets if "_c10d_functional" in t]
-        if name.startswith("tp_"):
-            if not collectives:
-                sys.exit(f"{name}: a tensor-parallel program without collectives")
-            print(f"ok {name}: loads, {len(targets)} nodes, {len(collectives)} collective nodes")
-            continue
-        if name in MINUS_INFINITY:
-            args = [a for n in ep.graph.nodes if n.op == "call_function" for a in n.args]
-            if not any(isinstance(a, float) and a == float("-inf") for a in args):
-                sys.exit(f"{name}: its -inf constants did not survive the round trip")
-            print(f"ok {name}: loads, its -inf constants read back as -inf")
-            continue
-        reference = REFERENCES.get(name)
-        if reference is None:
-            print(f"ok {name}: loads, {len(targets)} nodes")
-            continue
-        tensors = load_set(models_dir, reference)
-        # Saved with the reference input as its sample input (graph::SaveProgramOptions::sample_inputs).
-        args, kwargs = ep.example_inputs
-        if len(args) != 1 or kwargs or not torch.equal(args[0], tensors["input0"]):
-            sys.exit(f"{name}: its sample inputs are not the reference input")
-        out = ep.module()(tensors["input0"])
-        torch.testing.assert_close(out, tensors["output0"], rtol=1e-5, atol=1e-6)
-        print(f"ok {name}: loads with its sample inputs and runs in PyTorch, outputs equal the reference")
+    # Two processes (forked after torch's import): loading is most of the time, one archive at a time.
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+        try:
+            for line in pool.map(check, [saved_dir] * len(files), [models_dir] * len(files), files):
+                print(line)
+        except Refused as e:
+            sys.exit(str(e))
     print(f"PASS: {len(files)} programs")
 
 

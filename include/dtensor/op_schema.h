@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dtensor/spec.h"
@@ -81,6 +82,43 @@ using LocalArgs = std::vector<std::pair<size_t, c10::IValue>>;
 // results) on it, like a boxed kernel. May run collectives on the mesh (identically on every rank).
 using LocalKernel = std::function<void(const c10::OperatorHandle&, torch::jit::Stack&)>;
 
+// A local kernel written as ops a graph can hold (ATen ops and _c10d_functional collectives), so that
+// a per-rank program running it can be saved, loaded by torch.export.load and compiled like any other.
+// The rule that owns the kernel writes it (OpRule::graph_form), against this builder, which the graph
+// layer implements: a value is a handle the builder gave out.
+struct FormValue {
+  int64_t id = -1;
+};
+// An argument of an op in a graph form: a value, a list of values (Tensor[]), or a constant (numbers,
+// lists, dtypes, None, ...).
+struct FormArg {
+  std::optional<FormValue> value;
+  std::vector<FormValue> values;
+  bool is_list = false;
+  c10::IValue constant;
+  FormArg(FormValue v) : value(v) {}  // NOLINT: each kind reads as an argument
+  FormArg(std::vector<FormValue> list) : values(std::move(list)), is_list(true) {}  // NOLINT
+  FormArg(c10::IValue c) : constant(std::move(c)) {}  // NOLINT
+  template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
+  FormArg(T number) : constant(number) {}  // NOLINT
+  FormArg(std::vector<int64_t> ints) : constant(std::move(ints)) {}  // NOLINT
+};
+class GraphFormBuilder {
+ public:
+  virtual ~GraphFormBuilder() = default;
+  // This rank's part of the call's tensor argument `arg` (numbered as the op's schema numbers them).
+  virtual FormValue input(size_t arg) = 0;
+  // A call of dispatcher op `qualified` ("aten::sub.Scalar") with `args` for its leading arguments and
+  // the schema's defaults for the rest; its first output, named after `name` (none for an op without
+  // outputs, such as an assertion).
+  virtual FormValue op(const std::string& qualified, std::vector<FormArg> args, const std::string& name) = 0;
+  // `value` reduced by `op` over the group of mesh dim `mesh_dim`, every rank of it getting the result
+  // (_c10d_functional.all_reduce and its wait_tensor).
+  virtual FormValue all_reduce(FormValue value, ReduceOp op, int64_t mesh_dim) = 0;
+};
+// Writes the kernel's computation with the builder and returns its outputs, one per op output.
+using GraphForm = std::function<std::vector<FormValue>(GraphFormBuilder&)>;
+
 // The decision for a call: where each output lives and where each input must be moved first. It is
 // cached, and caches must not keep meshes alive, so output specs carry no mesh (dispatch gives them
 // the call's), and a LocalKernel captures the mesh by plain pointer (OpSchema::mesh.get()): a cached
@@ -90,6 +128,7 @@ struct OutputSharding {
   std::vector<std::optional<Placements>> input_moves;  // per input; nullopt when it stays as is
   LocalArgs local_args;
   LocalKernel local_kernel;  // empty: run the op itself
+  GraphForm graph_form;      // the local kernel as graph ops; empty where it has none
   PlacementStrategy chosen;
 };
 
@@ -98,6 +137,8 @@ using MeshRule = std::function<OpStrategy(const OpSchema&)>;
 using LocalArgsRule = std::function<LocalArgs(const OpSchema&, const PlacementStrategy&)>;
 // Returns the LocalKernel for the chosen strategy, or an empty one to run the op itself.
 using LocalKernelRule = std::function<LocalKernel(const OpSchema&, const PlacementStrategy&)>;
+// Returns the GraphForm of the local kernel the LocalKernelRule returns for the same call and strategy.
+using GraphFormRule = std::function<GraphForm(const OpSchema&, const PlacementStrategy&)>;
 // Global metas of an op's outputs computed by a rule family, for ops without a Meta kernel (the
 // fallback otherwise runs the op on expanded-zero stand-ins of the global shapes).
 using OutputMetaRule = std::function<std::vector<TensorMeta>(const c10::OperatorHandle&, c10::ArrayRef<c10::IValue>)>;

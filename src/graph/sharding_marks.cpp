@@ -6,10 +6,9 @@
 #include <set>
 #include <unordered_map>
 
-#include "../sharding/propagation.h"
-#include "../sharding/registry.h"
+#include "../sharding/for_graph.h"
 #include "dtensor/errors.h"
-#include "lowerings.h"
+#include "graph_forms.h"
 #include "reshard.h"
 #include "strategy_choice.h"
 #include "strategy_key.h"
@@ -317,7 +316,7 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
       }
       continue;
     }
-    if (!dtensor::detail::find_rule(*node->op)) {
+    if (!dtensor::detail::has_sharding_rule(*node->op)) {
       std::string sharded;
       for (const auto& in : c.inputs)
         if (!all_replicate(in.spec->placements)) sharded += (sharded.empty() ? "" : ", ") + to_string(in.spec->placements);
@@ -403,6 +402,7 @@ Marks mark_sharding(Program& program, const MeshPtr& mesh, const MarkOptions& op
       s.moves.push_back(n.inputs[k] && choice.at(n.inputs[k]) != d.chosen.inputs[k] ? std::optional(d.chosen.inputs[k]) : std::nullopt);
     s.local_args = d.local_args;
     s.local_kernel = d.local_kernel;
+    s.graph_form = d.graph_form;
   }
   return result;
 }
@@ -453,10 +453,9 @@ void partition(Program& program, const MeshPtr& mesh, Marks& all_marks, const st
       if (!localized.count(index) && has_symbol(node->args[index]))
         all_marks.sizes.localize_argument(program, node, index, global_hints(node->args[index]));
     if (!s.local_kernel || only_checks(*node)) continue;
-    const auto global_of = [&](const Value* v) -> const TensorMeta& { return global.at(v); };
-    const Replacements lowered = lower_local_kernel(program, *mesh, node, global_of);
-    for (const auto& [old_value, by] : lowered) global[by] = global.at(old_value);
-    if (lowered.empty()) {
+    if (s.graph_form) {
+      for (const auto& [old_value, by] : write_graph_form(program, mesh, node, s.graph_form)) global[by] = global.at(old_value);
+    } else {
       node->local_kernel = s.local_kernel;
       placed.append_note(*node, "runs dtensor's local kernel");
     }

@@ -21,6 +21,7 @@ struct NodeSharding {
   std::vector<std::optional<Placements>> moves;  // per tensor input: where it must be first
   LocalArgs local_args;
   LocalKernel local_kernel;
+  GraphForm graph_form;  // the local kernel as graph ops, where its rule gives one
   bool no_rule = false;  // the op has no sharding rule: it ran on Replicate inputs
 };
 

@@ -8,7 +8,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "../sharding/propagation.h"
+#include "../sharding/for_graph.h"
 #include "dtensor/redistribute_plan.h"
 
 namespace dtensor::graph::detail {

@@ -6,6 +6,7 @@
 #include "../redistribute/executor.h"
 #include "../redistribute/redistribute_log.h"
 #include "../tensor/as_dtensor.h"
+#include "eager_graph_form.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/errors.h"
@@ -193,6 +194,14 @@ void push_empty_outputs(const c10::FunctionSchema& schema, const DeviceMesh& mes
 
 }  // namespace
 
+// The strategy's local kernel, or its graph form where tests ask for forms (eager_graph_form.h).
+void run_local_kernel(const c10::OperatorHandle& op, const OutputSharding& decision, const DeviceMesh& mesh, torch::jit::Stack& stack) {
+  if (!decision.graph_form) return decision.local_kernel(op, stack);
+  count_call_with_a_graph_form();
+  if (graph_forms_run_eagerly()) return run_graph_form(decision.graph_form, mesh, op, stack);
+  decision.local_kernel(op, stack);
+}
+
 void record_op_for_debug(const c10::OperatorHandle& op, const std::vector<TensorInput>& inputs) {
   auto* debug = CommDebugMode::active();
   if (debug == nullptr) return;
@@ -243,7 +252,7 @@ void dispatch_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
   if (mesh->coordinate()) {
     replace_inputs(op, args, inputs, decision);
     for (const auto& [index, value] : decision.local_args) args[index] = value;
-    if (decision.local_kernel) decision.local_kernel(op, *stack);
+    if (decision.local_kernel) run_local_kernel(op, decision, *mesh, *stack);
     else op.callBoxed(*stack);
   } else {
     if (const auto rule = find_rule(op); rule->outside_mesh) rule->outside_mesh(op, arg_view);

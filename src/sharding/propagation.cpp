@@ -388,6 +388,9 @@ OutputSharding decision_for(const Candidates& c, const PlacementStrategy& chosen
   }
   if (c.rule->local_args) decision.local_args = c.rule->local_args(c.schema, chosen);
   if (c.rule->local_kernel) decision.local_kernel = c.rule->local_kernel(c.schema, chosen);
+  // Graph programs are functional: an op writing its arguments keeps its kernel (and is not saved).
+  if (decision.local_kernel && c.rule->graph_form && !c.schema.schema.is_mutable())
+    decision.graph_form = c.rule->graph_form(c.schema, chosen);
   return decision;
 }
 

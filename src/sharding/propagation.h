@@ -4,6 +4,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "dtensor/op_schema.h"
+#include "for_graph.h"
 
 namespace dtensor::detail {
 
@@ -20,25 +21,11 @@ struct CachedDecision {
 const CachedDecision& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                                 const std::vector<TensorInput>& inputs, const MeshPtr& mesh);
 
-// Every strategy the op's rule offers for this call, each as the decision propagation would make had
-// it chosen that one (uncached). Rule tests run each of them against single-device results.
-std::vector<OutputSharding> every_decision(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
-                                           const std::vector<TensorInput>& inputs, const MeshPtr& mesh);
-
 // Every combination of one single-mesh-dim strategy per mesh dim: what propagation makes of a DimRule.
 // For mesh rules that start from per-dim strategies and keep some of the combinations.
 OpStrategy expand_dim_strategies(const std::vector<DimStrategy>& per_dim, int64_t mesh_ndim, size_t n_out, size_t n_in);
 
-// Whether any mesh dim of `placements` is a StridedShard (rules say what they make of one: StridedShards
-// in registry.h; graph programs keep to strategies without them).
-bool holds_strided(const Placements& placements);
-
 // Makes every thread's cache drop its entries before its next lookup (after a rule changes).
 void invalidate_propagation_caches();
-
-// Cost of moving a tensor with `spec` to `placements`: the bytes its plan moves per rank (as seen by
-// the mesh's first coordinate, so that every rank agrees) plus a fixed latency per collective, and
-// one per local step so that a strategy needing no change at all beats one needing a free local chunk.
-double redistribute_cost(const DTensorSpec& spec, const Placements& placements);
 
 }  // namespace dtensor::detail

@@ -107,6 +107,8 @@ std::shared_ptr<const OpRule> find_rule(const c10::OperatorHandle& op) {
   return it == r.rules.end() ? nullptr : it->second;
 }
 
+bool has_sharding_rule(const c10::OperatorHandle& op) { return find_rule(op) != nullptr; }
+
 namespace {
 
 // The call as its functional form sees it: the same arguments, without the out tensors.
@@ -177,6 +179,7 @@ LocalKernel into_out_tensors(const c10::FunctionSchema& schema, LocalKernel func
 // out= call runs that kernel and copies its results into the out tensors.
 OpRule out_form(const OpRule& rule, const c10::OperatorHandle& functional) {
   OpRule out = rule;
+  out.graph_form = {};  // graph programs are functional: out= overloads never reach a graph form
   if (rule.dim)
     out.dim = [dim = rule.dim](const OpSchema& s) {
       std::vector<DimStrategy> strategies = dim(without_out_arguments(s));

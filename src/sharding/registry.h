@@ -34,6 +34,7 @@ struct OpRule {
   MeshRule mesh;  // or a rule over the whole mesh
   LocalArgsRule local_args = {};      // optional: arguments to rewrite for the local call
   LocalKernelRule local_kernel = {};  // optional: a replacement for the op on local shards
+  GraphFormRule graph_form = {};      // optional: that replacement as graph ops (saved programs need it)
   OutputMetaRule output_metas = {};   // optional: output metas when the op has no Meta kernel
   std::string family = "custom";      // which rules file: "pointwise", "matrix", ...
   StridedShards strided_shards = StridedShards::Gathered;

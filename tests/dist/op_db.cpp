@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "../../src/sharding/eager_graph_form.h"
 #include "dtensor/comm_debug.h"
 #include "op_db_coverage.h"
 
@@ -294,6 +295,20 @@ DerivativeProbe probe_derivative(const OpSample& sample) {
   return ::testing::AssertionSuccess();
 }
 
+// The check again with every local kernel that has a graph form running as that form (run through
+// the dispatcher op by op, as a saved program would run it), where the first check ran any such kernel.
+::testing::AssertionResult check_graph_forms(const OpSample& sample, const MeshPtr& m, const std::vector<Placements>& placements,
+                                             uint64_t seed) {
+  struct FormsOn {
+    FormsOn() { detail::set_graph_forms_run_eagerly(true); }
+    ~FormsOn() { detail::set_graph_forms_run_eagerly(false); }
+  } on;
+  SampleRun run;
+  ::testing::AssertionResult r = check(sample, m, placements, seed, run);
+  if (!r) r << " (with graph forms)";
+  return r;
+}
+
 // Runs every combination of `sample` on the meshes it asks for, recording what ran into the coverage
 // table; returns the failures.
 std::vector<std::string> run_sample(const OpSample& sample) {
@@ -306,7 +321,12 @@ std::vector<std::string> run_sample(const OpSample& sample) {
       ::testing::AssertionResult r = ::testing::AssertionFailure();
       SampleRun run;
       try {
+        const uint64_t forms_before = detail::calls_with_a_graph_form();
         r = check(sample, m, placements, ++seed, run);
+        if (r && detail::calls_with_a_graph_form() != forms_before) {
+          r = check_graph_forms(sample, m, placements, seed);
+          if (r) record_graph_forms_checked(sample);
+        }
       } catch (const std::exception& e) {
         r = ::testing::AssertionFailure() << "threw: " << e.what();
       }

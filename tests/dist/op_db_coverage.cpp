@@ -32,6 +32,11 @@ std::map<std::string, OpCoverage>& coverage() {
   return c;
 }
 
+std::map<std::string, int>& graph_forms_checked() {  // combinations per sample
+  static std::map<std::string, int> c;
+  return c;
+}
+
 std::map<std::string, SampleInfo>& sample_info() {
   static std::map<std::string, SampleInfo> s;
   return s;
@@ -109,6 +114,8 @@ void record_run(const OpSample& sample, int64_t mesh_ndim, const SampleRun& run)
   record_calls(run.backward, sample.name, mesh_ndim, false, false);
 }
 
+void record_graph_forms_checked(const OpSample& sample) { ++graph_forms_checked()[sample.name]; }
+
 void record_sample_done(const OpSample& sample, DerivativeProbe probe) {
   SampleInfo& s = sample_info()[sample.name];
   s.done = true;
@@ -148,6 +155,9 @@ CoverageReport coverage_report() {
           << meshes_column(c.meshes) << " | " << gradient << "\n";
     if (gap) report.problems.push_back(op + ": " + gradient);
   }
+  table << "graph forms of local kernels, checked op by op (combinations per sample):";
+  for (const auto& [sample, combinations] : graph_forms_checked()) table << " " << sample << " " << combinations;
+  table << "\n";
   report.table = table.str();
   return report;
 }

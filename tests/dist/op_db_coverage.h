@@ -27,6 +27,8 @@ struct DerivativeProbe {
 };
 
 void record_run(const OpSample& sample, int64_t mesh_ndim, const SampleRun& run);
+// A combination of `sample` passed again with its local kernels' graph forms (op_db.cpp).
+void record_graph_forms_checked(const OpSample& sample);
 void record_sample_done(const OpSample& sample, DerivativeProbe probe);
 bool sample_done(const OpSample& sample);
 

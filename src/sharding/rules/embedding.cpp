@@ -49,6 +49,23 @@ LocalKernel masked_lookup(const OpSchema& s, const PlacementStrategy& chosen) {
   };
 }
 
+// masked_lookup as graph ops. The indices are whole (the strategy replicates them), so their local
+// shape is the global one.
+GraphForm masked_lookup_form(const OpSchema& s, const PlacementStrategy& chosen) {
+  const Shape& table = s.input(0).meta.shape;
+  const ChunkExtent rows = held_rows(s, table, chosen.inputs[0]);
+  std::vector<int64_t> looked_up_shape = s.input(1).meta.shape;
+  looked_up_shape.push_back(table[1]);
+  return [rows, looked_up_shape](GraphFormBuilder& b) -> std::vector<FormValue> {
+    const FormValue weight = b.input(0), indices = b.input(1);
+    if (rows.size == 0) return {b.op("aten::new_zeros", {weight, looked_up_shape}, "none_held")};
+    const FormIndexWindow window = index_window_form(b, indices, rows.offset, rows.size);
+    const FormValue looked = b.op("aten::embedding", {weight, window.local_index}, "local_lookup");
+    const FormValue missing = b.op("aten::logical_not", {b.op("aten::unsqueeze", {window.held, int64_t{-1}}, "held_rows")}, "missing");
+    return {b.op("aten::masked_fill.Scalar", {looked, missing, 0.0}, "lookup")};
+  };
+}
+
 // ---- embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq) --
 
 // The row-sharded gradient comes first, so it is chosen when the gradient and the indices are both
@@ -94,7 +111,7 @@ std::vector<TensorMeta> backward_meta(const c10::OperatorHandle&, c10::ArrayRef<
 }
 
 const bool embedding_rules_registered = [] {
-  detail::register_family({"aten::embedding"}, {.dim = embedding, .local_kernel = masked_lookup, .family = "embedding"});
+  detail::register_family({"aten::embedding"}, {.dim = embedding, .local_kernel = masked_lookup, .graph_form = masked_lookup_form, .family = "embedding"});
   detail::register_family({"aten::embedding_dense_backward"},
                           {.dim = embedding_backward, .local_kernel = masked_backward, .output_metas = backward_meta,
                            .family = "embedding"});

@@ -47,6 +47,17 @@ IndexWindow index_window(const at::Tensor& indices, int64_t offset, int64_t size
   return {held, local_index, held_count == indices.numel()};
 }
 
+FormIndexWindow index_window_form(GraphFormBuilder& b, FormValue indices, int64_t offset, int64_t size, int64_t elsewhere,
+                                  int64_t dropped) {
+  FormValue held = b.op("aten::logical_and", {b.op("aten::ge.Scalar", {indices, offset}, "from_lo"),
+                                              b.op("aten::lt.Scalar", {indices, offset + size}, "below_hi")},
+                        "held");
+  if (dropped >= offset && dropped < offset + size)
+    held = b.op("aten::logical_and", {held, b.op("aten::ne.Scalar", {indices, dropped}, "not_dropped")}, "held_not_dropped");
+  const FormValue shifted = b.op("aten::sub.Scalar", {indices, offset}, "local_index");
+  return {held, b.op("aten::where.ScalarOther", {held, shifted, elsewhere}, "held_index")};
+}
+
 std::optional<int64_t> first_index_outside(const at::Tensor& indices, int64_t rows, std::optional<int64_t> ignored) {
   if (!indices.device().is_cpu()) {  // read back to the host: the caller needs the answer now
     at::Tensor outside = indices.lt(0).logical_or(indices.ge(rows));

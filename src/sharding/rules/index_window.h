@@ -6,6 +6,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "dtensor/op_schema.h"
+
 #include <cstdint>
 #include <optional>
 
@@ -22,6 +24,13 @@ struct IndexWindow {
 // a table could hold.
 IndexWindow index_window(const at::Tensor& indices, int64_t offset, int64_t size, int64_t elsewhere = 0,
                          int64_t dropped = -1);
+
+// index_window as graph ops (GraphForm): the same `held` and `local_index`, for indices on any device.
+struct FormIndexWindow {
+  FormValue held, local_index;
+};
+FormIndexWindow index_window_form(GraphFormBuilder& b, FormValue indices, int64_t offset, int64_t size,
+                                  int64_t elsewhere = 0, int64_t dropped = -1);
 
 // The first index outside [0, rows) that is not `ignored`; nullopt when there is none. CPU indices are
 // scanned on the host (no op dispatched); on other devices the answer waits for the device, so a

@@ -24,6 +24,7 @@
 #include "../../mesh/collectives.h"
 #include "../registry.h"
 #include "dtensor/errors.h"
+#include "index_window.h"
 #include "rule_helpers.h"
 
 namespace dtensor::rules {
@@ -66,6 +67,18 @@ std::vector<DimStrategy> log_softmax_with(const OpSchema& s, size_t dim_arg, int
   return out;
 }
 
+// The call's op, as a graph form calls it on local arguments ("aten::nll_loss_forward").
+std::string qualified_op(const OpSchema& s) {
+  const auto& name = s.schema.operator_name();
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+// detail::all_reduce_over in a graph form: `v` reduced over each of `mesh_dims` in turn.
+FormValue all_reduce_form(GraphFormBuilder& b, FormValue v, const std::vector<int64_t>& mesh_dims, ReduceOp op) {
+  for (int64_t m : mesh_dims) v = b.all_reduce(v, op, m);
+  return v;
+}
+
 // Forward: the row max and the row sum of exponentials.
 std::vector<DimStrategy> log_softmax(const OpSchema& s) { return log_softmax_with(s, 1, 2); }
 
@@ -101,6 +114,27 @@ LocalKernel sharded_log_softmax(const OpSchema& s, const PlacementStrategy& chos
   };
 }
 
+// sharded_log_softmax as graph ops.
+GraphForm sharded_log_softmax_form(const OpSchema& s, const PlacementStrategy& chosen) {
+  const int64_t dim = wrap_dim(s.args[1].toInt(), s.input_ndim(0));
+  const auto split = mesh_dims_sharding(chosen.inputs[0], dim);
+  Shape row_shape = local_part(s, s.input(0).meta.shape, chosen.inputs[0]).shape;
+  const bool empty_shard = row_shape[dim] == 0;
+  row_shape[dim] = 1;
+  const at::ScalarType dtype = s.outputs[0].dtype;
+  const bool cast = s.input(0).meta.dtype != dtype;
+  return [=](GraphFormBuilder& b) -> std::vector<FormValue> {
+    FormValue x = b.input(0);
+    if (cast) x = b.op("aten::_to_copy", {x, c10::IValue(dtype)}, "in_output_dtype");
+    const FormValue local_max = empty_shard ? b.op("aten::new_full", {x, row_shape, -std::numeric_limits<double>::infinity()}, "no_max")
+                                            : b.op("aten::amax", {x, std::vector<int64_t>{dim}, true}, "local_max");
+    const FormValue shifted = b.op("aten::sub.Tensor", {x, all_reduce_form(b, local_max, split, ReduceOp::Max)}, "shifted");
+    const FormValue sum_exp = b.op("aten::sum.dim_IntList", {b.op("aten::exp", {shifted}, "exp"), std::vector<int64_t>{dim}, true}, "sum_exp");
+    return {b.op("aten::sub.Tensor", {shifted, b.op("aten::log", {all_reduce_form(b, sum_exp, split, ReduceOp::Sum)}, "log_sum_exp")},
+                 "log_softmax")};
+  };
+}
+
 // Its gradient over a sharded dim: grad - exp(output) * sum(grad) with the sum all-reduced.
 LocalKernel sharded_log_softmax_backward(const OpSchema& s, const PlacementStrategy& chosen) {
   const int64_t dim = wrap_dim(s.args[2].toInt(), s.input_ndim(0));
@@ -112,6 +146,23 @@ LocalKernel sharded_log_softmax_backward(const OpSchema& s, const PlacementStrat
     at::Tensor sum = grad.sum(dim, /*keepdim=*/true);
     detail::all_reduce_over(*mesh, split, sum, ReduceOp::Sum);
     torch::jit::push(stack, (grad - output.exp() * sum).to(dtype));
+  };
+}
+
+// sharded_log_softmax_backward as graph ops.
+GraphForm sharded_log_softmax_backward_form(const OpSchema& s, const PlacementStrategy& chosen) {
+  const int64_t dim = wrap_dim(s.args[2].toInt(), s.input_ndim(0));
+  const auto split = mesh_dims_sharding(chosen.inputs[0], dim);
+  const at::ScalarType dtype = s.outputs[0].dtype;
+  const bool cast = s.input(0).meta.dtype != dtype;
+  return [=](GraphFormBuilder& b) -> std::vector<FormValue> {
+    const FormValue grad = b.input(0), output = b.input(1);
+    const FormValue sum = all_reduce_form(b, b.op("aten::sum.dim_IntList", {grad, std::vector<int64_t>{dim}, true}, "grad_sum"), split,
+                                          ReduceOp::Sum);
+    FormValue out = b.op("aten::sub.Tensor", {grad, b.op("aten::mul.Tensor", {b.op("aten::exp", {output}, "softmax"), sum}, "scaled")},
+                         "grad_input");
+    if (cast) out = b.op("aten::_to_copy", {out, c10::IValue(dtype)}, "in_output_dtype");
+    return {out};
   };
 }
 
@@ -222,11 +273,57 @@ at::Tensor target_stats(const at::Tensor& target, const at::Tensor& weight, int6
   return at::stack({total, (counted & in_bounds.logical_not()).sum().to(dtype)});
 }
 
+// target_stats as graph ops.
+FormValue target_stats_form(GraphFormBuilder& b, FormValue target, std::optional<FormValue> weight, int64_t ignore_index,
+                            int64_t classes, at::ScalarType dtype) {
+  const FormValue counted = b.op("aten::ne.Scalar", {target, ignore_index}, "counted");
+  const FormValue in_bounds = b.op("aten::logical_and", {b.op("aten::ge.Scalar", {target, int64_t{0}}, "from_0"),
+                                                         b.op("aten::lt.Scalar", {target, classes}, "below_classes")},
+                                   "in_bounds");
+  const FormValue picked = b.op("aten::logical_and", {counted, in_bounds}, "picked");
+  FormValue total;
+  if (weight) {
+    const FormValue picked_target = b.op("aten::where.ScalarOther", {picked, target, int64_t{0}}, "picked_target");
+    const FormValue weights = b.op("aten::take", {*weight, picked_target}, "target_weights");
+    total = b.op("aten::sum", {b.op("aten::where.ScalarOther", {picked, weights, int64_t{0}}, "picked_weights")}, "total_weight");
+  } else {
+    total = b.op("aten::sum", {picked, c10::IValue(dtype)}, "total_weight");
+  }
+  const FormValue outside = b.op("aten::logical_and", {counted, b.op("aten::logical_not", {in_bounds}, "out_of_bounds")}, "outside");
+  return b.op("aten::stack", {std::vector<FormValue>{total, b.op("aten::sum", {outside, c10::IValue(dtype)}, "outside_count")}},
+              "target_stats");
+}
+
+// local_targets as graph ops: the targets in this rank's class range, and its slice of weight.
+struct LocalTargetsForm {
+  FormValue target;
+  FormArg weight;
+};
+LocalTargetsForm local_targets_form(GraphFormBuilder& b, FormValue target, std::optional<FormValue> weight, int64_t ignore_index,
+                                    ClassRange r) {
+  const FormIndexWindow here = index_window_form(b, target, r.offset, r.size, kNotHere, ignore_index);
+  if (!weight) return {here.local_index, c10::IValue()};
+  return {here.local_index, b.op("aten::slice.Tensor", {*weight, int64_t{0}, r.offset, r.offset + r.size}, "local_weight")};
+}
+
 // Runs the op itself on local arguments; returns its outputs.
 std::vector<c10::IValue> call_local(const c10::OperatorHandle& op, std::vector<c10::IValue> args) {
   torch::jit::Stack stack(std::move(args));
   op.callBoxed(stack);
   return stack;
+}
+
+// The mesh dims sharding a sample dim of self.
+std::vector<int64_t> sample_mesh_dims(const Nll& n, const Placements& self) {
+  std::vector<int64_t> out;
+  for (int64_t m = 0; m < static_cast<int64_t>(self.size()); ++m)
+    if (self[m].is_shard() && self[m].dim() != n.class_dim) out.push_back(m);
+  return out;
+}
+
+std::string target_outside_message(const OpSchema& s, const Nll& n, const ClassRange& classes) {
+  return s.schema.name() + ": a target lies outside [0, " + std::to_string(classes.total) + ") and is not ignore_index " +
+         std::to_string(n.ignore_index);
 }
 
 // Forward on sharded self: the local op (a sum where the loss is a mean) on this rank's classes and
@@ -235,17 +332,15 @@ LocalKernel nll_forward_kernel(const OpSchema& s, const PlacementStrategy& chose
   if (!any_shard(chosen.inputs)) return {};
   const Nll n = nll_of(s, 0);
   const ClassRange classes = class_range(s, n, 0, chosen.inputs[0]);
-  std::vector<int64_t> sample_split;  // mesh dims sharding a sample dim of self
-  for (int64_t m = 0; m < static_cast<int64_t>(chosen.inputs[0].size()); ++m)
-    if (chosen.inputs[0][m].is_shard() && chosen.inputs[0][m].dim() != n.class_dim) sample_split.push_back(m);
-  return [n, classes, sample_split, mesh = s.mesh](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+  const std::vector<int64_t> sample_split = sample_mesh_dims(n, chosen.inputs[0]);
+  return [n, classes, sample_split, mesh = s.mesh, message = target_outside_message(s, n, classes)](const c10::OperatorHandle& op,
+                                                                                                     torch::jit::Stack& stack) {
     auto args = torch::jit::pop(stack, op.schema().arguments().size());
     const at::Tensor self = args[0].toTensor(), target = args[1].toTensor();
     const at::Tensor weight = args[2].isNone() ? at::Tensor() : args[2].toTensor();
     at::Tensor stats = target_stats(target, weight, n.ignore_index, classes.total, self.scalar_type());
     detail::all_reduce_over(*mesh, sample_split, stats, ReduceOp::Sum);
-    check_on_device(stats[1] == 0, op.schema().name() + ": a target lies outside [0, " + std::to_string(classes.total) +
-                                       ") and is not ignore_index " + std::to_string(n.ignore_index));
+    check_on_device(stats[1] == 0, message);
     const LocalTargets local = local_targets(target, weight, n.ignore_index, classes);
     const bool mean = n.reduction == at::Reduction::Mean;
     const int64_t reduction = mean ? static_cast<int64_t>(at::Reduction::Sum) : n.reduction;
@@ -254,6 +349,29 @@ LocalKernel nll_forward_kernel(const OpSchema& s, const PlacementStrategy& chose
     at::Tensor output = outs[0].toTensor();
     torch::jit::push(stack, mean ? output / total_weight : output,
                      n.per_element() ? at::zeros_like(total_weight) : total_weight);
+  };
+}
+
+// nll_forward_kernel as graph ops; the check of the targets is an assertion in the graph.
+GraphForm nll_forward_form(const OpSchema& s, const PlacementStrategy& chosen) {
+  const Nll n = nll_of(s, 0);
+  const ClassRange classes = class_range(s, n, 0, chosen.inputs[0]);
+  const std::vector<int64_t> sample_split = sample_mesh_dims(n, chosen.inputs[0]);
+  const bool mean = n.reduction == at::Reduction::Mean;
+  const int64_t reduction = mean ? static_cast<int64_t>(at::Reduction::Sum) : n.reduction;
+  return [=, op = qualified_op(s), dtype = s.input(0).meta.dtype, message = target_outside_message(s, n, classes)](
+             GraphFormBuilder& b) -> std::vector<FormValue> {
+    const FormValue self = b.input(0), target = b.input(1);
+    const std::optional<FormValue> weight = n.has_weight ? std::optional(b.input(2)) : std::nullopt;
+    const FormValue stats =
+        all_reduce_form(b, target_stats_form(b, target, weight, n.ignore_index, classes.total, dtype), sample_split, ReduceOp::Sum);
+    const FormValue outside = b.op("aten::select.int", {stats, int64_t{0}, int64_t{1}}, "targets_outside");
+    b.op("aten::_assert_async.msg", {b.op("aten::eq.Scalar", {outside, int64_t{0}}, "none_outside"), c10::IValue(message)}, "check_targets");
+    const LocalTargetsForm local = local_targets_form(b, target, weight, n.ignore_index, classes);
+    const FormValue output = b.op(op, {self, local.target, local.weight, reduction, kNotHere}, "local_loss");
+    const FormValue total_weight = b.op("aten::select.int", {stats, int64_t{0}, int64_t{0}}, "total_weight");
+    return {mean ? b.op("aten::div.Tensor", {output, total_weight}, "mean") : output,
+            n.per_element() ? b.op("aten::zeros_like", {total_weight}, "no_total_weight") : total_weight};
   };
 }
 
@@ -269,6 +387,18 @@ LocalKernel nll_backward_kernel(const OpSchema& s, const PlacementStrategy& chos
     const at::Tensor weight = args[3].isNone() ? at::Tensor() : args[3].toTensor();
     const LocalTargets local = local_targets(args[2].toTensor(), weight, n.ignore_index, classes);
     torch::jit::push(stack, call_local(op, {args[0], args[1], local.target, local.weight, args[4], kNotHere, args[6]})[0]);
+  };
+}
+
+// nll_backward_kernel as graph ops.
+GraphForm nll_backward_form(const OpSchema& s, const PlacementStrategy& chosen) {
+  const size_t self_input = *s.input_at_arg(1);
+  const Nll n = nll_of(s, 1);
+  const ClassRange classes = class_range(s, n, self_input, chosen.inputs[self_input]);
+  return [n, classes, op = qualified_op(s)](GraphFormBuilder& b) -> std::vector<FormValue> {
+    const std::optional<FormValue> weight = n.has_weight ? std::optional(b.input(3)) : std::nullopt;
+    const LocalTargetsForm local = local_targets_form(b, b.input(2), weight, n.ignore_index, classes);
+    return {b.op(op, {b.input(0), b.input(1), local.target, local.weight, n.reduction, kNotHere, b.input(6)}, "local_grad")};
   };
 }
 
@@ -308,18 +438,34 @@ LocalKernelRule global_mean(size_t reduction_arg) {
   };
 }
 
+// global_mean as graph ops: the op on local arguments as a sum, divided by the global count.
+GraphFormRule global_mean_form(size_t reduction_arg) {
+  return [reduction_arg](const OpSchema& s, const PlacementStrategy&) -> GraphForm {
+    const bool forward = reduction_arg == 2;
+    const Shape counted = forward ? at::infer_size(s.input(0).meta.shape, s.input(1).meta.shape) : s.input(1).meta.shape;
+    return [reduction_arg, count = numel(counted), op = qualified_op(s)](GraphFormBuilder& b) -> std::vector<FormValue> {
+      std::vector<FormArg> args;
+      for (size_t i = 0; i < reduction_arg; ++i) args.emplace_back(b.input(i));
+      args.emplace_back(static_cast<int64_t>(at::Reduction::Sum));
+      return {b.op("aten::div.Scalar", {b.op(op, std::move(args), "local_sum"), count}, "mean")};
+    };
+  };
+}
+
 const bool loss_rules_registered = [] {
   using detail::register_family;
   using detail::register_overloads;  // the backward ops' out= overloads are named grad_input
-  register_family({"aten::_log_softmax"}, {.dim = log_softmax, .local_kernel = sharded_log_softmax, .family = "loss"});
-  register_family({"aten::_log_softmax_backward_data"},
-                  {.dim = log_softmax_backward, .local_kernel = sharded_log_softmax_backward, .family = "loss"});
+  register_family({"aten::_log_softmax"},
+                  {.dim = log_softmax, .local_kernel = sharded_log_softmax, .graph_form = sharded_log_softmax_form, .family = "loss"});
+  register_family({"aten::_log_softmax_backward_data"}, {.dim = log_softmax_backward, .local_kernel = sharded_log_softmax_backward,
+                                                         .graph_form = sharded_log_softmax_backward_form, .family = "loss"});
   register_family({"aten::nll_loss_forward", "aten::nll_loss2d_forward"},
-                  {.dim = nll_forward, .local_kernel = nll_forward_kernel, .family = "loss"});
+                  {.dim = nll_forward, .local_kernel = nll_forward_kernel, .graph_form = nll_forward_form, .family = "loss"});
   register_overloads({"aten::nll_loss_backward", "aten::nll_loss2d_backward"},
-                     {.dim = nll_backward, .local_kernel = nll_backward_kernel, .family = "loss"});
-  register_family({"aten::mse_loss"}, {.dim = mse, .local_kernel = global_mean(2), .family = "loss"});
-  register_overloads({"aten::mse_loss_backward"}, {.dim = mse_backward, .local_kernel = global_mean(3), .family = "loss"});
+                     {.dim = nll_backward, .local_kernel = nll_backward_kernel, .graph_form = nll_backward_form, .family = "loss"});
+  register_family({"aten::mse_loss"}, {.dim = mse, .local_kernel = global_mean(2), .graph_form = global_mean_form(2), .family = "loss"});
+  register_overloads({"aten::mse_loss_backward"},
+                     {.dim = mse_backward, .local_kernel = global_mean(3), .graph_form = global_mean_form(3), .family = "loss"});
   return true;
 }();
 

@@ -19,7 +19,6 @@
 #include "dtensor/layout.h"
 #include "optional_tensors.h"
 #include "rule_helpers.h"
-#include "squeezed_dims.h"
 
 namespace dtensor::rules {
 namespace {
@@ -292,8 +291,24 @@ LocalArgs new_empty_strided_args(const OpSchema& s, const PlacementStrategy& cho
 
 // ---- squeeze, unsqueeze ----------------------------------------------------------------------------
 
+// The dims a squeeze removes: those asked for (all when none are) that are 1 in the global shape. A
+// sharded dim can be 1 in a local shard only, so a squeeze of local shards must be told these dims.
 std::vector<int64_t> squeezed_dims(const OpSchema& s) {
-  return globally_squeezed_dims(s.input(0).meta.shape, s.args.size() == 1 ? nullptr : &s.args[1]);
+  const Shape& global_shape = s.input(0).meta.shape;
+  const auto ndim = static_cast<int64_t>(global_shape.size());
+  std::vector<int64_t> asked;
+  if (s.args.size() == 1) {
+    for (int64_t d = 0; d < ndim; ++d) asked.push_back(d);
+  } else if (s.args[1].isInt()) {
+    asked.push_back(wrap_dim(s.args[1].toInt(), ndim));
+  } else {
+    for (int64_t d : s.args[1].toIntVector()) asked.push_back(wrap_dim(d, ndim));
+  }
+  std::vector<int64_t> out;
+  for (int64_t d : asked)
+    if (d < ndim && global_shape[d] == 1 && std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::vector<DimStrategy> squeeze(const OpSchema& s) {
@@ -310,6 +325,12 @@ LocalKernel squeeze_kernel(const OpSchema& s, const PlacementStrategy&) {
     at::Tensor self = stack[stack.size() - op.schema().arguments().size()].toTensor();
     torch::jit::drop(stack, op.schema().arguments().size());
     stack.push_back(inplace ? self.squeeze_(dims) : at::squeeze(self, dims));
+  };
+}
+
+GraphForm squeeze_form(const OpSchema& s, const PlacementStrategy&) {
+  return [dims = squeezed_dims(s)](GraphFormBuilder& b) -> std::vector<FormValue> {
+    return {b.op("aten::squeeze.dims", {b.input(0), dims}, "squeeze")};
   };
 }
 
@@ -551,7 +572,7 @@ const bool view_rules_registered = [] {
                   {.mesh = view, .local_args = local_size_arg, .local_kernel = reshape_alias_kernel, .family = "view", .strided_shards = Own});
   register_family({"aten::new_empty_strided"},
                   {.mesh = new_empty_strided, .local_args = new_empty_strided_args, .family = "view"});
-  register_family({"aten::squeeze"}, {.dim = squeeze, .local_kernel = squeeze_kernel, .family = "view", .strided_shards = IndexWise});
+  register_family({"aten::squeeze"}, {.dim = squeeze, .local_kernel = squeeze_kernel, .graph_form = squeeze_form, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::unsqueeze", "aten::stack"}, {.dim = unsqueeze, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::slice"}, {.dim = slice, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::slice_backward"}, {.dim = slice, .local_args = local_size_arg, .family = "view", .strided_shards = IndexWise});

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "../harness.h"
+#include "expect_saves.h"
 #include "dtensor/graph/program.h"
 #include "dtensor/graph/tensor_parallel.h"
 #include "gpt/graph_plan.h"
@@ -32,6 +33,7 @@ TEST_F(GraphTensorParallelTest, TensorParallelMlp) {
   // Each rank holds its part of the weights only.
   EXPECT_EQ(local.state.at("fc1.weight").tensor().size(0), 32 / 4);
   EXPECT_EQ(local.state.at("fc2.weight").tensor().size(1), 32 / 4);
+  expect_saves(local, "mlp");
 }
 
 TEST_F(GraphTensorParallelTest, TensorParallelGptTrainingIr) {
@@ -40,6 +42,7 @@ TEST_F(GraphTensorParallelTest, TensorParallelGptTrainingIr) {
       g::tensor_parallel_transform(g::load_program(graph_model("gpt_train_ir_static.pt2")), mesh({4}), graph_plan(true));
   EXPECT_TRUE(tensors_close(run_one(local, io.at("input0")), io.at("output0"), 1e-4, 1e-5));
   EXPECT_EQ(collectives_in(local), gpt_module_level_collectives()) << local.str();
+  expect_saves(local, "gpt_train_ir");
 }
 
 // With lm_head replicated, the whole-graph choice (strategy_choice.h) ends differently from module
@@ -55,6 +58,7 @@ TEST_F(GraphTensorParallelTest, TensorParallelGptReplicatedHeadRunsOnABatchShard
                                                                {"_c10d_functional::reduce_scatter_tensor", 1},
                                                                {"_c10d_functional::all_gather_into_tensor", 1}}))
       << local.str();
+  expect_saves(local, "gpt_replicated_head");
 }
 
 // TP over one dim of a 2x2 mesh: the other dim holds replicas, which compute alike.
@@ -66,6 +70,7 @@ TEST_F(GraphTensorParallelTest, TensorParallelGptOnTwoDimMesh) {
   EXPECT_TRUE(tensors_close(run_one(local, io.at("input0")), io.at("output0"), 1e-4, 1e-5));
   EXPECT_EQ(collectives_in(local), gpt_module_level_collectives());
   EXPECT_EQ(local.state.at("blocks.0.mlp.fc1.weight").tensor().size(0), 512 / 2);
+  expect_saves(local, "gpt_2d_mesh");
 }
 
 TEST_F(GraphTensorParallelTest, TensorParallelGptCoreAten) {
