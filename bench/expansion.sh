@@ -42,7 +42,7 @@ at 8 and 28.1 / 31.8 s at 32, local search / exact; the same modelled costs as b
 | --- | --- | --- | --- | --- | --- |
 EOT
   for n in "${DEPTHS[@]}"; do
-    for search in local exact; do
+    for search in local exact auto; do
       line=$("$BUILD/bench/dtensor_expansion_bench" --model "$MODELS/llama_L${n}_joint.pt2" --plan "$MODELS/llama_tp_plan.json" \
                --search "$search" | tail -1)
       # "<path>: N nodes, expanded in S s (METHOD, modelled A kB vs node by node B kB); collectives: ..."

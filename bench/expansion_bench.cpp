@@ -39,7 +39,7 @@ std::string read_text(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model, plan_path, search = "exact";
+  std::string model, plan_path, search = "auto";
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--model") model = argv[i + 1];
     if (std::string(argv[i]) == "--plan") plan_path = argv[i + 1];
@@ -59,9 +59,10 @@ int main(int argc, char** argv) {
     where.user_inputs.assign(2, {dtensor::Shard(0), dtensor::Replicate()});
     where.state = g::plan_placements(program, *mesh, plan, {.tp_dim = "tp"});
     g::SpmdOptions options;
-    options.search = search == "greedy" ? g::SpmdOptions::Search::Greedy
+    options.search = search == "greedy"  ? g::SpmdOptions::Search::Greedy
                      : search == "local" ? g::SpmdOptions::Search::LocalSearch
-                                         : g::SpmdOptions::Search::Exact;
+                     : search == "exact" ? g::SpmdOptions::Search::Exact
+                                         : g::SpmdOptions::Search::Auto;
     const auto start = std::chrono::steady_clock::now();
     g::Program step = g::spmd_expand(std::move(program), mesh, where, options);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

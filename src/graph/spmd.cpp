@@ -141,8 +141,9 @@ Search search_of(SpmdOptions::Search s) {
     case SpmdOptions::Search::Greedy: return Search::Greedy;
     case SpmdOptions::Search::LocalSearch: return Search::LocalSearch;
     case SpmdOptions::Search::Exact: return Search::Exact;
+    case SpmdOptions::Search::Auto: return Search::Auto;
   }
-  return Search::Exact;
+  return Search::Auto;
 }
 
 }  // namespace

@@ -63,11 +63,11 @@ struct ProgramBuilder {
 std::map<std::string, std::string> run_passes(g::Program& program, const MeshPtr& mesh, const g::detail::MarkOptions& options,
                                              g::StrategyCosts* costs = nullptr) {
   std::map<std::string, std::string> after;
-  g::detail::PassContext context{program, mesh, options};
-  g::detail::spmd_pipeline().run(context, [&](const std::string& pass, const g::Program& p) {
+  g::detail::SpmdExpansion expansion{mesh, options};
+  g::detail::spmd_pipeline(expansion).run(program, [&](const std::string& pass, const g::Program& p) {
     after[pass] = p.str();
   });
-  if (costs) *costs = context.marks.costs;
+  if (costs) *costs = expansion.marks.costs;
   if (std::getenv("DTENSOR_GOLDEN_PRINT"))
     for (const auto& [pass, text] : after) std::cout << "---- after " << pass << "\n" << text;
   return after;
@@ -108,7 +108,7 @@ return (%head1, %head2)
 )");
   // Column-parallel fc1 leaves its features sharded through relu; the row-parallel heads leave
   // Partial sums.
-  EXPECT_EQ(after.at("mark"), R"(%fc1_weight : input [10, 6]  [S(0)]
+  EXPECT_EQ(after.at("solve"), R"(%fc1_weight : input [10, 6]  [S(0)]
 %head1_weight : input [6, 10]  [S(1)]
 %head2_weight : input [4, 10]  [S(1)]
 %x : input [8, 6]  [R]

@@ -59,6 +59,8 @@ class Value {
 struct SymSize {
   int64_t value = 0;
   Value* symbol = nullptr;
+  // The value, or the symbol's example value.
+  int64_t hint() const { return symbol ? symbol->sym_hint : value; }
 };
 
 // One argument of a node, for one schema argument.
