@@ -5,10 +5,11 @@
 namespace dtensor::graph::detail {
 namespace {
 
-// Problems up to this many nodes with options: the exact search finished on every such graph of the
-// suite (Megatron MLPs and blocks, the GPT's forward); the joint graphs, from the 2-layer GPT's up,
-// are out of its reach and it gives up after spending up to 41% of the expansion's time.
-constexpr size_t kExactSearchNodes = 160;
+// Problems up to this many nodes with options get the exact search too. Over the graph suites (run
+// with every search forced, 2026-12-02) it finished on the hand-built graphs of 3 and 5 nodes and gave
+// up on every model, from the GPT's forward (56 nodes) to the Hugging Face joint graphs (692); on the
+// joint graphs of bench/results/expansion.md giving up cost 8-41% more time.
+constexpr size_t kExactSearchNodes = 32;
 
 // Local search from three starts, node-by-node choice and two of Megatron's (Partial values
 // all-reduced; the second reusing a value's all-reduce for all its readers), keeping the cheapest:
