@@ -8,6 +8,7 @@
 
 #include "../../src/graph/fused_backward.h"
 #include "../support/tensor_assertions.h"
+#include "goldens.h"
 #include "../support/test_models.h"
 #include "dtensor/graph/program.h"
 
@@ -37,6 +38,8 @@ TEST(FusedBackwardTest, GptJointBackwardFoldsAndComputesTheSame) {
   EXPECT_EQ(count_op(folded, "aten::erf"), 0);  // only the GELU backwards used it
   EXPECT_EQ(folded.graph.check_uses(), "");
   EXPECT_LE(folded.graph.size() + 90, nodes_before) << nodes_before << " nodes before, " << folded.graph.size() << " after";
+  // The whole folded program, to read as a diff when the pass changes (the GPT's export by torch 2.15).
+  EXPECT_TRUE(matches_golden("fold_backward/gpt_joint.txt", folded.str()));
   // PyTorch reads it (scripts/check_saved_programs.py loads what the unit tests save): the layer
   // norms' fused node has three outputs, saved beside its getitems.
   g::save_program(folded, graph_saved("gpt_joint_folded.pt2"));

@@ -1,25 +1,23 @@
 // Golden tests of the graph passes (src/graph/pipeline.h) and of the strategy search, on small
 // hand-built graphs, in one process: a planning-only mesh (MeshOptions::planning_only) lays out the
-// ranks, and the program is the one rank 3 of 4 would run. Each pass's result is the printer's text,
-// compared whole with what is written here, so that any change in what a pass does shows up as a diff
-// to read. Group names are written as they are: derived from the mesh (its shape and ranks), they are
-// the same in every process, as a compiled per-rank program needs.
+// ranks, and the program is the one a given rank would run. After each pass the printer's text is
+// compared whole with its golden file, tests/goldens/<pass>/<case>.txt, so that any change in what a
+// pass does shows up as a diff to read. Group names are written as they are: derived from the mesh
+// (its shape and ranks), they are the same in every process, as a compiled per-rank program needs.
 //
-// To regenerate after an intended change: DTENSOR_GOLDEN_PRINT=1 ./tests/dtensor_unit_tests
-// --gtest_filter='GraphPassesTest.*' prints every pass's text; read it before pasting it in.
+// To regenerate after an intended change: ./tests/dtensor_unit_tests --gtest_filter='GraphPassesTest.*'
+// --update-goldens, then read `git diff tests/goldens` before committing.
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <gmock/gmock.h>
 
-#include <cstdlib>
-#include <iostream>
-#include <regex>
 
 #include "../../src/graph/pipeline.h"
 #include "../../src/graph/process_groups.h"
 #include "../../src/graph/reshard.h"
+#include "goldens.h"
 #include "dtensor/graph/program.h"
 #include "dtensor/world.h"
 
@@ -59,17 +57,17 @@ struct ProgramBuilder {
   }
 };
 
-// The text of the program after each pass.
-std::map<std::string, std::string> run_passes(g::Program& program, const MeshPtr& mesh, const g::detail::MarkOptions& options,
-                                             g::StrategyCosts* costs = nullptr) {
+// Runs the SPMD pipeline on `program` and compares the program after each pass with its golden file,
+// tests/goldens/<pass>/<name>.txt; returns the texts by pass.
+std::map<std::string, std::string> run_passes(const std::string& name, g::Program& program, const MeshPtr& mesh,
+                                             const g::detail::MarkOptions& options, g::StrategyCosts* costs = nullptr) {
   std::map<std::string, std::string> after;
   g::detail::SpmdExpansion expansion{mesh, options};
   g::detail::spmd_pipeline(expansion).run(program, [&](const std::string& pass, const g::Program& p) {
     after[pass] = p.str();
+    EXPECT_TRUE(matches_golden(pass + "/" + name + ".txt", after[pass]));
   });
   if (costs) *costs = expansion.marks.costs;
-  if (std::getenv("DTENSOR_GOLDEN_PRINT"))
-    for (const auto& [pass, text] : after) std::cout << "---- after " << pass << "\n" << text;
   return after;
 }
 
@@ -94,61 +92,13 @@ g::Program two_head_mlp() {
 TEST(GraphPassesTest, MarkPartitionBucketAndShardStateOnAMegatronMlp) {
   g::Program program = two_head_mlp();
   const at::Tensor fc1 = program.state.at("fc1_weight").tensor();
-  const auto after = run_passes(program, planning_mesh({4}, 3), {.keep_state_in_place = true, .only_mesh_dim = 0});
-  // Nothing to lift: the graph as built.
-  EXPECT_EQ(after.at("lift_batch_matmuls"), R"(%fc1_weight : input [10, 6]  [S(0)]
-%head1_weight : input [6, 10]  [S(1)]
-%head2_weight : input [4, 10]  [S(1)]
-%x : input [8, 6]  [R]
-%fc1 = aten::linear(%x, %fc1_weight)  [8, 10]
-%relu = aten::relu(%fc1)  [8, 10]
-%head1 = aten::linear(%relu, %head1_weight)  [8, 6]
-%head2 = aten::linear(%relu, %head2_weight)  [8, 4]
-return (%head1, %head2)
-)");
-  // Column-parallel fc1 leaves its features sharded through relu; the row-parallel heads leave
-  // Partial sums.
-  EXPECT_EQ(after.at("solve"), R"(%fc1_weight : input [10, 6]  [S(0)]
-%head1_weight : input [6, 10]  [S(1)]
-%head2_weight : input [4, 10]  [S(1)]
-%x : input [8, 6]  [R]
-%fc1 = aten::linear(%x, %fc1_weight)  [8, 10] S(1)
-%relu = aten::relu(%fc1)  [8, 10] S(1)
-%head1 = aten::linear(%relu, %head1_weight)  [8, 6] P(sum)
-%head2 = aten::linear(%relu, %head2_weight)  [8, 4] P(sum)
-return (%head1, %head2)
-)");
-  // Rank 3's shapes (10 features over 4 ranks: 3, 3, 3, 1), and each output all-reduced.
-  const std::string rank3 = R"(%fc1_weight : input [1, 6]  [S(0)]
-%head1_weight : input [6, 1]  [S(1)]
-%head2_weight : input [4, 1]  [S(1)]
-%x : input [8, 6]  [R]
-%fc1 = aten::linear(%x, %fc1_weight)  [8, 1] S(1)
-%relu = aten::relu(%fc1)  [8, 1] S(1)
-%head1 = aten::linear(%relu, %head1_weight)  [8, 6] P(sum)
-%head2 = aten::linear(%relu, %head2_weight)  [8, 4] P(sum)
-)";
-  EXPECT_EQ(after.at("partition"), rank3 + R"(%all_reduce = _c10d_functional::all_reduce(%head1, sum, dtensor_mesh4_9dbcdbef_dim0)  [8, 6]  # graph output 0: P(sum) -> R; all-reduce on dim 0 (288 B/rank)
-%wait_all_reduce = _c10d_functional::wait_tensor(%all_reduce)  [8, 6] R  # graph output 0: P(sum) -> R
-%all_reduce_1 = _c10d_functional::all_reduce(%head2, sum, dtensor_mesh4_9dbcdbef_dim0)  [8, 4]  # graph output 1: P(sum) -> R; all-reduce on dim 0 (192 B/rank)
-%wait_all_reduce_1 = _c10d_functional::wait_tensor(%all_reduce_1)  [8, 4] R  # graph output 1: P(sum) -> R
-return (%wait_all_reduce, %wait_all_reduce_1)
-)");
-  // The two output all-reduces, one collective over the flattened pieces.
-  const std::string bucketed = rank3 + R"(%head1_flat = aten::reshape(%head1, [-1])  [48]
-%head2_flat = aten::reshape(%head2, [-1])  [32]
-%bucket = aten::cat([%head1_flat, %head2_flat], 0)  [80]
-%bucket_all_reduce = _c10d_functional::all_reduce(%bucket, sum, dtensor_mesh4_9dbcdbef_dim0)  [80]  # bucket of 2 all-reduces: graph output 0: P(sum) -> R, graph output 1: P(sum) -> R
-%wait_bucket = _c10d_functional::wait_tensor(%bucket_all_reduce)  [80]  # bucket of 2 all-reduces: graph output 0: P(sum) -> R, graph output 1: P(sum) -> R
-%wait_all_reduce_piece = aten::slice.Tensor(%wait_bucket, 0, 0, 48)  [48]
-%wait_all_reduce_bucketed = aten::view(%wait_all_reduce_piece, [8, 6])  [8, 6] R
-%wait_all_reduce_1_piece = aten::slice.Tensor(%wait_bucket, 0, 48, 80)  [32]
-%wait_all_reduce_1_bucketed = aten::view(%wait_all_reduce_1_piece, [8, 4])  [8, 4] R
-return (%wait_all_reduce_bucketed, %wait_all_reduce_1_bucketed)
-)";
-  EXPECT_EQ(after.at("bucket"), bucketed);
-  // shard_state changes no node: the state now holds rank 3's part (fc1's last row).
-  EXPECT_EQ(after.at("shard_state"), bucketed);
+  const auto after = run_passes("megatron_mlp_rank3", program, planning_mesh({4}, 3), {.keep_state_in_place = true, .only_mesh_dim = 0});
+  // The goldens (tests/goldens/<pass>/megatron_mlp_rank3.txt) show: nothing to lift; column-parallel
+  // fc1 leaves its features sharded through relu, the row-parallel heads Partial sums (solve); rank 3's
+  // shapes (10 features over 4 ranks: 3, 3, 3, 1) and each output all-reduced (partition); the two
+  // all-reduces one collective over the flattened pieces (bucket); shard_state changes no node.
+  EXPECT_EQ(after.at("shard_state"), after.at("bucket"));
+  // The state now holds rank 3's part (fc1's last row).
   EXPECT_TRUE(at::equal(program.state.at("fc1_weight").tensor(), fc1.slice(0, 9, 10)));
   EXPECT_EQ(program.state.at("head2_weight").tensor().sizes(), (at::IntArrayRef{4, 1}));
 }
@@ -165,19 +115,11 @@ TEST(GraphPassesTest, LiftBatchMatmulsKeepsHeadsSharded) {
   b.output(b.op("aten::view", {Arg::tensor(scores), Arg::ints({2, 3, 4, 4})}, "scores_split"));
   b.program.annotations.set_placements(*q, Placements{Shard(1)});
   b.program.annotations.set_placements(*k, Placements{Shard(1)});
-  const auto after = run_passes(b.program, planning_mesh({2}, 1), {.output_targets = {Placements{Shard(1)}}});
-  // The views that merged and split batch and heads are gone with the bmm.
-  EXPECT_EQ(after.at("lift_batch_matmuls"), R"(%q : input [2, 3, 4, 5]  [S(1)]
-%k : input [2, 3, 5, 4]  [S(1)]
-%scores_4d = aten::matmul(%q, %k)  [2, 3, 4, 4]
-return (%scores_4d)
-)");
-  // Rank 1's one head, no collective.
-  EXPECT_EQ(after.at("partition"), R"(%q : input [2, 1, 4, 5]  [S(1)]
-%k : input [2, 1, 5, 4]  [S(1)]
-%scores_4d = aten::matmul(%q, %k)  [2, 1, 4, 4] S(1)
-return (%scores_4d)
-)");
+  const auto after = run_passes("attention_scores_rank1", b.program, planning_mesh({2}, 1), {.output_targets = {Placements{Shard(1)}}});
+  // The views that merged and split batch and heads are gone with the bmm (lift_batch_matmuls), and
+  // rank 1 computes its one head without a collective (partition).
+  EXPECT_THAT(after.at("lift_batch_matmuls"), ::testing::HasSubstr("%scores_4d = aten::matmul(%q, %k)  [2, 3, 4, 4]"));
+  EXPECT_THAT(after.at("partition"), ::testing::Not(::testing::HasSubstr("_c10d_functional")));
 }
 
 // The strategy search on a stack of Megatron blocks with a nonlinearity after the row-parallel layer:
@@ -205,37 +147,13 @@ TEST(GraphPassesTest, SearchReducesWhereNodeByNodeScattersAndGathers) {
   std::map<Search, g::StrategyCosts> costs;
   for (const Search search : {Search::Greedy, Search::LocalSearch, Search::Exact}) {
     g::Program program = build();
-    marked[search] = run_passes(program, planning_mesh({4}, 0), {.keep_state_in_place = true, .search = search}, &costs[search]).at("partition");
+    const std::string name = search == Search::Greedy ? "greedy" : search == Search::LocalSearch ? "local_search" : "exact";
+    marked[search] = run_passes("megatron_blocks_" + name + "_rank0", program, planning_mesh({4}, 0), {.keep_state_in_place = true, .search = search}, &costs[search]).at("partition");
   }
-  const std::string head = R"(%w1 : input [2, 6]  [S(0)]
-%w2 : input [6, 2]  [S(1)]
-%w3 : input [2, 6]  [S(0)]
-%x : input [8, 6]  [R]
-%fc1 = aten::linear(%x, %w1)  [8, 2] S(1)
-%relu1 = aten::relu(%fc1)  [8, 2] S(1)
-%fc2 = aten::linear(%relu1, %w2)  [8, 6] P(sum)
-)";
-  const std::string gathered_output = R"(%rows_first = aten::permute(%fc3, [1, 0])  [2, 8]  # graph output 0: S(1) -> R
-%contiguous = aten::clone(%rows_first, 0)  [2, 8]  # graph output 0: S(1) -> R
-%all_gather{N} = _c10d_functional::all_gather_into_tensor(%contiguous, 4, dtensor_mesh4_9dbcdbef_dim0)  [8, 8]  # graph output 0: S(1) -> R; all-gather on dim 0 (192 B/rank)
-%wait_all_gather{N} = _c10d_functional::wait_tensor(%all_gather{N})  [8, 8]  # graph output 0: S(1) -> R
-%rows_back = aten::permute(%wait_all_gather{N}, [1, 0])  [8, 8]  # graph output 0: S(1) -> R
-%contiguous_1 = aten::clone(%rows_back, 0)  [8, 8] R  # graph output 0: S(1) -> R
-return (%contiguous_1)
-)";
-  auto numbered = [&](const std::string& suffix) { return std::regex_replace(gathered_output, std::regex("\\{N\\}"), suffix); };
-  EXPECT_EQ(marked[Search::Greedy], head + R"(%reduce_scatter = _c10d_functional::reduce_scatter_tensor(%fc2, sum, 4, dtensor_mesh4_9dbcdbef_dim0)  [2, 6]  # for relu2: P(sum) -> S(0); reduce-scatter on dim 0 (144 B/rank)
-%wait_reduce_scatter = _c10d_functional::wait_tensor(%reduce_scatter)  [2, 6] S(0)  # for relu2: P(sum) -> S(0)
-%relu2 = aten::relu(%wait_reduce_scatter)  [2, 6] S(0)
-%all_gather = _c10d_functional::all_gather_into_tensor(%relu2, 4, dtensor_mesh4_9dbcdbef_dim0)  [8, 6]  # for fc3: S(0) -> R; all-gather on dim 0 (144 B/rank)
-%wait_all_gather = _c10d_functional::wait_tensor(%all_gather)  [8, 6] R  # for fc3: S(0) -> R
-%fc3 = aten::linear(%wait_all_gather, %w3)  [8, 2] S(1)
-)" + numbered("_1"));
-  EXPECT_EQ(marked[Search::LocalSearch], head + R"(%all_reduce = _c10d_functional::all_reduce(%fc2, sum, dtensor_mesh4_9dbcdbef_dim0)  [8, 6]  # for relu2: P(sum) -> R; all-reduce on dim 0 (288 B/rank)
-%wait_all_reduce = _c10d_functional::wait_tensor(%all_reduce)  [8, 6] R  # for relu2: P(sum) -> R
-%relu2 = aten::relu(%wait_all_reduce)  [8, 6] R
-%fc3 = aten::linear(%relu2, %w3)  [8, 2] S(1)
-)" + numbered(""));
+  // tests/goldens/partition/megatron_blocks_*_rank0.txt: node by node reduce-scatters fc2's Partial
+  // output for relu2 and all-gathers it for fc3; the local and exact searches all-reduce it once.
+  EXPECT_THAT(marked[Search::Greedy], ::testing::HasSubstr("%relu2 = aten::relu(%wait_reduce_scatter)"));
+  EXPECT_THAT(marked[Search::LocalSearch], ::testing::HasSubstr("%relu2 = aten::relu(%wait_all_reduce)"));
   EXPECT_EQ(marked[Search::Exact], marked[Search::LocalSearch]);
   EXPECT_EQ(costs[Search::Greedy].method, "greedy");
   EXPECT_EQ(costs[Search::Exact].method, "exact");
