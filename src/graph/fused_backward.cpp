@@ -124,51 +124,65 @@ bool fold_softmax(Graph& graph, Node* root) {
 // x_hat = (x - mean) * rstd, grad_x_hat = grad_out * weight (or grad_out); then, when present after it,
 // d_weight = sum(grad_out * x_hat, outer) and d_bias = sum(grad_out, outer)
 // -> native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight, bias, mask)
-bool fold_layer_norm(Graph& graph, Node* root, const std::unordered_map<const Node*, size_t>& position) {
+// What a decomposed layer norm backward reads, matched back from the root of its d_input.
+struct LayerNormBackward {
+  Value *grad_out, *x, *x_hat, *mean, *rstd, *weight, *bias;
+  std::vector<int64_t> normalized_shape;
+};
+
+// grad_x_hat = grad_out * weight: grad_out, or nullptr where the pattern differs.
+Value* unweighted(Value* grad_x_hat, Value* weight) {
+  if (!weight) return grad_x_hat;
+  const Node* weighted = made_by(grad_x_hat, "aten::mul.Tensor");
+  return weighted && tensor_arg(weighted, 1) == weight ? tensor_arg(weighted, 0) : nullptr;
+}
+
+std::optional<LayerNormBackward> match_layer_norm_backward(const Node* root) {
   const Node* scale = made_by(tensor_arg(root, 0), "aten::div.Tensor");
   const Node* inner = made_by_unit(tensor_arg(root, 1), "aten::sub.Tensor");
-  if (!scale || !inner) return false;
+  if (!scale || !inner) return std::nullopt;
   Value* rstd = tensor_arg(scale, 0);
   const Node* a_minus_b = made_by_unit(tensor_arg(inner, 0), "aten::sub.Tensor");
   const Node* c3 = made_by(tensor_arg(inner, 1), "aten::mul.Tensor");
   const Node* a = made_by(tensor_arg(a_minus_b, 0), "aten::mul.Tensor");
   const auto b = a_minus_b ? sum_of(tensor_arg(a_minus_b, 1)) : std::nullopt;
-  if (!rstd || !c3 || !a || !b || !b->keepdim) return false;
+  if (!rstd || !c3 || !a || !b || !b->keepdim) return std::nullopt;
   Value* grad_x_hat = tensor_arg(a, 0);
   Value* x_hat = tensor_arg(c3, 0);
   const auto c2 = sum_of(tensor_arg(c3, 1));
   const Node* c1 = c2 ? made_by(c2->of, "aten::mul.Tensor") : nullptr;
   if (!grad_x_hat || b->of != grad_x_hat || !c2->keepdim || c2->dims != b->dims || tensor_arg(c1, 0) != grad_x_hat || tensor_arg(c1, 1) != x_hat)
-    return false;
+    return std::nullopt;
   const Node* normalized = made_by(x_hat, "aten::mul.Tensor");
   const Node* centered = normalized ? made_by_unit(tensor_arg(normalized, 0), "aten::sub.Tensor") : nullptr;
-  if (!centered || tensor_arg(normalized, 1) != rstd) return false;
+  if (!centered || tensor_arg(normalized, 1) != rstd) return std::nullopt;
   Value* x = tensor_arg(centered, 0);
   Value* mean = tensor_arg(centered, 1);
   const Node* forward = mean ? made_by(mean, "aten::native_layer_norm") : nullptr;
   if (!forward || tensor_arg(forward, 0) != x || forward->outputs.size() != 3 || forward->outputs[1] != mean || forward->outputs[2] != rstd)
-    return false;
-  if (forward->args[1].kind != Arg::Kind::Constant || !forward->args[1].constant.isIntList()) return false;  // symbolic sizes
+    return std::nullopt;
+  if (forward->args[1].kind != Arg::Kind::Constant || !forward->args[1].constant.isIntList()) return std::nullopt;  // symbolic sizes
   const std::vector<int64_t> normalized_shape = forward->args[1].constant.toIntVector();
   const auto ndim = static_cast<int64_t>(x->meta.shape.size());
-  const auto inner_count = static_cast<int64_t>(normalized_shape.size());
   int64_t n = 1;
   for (int64_t s : normalized_shape) n *= s;
-  if (b->dims != range(ndim - inner_count, ndim) || !is_number(a, 1, static_cast<double>(n)) || !is_number(scale, 1, static_cast<double>(n)))
-    return false;
+  if (b->dims != range(ndim - static_cast<int64_t>(normalized_shape.size()), ndim) || !is_number(a, 1, static_cast<double>(n)) ||
+      !is_number(scale, 1, static_cast<double>(n)))
+    return std::nullopt;
   Value* weight = forward->args.size() > 2 && forward->args[2].kind == Arg::Kind::Tensor ? forward->args[2].values[0] : nullptr;
   Value* bias = forward->args.size() > 3 && forward->args[3].kind == Arg::Kind::Tensor ? forward->args[3].values[0] : nullptr;
-  Value* grad_out = grad_x_hat;
-  if (weight) {
-    const Node* weighted = made_by(grad_x_hat, "aten::mul.Tensor");
-    if (!weighted || tensor_arg(weighted, 1) != weight) return false;
-    grad_out = tensor_arg(weighted, 0);
-  }
-  if (!grad_out || grad_out->meta.shape != x->meta.shape || grad_out->meta.dtype != x->meta.dtype) return false;
+  Value* grad_out = unweighted(grad_x_hat, weight);
+  if (!grad_out || grad_out->meta.shape != x->meta.shape || grad_out->meta.dtype != x->meta.dtype) return std::nullopt;
+  return LayerNormBackward{grad_out, x, x_hat, mean, rstd, weight, bias, normalized_shape};
+}
 
+bool fold_layer_norm(Graph& graph, Node* root, const std::unordered_map<const Node*, size_t>& position) {
+  const auto m = match_layer_norm_backward(root);
+  if (!m) return false;
   // The parameter gradients, where the decomposition computes them after d_input (the fused node
   // goes where d_input was; a sum before it would be replaced by a value made later).
-  const std::vector<int64_t> outer = range(0, ndim - inner_count);
+  const auto ndim = static_cast<int64_t>(m->x->meta.shape.size());
+  const std::vector<int64_t> outer = range(0, ndim - static_cast<int64_t>(m->normalized_shape.size()));
   auto outer_sum_after_root = [&](const Value* of) -> Node* {
     for (Node* user : of->uses) {
       const auto s = sum_of(user->outputs[0]);
@@ -177,16 +191,16 @@ bool fold_layer_norm(Graph& graph, Node* root, const std::unordered_map<const No
     return nullptr;
   };
   Node* d_weight = nullptr;
-  if (weight)
-    for (Node* user : x_hat->uses)
-      if (user->op_name() == "aten::mul.Tensor" && tensor_arg(user, 0) == grad_out && tensor_arg(user, 1) == x_hat)
+  if (m->weight)
+    for (Node* user : m->x_hat->uses)
+      if (user->op_name() == "aten::mul.Tensor" && tensor_arg(user, 0) == m->grad_out && tensor_arg(user, 1) == m->x_hat)
         if ((d_weight = outer_sum_after_root(user->outputs[0]))) break;
-  Node* d_bias = bias ? outer_sum_after_root(grad_out) : nullptr;
+  Node* d_bias = m->bias ? outer_sum_after_root(m->grad_out) : nullptr;
 
   const auto optional_tensor = [](Value* v) { return v ? Arg::tensor(v) : Arg::of(c10::IValue()); };
   Node* fused = insert_fused(graph, root, root, "aten::native_layer_norm_backward",
-                             {Arg::tensor(grad_out), Arg::tensor(x), Arg::ints(normalized_shape), Arg::tensor(mean), Arg::tensor(rstd),
-                              optional_tensor(weight), optional_tensor(bias),
+                             {Arg::tensor(m->grad_out), Arg::tensor(m->x), Arg::ints(m->normalized_shape), Arg::tensor(m->mean),
+                              Arg::tensor(m->rstd), optional_tensor(m->weight), optional_tensor(m->bias),
                               Arg::of(c10::List<bool>({true, d_weight != nullptr, d_bias != nullptr}))});
   replace(graph, root->outputs[0], fused->outputs[0]);
   if (d_weight) replace(graph, d_weight->outputs[0], fused->outputs[1]);

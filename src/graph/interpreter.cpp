@@ -174,37 +174,36 @@ std::vector<size_t> last_reads(const Graph& graph, const std::vector<Node*>& nod
   return last;
 }
 
-}  // namespace
-
-std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& user_inputs, const RunOptions& options,
-                             RunStats* stats) {
-  Environment env(program.graph.num_values(), stats, run_of(program));
+// Binds the program's inputs: user inputs in order (checked against what each takes), state tensors.
+void bind_inputs(Program& program, const std::vector<c10::IValue>& user_inputs, Environment& env) {
   size_t next_user = 0;
   for (const InputSpec& spec : program.inputs) {
-    if (spec.kind == InputSpec::Kind::UserInput) {
-      if (next_user >= user_inputs.size())
-        throw DTensorError(run_of(program) + ": the program takes " + std::to_string(program.user_inputs().size()) + " user inputs, got " +
-                           std::to_string(user_inputs.size()));
-      const c10::IValue& input = user_inputs[next_user];
-      if (spec.value->is_tensor() ? !input.isTensor() : !input.isInt())
-        throw DTensorError(run_of(program) + ": user input " + std::to_string(next_user) + " (%" + spec.value->name + ") takes " +
-                           (spec.value->is_tensor() ? "a tensor" : "an integer") + ", got a " + input.tagKind());
-      env.bind(spec.value, input, true);
-      ++next_user;
-    } else {
+    if (spec.kind != InputSpec::Kind::UserInput) {
       env.bind(spec.value, program.state.at(spec.target).tensor(), false);
+      continue;
     }
+    if (next_user >= user_inputs.size())
+      throw DTensorError(run_of(program) + ": the program takes " + std::to_string(program.user_inputs().size()) + " user inputs, got " +
+                         std::to_string(user_inputs.size()));
+    const c10::IValue& input = user_inputs[next_user];
+    if (spec.value->is_tensor() ? !input.isTensor() : !input.isInt())
+      throw DTensorError(run_of(program) + ": user input " + std::to_string(next_user) + " (%" + spec.value->name + ") takes " +
+                         (spec.value->is_tensor() ? "a tensor" : "an integer") + ", got a " + input.tagKind());
+    env.bind(spec.value, input, true);
+    ++next_user;
   }
   if (next_user != user_inputs.size())
     throw DTensorError(run_of(program) + ": the program takes " + std::to_string(next_user) + " user inputs, got " +
                        std::to_string(user_inputs.size()));
+}
 
+// Runs every node in order, freeing values after their last read where the options ask.
+void run_nodes(Program& program, const RunOptions& options, Environment& env) {
   const auto nodes = program.graph.nodes();
   const std::vector<size_t> last = last_reads(program.graph, nodes);
   // With grad mode off the autograd kernels record nothing and only redispatch, so the nodes skip
   // them (hand-written eager code cannot). View and version-counter tracking (ADInplaceOrView) still
-  // runs, so the outputs behave as eager ones do; the buffer updates below run with the caller's
-  // dispatch.
+  // runs, so the outputs behave as eager ones do; the buffer updates run with the caller's dispatch.
   torch::jit::Stack stack;
   std::optional<at::AutoDispatchBelowAutograd> below_autograd;
   if (!at::GradMode::is_enabled()) below_autograd.emplace();
@@ -223,26 +222,37 @@ std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& u
     for (const Value* v : node.outputs)
       if (last[v->id] == kNeverRead) env.free(v);
   }
-  below_autograd.reset();
+}
 
+// The user outputs; buffer mutations are written into their buffers, as torch.export's runtime does.
+std::vector<c10::IValue> take_outputs(Program& program, const Environment& env) {
   std::vector<c10::IValue> out;
   const auto& outputs = program.graph.outputs();
   for (size_t k = 0; k < outputs.size(); ++k) {
     const c10::IValue value = value_of(outputs[k], env);
-    if (program.outputs[k].kind == OutputSpec::Kind::BufferMutation) {
-      // The buffer's tensor takes the new value in place, as torch.export's runtime does.
-      at::Tensor buffer = program.state.at(program.outputs[k].target).tensor();
-      try {
-        buffer.copy_(value.toTensor());
-      } catch (const c10::Error& e) {
-        throw DTensorError(run_of(program) + ": the new value of buffer '" + program.outputs[k].target + "' does not fit it: " +
-                           e.what_without_backtrace());
-      }
+    if (program.outputs[k].kind != OutputSpec::Kind::BufferMutation) {
+      out.push_back(value);
       continue;
     }
-    out.push_back(value);
+    at::Tensor buffer = program.state.at(program.outputs[k].target).tensor();
+    try {
+      buffer.copy_(value.toTensor());
+    } catch (const c10::Error& e) {
+      throw DTensorError(run_of(program) + ": the new value of buffer '" + program.outputs[k].target + "' does not fit it: " +
+                         e.what_without_backtrace());
+    }
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<c10::IValue> run(Program& program, const std::vector<c10::IValue>& user_inputs, const RunOptions& options,
+                             RunStats* stats) {
+  Environment env(program.graph.num_values(), stats, run_of(program));
+  bind_inputs(program, user_inputs, env);
+  run_nodes(program, options, env);
+  return take_outputs(program, env);
 }
 
 std::vector<Value*> Program::user_inputs() const {

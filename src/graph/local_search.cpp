@@ -268,6 +268,55 @@ void LocalSearch::mark_around(const NodeOptions& changed) {
   }
 }
 
+bool LocalSearch::compound_at(NodeOptions& n) {
+  compound_dirty_[index_of(n)] = 0;
+  Undo kept;
+  if (!reshards_around(n) || !improve_compound(n, kept)) return false;
+  for (const auto& [switched, previous] : kept) mark_around(*switched);
+  return true;
+}
+
+std::optional<size_t> LocalSearch::best_switch(NodeOptions& n, bool plateau) {
+  std::optional<size_t> best;
+  // (Local steps cost a byte each in the model, to break ties: a plateau allows a few.)
+  double best_delta = plateau ? 4.5 : kDrop;
+  for (size_t o = 0; o < n.options.size(); ++o) {
+    if (o == n.chosen) continue;
+    if (plateau && partials(n.options[o].chosen) >= partials(n.options[n.chosen].chosen)) continue;
+    if (const double d = delta_of(n, o); d < best_delta) {
+      best_delta = d;
+      best = o;
+    }
+  }
+  return best;
+}
+
+bool LocalSearch::sweep(bool plateau) {
+  const bool shared_bucket = costs_.shared_bucket();
+  costs_.count_output_reductions(needed_);
+  if (costs_.shared_bucket() != shared_bucket) mark_all();  // every output's cost changed
+  bool changed = false;
+  for (NodeOptions& n : nodes_) {
+    if (n.fixed) continue;
+    const size_t i = index_of(n);
+    // A plateau sweep looks at every node: its switches are ones a strict sweep does not take.
+    if (!plateau && !single_dirty_[i] && !compound_dirty_[i]) continue;
+    if (!plateau && !single_dirty_[i]) {  // its single switches still find nothing
+      changed = compound_at(n) || changed;
+      continue;
+    }
+    if (!plateau) single_dirty_[i] = 0;
+    if (const auto best = best_switch(n, plateau)) {
+      apply(n, *best);
+      mark_around(n);
+      changed = true;
+      continue;
+    }
+    if (!plateau && compound_dirty_[i]) changed = compound_at(n) || changed;
+  }
+  return changed;
+}
+
 std::pair<double, double> LocalSearch::run() {
   costs_.count_output_reductions(needed_);
   const double before = total();
@@ -278,48 +327,8 @@ std::pair<double, double> LocalSearch::run() {
   constexpr int kMaxSweeps = 32;
   bool plateau = false;
   mark_all();
-  // A compound change around `n`, whose switches mark their neighbourhoods.
-  auto compound = [&](NodeOptions& n) {
-    compound_dirty_[index_of(n)] = 0;
-    Undo kept;
-    if (!reshards_around(n) || !improve_compound(n, kept)) return false;
-    for (const auto& [switched, previous] : kept) mark_around(*switched);
-    return true;
-  };
-  for (int sweep = 0; sweep < kMaxSweeps; ++sweep) {
-    const bool shared_bucket = costs_.shared_bucket();
-    costs_.count_output_reductions(needed_);
-    if (costs_.shared_bucket() != shared_bucket) mark_all();  // every output's cost changed
-    bool changed = false;
-    for (NodeOptions& n : nodes_) {
-      if (n.fixed) continue;
-      const size_t i = index_of(n);
-      // A plateau sweep looks at every node: its switches are ones a strict sweep does not take.
-      if (!plateau && !single_dirty_[i] && !compound_dirty_[i]) continue;
-      if (!plateau && !single_dirty_[i]) {  // its single switches still find nothing
-        changed = compound(n) || changed;
-        continue;
-      }
-      if (!plateau) single_dirty_[i] = 0;
-      std::optional<size_t> best;
-      // (Local steps cost a byte each in the model, to break ties: a plateau allows a few.)
-      double best_delta = plateau ? 4.5 : kDrop;
-      for (size_t o = 0; o < n.options.size(); ++o) {
-        if (o == n.chosen) continue;
-        if (plateau && partials(n.options[o].chosen) >= partials(n.options[n.chosen].chosen)) continue;
-        if (const double d = delta_of(n, o); d < best_delta) {
-          best_delta = d;
-          best = o;
-        }
-      }
-      if (best) {
-        apply(n, *best);
-        mark_around(n);
-        changed = true;
-        continue;
-      }
-      if (!plateau && compound_dirty_[i]) changed = compound(n) || changed;
-    }
+  for (int i = 0; i < kMaxSweeps; ++i) {
+    const bool changed = sweep(plateau);
     if (plateau) {
       plateau = false;
       if (!changed) break;

@@ -11,6 +11,7 @@
 
 #include <string>
 #include <utility>
+#include <optional>
 #include <vector>
 
 #include <c10/util/SmallVector.h>
@@ -69,6 +70,12 @@ class LocalSearch {
   // out. Nodes not marked since they last found nothing would find nothing again: a sweep skips them.
   void mark_around(const NodeOptions& changed);
   void mark_all();
+  // A compound change around `n`, whose switches mark their neighbourhoods; whether it made one.
+  bool compound_at(NodeOptions& n);
+  // The best single switch of `n`: a strict improvement, or on a plateau a free one resolving a Partial.
+  std::optional<size_t> best_switch(NodeOptions& n, bool plateau);
+  // One sweep over the nodes (every node on a plateau, the marked ones otherwise); whether it changed any.
+  bool sweep(bool plateau);
   size_t index_of(const NodeOptions& n) const { return static_cast<size_t>(&n - nodes_.data()); }
 
   // Per value, by Value::id (a graph's ids are dense).

@@ -134,25 +134,51 @@ class GraphReader {
     const RecordField value = at / kind_name(ex::printEnum(a.tag()));
     switch (a.tag()) {
       case Tag::AS_NONE: return Arg::of(c10::IValue());
-      case Tag::AS_TENSOR: return Arg::tensor(tensor_ref(a.get_as_tensor(), value));
-      case Tag::AS_OPTIONAL_TENSOR: {
-        Value* v = optional_tensor(a.get_as_optional_tensor(), value);
-        return v ? Arg::tensor(v) : Arg::of(c10::IValue());
-      }
-      case Tag::AS_TENSORS: {
-        Arg out{schema && takes_optional_tensor_list(*schema) ? Arg::Kind::OptionalTensors : Arg::Kind::Tensors};
-        for (size_t i = 0; i < a.get_as_tensors().size(); ++i) out.values.push_back(tensor_ref(a.get_as_tensors()[i], value / i));
-        return out;
-      }
-      case Tag::AS_OPTIONAL_TENSORS: {
-        Arg out{Arg::Kind::OptionalTensors};
-        for (size_t i = 0; i < a.get_as_optional_tensors().size(); ++i)
-          out.values.push_back(optional_tensor(a.get_as_optional_tensors()[i], value / i));
-        return out;
-      }
+      case Tag::AS_TENSOR:
+      case Tag::AS_OPTIONAL_TENSOR:
+      case Tag::AS_TENSORS:
+      case Tag::AS_OPTIONAL_TENSORS: return tensors_argument(a, value, schema);
       case Tag::AS_INT: return number(c10::IValue(a.get_as_int()), tensor_arg);
       case Tag::AS_FLOAT: return number(c10::IValue(a.get_as_float().get()), tensor_arg);
       case Tag::AS_BOOL: return number(c10::IValue(a.get_as_bool()), tensor_arg);
+      case Tag::AS_INTS:
+      case Tag::AS_FLOATS:
+      case Tag::AS_BOOLS:
+      case Tag::AS_STRING:
+      case Tag::AS_STRINGS: return constant_argument(a);
+      case Tag::AS_SYM_INT:
+      case Tag::AS_SYM_INTS: return sizes_argument(a, value, tensor_arg);
+      case Tag::AS_SCALAR_TYPE:
+      case Tag::AS_LAYOUT:
+      case Tag::AS_MEMORY_FORMAT:
+      case Tag::AS_DEVICE: return enum_argument(a, value);
+      default: at.fail("unsupported argument kind '" + kind_name(ex::printEnum(a.tag())) + "'");
+    }
+  }
+
+  // A tensor, an optional one, or a list of either.
+  Arg tensors_argument(const ex::Argument& a, const RecordField& value, const c10::Argument* schema) {
+    using Tag = ex::Argument::Tag;
+    if (a.tag() == Tag::AS_TENSOR) return Arg::tensor(tensor_ref(a.get_as_tensor(), value));
+    if (a.tag() == Tag::AS_OPTIONAL_TENSOR) {
+      Value* v = optional_tensor(a.get_as_optional_tensor(), value);
+      return v ? Arg::tensor(v) : Arg::of(c10::IValue());
+    }
+    if (a.tag() == Tag::AS_TENSORS) {
+      Arg out{schema && takes_optional_tensor_list(*schema) ? Arg::Kind::OptionalTensors : Arg::Kind::Tensors};
+      for (size_t i = 0; i < a.get_as_tensors().size(); ++i) out.values.push_back(tensor_ref(a.get_as_tensors()[i], value / i));
+      return out;
+    }
+    Arg out{Arg::Kind::OptionalTensors};
+    for (size_t i = 0; i < a.get_as_optional_tensors().size(); ++i)
+      out.values.push_back(optional_tensor(a.get_as_optional_tensors()[i], value / i));
+    return out;
+  }
+
+  // Lists of numbers, strings.
+  static Arg constant_argument(const ex::Argument& a) {
+    using Tag = ex::Argument::Tag;
+    switch (a.tag()) {
       case Tag::AS_INTS: return Arg::of(a.get_as_ints());
       case Tag::AS_FLOATS: {
         std::vector<double> out;
@@ -165,18 +191,27 @@ class GraphReader {
         return Arg::of(bools);
       }
       case Tag::AS_STRING: return Arg::of(a.get_as_string());
-      case Tag::AS_STRINGS: return Arg::of(c10::List<std::string>(a.get_as_strings()));
-      case Tag::AS_SYM_INT: {
-        Arg out{Arg::Kind::SymInt};
-        out.sizes.push_back(sym_size(a.get_as_sym_int(), value));
-        out.tensor_number = tensor_arg;
-        return out;
-      }
-      case Tag::AS_SYM_INTS: {
-        Arg out{Arg::Kind::SymInts};
-        for (size_t i = 0; i < a.get_as_sym_ints().size(); ++i) out.sizes.push_back(sym_size(a.get_as_sym_ints()[i], value / i));
-        return out;
-      }
+      default: return Arg::of(c10::List<std::string>(a.get_as_strings()));
+    }
+  }
+
+  // A symbolic size, or a list of them.
+  Arg sizes_argument(const ex::Argument& a, const RecordField& value, bool tensor_arg) {
+    if (a.tag() == ex::Argument::Tag::AS_SYM_INT) {
+      Arg out{Arg::Kind::SymInt};
+      out.sizes.push_back(sym_size(a.get_as_sym_int(), value));
+      out.tensor_number = tensor_arg;
+      return out;
+    }
+    Arg out{Arg::Kind::SymInts};
+    for (size_t i = 0; i < a.get_as_sym_ints().size(); ++i) out.sizes.push_back(sym_size(a.get_as_sym_ints()[i], value / i));
+    return out;
+  }
+
+  // A dtype, layout, memory format or device, each from its serialized code.
+  static Arg enum_argument(const ex::Argument& a, const RecordField& value) {
+    using Tag = ex::Argument::Tag;
+    switch (a.tag()) {
       case Tag::AS_SCALAR_TYPE: return Arg::of(dtype_of(static_cast<int64_t>(a.get_as_scalar_type()), value));
       case Tag::AS_LAYOUT: {
         const auto layout = layout_from_serialized(static_cast<int64_t>(a.get_as_layout()));
@@ -188,8 +223,7 @@ class GraphReader {
         if (!format) value.fail("unsupported memory format code " + std::to_string(static_cast<int64_t>(a.get_as_memory_format())));
         return Arg::of(*format);
       }
-      case Tag::AS_DEVICE: return Arg::of(device_of(a.get_as_device(), value));
-      default: at.fail("unsupported argument kind '" + kind_name(ex::printEnum(a.tag())) + "'");
+      default: return Arg::of(device_of(a.get_as_device(), value));
     }
   }
 

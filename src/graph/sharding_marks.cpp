@@ -46,73 +46,96 @@ Marks write_moves(StrategyProblem& p) {
   return std::move(p.marks);
 }
 
-void partition(Program& program, const MeshPtr& mesh, Marks& all_marks, const std::vector<std::optional<Placements>>& output_targets) {
-  auto& marks = all_marks.nodes;
-  Annotations& placed = program.annotations;
-  // Every marked value takes its local meta; the global one stays known for planning reshards.
-  std::map<const Value*, TensorMeta> global;
-  auto localize = [&](Value* v) {
-    const Placements* at = v->is_tensor() ? placed.placements(*v) : nullptr;
-    if (!at || global.count(v)) return;
-    global[v] = v->meta;
-    const Shape shape = local_shape(v->meta.shape, mesh->shape(), *mesh->coordinate(), *at);
-    v->meta = TensorMeta{shape, global_stride_like(shape, v->meta.shape, v->meta.stride), v->meta.dtype};
-  };
-  for (Value* v : program.graph.inputs()) localize(v);
-  for (Node* n : program.graph.nodes())
-    for (Value* v : n->outputs) localize(v);
-  all_marks.sizes.compute_local_hints(program.graph);
+namespace {
 
+// partition's state: the global meta of every value made local, and the reshards made so far.
+struct Partitioner {
+  Program& program;
+  const MeshPtr& mesh;
+  Marks& marks;
+  std::map<const Value*, TensorMeta> global;
   std::map<std::pair<const Value*, std::string>, Value*> reshards;  // one per value and target
-  auto moved = [&](Node* before, Value* v, const Placements& to, const std::string& why) {
+
+  // Every marked value takes its local meta; the global one stays known for planning reshards.
+  void localize_values() {
+    auto localize = [&](Value* v) {
+      const Placements* at = v->is_tensor() ? program.annotations.placements(*v) : nullptr;
+      if (!at || global.count(v)) return;
+      global[v] = v->meta;
+      const Shape shape = local_shape(v->meta.shape, mesh->shape(), *mesh->coordinate(), *at);
+      v->meta = TensorMeta{shape, global_stride_like(shape, v->meta.shape, v->meta.stride), v->meta.dtype};
+    };
+    for (Value* v : program.graph.inputs()) localize(v);
+    for (Node* n : program.graph.nodes())
+      for (Value* v : n->outputs) localize(v);
+    marks.sizes.compute_local_hints(program.graph);
+  }
+
+  Value* moved(Node* before, Value* v, const Placements& to, const std::string& why) {
     auto& slot = reshards[{v, to_string(to)}];
     if (!slot) {
       slot = insert_reshard(program, mesh, before, v, global.at(v), to, why);
-      global[slot] = global.at(v);  // a reshard moves the value, its global meta stays (lowerings read it)
+      global[slot] = global.at(v);  // a reshard moves the value, its global meta stays (graph forms read it)
     }
     return slot;
-  };
-  for (Node* node : program.graph.nodes()) {
-    auto it = marks.find(node);
-    if (it == marks.end()) continue;
-    NodeSharding& s = it->second;
+  }
+
+  // Local sizes: what the rule asked for, and the global values of sizes computed at run time that
+  // no rule made local (the op wants those).
+  void localize_arguments(Node* node, const NodeSharding& s) {
+    std::set<size_t> localized;
+    for (const auto& [index, value] : s.local_args) {
+      marks.sizes.localize_argument(program, node, index, value);
+      localized.insert(index);
+    }
+    for (size_t index = 0; index < node->args.size(); ++index)
+      if (!localized.count(index) && has_symbol(node->args[index]))
+        marks.sizes.localize_argument(program, node, index, global_hints(node->args[index]));
+  }
+
+  void node(Node* node, NodeSharding& s) {
     for (size_t k = 0; k < s.moves.size(); ++k) {
       if (!s.moves[k] || s.list_index[k] == -2) continue;
       Value* in = input_slot(*node, s, k);
-      set_input(program.graph, *node, s, k,
-                moved(node, in, *s.moves[k], "for " + node->name + ": " + placed.placements_str(*in) + " -> " + to_string(*s.moves[k])));
+      const std::string why = "for " + node->name + ": " + program.annotations.placements_str(*in) + " -> " + to_string(*s.moves[k]);
+      set_input(program.graph, *node, s, k, moved(node, in, *s.moves[k], why));
     }
-    std::set<size_t> localized;
-    for (const auto& [index, value] : s.local_args) {
-      all_marks.sizes.localize_argument(program, node, index, value);
-      localized.insert(index);
-    }
-    // Sizes computed at run time that no rule made local: the op wants their global values.
-    for (size_t index = 0; index < node->args.size(); ++index)
-      if (!localized.count(index) && has_symbol(node->args[index]))
-        all_marks.sizes.localize_argument(program, node, index, global_hints(node->args[index]));
-    if (!s.local_kernel || only_checks(*node)) continue;
+    localize_arguments(node, s);
+    if (!s.local_kernel || only_checks(*node)) return;
     if (s.graph_form) {
       for (const auto& [old_value, by] : write_graph_form(program, mesh, node, s.graph_form)) global[by] = global.at(old_value);
     } else {
       node->local_kernel = s.local_kernel;
-      placed.append_note(*node, "runs dtensor's local kernel");
+      program.annotations.append_note(*node, "runs dtensor's local kernel");
     }
   }
-  auto& outputs = program.graph.outputs();
-  for (size_t k = 0; k < outputs.size(); ++k)
-    for (Value*& v : outputs[k].values) {
-      const Placements* at = v && v->is_tensor() ? placed.placements(*v) : nullptr;
-      if (!at) continue;
-      const Placements from = *at;
-      Placements target = from;
-      if (output_targets.empty()) target.assign(target.size(), Replicate());
-      else if (output_targets.at(k)) target = *output_targets[k];
-      else
-        target = partial_as_replicate(target);
-      if (target != from)
-        v = moved(nullptr, v, target, "graph output " + std::to_string(k) + ": " + to_string(from) + " -> " + to_string(target));
-    }
+
+  void outputs(const std::vector<std::optional<Placements>>& targets) {
+    auto& outputs = program.graph.outputs();
+    for (size_t k = 0; k < outputs.size(); ++k)
+      for (Value*& v : outputs[k].values) {
+        const Placements* at = v && v->is_tensor() ? program.annotations.placements(*v) : nullptr;
+        if (!at) continue;
+        const Placements from = *at;
+        Placements target = from;
+        if (targets.empty()) target.assign(target.size(), Replicate());
+        else if (targets.at(k)) target = *targets[k];
+        else
+          target = partial_as_replicate(target);
+        if (target != from)
+          v = moved(nullptr, v, target, "graph output " + std::to_string(k) + ": " + to_string(from) + " -> " + to_string(target));
+      }
+  }
+};
+
+}  // namespace
+
+void partition(Program& program, const MeshPtr& mesh, Marks& marks, const std::vector<std::optional<Placements>>& output_targets) {
+  Partitioner p{program, mesh, marks, {}, {}};
+  p.localize_values();
+  for (Node* node : program.graph.nodes())
+    if (auto it = marks.nodes.find(node); it != marks.nodes.end()) p.node(node, it->second);
+  p.outputs(output_targets);
 }
 
 }  // namespace dtensor::graph::detail
