@@ -194,13 +194,17 @@ ex::Node node_of(const Node& n) {
                        "yet: this program runs (graph::run) but cannot be saved");
   std::vector<ex::NamedArgument> inputs;
   const std::string where = "node '" + n.name + "'";
+  bool skipped = false;  // an argument left to its default: the ones after it can only go by name
   for (size_t i = 0; i < n.args.size(); ++i) {
     const Arg& a = n.args[i];
     if (n.op) {
       const auto& schema_arg = n.op->schema().arguments()[i];
-      if (!a.given) continue;
+      if (!a.given) {
+        skipped = true;
+        continue;
+      }
       inputs.push_back(named(schema_arg.name(), argument(a, schema_arg.type(), where),
-                             schema_arg.kwarg_only() ? ex::ArgumentKind::KEYWORD : ex::ArgumentKind::POSITIONAL));
+                             schema_arg.kwarg_only() || skipped ? ex::ArgumentKind::KEYWORD : ex::ArgumentKind::POSITIONAL));
     } else {
       inputs.push_back(named(i == 0 ? "a" : "b", argument(a, nullptr, where), ex::ArgumentKind::POSITIONAL));
     }

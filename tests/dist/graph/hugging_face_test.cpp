@@ -58,7 +58,7 @@ TEST_F(HuggingFaceTensorParallelTest, EveryFamilyWithItsPlanOnFourRanks) {
                                                       plan_of(family));
       EXPECT_TRUE(tensors_close(logits_of(local, family), tensor_map("hf/" + family + "_io").at("output0"), 1e-4, 1e-5));
       EXPECT_EQ(collectives_in(local), kMegatron) << local.str();
-      expect_saves(local, "hf_" + family + ir);
+      expect_saves(local, "hf_" + family + ir, {tensor_map("hf/" + family + "_io").at("input0")});
     }
   }
 }
@@ -71,7 +71,7 @@ TEST_F(HuggingFaceTensorParallelTest, EveryFamilyOnTheTpDimOfATwoDimMesh) {
                                                     plan_of(family), {.tp_dim = "tp"});
     EXPECT_TRUE(tensors_close(logits_of(local, family), tensor_map("hf/" + family + "_io").at("output0"), 1e-4, 1e-5));
     EXPECT_EQ(collectives_in(local), kMegatron) << local.str();
-    expect_saves(local, "hf_" + family + "_2d_mesh");
+    expect_saves(local, "hf_" + family + "_2d_mesh", {tensor_map("hf/" + family + "_io").at("input0")});
   }
 }
 
@@ -169,8 +169,8 @@ TEST_P(HuggingFaceTraining, EveryFamilyTrainsLikeOneProcess) {
     where.user_inputs.assign(2, batch);
     where.state = g::plan_placements(whole, *m, plan_of(family), {.tp_dim = "tp"});
     g::Program step = g::spmd_expand(g::load_program(archive), m, where);
-    expect_saves(step, "hf_" + family + "_joint_" + layout.name);
     const auto local_inputs = g::local_user_inputs(step, inputs);
+    expect_saves(step, "hf_" + family + "_joint_" + layout.name, local_inputs);
 
     if (layout.name == "tp4")
       EXPECT_EQ(collectives_in(step), tp4_step_collectives(family)) << g::collectives_report(step);

@@ -58,7 +58,7 @@ TEST_P(GraphSpmdTraining, JointGptTrainsLikeOneProcess) {
   const auto io = tensor_map("gpt_joint_io");
   const std::vector<c10::IValue> inputs = {io.at("input0"), io.at("input1")};
   g::Program step = expanded_joint_gpt(layout, m);
-  expect_saves(step, "spmd_joint_gpt_" + layout.name);
+  expect_saves(step, "spmd_joint_gpt_" + layout.name, g::local_user_inputs(step, inputs));
   g::Program whole = g::load_program(graph_model("gpt_joint.pt2"));
   const auto local_inputs = g::local_user_inputs(step, inputs);
 
@@ -154,8 +154,8 @@ TEST_F(GraphSpmdTest, SpmdTensorParallelForwardHasModuleLevelCollectives) {
   g::Program kept = g::spmd_expand(g::load_program(graph_model("gpt_train_ir_static.pt2")), m, sharded_logits);
   const at::Tensor logits = g::run(kept, {io.at("input0")})[0].toTensor();
   EXPECT_TRUE(tensors_close(logits, expected_shard(io.at("output0"), m, {Shard(2)}), 1e-4, 1e-5));
-  expect_saves(local, "spmd_gpt_forward");
-  expect_saves(kept, "spmd_gpt_forward_sharded_logits");
+  expect_saves(local, "spmd_gpt_forward", {io.at("input0")});
+  expect_saves(kept, "spmd_gpt_forward_sharded_logits", {io.at("input0")});
 }
 
 // DSymInt: the batch of a dynamic export is read with sym_size and used in views; sharded over dp,
@@ -178,7 +178,7 @@ TEST_F(GraphSpmdTest, SpmdDynamicBatchRunsAtTwoSizes) {
     EXPECT_TRUE(tensors_close(g::run(local, g::local_user_inputs(local, {tokens}))[0].toTensor(), expected, 1e-4, 1e-5)) << batch;
   }
   // Batch 3 does not divide over dp = 2.
-  expect_saves(local, "spmd_gpt_dynamic_batch");
+  expect_saves(local, "spmd_gpt_dynamic_batch", g::local_user_inputs(local, {io.at("input0")}));
   EXPECT_THAT(error_of([&] { g::local_user_inputs(local, {io.at("input0").narrow(0, 0, 3)}); }),
               HasSubstr("user input 0 (%tokens): its dynamic dim 0 (s52) is 3, which 2 shards (S(0),R on"));
 }
@@ -231,7 +231,7 @@ TEST_F(GraphSpmdTest, SpmdFactoriesSizedByAShardedBatch) {
   }
   const auto io = tensor_map("gpt_train_ir_dynamic_io_b8");
   EXPECT_TRUE(tensors_close(g::run(local, g::local_user_inputs(local, {io.at("input0")}))[0].toTensor(), io.at("output0"), 1e-4, 1e-5));
-  expect_saves(local, "spmd_gpt_factories");
+  expect_saves(local, "spmd_gpt_factories", g::local_user_inputs(local, {io.at("input0")}));
   const auto io3 = tensor_map("gpt_train_ir_dynamic_io_b3");
   const at::Tensor six = at::cat({io3.at("input0"), io3.at("input0")});
   const at::Tensor expected = at::cat({io3.at("output0"), io3.at("output0")});

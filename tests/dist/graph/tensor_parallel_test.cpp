@@ -33,7 +33,7 @@ TEST_F(GraphTensorParallelTest, TensorParallelMlp) {
   // Each rank holds its part of the weights only.
   EXPECT_EQ(local.state.at("fc1.weight").tensor().size(0), 32 / 4);
   EXPECT_EQ(local.state.at("fc2.weight").tensor().size(1), 32 / 4);
-  expect_saves(local, "mlp");
+  expect_saves(local, "mlp", {io.at("input0")});
 }
 
 TEST_F(GraphTensorParallelTest, TensorParallelGptTrainingIr) {
@@ -42,7 +42,7 @@ TEST_F(GraphTensorParallelTest, TensorParallelGptTrainingIr) {
       g::tensor_parallel_transform(g::load_program(graph_model("gpt_train_ir_static.pt2")), mesh({4}), graph_plan(true));
   EXPECT_TRUE(tensors_close(run_one(local, io.at("input0")), io.at("output0"), 1e-4, 1e-5));
   EXPECT_EQ(collectives_in(local), gpt_module_level_collectives()) << local.str();
-  expect_saves(local, "gpt_train_ir");
+  expect_saves(local, "gpt_train_ir", {io.at("input0")});
 }
 
 // With lm_head replicated, the whole-graph choice (strategy_choice.h) ends differently from module
@@ -58,7 +58,7 @@ TEST_F(GraphTensorParallelTest, TensorParallelGptReplicatedHeadRunsOnABatchShard
                                                                {"_c10d_functional::reduce_scatter_tensor", 1},
                                                                {"_c10d_functional::all_gather_into_tensor", 1}}))
       << local.str();
-  expect_saves(local, "gpt_replicated_head");
+  expect_saves(local, "gpt_replicated_head", {io.at("input0")});
 }
 
 // TP over one dim of a 2x2 mesh: the other dim holds replicas, which compute alike.
@@ -70,7 +70,7 @@ TEST_F(GraphTensorParallelTest, TensorParallelGptOnTwoDimMesh) {
   EXPECT_TRUE(tensors_close(run_one(local, io.at("input0")), io.at("output0"), 1e-4, 1e-5));
   EXPECT_EQ(collectives_in(local), gpt_module_level_collectives());
   EXPECT_EQ(local.state.at("blocks.0.mlp.fc1.weight").tensor().size(0), 512 / 2);
-  expect_saves(local, "gpt_2d_mesh");
+  expect_saves(local, "gpt_2d_mesh", {io.at("input0")});
 }
 
 TEST_F(GraphTensorParallelTest, TensorParallelGptCoreAten) {
@@ -80,7 +80,7 @@ TEST_F(GraphTensorParallelTest, TensorParallelGptCoreAten) {
   // Core ATen merges batch and heads before bmm; lifted back to 4-d matmuls, the heads stay sharded
   // and the collectives are module level's (no head all-gathers).
   EXPECT_EQ(collectives_in(local), gpt_module_level_collectives()) << local.str();
-  g::save_program(local, graph_saved("tp_gpt_aten_rank" + std::to_string(world()->rank()) + ".pt2"));
+  expect_saves(local, "gpt_aten", {io.at("input0")});
 }
 
 TEST_F(GraphTensorParallelTest, PlanPathMatchingNothingIsAnError) {
