@@ -108,6 +108,10 @@ class GraphFormBuilder {
   virtual ~GraphFormBuilder() = default;
   // This rank's part of the call's tensor argument `arg` (numbered as the op's schema numbers them).
   virtual FormValue input(size_t arg) = 0;
+  // The call's non-tensor argument `arg` as this call passes it. A form reads numbers (Scalar
+  // arguments: alpha, a norm's order) here, never from the OpSchema it was made with: decisions are
+  // cached across calls whose numbers differ, and so are their forms.
+  virtual c10::IValue argument(size_t arg) = 0;
   // A call of dispatcher op `qualified` ("aten::sub.Scalar") with `args` for its leading arguments and
   // the schema's defaults for the rest; its first output, named after `name` (none for an op without
   // outputs, such as an assertion).

@@ -19,6 +19,24 @@ class NodeFormBuilder final : public GraphFormBuilder {
     return handle(node_->args[arg].values[0]);
   }
 
+  c10::IValue argument(size_t arg) override {
+    if (arg >= node_->args.size()) throw DTensorError("graph: the graph form of node '" + node_->name + "' reads a missing argument");
+    const Arg& a = node_->args[arg];
+    switch (a.kind) {
+      case Arg::Kind::Constant:
+      case Arg::Kind::Number: return a.constant;
+      case Arg::Kind::SymInt: return a.sizes.at(0).hint();
+      case Arg::Kind::SymInts: {
+        std::vector<int64_t> sizes;
+        for (const SymSize& size : a.sizes) sizes.push_back(size.hint());
+        return sizes;
+      }
+      default:
+        throw DTensorError("graph: the graph form of node '" + node_->name + "' reads its tensor argument " + std::to_string(arg) +
+                           " as a constant");
+    }
+  }
+
   FormValue op(const std::string& qualified, std::vector<FormArg> args, const std::string& name) override {
     std::vector<Arg> graph_args;
     for (FormArg& a : args) graph_args.push_back(graph_arg(a));

@@ -33,6 +33,11 @@ class EagerFormBuilder final : public GraphFormBuilder {
     return hold(args_[arg].toTensor());
   }
 
+  c10::IValue argument(size_t arg) override {
+    if (arg >= args_.size()) throw DTensorError("graph form of " + op_.schema().name() + ": no argument " + std::to_string(arg));
+    return args_[arg];
+  }
+
   FormValue op(const std::string& qualified, std::vector<FormArg> args, const std::string&) override {
     const c10::OperatorHandle handle = op_named(qualified);
     const auto& schema = handle.schema().arguments();

@@ -24,6 +24,7 @@
 #include "../../mesh/collectives.h"
 #include "../registry.h"
 #include "dtensor/errors.h"
+#include "form_helpers.h"
 #include "index_window.h"
 #include "rule_helpers.h"
 
@@ -65,18 +66,6 @@ std::vector<DimStrategy> log_softmax_with(const OpSchema& s, size_t dim_arg, int
     out.push_back({{Shard(d)}, Placements(s.inputs.size(), Shard(d)), cost});
   }
   return out;
-}
-
-// The call's op, as a graph form calls it on local arguments ("aten::nll_loss_forward").
-std::string qualified_op(const OpSchema& s) {
-  const auto& name = s.schema.operator_name();
-  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-}
-
-// detail::all_reduce_over in a graph form: `v` reduced over each of `mesh_dims` in turn.
-FormValue all_reduce_form(GraphFormBuilder& b, FormValue v, const std::vector<int64_t>& mesh_dims, ReduceOp op) {
-  for (int64_t m : mesh_dims) v = b.all_reduce(v, op, m);
-  return v;
 }
 
 // Forward: the row max and the row sum of exponentials.
@@ -359,7 +348,7 @@ GraphForm nll_forward_form(const OpSchema& s, const PlacementStrategy& chosen) {
   const std::vector<int64_t> sample_split = sample_mesh_dims(n, chosen.inputs[0]);
   const bool mean = n.reduction == at::Reduction::Mean;
   const int64_t reduction = mean ? static_cast<int64_t>(at::Reduction::Sum) : n.reduction;
-  return [=, op = qualified_op(s), dtype = s.input(0).meta.dtype, message = target_outside_message(s, n, classes)](
+  return [=, op = s.op_name(), dtype = s.input(0).meta.dtype, message = target_outside_message(s, n, classes)](
              GraphFormBuilder& b) -> std::vector<FormValue> {
     const FormValue self = b.input(0), target = b.input(1);
     const std::optional<FormValue> weight = n.has_weight ? std::optional(b.input(2)) : std::nullopt;
@@ -395,7 +384,7 @@ GraphForm nll_backward_form(const OpSchema& s, const PlacementStrategy& chosen) 
   const size_t self_input = *s.input_at_arg(1);
   const Nll n = nll_of(s, 1);
   const ClassRange classes = class_range(s, n, self_input, chosen.inputs[self_input]);
-  return [n, classes, op = qualified_op(s)](GraphFormBuilder& b) -> std::vector<FormValue> {
+  return [n, classes, op = s.op_name()](GraphFormBuilder& b) -> std::vector<FormValue> {
     const std::optional<FormValue> weight = n.has_weight ? std::optional(b.input(3)) : std::nullopt;
     const LocalTargetsForm local = local_targets_form(b, b.input(2), weight, n.ignore_index, classes);
     return {b.op(op, {b.input(0), b.input(1), local.target, local.weight, n.reduction, kNotHere, b.input(6)}, "local_grad")};
@@ -443,11 +432,9 @@ GraphFormRule global_mean_form(size_t reduction_arg) {
   return [reduction_arg](const OpSchema& s, const PlacementStrategy&) -> GraphForm {
     const bool forward = reduction_arg == 2;
     const Shape counted = forward ? at::infer_size(s.input(0).meta.shape, s.input(1).meta.shape) : s.input(1).meta.shape;
-    return [reduction_arg, count = numel(counted), op = qualified_op(s)](GraphFormBuilder& b) -> std::vector<FormValue> {
-      std::vector<FormArg> args;
-      for (size_t i = 0; i < reduction_arg; ++i) args.emplace_back(b.input(i));
-      args.emplace_back(static_cast<int64_t>(at::Reduction::Sum));
-      return {b.op("aten::div.Scalar", {b.op(op, std::move(args), "local_sum"), count}, "mean")};
+    return [reduction_arg, count = numel(counted), op = s.op_name(), is_tensor = tensor_arguments(s)](GraphFormBuilder& b) {
+      const auto args = call_arguments(b, is_tensor, {{reduction_arg, static_cast<int64_t>(at::Reduction::Sum)}});
+      return std::vector<FormValue>{b.op("aten::div.Scalar", {b.op(op, args, "local_sum"), count}, "mean")};
     };
   };
 }

@@ -15,6 +15,7 @@
 
 #include "../../mesh/collectives.h"
 #include "../registry.h"
+#include "form_helpers.h"
 #include "rule_helpers.h"
 
 namespace dtensor::rules {
@@ -123,6 +124,18 @@ LocalKernel mean_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
   };
 }
 
+// mean_kernel as graph ops.
+GraphForm mean_form(const OpSchema& s, const PlacementStrategy&) {
+  const Reduced r = reduced_dims(s);
+  int64_t count = 1;
+  for (int64_t d : r.dims) count *= s.input(0).meta.shape[d];
+  return [dims = std::vector<int64_t>(r.dims.begin(), r.dims.end()), keepdim = r.keepdim, count,
+          dtype_arg = s.args.size() - 1](GraphFormBuilder& b) -> std::vector<FormValue> {
+    const FormValue local_sum = b.op("aten::sum.dim_IntList", {b.input(0), dims, keepdim, b.argument(dtype_arg)}, "local_sum");
+    return {b.op("aten::div.Scalar", {local_sum, count}, "mean")};
+  };
+}
+
 // The identity of a max (lowest value) or min (highest value) reduction in `dtype`.
 at::Scalar identity(ReduceOp op, at::ScalarType dtype) {
   return AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, dtype, "identity", [&] {
@@ -143,6 +156,22 @@ LocalKernelRule identity_when_empty(ReduceOp op) {
       const at::Tensor self = torch::jit::peek(stack, 0, op.schema().arguments().size()).toTensor();
       if (self.numel() > 0) return op.callBoxed(stack);
       return_result(op, stack, at::full(shape, value, self.options().dtype(dtype)));
+    };
+  };
+}
+
+// Whether this rank's part of the input is empty (known when the program is made).
+bool local_shard_is_empty(const OpSchema& s, const PlacementStrategy& chosen) {
+  return numel(local_shape(s.input(0).meta.shape, s.mesh->shape(), *s.mesh->coordinate(), chosen.inputs[0])) == 0;
+}
+
+// identity_when_empty as graph ops: an empty shard is known when the program is made.
+GraphFormRule identity_when_empty_form(ReduceOp op) {
+  return [op](const OpSchema& s, const PlacementStrategy& chosen) -> GraphForm {
+    if (!local_shard_is_empty(s, chosen)) return the_op_itself(s);
+    const at::ScalarType dtype = s.outputs[0].dtype;
+    return [shape = local_output_shape(s, chosen), dtype, value = identity(op, dtype)](GraphFormBuilder& b) -> std::vector<FormValue> {
+      return {b.op("aten::new_full", {b.input(0), shape, c10::IValue(value), c10::IValue(dtype)}, "identity")};
     };
   };
 }
@@ -197,6 +226,32 @@ LocalKernel norm_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
     if (powers && self.numel() > 0) norm = norm.pow(ord);
     detail::all_reduce_over(*mesh, split, norm, combine);
     torch::jit::push(stack, powers ? norm.pow(1.0 / ord) : norm);
+  };
+}
+
+// The index of the norm order argument (`ord` or `p`).
+size_t norm_order_arg(const c10::FunctionSchema& schema) {
+  for (size_t i = 0; i < schema.arguments().size(); ++i)
+    if (schema.arguments()[i].name() == "ord" || schema.arguments()[i].name() == "p") return i;
+  throw DTensorError(schema.name() + " has no norm order argument");
+}
+
+// norm_kernel as graph ops; the order is read as the call passes it (a Scalar: not in the cache key).
+GraphForm norm_form(const OpSchema& s, const PlacementStrategy& chosen) {
+  const at::ScalarType dtype = s.outputs[0].dtype;
+  return [split = mesh_dims_splitting(s, chosen), shape = local_output_shape(s, chosen), dtype, empty = local_shard_is_empty(s, chosen),
+          order_arg = norm_order_arg(s.schema), itself = the_op_itself(s)](GraphFormBuilder& b) -> std::vector<FormValue> {
+    const c10::IValue given = b.argument(order_arg);
+    const double ord = given.isNone() ? 2.0 : given.toScalar().toDouble();
+    const bool inf = std::isinf(ord), powers = !inf && ord != 0;
+    const ReduceOp combine = !inf ? ReduceOp::Sum : ord > 0 ? ReduceOp::Max : ReduceOp::Min;
+    FormValue norm;
+    if (!empty) norm = itself(b)[0];
+    else if (inf) norm = b.op("aten::new_full", {b.input(0), shape, c10::IValue(identity(combine, dtype)), c10::IValue(dtype)}, "identity");
+    else norm = b.op("aten::new_zeros", {b.input(0), shape, c10::IValue(dtype)}, "nothing");
+    if (powers && !empty) norm = b.op("aten::pow.Tensor_Scalar", {norm, ord}, "powers");
+    norm = all_reduce_form(b, norm, split, combine);
+    return {powers ? b.op("aten::pow.Tensor_Scalar", {norm, 1.0 / ord}, "root") : norm};
   };
 }
 
@@ -310,26 +365,30 @@ const bool reduction_rules_registered = [] {
   const Combine power_sums{ReduceOp::Sum, {}};
   register_overloads({"aten::linalg__powsum"}, {.dim = reduce(power_sums), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::mean", "aten::mean.dim"},
-                     {.dim = reduce(sums), .local_kernel = mean_kernel, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
+                     {.dim = reduce(sums), .local_kernel = mean_kernel, .graph_form = mean_form, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::max", "aten::amax"},
-                     {.dim = reduce(maxima), .local_kernel = identity_when_empty(ReduceOp::Max), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
+                     {.dim = reduce(maxima), .local_kernel = identity_when_empty(ReduceOp::Max),
+                      .graph_form = identity_when_empty_form(ReduceOp::Max), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::min", "aten::amin"},
-                     {.dim = reduce(minima), .local_kernel = identity_when_empty(ReduceOp::Min), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
+                     {.dim = reduce(minima), .local_kernel = identity_when_empty(ReduceOp::Min),
+                      .graph_form = identity_when_empty_form(ReduceOp::Min), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   // any/all of a sharded dim combine as max/min of the per-shard results, but a Partial(max/min) input
   // must be reduced first: any(max_r x_r) is not the OR of any(x_r) for non-boolean values.
   const Combine any_of{ReduceOp::Max, {}};
   const Combine all_of{ReduceOp::Min, {}};
   register_overloads({"aten::any", "aten::any.dim", "aten::any.dims"},
-                     {.dim = reduce(any_of), .local_kernel = identity_when_empty(ReduceOp::Max), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
+                     {.dim = reduce(any_of), .local_kernel = identity_when_empty(ReduceOp::Max),
+                      .graph_form = identity_when_empty_form(ReduceOp::Max), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::all", "aten::all.dim", "aten::all.dims"},
-                     {.dim = reduce(all_of), .local_kernel = identity_when_empty(ReduceOp::Min), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
+                     {.dim = reduce(all_of), .local_kernel = identity_when_empty(ReduceOp::Min),
+                      .graph_form = identity_when_empty_form(ReduceOp::Min), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::prod", "aten::prod.dim_int", "aten::max.dim", "aten::min.dim", "aten::max.dim_max",
                       "aten::min.dim_min", "aten::argmax", "aten::argmin", "aten::var.correction", "aten::std.correction",
                       "aten::var_mean.correction", "aten::std_mean.correction", "aten::logsumexp", "aten::kthvalue",
                       "aten::median", "aten::median.dim", "aten::nanmedian", "aten::nanmedian.dim", "aten::mode"},
                      {.dim = reduce(replicated), .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::linalg_vector_norm", "aten::norm.Scalar", "aten::norm.ScalarOpt_dim"},
-                     {.dim = vector_norm, .local_kernel = norm_kernel, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
+                     {.dim = vector_norm, .local_kernel = norm_kernel, .graph_form = norm_form, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::cumsum", "aten::cumsum_"}, {.dim = scan, .family = "reduction", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::sort", "aten::sort.stable", "aten::topk", "aten::cumprod", "aten::cumprod_", "aten::cummax",
                       "aten::cummin", "aten::logcumsumexp"},
