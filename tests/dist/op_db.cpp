@@ -295,6 +295,13 @@ DerivativeProbe probe_derivative(const OpSample& sample) {
   return ::testing::AssertionSuccess();
 }
 
+// Whether `mine` holds on any rank of `m`: graph forms exist per rank (an empty shard's kernel only on
+// the rank holding it), and every rank must take the same path, collectives and all.
+bool on_any_rank(const MeshPtr& m, bool mine) {
+  const at::Tensor flag = at::full({1}, mine ? 1.0 : 0.0, at::kDouble);
+  return full_tensor(from_local(flag, m, Placements(m->ndim(), Partial(ReduceOp::Max)))).item<double>() > 0;
+}
+
 // The check again with every local kernel that has a graph form running as that form (run through
 // the dispatcher op by op, as a saved program would run it), where the first check ran any such kernel.
 ::testing::AssertionResult check_graph_forms(const OpSample& sample, const MeshPtr& m, const std::vector<Placements>& placements,
@@ -323,9 +330,10 @@ std::vector<std::string> run_sample(const OpSample& sample) {
       try {
         const uint64_t forms_before = detail::calls_with_a_graph_form();
         r = check(sample, m, placements, ++seed, run);
-        if (r && detail::calls_with_a_graph_form() != forms_before) {
-          r = check_graph_forms(sample, m, placements, seed);
-          if (r) record_graph_forms_checked(sample);
+        if (on_any_rank(m, r && detail::calls_with_a_graph_form() != forms_before)) {
+          ::testing::AssertionResult with_forms = check_graph_forms(sample, m, placements, seed);
+          if (with_forms) record_graph_forms_checked(sample);
+          if (r) r = with_forms;
         }
       } catch (const std::exception& e) {
         r = ::testing::AssertionFailure() << "threw: " << e.what();

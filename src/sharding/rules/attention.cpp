@@ -108,9 +108,10 @@ const bool attention_rules_registered = [] {
   register_overloads({"aten::_scaled_dot_product_flash_attention_for_cpu"},
                      {.dim = [](const OpSchema& s) { return forward(s, kForward); },
                       .local_kernel = empty_shard_kernel,
+                      .graph_form = zero_outputs_form_when_empty(0),
                       .family = "attention"});
   register_overloads({"aten::_scaled_dot_product_flash_attention_for_cpu_backward"},
-                     {.dim = backward, .local_kernel = empty_shard_kernel, .family = "attention"});
+                     {.dim = backward, .local_kernel = empty_shard_kernel, .graph_form = zero_outputs_form_when_empty(0), .family = "attention"});
   detail::register_composite({"aten::scaled_dot_product_attention"},
                              {.dim = [](const OpSchema& s) { return forward(s, kComposite); }, .family = "composite"});
   return true;

@@ -95,10 +95,12 @@ const bool group_norm_rules_registered = [] {
   register_overloads({"aten::native_group_norm"}, {.dim = group_norm,
                                                    .local_args = local_counts(0),
                                                    .local_kernel = zeros_when_empty(0),
+                                                   .graph_form = zero_outputs_form_when_empty(0),
                                                    .family = "norm"});
   register_overloads({"aten::native_group_norm_backward"}, {.dim = group_norm_backward,
                                                             .local_args = local_counts(1),
                                                             .local_kernel = zeros_when_empty(1),
+                                                            .graph_form = zero_outputs_form_when_empty(1),
                                                             .family = "norm"});
   return true;
 }();

@@ -7,6 +7,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/stack.h>
 
+#include <algorithm>
+
 #include "rule_helpers.h"
 
 namespace dtensor::rules {
@@ -70,6 +72,31 @@ inline LocalKernel zero_outputs(const OpSchema& s, const PlacementStrategy& chos
       next += mask[k] ? 1 : 0;
     }
     push_asked(stack, mask, results);
+  };
+}
+
+// zero_outputs as graph ops, where the call asks for every output (a graph node has a value for each,
+// so a form leaving one out has no place for its None); empty otherwise, and the kernel stays.
+inline GraphForm zero_outputs_form(const OpSchema& s, const PlacementStrategy& chosen) {
+  const std::vector<bool> mask = asked_outputs(s);
+  if (std::find(mask.begin(), mask.end(), false) != mask.end()) return {};
+  std::vector<Shape> shapes;
+  std::vector<c10::ScalarType> dtypes;
+  for (size_t k = 0; k < s.outputs.size(); ++k) {
+    shapes.push_back(local_output_shape(s, chosen, k));
+    dtypes.push_back(s.outputs[k].dtype);
+  }
+  return [shapes, dtypes](GraphFormBuilder& b) {
+    std::vector<FormValue> out;  // every such op's first argument is a tensor: the zeros take its device
+    for (size_t k = 0; k < shapes.size(); ++k) out.push_back(b.op("aten::new_zeros", {b.input(0), shapes[k], c10::IValue(dtypes[k])}, "zeros"));
+    return out;
+  };
+}
+
+// For kernels that are zero_outputs on an empty shard of input `i` and nothing otherwise.
+inline GraphFormRule zero_outputs_form_when_empty(size_t i) {
+  return [i](const OpSchema& s, const PlacementStrategy& chosen) -> GraphForm {
+    return empty_here(s, chosen, i) ? zero_outputs_form(s, chosen) : GraphForm{};
   };
 }
 

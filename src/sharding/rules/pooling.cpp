@@ -87,6 +87,7 @@ detail::OpRule rule(bool linear, LocalArgsRule local_args = {}) {
   return {.dim = [linear](const OpSchema& s) { return planes(s, linear); },
           .local_args = std::move(local_args),
           .local_kernel = empty_shard_kernel,
+          .graph_form = zero_outputs_form_when_empty(0),
           .family = "pooling"};
 }
 
@@ -118,9 +119,10 @@ const bool pooling_rules_registered = [] {
                    "aten::_upsample_bicubic2d_aa_backward", "aten::_upsample_lanczos2d_aa_backward"},
                   rule(/*linear=*/true, local_input_size));
   register_family({"aten::grid_sampler_2d", "aten::grid_sampler_3d"},
-                  {.dim = grid_sampler, .local_kernel = empty_shard_kernel, .family = "pooling"});
+                  {.dim = grid_sampler, .local_kernel = empty_shard_kernel, .graph_form = zero_outputs_form_when_empty(0), .family = "pooling"});
   register_family({"aten::grid_sampler_2d_backward", "aten::grid_sampler_3d_backward"},
-                  {.dim = grid_sampler_backward, .local_kernel = empty_shard_kernel, .family = "pooling"});
+                  {.dim = grid_sampler_backward, .local_kernel = empty_shard_kernel, .graph_form = zero_outputs_form_when_empty(0),
+                   .family = "pooling"});
   return true;
 }();
 
