@@ -102,6 +102,21 @@ LocalKernel masked_backward(const OpSchema& s, const PlacementStrategy& chosen) 
   };
 }
 
+// masked_backward as graph ops: rows_gradient, with every index outside this rank's rows (and
+// padding_idx) sent to one extra row that is dropped.
+GraphForm masked_backward_form(const OpSchema& s, const PlacementStrategy& chosen) {
+  const ChunkExtent rows = held_rows(s, s.outputs[0].shape, chosen.outputs[0]);
+  return [rows, width = s.outputs[0].shape[1]](GraphFormBuilder& b) -> std::vector<FormValue> {
+    const FormValue grad = b.input(0);
+    if (rows.size == 0) return {b.op("aten::new_zeros", {grad, std::vector<int64_t>{0, width}}, "no_rows")};
+    const int64_t padding_idx = b.argument(3).toInt();
+    const FormIndexWindow window = index_window_form(b, b.input(1), rows.offset, rows.size, /*elsewhere=*/rows.size, padding_idx);
+    const FormValue all = b.op("aten::embedding_dense_backward", {grad, window.local_index, rows.size + 1, rows.size, b.argument(4)},
+                               "rows_and_elsewhere");
+    return {b.op("aten::slice.Tensor", {all, int64_t{0}, int64_t{0}, rows.size}, "rows_gradient")};
+  };
+}
+
 // The op has no Meta kernel, and running it on stand-ins of the global shapes would allocate the
 // whole [V, D] gradient that row sharding avoids: [num_weights, D], contiguous, grad_output's dtype.
 std::vector<TensorMeta> backward_meta(const c10::OperatorHandle&, c10::ArrayRef<c10::IValue> args) {
@@ -113,7 +128,8 @@ std::vector<TensorMeta> backward_meta(const c10::OperatorHandle&, c10::ArrayRef<
 const bool embedding_rules_registered = [] {
   detail::register_family({"aten::embedding"}, {.dim = embedding, .local_kernel = masked_lookup, .graph_form = masked_lookup_form, .family = "embedding"});
   detail::register_family({"aten::embedding_dense_backward"},
-                          {.dim = embedding_backward, .local_kernel = masked_backward, .output_metas = backward_meta,
+                          {.dim = embedding_backward, .local_kernel = masked_backward, .graph_form = masked_backward_form,
+                           .output_metas = backward_meta,
                            .family = "embedding"});
   return true;
 }();
