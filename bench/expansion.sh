@@ -38,15 +38,19 @@ at 8 and 28.1 / 31.8 s at 32, local search / exact; the same modelled costs as b
   activations live until backward) for 20,000 states before giving up; its budget now counts the
   values spelled as well, so it gives up as soon as the graph is out of its reach.
 
-| layers | nodes | search | seconds | modelled cost (chosen / node by node) | collectives |
-| --- | --- | --- | --- | --- | --- |
+Searches: \`local\` (from three starts), \`exact\` (after the local search, within a budget of states),
+\`auto\` (the default since issue 49: the exact search only for problems of at most 32 nodes with
+options, so on these graphs the local search alone). The method column says what ran.
+
+| layers | nodes | search | method | seconds | modelled cost (chosen / node by node) | collectives |
+| --- | --- | --- | --- | --- | --- | --- |
 EOT
   for n in "${DEPTHS[@]}"; do
     for search in local exact auto; do
       line=$("$BUILD/bench/dtensor_expansion_bench" --model "$MODELS/llama_L${n}_joint.pt2" --plan "$MODELS/llama_tp_plan.json" \
                --search "$search" | tail -1)
       # "<path>: N nodes, expanded in S s (METHOD, modelled A kB vs node by node B kB); collectives: ..."
-      echo "$line" | sed -E "s#^.*: ([0-9]+) nodes, expanded in ([0-9.]+) s \(([^,]+(\([^)]*\))?), modelled ([0-9.]+) kB vs node by node ([0-9.]+) kB\); collectives: (.*)\$#| $n | \1 | \3 | \2 | \5 kB / \6 kB | \7 |#"
+      echo "$line" | sed -E "s#^.*: ([0-9]+) nodes, expanded in ([0-9.]+) s \(([^,]+(\([^)]*\))?), modelled ([0-9.]+) kB vs node by node ([0-9.]+) kB\); collectives: (.*)\$#| $n | \1 | $search | \3 | \2 | \5 kB / \6 kB | \7 |#"
     done
   done
 } > "$RESULTS.tmp"
