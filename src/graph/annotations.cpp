@@ -48,4 +48,11 @@ int64_t Annotations::bytes_per_rank(const Node& n) const {
 
 void Annotations::set_bytes_per_rank(const Node& n, int64_t bytes) { nodes_[n.id].bytes_per_rank = bytes; }
 
+const LocalKernel* Annotations::local_kernel(const Node& n) const {
+  const auto it = nodes_.find(n.id);
+  return it == nodes_.end() || !it->second.local_kernel ? nullptr : &it->second.local_kernel;
+}
+
+void Annotations::set_local_kernel(const Node& n, LocalKernel kernel) { nodes_[n.id].local_kernel = std::move(kernel); }
+
 }  // namespace dtensor::graph

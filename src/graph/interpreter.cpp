@@ -133,7 +133,7 @@ void call(const Program& program, const Node& node, Environment& env, bool input
       const at::Tensor& input = stack[0].toTensor();
       if (input.use_count() == 1 && input.storage().use_count() == 1 && input.is_contiguous()) op = &all_reduce_ops().in_place;
     }
-    if (node.local_kernel) node.local_kernel(*op, stack);
+    if (const LocalKernel* kernel = program.annotations.local_kernel(node)) (*kernel)(*op, stack);
     else op->callBoxed(stack);
     bind_results(program, node, stack, env);
     stack.clear();  // holds nothing past its node (an all-reduce may take its input over)

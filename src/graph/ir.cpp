@@ -257,7 +257,6 @@ std::vector<Value*> Graph::insert_subgraph(Node* before, const Graph& sub, const
     copy->metadata = n->metadata;
     copy->module_path = n->module_path;
     copy->module_type = n->module_type;
-    copy->local_kernel = n->local_kernel;
     for (const Arg& a : n->args) copy->args.push_back(map_arg(a));
     for (const Value* out : n->outputs) {
       Value* v = new_value(out->name, out->kind);

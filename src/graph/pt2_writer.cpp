@@ -188,8 +188,8 @@ ex::NamedArgument named(const std::string& name, ex::Argument arg, ex::ArgumentK
   return out;
 }
 
-ex::Node node_of(const Node& n) {
-  if (n.local_kernel)
+ex::Node node_of(const Node& n, const Annotations& annotations) {
+  if (annotations.local_kernel(n))
     throw DTensorError("node '" + n.name + "' (" + n.op_name() + ") runs dtensor's local kernel, which has no graph form "
                        "yet: this program runs (graph::run) but cannot be saved");
   std::vector<ex::NamedArgument> inputs;
@@ -245,7 +245,7 @@ ex::Graph graph_of(const Program& p) {
   std::vector<ex::Node> nodes;
   for (const Node* n : p.graph.nodes()) {
     for (const Value* v : n->outputs) add_value(v);
-    nodes.push_back(node_of(*n));
+    nodes.push_back(node_of(*n, p.annotations));
   }
   std::vector<ex::Argument> outputs;
   for (const Arg& a : p.graph.outputs()) outputs.push_back(argument(a, nullptr, "graph outputs"));

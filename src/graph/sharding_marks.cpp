@@ -105,7 +105,7 @@ struct Partitioner {
     if (s.graph_form) {
       for (const auto& [old_value, by] : write_graph_form(program, mesh, node, s.graph_form)) global[by] = global.at(old_value);
     } else {
-      node->local_kernel = s.local_kernel;
+      program.annotations.set_local_kernel(*node, s.local_kernel);
       program.annotations.append_note(*node, "runs dtensor's local kernel");
     }
   }

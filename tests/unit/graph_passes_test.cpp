@@ -17,6 +17,7 @@
 #include "../../src/graph/pipeline.h"
 #include "../../src/graph/process_groups.h"
 #include "../../src/graph/reshard.h"
+#include "../support/error_of.h"
 #include "goldens.h"
 #include "dtensor/graph/program.h"
 #include "dtensor/world.h"
@@ -159,6 +160,28 @@ TEST(GraphPassesTest, SearchReducesWhereNodeByNodeScattersAndGathers) {
   EXPECT_EQ(costs[Search::Exact].method, "exact");
   EXPECT_LT(costs[Search::LocalSearch].chosen, costs[Search::Greedy].chosen);
   EXPECT_EQ(costs[Search::Exact].chosen, costs[Search::LocalSearch].chosen);
+}
+
+// A kernel without a graph form stays with its node, in the program's annotations (not on the node):
+// the interpreter would run it, and saving refuses the program, naming the node. (histc on a sharded
+// input: its kernel reads the data's range, which no graph form writes yet.)
+TEST(GraphPassesTest, AKernelWithoutAGraphFormStaysAndTheProgramRefusesToSave) {
+  ProgramBuilder b;
+  g::Value* x = b.input("x", {8});
+  b.output(b.op("aten::histc", {Arg::tensor(x), Arg::of(int64_t{4})}, "counts"));
+  b.program.annotations.set_placements(*x, Placements{Shard(0)});
+  // Node by node, as eager dispatch would, and the counts left as partial sums: the shards stay.
+  using Search = g::detail::MarkOptions::Search;
+  const auto after = run_passes("histc_rank0", b.program, planning_mesh({4}, 0),
+                                {.search = Search::Greedy, .output_targets = {Placements{Partial()}}});
+  EXPECT_THAT(after.at("partition"), ::testing::HasSubstr("runs dtensor's local kernel"));
+  const g::Node* counts = nullptr;
+  for (const g::Node* n : b.program.graph.nodes())
+    if (n->name == "counts") counts = n;
+  ASSERT_NE(counts, nullptr);
+  EXPECT_NE(b.program.annotations.local_kernel(*counts), nullptr);
+  EXPECT_THAT(error_of([&] { g::save_program(b.program, ::testing::TempDir() + "histc_rank0.pt2"); }),
+              ::testing::HasSubstr("node 'counts' (aten::histc) runs dtensor's local kernel, which has no graph form yet"));
 }
 
 // A per-rank program's collectives name their groups by what the mesh is: another mesh made before

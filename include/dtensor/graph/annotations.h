@@ -4,7 +4,9 @@
 //  - each tensor value's placements on the mesh (the marks the strategy choice makes, and the inputs'
 //    placements the caller gives);
 //  - for a node a transform inserted or changed: why it is there (the printer shows it) and, for a
-//    collective, the bytes this rank receives by the redistribution planner's model.
+//    collective, the bytes this rank receives by the redistribution planner's model;
+//  - for a node whose strategy needs dtensor's local kernel and that kernel has no graph form: the
+//    kernel, which the interpreter runs instead of the op (such a program cannot be saved).
 //
 // Values and nodes are identified by their ids within one graph (Value::id, Node::id; a node's id is
 // never reused after it is erased), so one Annotations belongs to one graph. Placements sit in an array
@@ -16,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "dtensor/op_schema.h"
 #include "dtensor/spec.h"
 
 namespace dtensor::graph {
@@ -39,11 +42,14 @@ class Annotations {
   void append_note(const Node& n, const std::string& more);  // after the note there is, joined by "; "
   int64_t bytes_per_rank(const Node& n) const;               // 0 where none
   void set_bytes_per_rank(const Node& n, int64_t bytes);
+  const LocalKernel* local_kernel(const Node& n) const;      // nullptr where none
+  void set_local_kernel(const Node& n, LocalKernel kernel);
 
  private:
   struct NodeFacts {
     std::string note;
     int64_t bytes_per_rank = 0;
+    LocalKernel local_kernel;
   };
   std::vector<std::optional<Placements>> placements_;  // by Value::id
   std::unordered_map<uint64_t, NodeFacts> nodes_;      // by Node::id

@@ -106,8 +106,6 @@ class Node {
   std::map<std::string, std::string> metadata;  // stack_trace, nn_module_stack, ... as read
   std::string module_path;  // the innermost module that ran it ("blocks.0.attn.wq"), "" at the root
   std::string module_type;  // its class ("torch.nn.modules.linear.Linear")
-  // Set by transforms: runs instead of the op on the node's (local) arguments, like a boxed kernel.
-  LocalKernel local_kernel;
 
   // "aten::mm" / "aten::add.Tensor" for dispatcher ops, the target otherwise.
   std::string op_name() const;
