@@ -6,6 +6,7 @@
 
 #include <ATen/ScalarOps.h>
 
+#include "../sharding/for_graph.h"
 #include "dtensor/errors.h"
 
 namespace dtensor::graph {
@@ -104,11 +105,7 @@ namespace {
 
 // The op for "ns::name.overload" (or "ns::name", the default overload).
 c10::OperatorHandle find_op(const std::string& qualified) {
-  const auto sep = qualified.find("::");
-  const auto dot = qualified.find('.', sep == std::string::npos ? 0 : sep);
-  const std::string name = qualified.substr(0, dot);
-  const std::string overload = dot == std::string::npos ? "" : qualified.substr(dot + 1);
-  auto op = c10::Dispatcher::singleton().findSchema({name, overload});
+  auto op = dtensor::detail::operator_named(qualified);
   if (!op) throw DTensorError("graph: no op " + qualified + " in the dispatcher");
   return *op;
 }

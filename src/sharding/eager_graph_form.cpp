@@ -7,6 +7,7 @@
 
 #include "../mesh/collectives.h"
 #include "dtensor/errors.h"
+#include "for_graph.h"
 
 namespace dtensor::detail {
 namespace {
@@ -15,9 +16,7 @@ thread_local bool forms_run_eagerly = false;
 thread_local uint64_t calls_with_form = 0;
 
 c10::OperatorHandle op_named(const std::string& qualified) {
-  const size_t dot = qualified.find('.');
-  const std::string name = qualified.substr(0, dot), overload = dot == std::string::npos ? "" : qualified.substr(dot + 1);
-  const auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
+  const auto handle = operator_named(qualified);
   if (!handle) throw DTensorError("graph form: no op " + qualified + " in the dispatcher");
   return *handle;
 }

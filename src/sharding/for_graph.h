@@ -5,11 +5,16 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "dtensor/op_schema.h"
 
 namespace dtensor::detail {
+
+// The dispatcher's op named "ns::name.overload" ("ns::name": the default overload); nullopt if none.
+std::optional<c10::OperatorHandle> operator_named(const std::string& qualified);
 
 // Whether the op has a sharding rule (registered or built in).
 bool has_sharding_rule(const c10::OperatorHandle& op);

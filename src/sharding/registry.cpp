@@ -65,10 +65,7 @@ bool decomposes(const c10::OperatorHandle& op) {
 bool writes_an_output_argument(const c10::OperatorHandle& op) { return has_out_arguments(op.schema()); }
 
 void register_one(const std::string& qualified, const OpRule& rule, bool route = true) {
-  const auto dot = qualified.find('.', qualified.find("::"));
-  const std::string name = qualified.substr(0, dot);
-  const std::string overload = dot == std::string::npos ? "" : qualified.substr(dot + 1);
-  auto op = c10::Dispatcher::singleton().findSchema({name, overload});
+  auto op = operator_named(qualified);
   if (!op) throw DTensorError("cannot register a sharding rule for " + qualified + ": no such op in the dispatcher");
   add_rule(*op, rule, route);
 }
@@ -108,6 +105,14 @@ std::shared_ptr<const OpRule> find_rule(const c10::OperatorHandle& op) {
 }
 
 bool has_sharding_rule(const c10::OperatorHandle& op) { return find_rule(op) != nullptr; }
+
+std::optional<c10::OperatorHandle> operator_named(const std::string& qualified) {
+  const auto sep = qualified.find("::");
+  const auto dot = qualified.find('.', sep == std::string::npos ? 0 : sep);
+  const std::string name = qualified.substr(0, dot);
+  const std::string overload = dot == std::string::npos ? "" : qualified.substr(dot + 1);
+  return c10::Dispatcher::singleton().findSchema({name, overload});
+}
 
 namespace {
 
