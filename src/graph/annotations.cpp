@@ -28,6 +28,20 @@ std::string Annotations::placements_str(const Value& v) const {
   return p ? to_string(*p) : "";
 }
 
+const TensorMeta* Annotations::global_meta(const Value& v) const {
+  return v.id < global_metas_.size() && global_metas_[v.id] ? &*global_metas_[v.id] : nullptr;
+}
+
+const TensorMeta& Annotations::global_meta_of(const Value& v) const {
+  if (const TensorMeta* m = global_meta(v)) return *m;
+  throw DTensorError("graph: %" + v.name + " has no global meta (partition gives one to every value it makes local)");
+}
+
+void Annotations::set_global_meta(const Value& v, TensorMeta meta) {
+  if (v.id >= global_metas_.size()) global_metas_.resize(v.id + 1);
+  global_metas_[v.id] = std::move(meta);
+}
+
 const std::string& Annotations::note(const Node& n) const {
   static const std::string none;
   const auto it = nodes_.find(n.id);

@@ -16,15 +16,15 @@ bool is_view(const Node* n) {
 
 bool is_transpose_of_last_two(const Node* n) {
   if (!n || !n->op || n->op_name() != "aten::permute") return false;
-  const c10::IValue& dims = n->args[1].constant;
+  const c10::IValue& dims = n->args()[1].constant;
   return dims.isIntList() && dims.toIntVector() == std::vector<int64_t>{0, 2, 1};
 }
 
 // The 4-d value [B, H, a, b] whose first two dims `v` ([B*H, a, b]) merges, if a view made it.
 Value* merged_from(Value* v) {
-  Node* n = v->producer;
+  Node* n = v->producer();
   if (!is_view(n) || v->meta.shape.size() != 3) return nullptr;
-  Value* x = n->args[0].values[0];
+  Value* x = n->args()[0].values[0];
   const Shape& s = x->meta.shape;
   if (s.size() != 4 || s[0] * s[1] != v->meta.shape[0] || s[2] != v->meta.shape[1] || s[3] != v->meta.shape[2]) return nullptr;
   return x;
@@ -38,18 +38,16 @@ struct Operand {
 };
 std::optional<Operand> operand_of(Value* v) {
   if (Value* x = merged_from(v)) return Operand{x, nullptr};
-  const Node* n = v->producer;
+  const Node* n = v->producer();
   if (!is_transpose_of_last_two(n)) return std::nullopt;
-  if (Value* x = merged_from(n->args[0].values[0])) return Operand{x, n};
+  if (Value* x = merged_from(n->args()[0].values[0])) return Operand{x, n};
   return std::nullopt;
 }
 
 // The operand's 4-d value, a 4-d transpose made before `at` where it is one.
 Value* operand_4d(Graph& graph, Node* at, const Operand& o) {
   if (!o.transpose) return o.source;
-  Node* t = graph.insert(at, "aten::permute", {Arg::tensor(o.source), Arg::ints({0, 1, 3, 2})}, o.transpose->name + "_4d");
-  t->module_path = o.transpose->module_path;
-  t->module_type = o.transpose->module_type;
+  Node* t = InsertionScope(graph, at, o.transpose).insert("aten::permute", {Arg::tensor(o.source), Arg::ints({0, 1, 3, 2})}, o.transpose->name + "_4d");
   infer_local_metas(*t);
   return t->outputs[0];
 }
@@ -67,8 +65,8 @@ int lift_merged_batch_matmuls(Graph& graph) {
     const auto users = graph.users(bmm->outputs[0]);
     if (users.size() != 1 || !is_view(users[0])) continue;
     Node* split = users[0];
-    Value* a = bmm->args[0].values[0];
-    Value* b = bmm->args[1].values[0];
+    Value* a = bmm->args()[0].values[0];
+    Value* b = bmm->args()[1].values[0];
     const Shape& out = split->outputs[0]->meta.shape;
     if (out.size() != 4) continue;
     // Both operands must merge the same [B, H] as the split restores.
@@ -78,10 +76,7 @@ int lift_merged_batch_matmuls(Graph& graph) {
     if (!a_operand || !b_operand || batch_of(*a_operand) != batch || batch_of(*b_operand) != batch) continue;
     Value* a4 = operand_4d(graph, split, *a_operand);
     Value* b4 = operand_4d(graph, split, *b_operand);
-    Node* matmul = graph.insert(split, "aten::matmul", {Arg::tensor(a4), Arg::tensor(b4)}, bmm->name + "_4d");
-    matmul->module_path = bmm->module_path;
-    matmul->module_type = bmm->module_type;
-    matmul->metadata = bmm->metadata;
+    Node* matmul = InsertionScope(graph, split, bmm).insert("aten::matmul", {Arg::tensor(a4), Arg::tensor(b4)}, bmm->name + "_4d");
     infer_local_metas(*matmul);
     graph.replace_all_uses(split->outputs[0], matmul->outputs[0]);
     graph.erase(split);

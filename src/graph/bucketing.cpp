@@ -13,7 +13,7 @@ namespace {
 // only graph outputs use.
 struct OutputAllReduce {
   std::vector<Node*> nodes;  // all_reduce, wait_tensor, all_reduce, wait_tensor, ...
-  Value* input() const { return nodes.front()->args[0].values[0]; }
+  Value* input() const { return nodes.front()->args()[0].values[0]; }
   Value* result() const { return nodes.back()->outputs[0]; }
 };
 
@@ -26,10 +26,8 @@ Node* wait_of(const Graph& graph, const Node* all_reduce) {
 bool is_all_reduce(const Node* n) { return n && n->op_name() == "_c10d_functional::all_reduce"; }
 
 bool only_outputs_use(const Program& program, const Value* v) {
-  if (!program.graph.users(v).empty()) return false;
-  for (const Arg& a : program.graph.outputs())
-    if (std::find(a.values.begin(), a.values.end(), v) != a.values.end()) return true;
-  return false;
+  const auto users = program.graph.users(v);
+  return users.size() == 1 && users[0]->is_output();
 }
 
 // Chains of output all-reduces, by the chain's (reduce op, group) pairs and dtype, in graph order.
@@ -37,8 +35,8 @@ using Buckets = std::map<std::pair<std::vector<std::string>, int>, std::vector<O
 
 // Whether `n` is fed by another all-reduce (through its wait): then it is not where a chain starts.
 bool continues_a_chain(const Node* n) {
-  const Node* producer = n->args[0].values[0]->producer;
-  return producer && producer->op_name() == "_c10d_functional::wait_tensor" && is_all_reduce(producer->args[0].values[0]->producer);
+  const Node* producer = n->args()[0].values[0]->producer();
+  return producer && producer->op_name() == "_c10d_functional::wait_tensor" && is_all_reduce(producer->args()[0].values[0]->producer());
 }
 
 Buckets output_chains(Program& program) {
@@ -52,7 +50,7 @@ Buckets output_chains(Program& program) {
       Node* wait = wait_of(graph, reduce);
       if (!wait) break;
       chain.nodes.insert(chain.nodes.end(), {reduce, wait});
-      key.push_back(reduce->args[1].constant.toStringRef() + "@" + reduce->args[2].constant.toStringRef());
+      key.push_back(reduce->args()[1].constant.toStringRef() + "@" + reduce->args()[2].constant.toStringRef());
       const auto users = graph.users(wait->outputs[0]);
       reduce = users.size() == 1 && is_all_reduce(users[0]) ? users[0] : nullptr;
     }
@@ -87,7 +85,7 @@ Value* reduce_bucket(Program& program, const std::vector<OutputAllReduce>& membe
   const TensorMeta meta = current->meta;
   for (size_t k = 0; k < members[0].nodes.size(); k += 2) {
     const Node* like = members[0].nodes[k];
-    Node* reduce = program.graph.insert(nullptr, "_c10d_functional::all_reduce", {Arg::tensor(current), like->args[1], like->args[2]},
+    Node* reduce = program.graph.insert(nullptr, "_c10d_functional::all_reduce", {Arg::tensor(current), like->args()[1], like->args()[2]},
                                         "bucket_all_reduce");
     reduce->outputs[0]->meta = meta;
     int64_t bytes = 0;

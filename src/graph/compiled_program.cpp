@@ -47,6 +47,7 @@ std::string mesh_text(const std::vector<int64_t>& shape, const std::vector<int64
 // Whether `node` reads its tensor arguments' values, not only their sizes and dtype (a Partial bias's
 // zeros_like on the ranks that do not add it): Inductor drops a state tensor read only that way.
 bool reads_values(const Node* node) {
+  if (node->is_output()) return false;  // returned as it is: the package does not compute with it
   static const std::set<std::string> metadata_only = {"aten::zeros_like", "aten::ones_like", "aten::empty_like", "aten::full_like",
                                                       "aten::new_zeros",  "aten::new_ones",  "aten::new_empty",  "aten::new_full"};
   return !metadata_only.count(node->op_name().substr(0, node->op_name().find('.')));
@@ -154,7 +155,7 @@ void CompiledProgram::use_state_of(Program& program) {
   // unless told not to) would silently keep its compiled value when the optimizer steps it.
   for (const InputSpec& spec : program.inputs)
     if ((spec.kind == InputSpec::Kind::Parameter || spec.kind == InputSpec::Kind::Buffer) && !compiled_in.count(spec.target) &&
-        std::any_of(spec.value->uses.begin(), spec.value->uses.end(), reads_values))
+        std::any_of(spec.value->uses().begin(), spec.value->uses().end(), reads_values))
       throw DTensorError(where + ": '" + spec.target + "' is compiled into its code as values, so updates to it could not reach it; compile "
                          "with scripts/compile_rank_programs.py, which keeps every state tensor a constant the package reads");
   loader_->load_constants(state, /*use_inactive=*/false, /*check_full_update=*/true, /*user_managed=*/true);

@@ -1,17 +1,12 @@
 #include "dead_code.h"
 
-#include <algorithm>
-
 namespace dtensor::graph::detail {
 
 void erase_if_unused(Graph& graph, Value* v) {
-  Node* n = v ? v->producer : nullptr;
+  Node* n = v ? v->producer() : nullptr;
   if (!n || !n->op) return;
   for (Value* out : n->outputs)
-    if (!out->uses.empty()) return;
-  for (const Arg& a : graph.outputs())
-    for (Value* out : n->outputs)
-      if (std::find(a.values.begin(), a.values.end(), out) != a.values.end()) return;
+    if (!out->uses().empty()) return;  // the graph's outputs among them
   const auto inputs = n->inputs();
   graph.erase(n);
   for (Value* in : inputs) erase_if_unused(graph, in);

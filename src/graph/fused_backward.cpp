@@ -13,18 +13,18 @@ namespace {
 
 // The node making `v` when it calls `op` (with its overload: "aten::mul.Tensor"), else nullptr.
 Node* made_by(const Value* v, const char* op) {
-  Node* n = v ? v->producer : nullptr;
+  Node* n = v ? v->producer() : nullptr;
   return n && n->op && n->op_name() == op ? n : nullptr;
 }
 
 Value* tensor_arg(const Node* n, size_t i) {
-  return n && i < n->args.size() && n->args[i].kind == Arg::Kind::Tensor ? n->args[i].values[0] : nullptr;
+  return n && i < n->args().size() && n->args()[i].kind == Arg::Kind::Tensor ? n->args()[i].values[0] : nullptr;
 }
 
 // Whether argument `i` of `n` is the number `value` (a Python number in the graph).
 bool is_number(const Node* n, size_t i, double value) {
-  if (!n || i >= n->args.size()) return false;
-  const Arg& a = n->args[i];
+  if (!n || i >= n->args().size()) return false;
+  const Arg& a = n->args()[i];
   if (a.kind != Arg::Kind::Number && a.kind != Arg::Kind::Constant) return false;
   if (!a.constant.isDouble() && !a.constant.isInt()) return false;
   const double x = a.constant.isDouble() ? a.constant.toDouble() : static_cast<double>(a.constant.toInt());
@@ -34,7 +34,7 @@ bool is_number(const Node* n, size_t i, double value) {
 // add.Tensor / sub.Tensor with alpha 1.
 Node* made_by_unit(const Value* v, const char* op) {
   Node* n = made_by(v, op);
-  return n && (n->args.size() < 3 || is_number(n, 2, 1.0)) ? n : nullptr;
+  return n && (n->args().size() < 3 || is_number(n, 2, 1.0)) ? n : nullptr;
 }
 
 // sum.dim_IntList(x, dims, keepdim) without a dtype; its dims wrapped and sorted.
@@ -45,9 +45,9 @@ struct Sum {
 };
 std::optional<Sum> sum_of(const Value* v) {
   const Node* n = made_by(v, "aten::sum.dim_IntList");
-  if (!n || n->args.size() < 3 || !n->args[1].constant.isIntList() || !n->args[2].constant.isBool()) return std::nullopt;
-  if (n->args.size() > 3 && !n->args[3].constant.isNone()) return std::nullopt;
-  Sum s{tensor_arg(n, 0), n->args[1].constant.toIntVector(), n->args[2].constant.toBool()};
+  if (!n || n->args().size() < 3 || !n->args()[1].constant.isIntList() || !n->args()[2].constant.isBool()) return std::nullopt;
+  if (n->args().size() > 3 && !n->args()[3].constant.isNone()) return std::nullopt;
+  Sum s{tensor_arg(n, 0), n->args()[1].constant.toIntVector(), n->args()[2].constant.toBool()};
   const auto ndim = static_cast<int64_t>(s.of->meta.shape.size());
   for (int64_t& d : s.dims) d = d < 0 ? d + ndim : d;
   std::sort(s.dims.begin(), s.dims.end());
@@ -61,10 +61,7 @@ std::vector<int64_t> range(int64_t from, int64_t to) {
 }
 
 Node* insert_fused(Graph& graph, Node* before, const Node* from, const std::string& op, std::vector<Arg> args) {
-  Node* fused = graph.insert(before, op, std::move(args), from->name + "_fused");
-  fused->module_path = from->module_path;
-  fused->module_type = from->module_type;
-  fused->metadata = from->metadata;
+  Node* fused = InsertionScope(graph, before, from).insert(op, std::move(args), from->name + "_fused");
   infer_local_metas(*fused);
   return fused;
 }
@@ -105,7 +102,7 @@ bool fold_gelu(Graph& graph, Node* root) {
 
 // g * y - y * sum(g * y, [dim], keepdim=True) -> _softmax_backward_data(g, y, dim, y's dtype)
 bool fold_softmax(Graph& graph, Node* root) {
-  if (root->args.size() > 2 && !is_number(root, 2, 1.0)) return false;  // sub's alpha
+  if (root->args().size() > 2 && !is_number(root, 2, 1.0)) return false;  // sub's alpha
   const Node* grad_y = made_by(tensor_arg(root, 0), "aten::mul.Tensor");
   const Node* y_sum = made_by(tensor_arg(root, 1), "aten::mul.Tensor");
   if (!grad_y || !y_sum) return false;
@@ -161,16 +158,16 @@ std::optional<LayerNormBackward> match_layer_norm_backward(const Node* root) {
   const Node* forward = mean ? made_by(mean, "aten::native_layer_norm") : nullptr;
   if (!forward || tensor_arg(forward, 0) != x || forward->outputs.size() != 3 || forward->outputs[1] != mean || forward->outputs[2] != rstd)
     return std::nullopt;
-  if (forward->args[1].kind != Arg::Kind::Constant || !forward->args[1].constant.isIntList()) return std::nullopt;  // symbolic sizes
-  const std::vector<int64_t> normalized_shape = forward->args[1].constant.toIntVector();
+  if (forward->args()[1].kind != Arg::Kind::Constant || !forward->args()[1].constant.isIntList()) return std::nullopt;  // symbolic sizes
+  const std::vector<int64_t> normalized_shape = forward->args()[1].constant.toIntVector();
   const auto ndim = static_cast<int64_t>(x->meta.shape.size());
   int64_t n = 1;
   for (int64_t s : normalized_shape) n *= s;
   if (b->dims != range(ndim - static_cast<int64_t>(normalized_shape.size()), ndim) || !is_number(a, 1, static_cast<double>(n)) ||
       !is_number(scale, 1, static_cast<double>(n)))
     return std::nullopt;
-  Value* weight = forward->args.size() > 2 && forward->args[2].kind == Arg::Kind::Tensor ? forward->args[2].values[0] : nullptr;
-  Value* bias = forward->args.size() > 3 && forward->args[3].kind == Arg::Kind::Tensor ? forward->args[3].values[0] : nullptr;
+  Value* weight = forward->args().size() > 2 && forward->args()[2].kind == Arg::Kind::Tensor ? forward->args()[2].values[0] : nullptr;
+  Value* bias = forward->args().size() > 3 && forward->args()[3].kind == Arg::Kind::Tensor ? forward->args()[3].values[0] : nullptr;
   Value* grad_out = unweighted(grad_x_hat, weight);
   if (!grad_out || grad_out->meta.shape != x->meta.shape || grad_out->meta.dtype != x->meta.dtype) return std::nullopt;
   return LayerNormBackward{grad_out, x, x_hat, mean, rstd, weight, bias, normalized_shape};
@@ -184,7 +181,8 @@ bool fold_layer_norm(Graph& graph, Node* root, const std::unordered_map<const No
   const auto ndim = static_cast<int64_t>(m->x->meta.shape.size());
   const std::vector<int64_t> outer = range(0, ndim - static_cast<int64_t>(m->normalized_shape.size()));
   auto outer_sum_after_root = [&](const Value* of) -> Node* {
-    for (Node* user : of->uses) {
+    for (Node* user : of->uses()) {
+      if (user->is_output()) continue;
       const auto s = sum_of(user->outputs[0]);
       if (s && s->of == of && s->dims == outer && !s->keepdim && position.at(user) > position.at(root)) return user;
     }
@@ -192,7 +190,7 @@ bool fold_layer_norm(Graph& graph, Node* root, const std::unordered_map<const No
   };
   Node* d_weight = nullptr;
   if (m->weight)
-    for (Node* user : m->x_hat->uses)
+    for (Node* user : m->x_hat->uses())
       if (user->op_name() == "aten::mul.Tensor" && tensor_arg(user, 0) == m->grad_out && tensor_arg(user, 1) == m->x_hat)
         if ((d_weight = outer_sum_after_root(user->outputs[0]))) break;
   Node* d_bias = m->bias ? outer_sum_after_root(m->grad_out) : nullptr;

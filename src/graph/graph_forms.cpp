@@ -13,15 +13,15 @@ class NodeFormBuilder final : public GraphFormBuilder {
       : program_(program), mesh_(mesh), node_(node), note_("graph form of " + node->op_name() + "'s local kernel") {}
 
   FormValue input(size_t arg) override {
-    if (arg >= node_->args.size() || node_->args[arg].kind != Arg::Kind::Tensor)
+    if (arg >= node_->args().size() || node_->args()[arg].kind != Arg::Kind::Tensor)
       throw DTensorError("graph: the graph form of node '" + node_->name + "' (" + node_->op_name() + ") reads its argument " +
                          std::to_string(arg) + ", which is not a tensor there");
-    return handle(node_->args[arg].values[0]);
+    return handle(node_->args()[arg].values[0]);
   }
 
   c10::IValue argument(size_t arg) override {
-    if (arg >= node_->args.size()) throw DTensorError("graph: the graph form of node '" + node_->name + "' reads a missing argument");
-    const Arg& a = node_->args[arg];
+    if (arg >= node_->args().size()) throw DTensorError("graph: the graph form of node '" + node_->name + "' reads a missing argument");
+    const Arg& a = node_->args()[arg];
     switch (a.kind) {
       case Arg::Kind::Constant:
       case Arg::Kind::Number: return a.constant;
@@ -40,10 +40,7 @@ class NodeFormBuilder final : public GraphFormBuilder {
   FormValue op(const std::string& qualified, std::vector<FormArg> args, const std::string& name) override {
     std::vector<Arg> graph_args;
     for (FormArg& a : args) graph_args.push_back(graph_arg(a));
-    Node* n = program_.graph.insert(node_, qualified, std::move(graph_args), name);
-    n->module_path = node_->module_path;
-    n->module_type = node_->module_type;
-    n->metadata = node_->metadata;
+    Node* n = InsertionScope(program_.graph, node_).insert(qualified, std::move(graph_args), name);
     program_.annotations.set_note(*n, note_);
     infer_local_metas(*n);
     return n->outputs.empty() ? FormValue{} : handle(n->outputs[0]);

@@ -86,7 +86,7 @@ c10::IValue value_of(const Arg& a, const Environment& env) {
 
 int64_t integer_operator(const Program& program, const Node& node, const Environment& env) {
   std::vector<int64_t> v;
-  for (const Arg& a : node.args) v.push_back(a.kind == Arg::Kind::SymInt ? size_of(a.sizes[0], env) : a.constant.toInt());
+  for (const Arg& a : node.args()) v.push_back(a.kind == Arg::Kind::SymInt ? size_of(a.sizes[0], env) : a.constant.toInt());
   return detail::apply_integer_operator(node.target, v, run_of(program) + ": node '" + node.name + "'");
 }
 
@@ -126,10 +126,10 @@ const AllReduceOps& all_reduce_ops() {
 // between nodes and reused by every node so that a node allocates none.
 void call(const Program& program, const Node& node, Environment& env, bool input_dies_here, torch::jit::Stack& stack) {
   try {
-    for (const Arg& a : node.args) stack.push_back(value_of(a, env));
+    for (const Arg& a : node.args()) stack.push_back(value_of(a, env));
     const c10::OperatorHandle* op = &*node.op;
     if (input_dies_here && *op == all_reduce_ops().functional && stack[0].isTensor()) {
-      env.free(node.args[0].values[0]);
+      env.free(node.args()[0].values[0]);
       const at::Tensor& input = stack[0].toTensor();
       if (input.use_count() == 1 && input.storage().use_count() == 1 && input.is_contiguous()) op = &all_reduce_ops().in_place;
     }
@@ -152,7 +152,7 @@ constexpr size_t kReadByOutputs = SIZE_MAX, kNeverRead = SIZE_MAX - 1;
 // Calls f(value) for every value `node` reads (tensors and symbolic sizes), without collecting them.
 template <typename F>
 void for_each_read(const Node& node, F&& f) {
-  for (const Arg& a : node.args) {
+  for (const Arg& a : node.args()) {
     for (const Value* v : a.values)
       if (v) f(v);
     for (const SymSize& s : a.sizes)
@@ -212,7 +212,7 @@ void run_nodes(Program& program, const RunOptions& options, Environment& env) {
     if (!node.op) {
       env.bind(node.outputs.at(0), integer_operator(program, node, env), true);
     } else {
-      const Value* first = !node.args.empty() && node.args[0].kind == Arg::Kind::Tensor ? node.args[0].values[0] : nullptr;
+      const Value* first = !node.args().empty() && node.args()[0].kind == Arg::Kind::Tensor ? node.args()[0].values[0] : nullptr;
       call(program, node, env, options.free_after_last_use && first && last[first->id] == i, stack);
     }
     if (!options.free_after_last_use) continue;

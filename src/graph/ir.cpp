@@ -20,6 +20,16 @@ at::Tensor wrapped_number(const c10::Scalar& number) {
 
 Arg Arg::ints(const std::vector<int64_t>& v) { return Arg::of(c10::IValue(v)); }
 
+bool Value::is_graph_output() const {
+  return std::any_of(uses_.begin(), uses_.end(), [](const Node* n) { return n->is_output(); });
+}
+
+void copy_provenance(const Node& from, Node& to) {
+  to.metadata = from.metadata;
+  to.module_path = from.module_path;
+  to.module_type = from.module_type;
+}
+
 std::string Node::op_name() const {
   if (!op) return target;
   const auto& name = op->operator_name();
@@ -28,13 +38,18 @@ std::string Node::op_name() const {
 
 std::vector<Value*> Node::inputs() const {
   std::vector<Value*> out;
-  for (const Arg& a : args) {
+  for (const Arg& a : args_) {
     for (Value* v : a.values)
       if (v) out.push_back(v);
     for (const SymSize& s : a.sizes)
       if (s.symbol) out.push_back(s.symbol);
   }
   return out;
+}
+
+Graph::Graph() : output_(std::make_unique<Node>()) {
+  output_->name = output_->target = "output";
+  output_->is_output_ = true;
 }
 
 std::string Graph::unique_name(const std::string& name) {
@@ -82,20 +97,20 @@ std::list<std::unique_ptr<Node>>::iterator Graph::position(const Node* node) {
 }
 
 void Graph::link(Node* node) {
-  for (Value* v : node->inputs()) v->uses.push_back(node);
+  for (Value* v : node->inputs()) v->uses_.push_back(node);
 }
 
 void Graph::unlink(Node* node) {
   for (Value* v : node->inputs()) {
-    auto it = std::find(v->uses.begin(), v->uses.end(), node);
-    if (it != v->uses.end()) v->uses.erase(it);
+    auto it = std::find(v->uses_.begin(), v->uses_.end(), node);
+    if (it != v->uses_.end()) v->uses_.erase(it);
   }
 }
 
 Node* Graph::place(std::list<std::unique_ptr<Node>>::iterator at, std::unique_ptr<Node> node) {
   Node* raw = node.get();
   raw->id = next_node_id_++;
-  for (Value* out : raw->outputs) out->producer = raw;
+  for (Value* out : raw->outputs) out->producer_ = raw;
   link(raw);
   where_[raw] = nodes_.insert(at, std::move(node));
   return raw;
@@ -136,7 +151,7 @@ Node* Graph::insert(Node* before, const std::string& qualified, std::vector<Arg>
     d.given = false;
     args.push_back(std::move(d));
   }
-  node->args = std::move(args);
+  node->args_ = std::move(args);
   node->name = unique_name(name);
   for (size_t r = 0; r < schema.returns().size(); ++r) {
     const bool is_int = schema.returns()[r].type()->kind() == c10::TypeKind::IntType ||
@@ -159,13 +174,22 @@ Node* Graph::insert_after(Node* after, const std::string& qualified, std::vector
 Node* Graph::insert_integer_operator(Node* before, const std::string& op, std::vector<Arg> args, const std::string& name) {
   auto node = std::make_unique<Node>();
   node->target = "_operator." + op;
-  node->args = std::move(args);
+  node->args_ = std::move(args);
   node->name = unique_name(name);
   node->outputs.push_back(new_value(node->name, Value::Kind::SymInt));
   return place(position(before), std::move(node));
 }
 
-Node* Graph::append(std::unique_ptr<Node> node) { return place(nodes_.end(), std::move(node)); }
+Node* Graph::append(std::unique_ptr<Node> node, std::vector<Arg> args) {
+  node->args_ = std::move(args);
+  return place(nodes_.end(), std::move(node));
+}
+
+void Graph::add_output(Arg arg) {
+  unlink(output_.get());
+  output_->args_.push_back(std::move(arg));
+  link(output_.get());
+}
 
 namespace {
 
@@ -176,58 +200,65 @@ void replace_in(Arg& a, Value* from, Value* to) {
     if (s.symbol == from) s.symbol = to;
 }
 
-bool uses(const Arg& a, const Value* v) {
-  return std::find(a.values.begin(), a.values.end(), v) != a.values.end() ||
-         std::any_of(a.sizes.begin(), a.sizes.end(), [&](const SymSize& s) { return s.symbol == v; });
-}
-
 }  // namespace
 
 void Graph::replace_all_uses(Value* from, Value* to, const Node* except) {
   for (Node* n : users(from)) {
     if (n == except) continue;
     unlink(n);
-    for (Arg& a : n->args) replace_in(a, from, to);
+    for (Arg& a : n->args_) replace_in(a, from, to);
     link(n);
   }
-  for (Arg& a : outputs_) replace_in(a, from, to);
 }
 
 void Graph::set_arg(Node* node, size_t index, Arg arg) {
-  position(node);  // this graph's
+  if (node != output_.get()) position(node);  // this graph's
+  if (index >= node->args_.size())
+    throw DTensorError("graph: node " + node->name + " has " + std::to_string(node->args_.size()) + " arguments, not " +
+                       std::to_string(index + 1));
   unlink(node);
-  node->args.at(index) = std::move(arg);
+  node->args_[index] = std::move(arg);
   link(node);
 }
 
 std::vector<Node*> Graph::users(const Value* v) const {
   std::vector<Node*> out;
-  for (Node* n : v->uses)
+  for (Node* n : v->uses_)
     if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
   return out;
 }
 
-std::string Graph::check_uses() const {
+std::string Graph::verify() const {
+  std::set<const Value*> defined(inputs_.begin(), inputs_.end());
   std::map<const Value*, std::multiset<const Node*>> reads;
-  for (const auto& n : nodes_)
-    for (const Value* v : n->inputs()) reads[v].insert(n.get());
-  auto listed = [](const Value* v) { return std::multiset<const Node*>(v->uses.begin(), v->uses.end()); };
+  auto read_by = [&](const Node* n) {
+    for (const Value* v : n->inputs()) {
+      if (!defined.count(v)) return "node " + n->name + " reads %" + v->name + " before it is defined";
+      reads[v].insert(n);
+    }
+    return std::string();
+  };
+  for (const auto& n : nodes_) {
+    if (std::string wrong = read_by(n.get()); !wrong.empty()) return wrong;
+    defined.insert(n->outputs.begin(), n->outputs.end());
+  }
+  if (std::string wrong = read_by(output_.get()); !wrong.empty()) return wrong;
+  auto listed = [](const Value* v) { return std::multiset<const Node*>(v->uses_.begin(), v->uses_.end()); };
   for (const auto& [v, by] : reads)
     if (listed(v) != by) return "the use-list of %" + v->name + " does not match the nodes that read it";
   for (const auto& v : values_)
-    if (!v->uses.empty() && !reads.count(v.get())) return "%" + v->name + " lists uses, but no node reads it";
+    if (!v->uses_.empty() && !reads.count(v.get())) return "%" + v->name + " lists uses, but no node reads it";
   return "";
 }
 
 void Graph::erase(Node* node) {
   auto it = position(node);
-  for (Value* out : node->outputs) {
-    const bool output_of_graph = std::any_of(outputs_.begin(), outputs_.end(), [&](const Arg& a) { return uses(a, out); });
-    if (output_of_graph || !out->uses.empty())
-      throw DTensorError("graph: cannot erase node " + node->name + ": its output " + out->name + " is still used");
-  }
+  for (Value* out : node->outputs)
+    if (!out->uses_.empty())
+      throw DTensorError("graph: cannot erase node " + node->name + ": its output " + out->name + " is still used" +
+                         (out->is_graph_output() ? " (the graph returns it)" : ""));
   unlink(node);
-  for (Value* out : node->outputs) out->producer = nullptr;
+  for (Value* out : node->outputs) out->producer_ = nullptr;
   where_.erase(node);
   nodes_.erase(it);
 }
@@ -251,10 +282,8 @@ std::vector<Value*> Graph::insert_subgraph(Node* before, const Graph& sub, const
     copy->name = unique_name(n->name);
     copy->target = n->target;
     copy->op = n->op;
-    copy->metadata = n->metadata;
-    copy->module_path = n->module_path;
-    copy->module_type = n->module_type;
-    for (const Arg& a : n->args) copy->args.push_back(map_arg(a));
+    copy_provenance(*n, *copy);
+    for (const Arg& a : n->args_) copy->args_.push_back(map_arg(a));
     for (const Value* out : n->outputs) {
       Value* v = new_value(out->name, out->kind);
       const std::string name = v->name;
@@ -262,7 +291,8 @@ std::vector<Value*> Graph::insert_subgraph(Node* before, const Graph& sub, const
       *v = *out;
       v->name = name;
       v->id = id;
-      v->uses.clear();  // the sub-graph's readers are not this graph's
+      v->uses_.clear();  // the sub-graph's readers are not this graph's
+      v->producer_ = nullptr;
       by_name_[name] = v;
       mapped[out] = v;
       copy->outputs.push_back(v);
@@ -270,7 +300,7 @@ std::vector<Value*> Graph::insert_subgraph(Node* before, const Graph& sub, const
     place(at, std::move(copy));
   }
   std::vector<Value*> out;
-  for (const Arg& a : sub.outputs_)
+  for (const Arg& a : sub.outputs())
     for (Value* v : map_arg(a).values) out.push_back(v);
   return out;
 }
@@ -317,7 +347,7 @@ std::string Graph::str(const Annotations* annotations) const {
     for (const Value* v : n->outputs) outs += (outs.empty() ? "%" : ", %") + v->name;
     out << outs << " = " << n->op_name() << "(";
     bool first = true;
-    for (const Arg& a : n->args) {
+    for (const Arg& a : n->args_) {
       if (!a.given) continue;
       out << (first ? "" : ", ") << arg_str(a);
       first = false;
@@ -336,9 +366,22 @@ std::string Graph::str(const Annotations* annotations) const {
     out << "\n";
   }
   out << "return (";
-  for (size_t i = 0; i < outputs_.size(); ++i) out << (i ? ", " : "") << arg_str(outputs_[i]);
+  for (size_t i = 0; i < outputs().size(); ++i) out << (i ? ", " : "") << arg_str(outputs()[i]);
   out << ")\n";
   return out.str();
+}
+
+Node* InsertionScope::with_provenance(Node* node) const {
+  if (origin_) copy_provenance(*origin_, *node);
+  return node;
+}
+
+Node* InsertionScope::insert(const std::string& qualified, std::vector<Arg> args, const std::string& name) const {
+  return with_provenance(graph_.insert(before_, qualified, std::move(args), name));
+}
+
+Node* InsertionScope::insert_integer_operator(const std::string& op, std::vector<Arg> args, const std::string& name) const {
+  return with_provenance(graph_.insert_integer_operator(before_, op, std::move(args), name));
 }
 
 }  // namespace dtensor::graph

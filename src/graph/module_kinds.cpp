@@ -29,14 +29,14 @@ bool is_alias(const std::string& op) {
 bool is_transpose(const Node& n) {
   const std::string op = n.op_name();
   if (op == "aten::t" || op == "aten::transpose.int" || op == "aten::numpy_T") return true;
-  return op == "aten::permute" && n.args.size() > 1 && n.args[1].constant.isIntList() &&
-         n.args[1].constant.toIntVector() == std::vector<int64_t>{1, 0};
+  return op == "aten::permute" && n.args().size() > 1 && n.args()[1].constant.isIntList() &&
+         n.args()[1].constant.toIntVector() == std::vector<int64_t>{1, 0};
 }
 // A transpose of a batch of matrices (their last two dims).
 bool is_last_two_dims_transpose(const Node& n) {
-  if (n.op_name() != "aten::transpose.int" || n.args.size() < 3 || !n.args[1].constant.isInt() || !n.args[2].constant.isInt())
+  if (n.op_name() != "aten::transpose.int" || n.args().size() < 3 || !n.args()[1].constant.isInt() || !n.args()[2].constant.isInt())
     return false;
-  const std::set<int64_t> dims = {n.args[1].constant.toInt(), n.args[2].constant.toInt()};
+  const std::set<int64_t> dims = {n.args()[1].constant.toInt(), n.args()[2].constant.toInt()};
   return dims == std::set<int64_t>{1, 2} || dims == std::set<int64_t>{-1, -2};
 }
 bool is_matmul(const std::string& op) {
@@ -68,8 +68,8 @@ struct FirstUse {
 
 // Whether `n` selects matrices of `v` along its first dim by one index tensor (x[ids]).
 bool selects_first_dim(const Node& n, const Value* v) {
-  return n.op_name() == "aten::index.Tensor" && n.args.size() == 2 && n.args[0].kind == Arg::Kind::Tensor &&
-         n.args[0].values[0] == v && n.args[1].kind == Arg::Kind::OptionalTensors && n.args[1].values.size() == 1;
+  return n.op_name() == "aten::index.Tensor" && n.args().size() == 2 && n.args()[0].kind == Arg::Kind::Tensor &&
+         n.args()[0].values[0] == v && n.args()[1].kind == Arg::Kind::OptionalTensors && n.args()[1].values.size() == 1;
 }
 
 // The first node in graph order that reads `weight` (forward comes first in a joint graph, so its use
@@ -88,7 +88,7 @@ FirstUse first_use(const Readers& all, const Value* weight) {
     const std::string op = n->op_name();
     if (experts) {
       if (selected && op == "aten::bmm") {
-        const bool left = n->args[0].kind == Arg::Kind::Tensor && n->args[0].values[0] == v;
+        const bool left = n->args()[0].kind == Arg::Kind::Tensor && n->args()[0].values[0] == v;
         return {left != transposed ? ModuleKind::ExpertsLinear : ModuleKind::ExpertsConv1D, n};
       }
       if (!selected && selects_first_dim(*n, v) && !n->outputs.empty()) {

@@ -21,7 +21,7 @@ void shard_state(Program& program, const DeviceMesh& mesh) {
 void Pipeline::run(Program& program, const std::function<void(const std::string&, const Program&)>& after) const {
   for (const Pass& pass : passes_) {
     pass.run(program);
-    if (const std::string wrong = program.graph.check_uses(); !wrong.empty())
+    if (const std::string wrong = program.graph.verify(); !wrong.empty())
       throw DTensorError("internal: after graph pass '" + pass.name + "', " + wrong);
     if (after) after(pass.name, program);
   }

@@ -5,8 +5,8 @@
 // transform's own state, which its passes capture; the pipeline knows only programs, as torch.fx's
 // and MLIR's pass managers know only graphs and operations.
 //
-// After every pass the graph's use-lists are checked against its nodes (Graph::check_uses): a pass
-// that rewired an argument behind the graph's back fails there, naming itself.
+// After every pass the graph is verified (Graph::verify): a pass that made a node read a value before
+// it is defined fails there, naming itself.
 
 #include <functional>
 #include <optional>

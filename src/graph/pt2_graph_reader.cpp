@@ -86,7 +86,7 @@ class GraphReader {
     for (size_t i = 0; i < graph_.get_nodes().size(); ++i) node(graph_.get_nodes()[i], nodes / i);
     const RecordField outputs = field_ / "outputs";
     for (size_t i = 0; i < graph_.get_outputs().size(); ++i)
-      program_.graph.outputs().push_back(argument(graph_.get_outputs()[i], outputs / i, nullptr));
+      program_.graph.add_output(argument(graph_.get_outputs()[i], outputs / i, nullptr));
   }
 
  private:
@@ -259,7 +259,7 @@ class GraphReader {
     return v;
   }
 
-  void call_arguments(const ex::Node& n, const RecordField& at, Node& node) {
+  std::vector<Arg> call_arguments(const ex::Node& n, const RecordField& at, const Node& node) {
     const auto& schema = node.op->schema();
     std::vector<std::optional<Arg>> args(schema.arguments().size());
     const RecordField inputs = at / "inputs";
@@ -275,9 +275,10 @@ class GraphReader {
       if (kind && (*kind < 0 || *kind > 2)) (input / "kind").fail("expected an argument kind in [0, 2], found " + std::to_string(*kind));
       args[*index]->keyword = kind && *kind == static_cast<int64_t>(ex::ArgumentKind::KEYWORD);
     }
+    std::vector<Arg> out;
     for (size_t i = 0; i < args.size(); ++i) {
       if (args[i]) {
-        node.args.push_back(std::move(*args[i]));
+        out.push_back(std::move(*args[i]));
         continue;
       }
       const auto& a = schema.arguments()[i];
@@ -285,13 +286,15 @@ class GraphReader {
       Arg d = Arg::of(*a.default_value());
       d.given = false;
       d.keyword = a.kwarg_only();
-      node.args.push_back(std::move(d));
+      out.push_back(std::move(d));
     }
+    return out;
   }
 
   // Python's integer operators on sizes: each operand an integer or a symbolic integer; which
   // operators and what constant operands are valid is integer_ops' business.
-  void integer_operator_arguments(const ex::Node& n, const RecordField& at, Node& node) {
+  std::vector<Arg> integer_operator_arguments(const ex::Node& n, const RecordField& at, const Node& node) {
+    std::vector<Arg> out;
     std::vector<std::optional<int64_t>> constants;
     for (size_t i = 0; i < n.get_inputs().size(); ++i) {
       const RecordField input = at / "inputs" / i / "arg";
@@ -299,10 +302,11 @@ class GraphReader {
       const bool integer = arg.kind == Arg::Kind::SymInt || (arg.kind == Arg::Kind::Constant && arg.constant.isInt());
       if (!integer) input.fail("an operand of " + node.target + " must be an integer or a symbolic integer");
       constants.push_back(arg.kind == Arg::Kind::Constant ? std::optional<int64_t>(arg.constant.toInt()) : std::nullopt);
-      node.args.push_back(std::move(arg));
+      out.push_back(std::move(arg));
     }
     const std::string problem = integer_operator_problem(node.target, constants);
     if (!problem.empty()) (at / "target").fail(problem);
+    return out;
   }
 
   static void resolve_target(const RecordField& at, Node& node) {
@@ -354,11 +358,10 @@ class GraphReader {
     if (node->metadata.count("nn_module_stack")) module_of(node->metadata["nn_module_stack"], *node);
 
     resolve_target(at / "target", *node);
-    if (node->op) call_arguments(n, at, *node);
-    else integer_operator_arguments(n, at, *node);
+    std::vector<Arg> args = node->op ? call_arguments(n, at, *node) : integer_operator_arguments(n, at, *node);
     outputs(n, at, *node);
     if (node->name.empty()) node->name = node->outputs.empty() ? node->target : node->outputs[0]->name;
-    program_.graph.append(std::move(node));
+    program_.graph.append(std::move(node), std::move(args));
   }
 
   Program& program_;

@@ -86,7 +86,7 @@ void read_state(const std::shared_ptr<const io::ZipArchive>& archive, const std:
 
 Value* graph_input_named(const std::string& name, const RecordField& field, Graph& graph) {
   Value* value = graph.find_value(name);
-  if (!value || value->producer) field.fail("no graph input named '" + name.substr(0, 200) + "'");
+  if (!value || value->producer()) field.fail("no graph input named '" + name.substr(0, 200) + "'");
   return value;
 }
 

@@ -195,8 +195,8 @@ ex::Node node_of(const Node& n, const Annotations& annotations) {
   std::vector<ex::NamedArgument> inputs;
   const std::string where = "node '" + n.name + "'";
   bool skipped = false;  // an argument left to its default: the ones after it can only go by name
-  for (size_t i = 0; i < n.args.size(); ++i) {
-    const Arg& a = n.args[i];
+  for (size_t i = 0; i < n.args().size(); ++i) {
+    const Arg& a = n.args()[i];
     if (n.op) {
       const auto& schema_arg = n.op->schema().arguments()[i];
       if (!a.given) {
@@ -330,7 +330,7 @@ void respell_negative_infinities(const Program& p, json& model) {
     json& node = nodes[k++];
     if (!n->op) continue;
     for (json& input : node["inputs"]) {
-      const c10::IValue& value = n->args[*n->op->schema().argumentIndexWithName(input["name"].get<std::string>())].constant;
+      const c10::IValue& value = n->args()[*n->op->schema().argumentIndexWithName(input["name"].get<std::string>())].constant;
       json& arg = input["arg"];
       if (arg.contains("as_float") && value.isDouble() && value.toDouble() == kMinusInf) arg["as_float"] = "-Infinity";
       if (arg.contains("as_floats") && value.isDoubleList()) {

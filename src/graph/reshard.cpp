@@ -30,13 +30,8 @@ struct Emitter {
   }
 
   Node* emit(const std::string& op, std::vector<Arg> args, const std::string& name) {
-    Node* n = program.graph.insert(before, op, std::move(args), name);
+    Node* n = InsertionScope(program.graph, before).insert(op, std::move(args), name);
     program.annotations.set_note(*n, why);
-    if (before) {
-      n->module_path = before->module_path;
-      n->module_type = before->module_type;
-      if (before->metadata.count("nn_module_stack")) n->metadata["nn_module_stack"] = before->metadata.at("nn_module_stack");
-    }
     return n;
   }
 
@@ -270,7 +265,7 @@ void infer_local_metas(Node& node) {
     auto stand_in = [&](const Value& v) {
       return on_meta ? meta_tensor(v) : at::zeros({}, at::TensorOptions().dtype(v.meta.dtype)).expand(v.meta.shape);
     };
-    for (const Arg& a : node.args) {
+    for (const Arg& a : node.args()) {
       if (a.kind == Arg::Kind::Constant) {
         stack.push_back(a.constant);
       } else if (a.kind == Arg::Kind::Tensor) {

@@ -10,7 +10,7 @@ namespace {
 
 // The node reads `v` for its strategy input k instead.
 void set_input(Graph& graph, Node& node, const NodeSharding& s, size_t k, Value* v) {
-  Arg a = node.args[s.tensor_args[k]];
+  Arg a = node.args()[s.tensor_args[k]];
   a.values[s.list_index[k] < 0 ? 0 : static_cast<size_t>(s.list_index[k])] = v;
   graph.set_arg(&node, s.tensor_args[k], std::move(a));
 }
@@ -48,20 +48,20 @@ Marks write_moves(StrategyProblem& p) {
 
 namespace {
 
-// partition's state: the global meta of every value made local, and the reshards made so far.
+// partition's state: the reshards made so far.
 struct Partitioner {
   Program& program;
   const MeshPtr& mesh;
   Marks& marks;
-  std::map<const Value*, TensorMeta> global;
   std::map<std::pair<const Value*, std::string>, Value*> reshards;  // one per value and target
 
-  // Every marked value takes its local meta; the global one stays known for planning reshards.
+  // Every marked value takes its local meta; the global one goes to the annotations, for planning
+  // reshards.
   void localize_values() {
     auto localize = [&](Value* v) {
       const Placements* at = v->is_tensor() ? program.annotations.placements(*v) : nullptr;
-      if (!at || global.count(v)) return;
-      global[v] = v->meta;
+      if (!at || program.annotations.global_meta(*v)) return;
+      program.annotations.set_global_meta(*v, v->meta);
       const Shape shape = local_shape(v->meta.shape, mesh->shape(), *mesh->coordinate(), *at);
       v->meta = TensorMeta{shape, global_stride_like(shape, v->meta.shape, v->meta.stride), v->meta.dtype};
     };
@@ -74,8 +74,9 @@ struct Partitioner {
   Value* moved(Node* before, Value* v, const Placements& to, const std::string& why) {
     auto& slot = reshards[{v, to_string(to)}];
     if (!slot) {
-      slot = insert_reshard(program, mesh, before, v, global.at(v), to, why);
-      global[slot] = global.at(v);  // a reshard moves the value, its global meta stays (graph forms read it)
+      const TensorMeta global = program.annotations.global_meta_of(*v);
+      slot = insert_reshard(program, mesh, before, v, global, to, why);
+      program.annotations.set_global_meta(*slot, global);  // a reshard moves the value, its global meta stays
     }
     return slot;
   }
@@ -88,9 +89,9 @@ struct Partitioner {
       marks.sizes.localize_argument(program, node, index, value);
       localized.insert(index);
     }
-    for (size_t index = 0; index < node->args.size(); ++index)
-      if (!localized.count(index) && has_symbol(node->args[index]))
-        marks.sizes.localize_argument(program, node, index, global_hints(node->args[index]));
+    for (size_t index = 0; index < node->args().size(); ++index)
+      if (!localized.count(index) && has_symbol(node->args()[index]))
+        marks.sizes.localize_argument(program, node, index, global_hints(node->args()[index]));
   }
 
   void node(Node* node, NodeSharding& s) {
@@ -103,7 +104,8 @@ struct Partitioner {
     localize_arguments(node, s);
     if (!s.local_kernel || only_checks(*node)) return;
     if (s.graph_form) {
-      for (const auto& [old_value, by] : write_graph_form(program, mesh, node, s.graph_form)) global[by] = global.at(old_value);
+      for (const auto& [old_value, by] : write_graph_form(program, mesh, node, s.graph_form))
+        program.annotations.set_global_meta(*by, program.annotations.global_meta_of(*old_value));
     } else {
       program.annotations.set_local_kernel(*node, s.local_kernel);
       program.annotations.append_note(*node, "runs dtensor's local kernel");
@@ -111,9 +113,10 @@ struct Partitioner {
   }
 
   void outputs(const std::vector<std::optional<Placements>>& targets) {
-    auto& outputs = program.graph.outputs();
-    for (size_t k = 0; k < outputs.size(); ++k)
-      for (Value*& v : outputs[k].values) {
+    Graph& graph = program.graph;
+    for (size_t k = 0; k < graph.outputs().size(); ++k) {
+      Arg output = graph.outputs()[k];
+      for (Value*& v : output.values) {
         const Placements* at = v && v->is_tensor() ? program.annotations.placements(*v) : nullptr;
         if (!at) continue;
         const Placements from = *at;
@@ -125,13 +128,15 @@ struct Partitioner {
         if (target != from)
           v = moved(nullptr, v, target, "graph output " + std::to_string(k) + ": " + to_string(from) + " -> " + to_string(target));
       }
+      graph.set_output(k, std::move(output));
+    }
   }
 };
 
 }  // namespace
 
 void partition(Program& program, const MeshPtr& mesh, Marks& marks, const std::vector<std::optional<Placements>>& output_targets) {
-  Partitioner p{program, mesh, marks, {}, {}};
+  Partitioner p{program, mesh, marks, {}};
   p.localize_values();
   for (Node* node : program.graph.nodes())
     if (auto it = marks.nodes.find(node); it != marks.nodes.end()) p.node(node, it->second);

@@ -46,8 +46,8 @@ Call call_of(const Node& node, const Annotations& marks, const MeshPtr& mesh) {
     c.sharding.tensor_args.push_back(arg);
     c.sharding.list_index.push_back(-2);  // not a graph value: never moved
   };
-  for (size_t i = 0; i < node.args.size(); ++i) {
-    const Arg& a = node.args[i];
+  for (size_t i = 0; i < node.args().size(); ++i) {
+    const Arg& a = node.args()[i];
     switch (a.kind) {
       case Arg::Kind::Constant: c.args.push_back(a.constant); break;
       case Arg::Kind::Number: add_number(i, a.constant.toScalar()); break;
@@ -120,9 +120,9 @@ std::set<const Value*> written_values(const Graph& graph) {
   for (const Node* node : graph.nodes()) {
     if (!node->op) continue;
     const auto& schema_args = node->op->schema().arguments();
-    for (size_t i = 0; i < node->args.size() && i < schema_args.size(); ++i)
+    for (size_t i = 0; i < node->args().size() && i < schema_args.size(); ++i)
       if (schema_args[i].alias_info() && schema_args[i].alias_info()->isWrite())
-        for (const Value* v : node->args[i].values) out.insert(v);
+        for (const Value* v : node->args()[i].values) out.insert(v);
   }
   return out;
 }
@@ -350,7 +350,7 @@ struct Enumeration {
 
 // The value read by a node's strategy input k.
 Value* input_slot(const Node& node, const NodeSharding& s, size_t k) {
-  const Arg& a = node.args[s.tensor_args[k]];
+  const Arg& a = node.args()[s.tensor_args[k]];
   return a.values[s.list_index[k] < 0 ? 0 : static_cast<size_t>(s.list_index[k])];
 }
 

@@ -20,7 +20,7 @@ SizeQuery size_query(const Node& node) {
 
 // The dim a sym_size / sym_stride node reads, normalised against `ndim`.
 int64_t queried_dim(const Node& node, int64_t ndim) {
-  const int64_t d = node.args[1].constant.toInt();
+  const int64_t d = node.args()[1].constant.toInt();
   return d < 0 ? d + ndim : d;
 }
 
@@ -44,7 +44,7 @@ void ShardedSizes::record(const Node& node, const Annotations& marks) {
     const SizeQuery query = size_query(node);
     if (query == SizeQuery::None) return;
     const bool numel = query == SizeQuery::Numel;
-    const Value& source = *node.args[0].values[0];
+    const Value& source = *node.args()[0].values[0];
     const int64_t dim = numel ? -1 : queried_dim(node, static_cast<int64_t>(source.meta.shape.size()));
     Info i;
     for (int64_t m = 0; m < mesh_->ndim(); ++m) {
@@ -62,7 +62,7 @@ void ShardedSizes::record(const Node& node, const Annotations& marks) {
   // An integer operator: a product with a whole size stays a chunk (of a dim that many times longer);
   // sums, quotients and remainders of a local size are neither local nor global sizes.
   std::vector<const Info*> operands;
-  for (const Arg& a : node.args)
+  for (const Arg& a : node.args())
     if (a.kind == Arg::Kind::SymInt && a.sizes[0].symbol)
       if (const Info* i = info(a.sizes[0].symbol)) operands.push_back(i);
   if (operands.empty()) return;
@@ -76,8 +76,8 @@ void ShardedSizes::record(const Node& node, const Annotations& marks) {
 std::optional<std::pair<Placements, size_t>> ShardedSizes::factory_placements(const Node& node) const {
   if (node.outputs.empty() || !node.outputs[0]->is_tensor()) return std::nullopt;
   const size_t ndim = node.outputs[0]->meta.shape.size();
-  for (size_t index = 0; index < node.args.size(); ++index) {
-    const Arg& a = node.args[index];
+  for (size_t index = 0; index < node.args().size(); ++index) {
+    const Arg& a = node.args()[index];
     if (a.kind != Arg::Kind::SymInts || a.sizes.size() != ndim) continue;
     Placements p(mesh_->ndim(), Replicate());
     bool sharded = false;
@@ -112,13 +112,13 @@ void ShardedSizes::compute_local_hints(const Graph& graph) {
     const Value* out = node->outputs[0];
     if (!node->op) {
       std::vector<int64_t> operands;
-      for (const Arg& a : node->args) operands.push_back(a.kind == Arg::Kind::SymInt ? hint(a.sizes[0]) : a.constant.toInt());
+      for (const Arg& a : node->args()) operands.push_back(a.kind == Arg::Kind::SymInt ? hint(a.sizes[0]) : a.constant.toInt());
       local_hint_[out] = apply_integer_operator(node->target, operands, "graph: node '" + node->name + "'");
       continue;
     }
     const SizeQuery query = size_query(*node);
     if (query == SizeQuery::None) continue;
-    const TensorMeta& local = node->args[0].values[0]->meta;
+    const TensorMeta& local = node->args()[0].values[0]->meta;
     if (query == SizeQuery::Numel) local_hint_[out] = numel(local.shape);
     else {
       const int64_t d = queried_dim(*node, static_cast<int64_t>(local.shape.size()));
@@ -142,7 +142,7 @@ Value* ShardedSizes::global_value(Program& program, Node* before, Value* symbol)
 
 void ShardedSizes::localize_argument(Program& program, Node* node, size_t index, const c10::IValue& wanted) {
   Graph& graph = program.graph;
-  Arg a = node->args[index];
+  Arg a = node->args()[index];
   const bool list = a.kind == Arg::Kind::SymInts;
   if (!list && a.kind != Arg::Kind::SymInt) return graph.set_arg(node, index, Arg::of(wanted));
   const std::vector<int64_t> want = wanted.isIntList() ? wanted.toIntVector() : std::vector<int64_t>{wanted.toInt()};

@@ -273,7 +273,7 @@ TEST(Pt2Json, DeviceWithoutIndexIsTheDefaultDevice) {
   g::Program program = g::load_program(path);
   bool found = false;
   for (const g::Node* n : program.graph.nodes())
-    for (const g::Arg& a : n->args)
+    for (const g::Arg& a : n->args())
       if (a.kind == g::Arg::Kind::Constant && a.given && a.constant.isDevice()) {
         EXPECT_EQ(a.constant.toDevice(), c10::Device(c10::kCPU));
         found = true;

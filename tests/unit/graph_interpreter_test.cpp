@@ -175,7 +175,7 @@ TEST(GraphInterpreterTest, SavedProgramsKeepNegativeInfinity) {
   auto minus_infinities = [](const g::Program& program) {
     std::vector<std::string> nodes;
     for (const g::Node* n : program.graph.nodes())
-      for (const g::Arg& a : n->args)
+      for (const g::Arg& a : n->args())
         if (a.constant.isDouble() && a.constant.toDouble() == -std::numeric_limits<double>::infinity()) nodes.push_back(n->name);
     return nodes;
   };

@@ -39,34 +39,67 @@ TEST(GraphIrTest, EditInsertReplaceErase) {
   g::Node* doubled = m.program.graph.insert_after(m.gelu, "aten::mul.Tensor", {g::Arg::tensor(h), g::Arg{g::Arg::Kind::Number, 2.0}},
                                                   "doubled");
   doubled->outputs[0]->meta = h->meta;
-  // Use-lists are live: every edit keeps them current, and check_uses finds them matching.
+  // Use-lists are live: every edit keeps them current, and verify finds them matching.
   EXPECT_EQ(m.program.graph.users(h), (std::vector<g::Node*>{m.fc2, doubled}));
   m.program.graph.replace_all_uses(h, doubled->outputs[0], /*except=*/doubled);
   EXPECT_EQ(m.program.graph.users(h), std::vector<g::Node*>{doubled});
   EXPECT_EQ(m.program.graph.users(doubled->outputs[0]), std::vector<g::Node*>{m.fc2});
-  EXPECT_EQ(m.program.graph.check_uses(), "");
+  EXPECT_EQ(m.program.graph.verify(), "");
   EXPECT_TRUE(tensors_close(m.run(), m.fc2_of(m.hidden() * 2)));
 
   EXPECT_THAT(error_of([&] { m.program.graph.erase(doubled); }), HasSubstr("its output doubled is still used"));
   m.program.graph.replace_all_uses(doubled->outputs[0], h);
   m.program.graph.erase(doubled);
   EXPECT_EQ(m.program.graph.users(h), std::vector<g::Node*>{m.fc2});
-  EXPECT_EQ(m.program.graph.check_uses(), "");
+  EXPECT_EQ(m.program.graph.verify(), "");
   EXPECT_EQ(m.program.graph.size(), 3u);
   EXPECT_TRUE(tensors_close(m.run(), m.fc2_of(m.hidden())));
 }
 
-// An argument rewired behind the graph's back leaves the use-lists stale; check_uses (which the pass
-// pipeline runs after every pass) names the value.
-TEST(GraphIrTest, UseListsCatchEditsBehindTheGraphsBack) {
+// The graph's outputs are uses of its output node, as in torch.fx: a returned value has a user, so it
+// cannot be erased, and replacing its uses changes what the graph returns.
+TEST(GraphIrTest, OutputsAreUsesOfTheOutputNode) {
   Mlp m;
-  g::Value* x = m.program.user_inputs()[0];
-  m.fc2->args[0].values[0] = x;
-  // Either end of the rewired edge is stale: x (read, not listed) or gelu's output (listed, unread).
-  EXPECT_THAT(m.program.graph.check_uses(), ::testing::AnyOf(HasSubstr("the use-list of %" + x->name + " does not match"),
-                                                             HasSubstr("%" + m.gelu->outputs[0]->name + " lists uses, but no node reads it")));
-  m.fc2->args[0].values[0] = m.gelu->outputs[0];
-  EXPECT_EQ(m.program.graph.check_uses(), "");
+  g::Graph& graph = m.program.graph;
+  g::Value* y = m.fc2->outputs[0];
+  ASSERT_EQ(graph.users(y), std::vector<g::Node*>{graph.output_node()});
+  EXPECT_TRUE(y->is_graph_output());
+  EXPECT_FALSE(m.gelu->outputs[0]->is_graph_output());
+  EXPECT_THAT(error_of([&] { graph.erase(m.fc2); }), HasSubstr("the graph returns it"));
+
+  g::Node* neg = graph.insert_after(m.fc2, "aten::neg", {g::Arg::tensor(y)}, "neg");
+  neg->outputs[0]->meta = y->meta;
+  graph.replace_all_uses(y, neg->outputs[0], /*except=*/neg);
+  EXPECT_EQ(graph.users(y), std::vector<g::Node*>{neg});
+  EXPECT_TRUE(neg->outputs[0]->is_graph_output());
+  EXPECT_EQ(graph.verify(), "");
+  EXPECT_TRUE(tensors_close(m.run(), -m.fc2_of(m.hidden())));
+  EXPECT_THAT(graph.str(), HasSubstr("return (%neg)"));
+}
+
+// An edit the API allows but that breaks the order of definitions (a node inserted before the
+// producer of what it reads) is found by verify, which the pass pipeline runs after every pass.
+TEST(GraphIrTest, VerifyFindsAReadBeforeItsDefinition) {
+  Mlp m;
+  g::Value* h = m.gelu->outputs[0];
+  m.program.graph.insert(m.gelu, "aten::neg", {g::Arg::tensor(h)}, "too_early");
+  EXPECT_THAT(m.program.graph.verify(), HasSubstr("node too_early reads %" + h->name + " before it is defined"));
+}
+
+// Nodes a pass writes for a node take its provenance (module path and type, metadata), so the saved
+// program keeps them in that node's module; the bare insert gives none.
+TEST(GraphIrTest, AnInsertionScopeCopiesProvenance) {
+  Mlp m;
+  ASSERT_EQ(m.fc2->module_path, "fc2");
+  g::Value* h = m.gelu->outputs[0];
+  g::Node* scoped = g::InsertionScope(m.program.graph, m.fc2).insert("aten::neg", {g::Arg::tensor(h)}, "scoped");
+  EXPECT_EQ(scoped->module_path, "fc2");
+  EXPECT_EQ(scoped->module_type, m.fc2->module_type);
+  EXPECT_EQ(scoped->metadata, m.fc2->metadata);
+  EXPECT_EQ(m.program.graph.nodes()[2], scoped);  // before fc2
+  g::Node* bare = m.program.graph.insert(m.fc2, "aten::neg", {g::Arg::tensor(h)}, "bare");
+  EXPECT_EQ(bare->module_path, "");
+  EXPECT_TRUE(bare->metadata.empty());
 }
 
 TEST(GraphIrTest, EditInsertSubgraph) {
@@ -76,7 +109,7 @@ TEST(GraphIrTest, EditInsertSubgraph) {
   g::Value* t = sub.add_input("t");
   g::Node* neg = sub.insert(nullptr, "aten::neg", {g::Arg::tensor(t)}, "neg");
   g::Node* exp = sub.insert(nullptr, "aten::exp", {g::Arg::tensor(neg->outputs[0])}, "exp");
-  sub.outputs().push_back(g::Arg::tensor(exp->outputs[0]));
+  sub.add_output(g::Arg::tensor(exp->outputs[0]));
   g::Value* h = m.gelu->outputs[0];
   const auto out = m.program.graph.insert_subgraph(m.fc2, sub, {h});
   ASSERT_EQ(out.size(), 1u);
@@ -84,7 +117,7 @@ TEST(GraphIrTest, EditInsertSubgraph) {
   ASSERT_EQ(m.program.graph.users(h).size(), 1u);
   EXPECT_EQ(m.program.graph.users(h)[0]->op_name(), "aten::neg");
   EXPECT_EQ(m.program.graph.users(out[0]), std::vector<g::Node*>{m.fc2});
-  EXPECT_EQ(m.program.graph.check_uses(), "");
+  EXPECT_EQ(m.program.graph.verify(), "");
   EXPECT_EQ(m.program.graph.size(), 5u);
   EXPECT_TRUE(tensors_close(m.run(), m.fc2_of(m.hidden().neg().exp())));
   EXPECT_THAT(m.program.graph.str(), HasSubstr("aten::exp(%neg)"));

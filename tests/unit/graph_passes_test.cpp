@@ -53,7 +53,7 @@ struct ProgramBuilder {
     return n->outputs[0];
   }
   void output(g::Value* v) {
-    program.graph.outputs().push_back(Arg::tensor(v));
+    program.graph.add_output(Arg::tensor(v));
     program.outputs.push_back({g::OutputSpec::Kind::UserOutput, ""});
   }
 };

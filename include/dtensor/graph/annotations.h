@@ -3,6 +3,8 @@
 // it: the IR carries what the file says, a transform's findings are the transform's. They are:
 //  - each tensor value's placements on the mesh (the marks the strategy choice makes, and the inputs'
 //    placements the caller gives);
+//  - once a program is partitioned (its values' metas made this rank's): each sharded value's global
+//    meta, the whole tensor's, which planning a reshard needs;
 //  - for a node a transform inserted or changed: why it is there (the printer shows it) and, for a
 //    collective, the bytes this rank receives by the redistribution planner's model;
 //  - for a node whose strategy needs dtensor's local kernel and that kernel has no graph form: the
@@ -36,6 +38,10 @@ class Annotations {
   void clear_placements(const Value& v);
   // "S(0)" style text, "" where the value has none.
   std::string placements_str(const Value& v) const;
+  // nullptr where the value has none (not partitioned yet, or not a tensor).
+  const TensorMeta* global_meta(const Value& v) const;
+  const TensorMeta& global_meta_of(const Value& v) const;  // throwing DTensorError where none
+  void set_global_meta(const Value& v, TensorMeta meta);
 
   const std::string& note(const Node& n) const;  // "" where none
   void set_note(const Node& n, std::string note);
@@ -52,6 +58,7 @@ class Annotations {
     LocalKernel local_kernel;
   };
   std::vector<std::optional<Placements>> placements_;  // by Value::id
+  std::vector<std::optional<TensorMeta>> global_metas_;  // by Value::id
   std::unordered_map<uint64_t, NodeFacts> nodes_;      // by Node::id
 };
 

@@ -5,7 +5,9 @@
 //
 // The editing API is what seed 000's passes do on FX graphs: insert a node before or after another,
 // replace all uses of a value, erase a node, insert a whole subgraph. Values and nodes have stable
-// addresses for the graph's lifetime.
+// addresses for the graph's lifetime. As in torch.fx, the graph's outputs are the arguments of an
+// output node, so "is it an output" is a question about uses. A node's arguments and a value's
+// use-list and producer change only through the Graph's methods, which keep them consistent.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -47,12 +49,18 @@ class Value {
   std::string sym_expr;
   int64_t sym_hint = 0;
 
-  Node* producer = nullptr;               // nullptr for a graph input
-  // The nodes that read it, once per read (an argument or a size), kept current by every edit the
-  // Graph makes: users() without a scan of the graph. Graph outputs are not uses.
-  std::vector<Node*> uses;
-
   bool is_tensor() const { return kind == Kind::Tensor; }
+  // The node that computes it; nullptr for a graph input.
+  Node* producer() const { return producer_; }
+  // The nodes that read it, once per read (an argument or a size), the graph's output node included:
+  // kept current by every edit the Graph makes, so users are known without a scan of the graph.
+  const std::vector<Node*>& uses() const { return uses_; }
+  bool is_graph_output() const;
+
+ private:
+  friend class Graph;
+  Node* producer_ = nullptr;
+  std::vector<Node*> uses_;
 };
 
 // A size argument: a constant, or a symbolic integer computed by the graph.
@@ -101,20 +109,34 @@ class Node {
   std::string target;
   // The dispatcher's op for ops in a torch.ops namespace; empty for integer operators.
   std::optional<c10::OperatorHandle> op;
-  std::vector<Arg> args;  // one per schema argument (integer operators: a, b)
+  // The values it defines, set before the node joins its graph (which makes it their producer).
   std::vector<Value*> outputs;
+  // Its provenance: where in the user's model it comes from. Nodes a pass writes for it take the same
+  // (InsertionScope).
   std::map<std::string, std::string> metadata;  // stack_trace, nn_module_stack, ... as read
   std::string module_path;  // the innermost module that ran it ("blocks.0.attn.wq"), "" at the root
   std::string module_type;  // its class ("torch.nn.modules.linear.Linear")
 
+  // One per schema argument (integer operators: a, b; the output node: one per graph output).
+  const std::vector<Arg>& args() const { return args_; }
+  // The graph's output node: its arguments are what the graph returns. It is not among nodes().
+  bool is_output() const { return is_output_; }
   // "aten::mm" / "aten::add.Tensor" for dispatcher ops, the target otherwise.
   std::string op_name() const;
   std::vector<Value*> inputs() const;  // every value it reads, in argument order
+
+ private:
+  friend class Graph;
+  std::vector<Arg> args_;
+  bool is_output_ = false;
 };
+
+// Copies `from`'s provenance (module path and type, metadata) onto `to`.
+void copy_provenance(const Node& from, Node& to);
 
 class Graph {
  public:
-  Graph() = default;
+  Graph();
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
   Graph(Graph&&) = default;
@@ -126,8 +148,11 @@ class Graph {
   Value* find_value(const std::string& name) const;
 
   const std::vector<Value*>& inputs() const { return inputs_; }
-  std::vector<Arg>& outputs() { return outputs_; }
-  const std::vector<Arg>& outputs() const { return outputs_; }
+  // What the graph returns: the output node's arguments.
+  const std::vector<Arg>& outputs() const { return output_->args(); }
+  Node* output_node() const { return output_.get(); }
+  void add_output(Arg arg);
+  void set_output(size_t index, Arg arg) { set_arg(output_.get(), index, std::move(arg)); }
 
   std::vector<Node*> nodes() const;
   size_t size() const { return nodes_.size(); }
@@ -143,18 +168,22 @@ class Graph {
   // A node computing Python's integer operator `op` ("mul", "floordiv", ...) on sizes (SymInt or
   // constant arguments), inserted before `before`; its output is a new SymInt value.
   Node* insert_integer_operator(Node* before, const std::string& op, std::vector<Arg> args, const std::string& name);
-  // Takes a fully built node (the reader's way).
-  Node* append(std::unique_ptr<Node> node);
+  // Takes a node built with its outputs, and its arguments (the reader's way).
+  Node* append(std::unique_ptr<Node> node, std::vector<Arg> args);
 
   // Every use of `from` (in node arguments and graph outputs) becomes `to`, except in `except`.
   void replace_all_uses(Value* from, Value* to, const Node* except = nullptr);
-  // Argument `index` of `node` becomes `arg` (the way to rewire a node: use-lists follow).
+  // Argument `index` of `node` (or of the output node) becomes `arg`: the way to rewire a node, with
+  // use-lists following.
   void set_arg(Node* node, size_t index, Arg arg);
-  // The nodes reading `v`, each once, in the order they came to read it.
+  // The nodes reading `v`, each once, in the order they came to read it (the output node among them).
   std::vector<Node*> users(const Value* v) const;
-  // "" when every value's use-list matches what the nodes read; otherwise the first difference.
-  std::string check_uses() const;
-  // Removes a node whose outputs nothing uses any more (throws DTensorError otherwise).
+  // "" when the graph is well formed, otherwise its first problem: every value a node reads (the
+  // output node too) is a graph input or an output of an earlier node, and every use-list matches what
+  // the nodes read. Pass pipelines run it after every pass, as MLIR verifies after each.
+  std::string verify() const;
+  // Removes a node whose outputs nothing uses any more, the graph's outputs included (throws
+  // DTensorError otherwise).
   void erase(Node* node);
   // Copies `sub`'s nodes before `before`, its inputs bound to `inputs`; returns what its outputs
   // became (values of this graph).
@@ -177,8 +206,31 @@ class Graph {
   std::vector<std::unique_ptr<Value>> values_;
   std::map<std::string, Value*> by_name_;
   std::vector<Value*> inputs_;
-  std::vector<Arg> outputs_;
+  std::unique_ptr<Node> output_;
   uint64_t next_node_id_ = 0;
+};
+
+// Inserts nodes at one place of a graph, each taking the provenance of the node it is written for:
+// torch.fx's `with graph.inserting_before(n)` together with the copy of n.meta that FX passes make by
+// hand. What a pass writes for a node (a reshard before it, the ops of its graph form, its fused
+// replacement) then stays in that node's module in the saved program, where torch.export's unflatten
+// and a split at module boundaries look for it.
+class InsertionScope {
+ public:
+  // Before `before` (nullptr: at the end), with `origin`'s provenance (nullptr: none).
+  InsertionScope(Graph& graph, Node* before, const Node* origin) : graph_(graph), before_(before), origin_(origin) {}
+  // Before `before`, with its provenance.
+  InsertionScope(Graph& graph, Node* before) : InsertionScope(graph, before, before) {}
+
+  Node* insert(const std::string& qualified, std::vector<Arg> args, const std::string& name) const;
+  Node* insert_integer_operator(const std::string& op, std::vector<Arg> args, const std::string& name) const;
+
+ private:
+  Node* with_provenance(Node* node) const;
+
+  Graph& graph_;
+  Node* before_;
+  const Node* origin_;
 };
 
 }  // namespace dtensor::graph

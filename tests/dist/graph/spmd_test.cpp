@@ -212,9 +212,9 @@ TEST_F(GraphSpmdTest, SpmdFactoriesSizedByAShardedBatch) {
   g::Value* same = node("aten::add.Tensor", {g::Arg::tensor(shifted), g::Arg::tensor(none)}, "same", {8, 32});
   program.graph.replace_all_uses(tokens, same, nullptr);
   // ... except in the nodes just made, which read the tokens themselves.
-  for (g::Node* n : {size, shifted->producer})
-    for (size_t i = 0; i < n->args.size(); ++i) {
-      g::Arg a = n->args[i];
+  for (g::Node* n : {size, shifted->producer()})
+    for (size_t i = 0; i < n->args().size(); ++i) {
+      g::Arg a = n->args()[i];
       for (g::Value*& v : a.values)
         if (v == same) v = tokens;
       program.graph.set_arg(n, i, std::move(a));
