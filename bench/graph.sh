@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the graph benchmarks (forward: graph TP; training step: SPMD expansion of the joint program;
-# each also compiled with AOTInductor) for TP = 2, 4, then the expansion-time bench, and writes
-# bench/results/graph.md.
+# each also compiled with AOTInductor) for TP = 2, 4, the Hugging Face models' per-rank programs compiled
+# against the interpreter, then the expansion-time bench, and writes bench/results/graph.md.
 #   bench/graph.sh <build-dir> [--rounds R]      (what `./dev bench graph` calls)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/record.sh"
@@ -31,6 +31,41 @@ compiled_run() {
   printf 'Compiling the %d rank programs (AOTInductor, one after another, Inductor cache %s): %d.%d s\n\n' \
     "$tp" "$CACHE_STATE" $((ms / 1000)) $((ms % 1000 / 100))
   CACHE_STATE=warm
+}
+
+# The Hugging Face models' programs as the graph tests save them (tests/compiled/hf_rank_programs.sh: the
+# two tests run from dtensor_dist_tests, built here if this build lacks it), compiled, and timed against the
+# interpreter on the same per-rank programs.
+hugging_face_section() {
+  echo "## Hugging Face models: compiled against the interpreter"
+  echo
+  cat <<'EOT'
+The suite's Hugging Face causal LMs (`scripts/export_hf_models.py`: 2 layers, hidden 32 (Mistral's 64),
+vocab 62, sequence 16, batch 2, the joint program's batch 4): each family's TP=4 forward program
+(training IR, the family's own plan, GPT-2 Megatron's) and the Llama's joint forward+backward expanded on
+DP2 x TP2 (loss and gradients; no optimizer step), the per-rank programs that
+`tests/dist/graph/hugging_face_test.cpp` makes and saves with their sample inputs
+(`tests/compiled/hf_rank_programs.sh`). *interpreter*: `graph::run` on the program read back from the
+saved .pt2; *compiled*: its AOTInductor package (`scripts/compile_rank_programs.py --threads 1`) run by
+`graph::CompiledProgram`. Both are first checked against the interpreter's outputs at saving (rtol 1e-4,
+atol 1e-5). No hand-written baseline exists for these models: goal, compiled <= 0.9x the interpreter.
+Timed as above (rounds of 5 runs, order rotating, a barrier before each, the slowest rank's time,
+medians), 4 ranks, one intra-op thread each.
+
+EOT
+  cmake --build "$BUILD" --target dtensor_dist_tests >&2
+  local dir=$WORK/hf start=$(date +%s%N) names
+  if ! names=$("$ROOT/tests/compiled/hf_rank_programs.sh" "$BUILD/tests/dtensor_dist_tests" "$PYTHON" "$ROOT" "$dir" 2>"$WORK/hf.log"); then
+    cat "$WORK/hf.log" >&2
+    return 1
+  fi
+  cat "$WORK/hf.log" >&2
+  local ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  local reused=$(grep -c 'compiled by an earlier run' "$WORK/hf.log" || true)
+  "$BUILD/bench/dtensor_graph_bench" --saved "$dir" --names "${names// /,}" "$@"
+  echo
+  printf 'Saving the programs (the two graph tests) and compiling the %d rank programs (one per CPU at a time; %d of them copied from the package cache): %d.%d s\n\n' \
+    $(( $(wc -w <<<"$names") * 4 )) "$reused" $((ms / 1000)) $((ms % 1000 / 100))
 }
 
 # The expansion-time table: bench/expansion.sh (./dev bench expansion) runs, and its table is repeated.
@@ -93,6 +128,7 @@ EOT
     echo
     compiled_run train "$tp" --train --model "$JOINT" "$@"
   done
+  hugging_face_section "$@"
   expansion_section
 } > "$RESULTS.tmp"
 mv "$RESULTS.tmp" "$RESULTS"

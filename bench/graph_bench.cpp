@@ -13,7 +13,13 @@
 // with its sample inputs to DIR/rank<r>.pt2 and stops; bench/graph.sh compiles them with AOTInductor,
 // and --compiled DIR times those packages (graph::CompiledProgram) next to the other three.
 //
+// With --saved DIR --names A,B,... (4 ranks) it times, instead, per-rank programs the graph tests saved
+// (DIR/saved/tp_<name>_rank<r>.pt2 with sample inputs, tests/compiled/hf_rank_programs.sh: the Hugging Face
+// models') compiled (DIR/compiled/) against dtensor's interpreter running the same program read back,
+// both checked first against the interpreter's outputs at saving (tests/compiled/saved_rank_program.h).
+//
 //   dtensor_graph_bench --model PATH [--train] [--tp N] [--rounds R] [--save-programs DIR | --compiled DIR]
+//   dtensor_graph_bench --saved DIR --names A,B,... [--rounds R]
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -22,15 +28,18 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "../tests/compiled/saved_rank_program.h"
 #include "build_paths.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/graph/compiled_program.h"
@@ -55,6 +64,8 @@ struct Args {
   std::string model;
   std::string save_programs;  // forward: save each rank's program with sample inputs here, then stop
   std::string compiled;       // forward: also time the packages compiled from them (scripts/compile_rank_programs.py)
+  std::string saved;          // saved programs and their packages (DIR/saved, DIR/compiled) ...
+  std::vector<std::string> names;  // ... of these names, timed compiled against interpreted
   bool train = false;
   int tp = 2;
   int rounds = 20;
@@ -75,7 +86,19 @@ Args parse(int argc, char** argv) {
     else if (flag == "--rounds") args.rounds = std::stoi(value);
     else if (flag == "--save-programs") args.save_programs = value;
     else if (flag == "--compiled") args.compiled = value;
-    else throw std::invalid_argument("unknown flag " + flag + " (use --model, --train, --tp, --rounds, --save-programs, --compiled)");
+    else if (flag == "--saved") args.saved = value;
+    else if (flag == "--names")
+      for (size_t at = 0; at <= value.size();) {
+        const size_t comma = std::min(value.find(',', at), value.size());
+        args.names.push_back(value.substr(at, comma - at));
+        at = comma + 1;
+      }
+    else throw std::invalid_argument("unknown flag " + flag + " (use --model, --train, --tp, --rounds, --save-programs, --compiled, --saved, --names)");
+  }
+  if (!args.saved.empty()) {
+    if (args.names.empty()) throw std::invalid_argument("--saved DIR needs --names A,B,...");
+    args.tp = 4;  // the saved programs' mesh: 4 ranks
+    return args;
   }
   if (args.model.empty()) throw std::invalid_argument("--model PATH (gpt_train_ir_static.pt2, or gpt_joint.pt2 with --train) is required");
   return args;
@@ -282,10 +305,43 @@ int run_training(const dtensor::MeshPtr& mesh, const gpt::Config& config, const 
   return 0;
 }
 
+// "hf_llama_train_ir" -> "Llama TP=4 forward", "hf_llama_joint_dp2tp2" -> "Llama DP2 x TP2 joint step".
+std::string label_of(const std::string& name) {
+  std::string family = name.substr(3, name.find('_', 3) - 3);
+  static const std::map<std::string, std::string> proper = {{"gpt2", "GPT-2"}, {"qwen2", "Qwen2"}};
+  family = proper.count(family) ? proper.at(family) : std::string(1, static_cast<char>(std::toupper(family[0]))) + family.substr(1);
+  if (name.find("_joint_dp2tp2") != std::string::npos) return family + " DP2 x TP2 joint step (loss and gradients)";
+  if (name.find("_joint_tp4") != std::string::npos) return family + " TP=4 joint step (loss and gradients)";
+  return family + " TP=4 forward";
+}
+
+int run_saved(const std::shared_ptr<dtensor::World>& world, const Args& args) {
+  namespace t = dtensor::testing;
+  std::vector<std::string> rows;
+  for (const std::string& name : args.names) {
+    t::SavedRankProgram saved = t::load_saved_rank_program(world, args.saved + "/saved", args.saved + "/compiled", name);
+    t::expect_equal_to_saved(saved, saved.compiled->run(saved.inputs), "the package");
+    t::expect_equal_to_saved(saved, t::interpret(saved), "the interpreter");
+    std::vector<Contender> contenders = {{"interpreter", [&] { t::interpret(saved); }, {}},
+                                         {"compiled", [&] { saved.compiled->run(saved.inputs); }, {}}};
+    time_rounds(contenders, args.rounds);
+    const double interpreted = median(contenders[0].ms), compiled = median(contenders[1].ms);
+    char row[256];
+    std::snprintf(row, sizeof row, "| %s | %.2f | %.2f | %.2f |", label_of(name).c_str(), interpreted, compiled, compiled / interpreted);
+    rows.push_back(row);
+  }
+  if (world->rank() == 0) {
+    std::printf("| per-rank program | interpreter (median, ms) | compiled, AOTInductor (median, ms) | compiled / interpreter |\n|---|--:|--:|--:|\n");
+    for (const std::string& row : rows) std::printf("%s\n", row.c_str());
+  }
+  return 0;
+}
+
 int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
   at::set_num_threads(1);
   auto mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"tp"}});
   megatron::tp_group() = {mesh->group(0), world->rank(), world->size()};
+  if (!args.saved.empty()) return run_saved(world, args);
   const gpt::Config config = gpt::demo_config(gpt::load_corpus(dtensor::build_paths::gpt_corpus));
   return args.train ? run_training(mesh, config, args) : run_forward(mesh, config, args);
 }

@@ -8,6 +8,12 @@
 //                                   program on the whole input, trains 3 AdamW steps through the joint
 //                                   package against the single-process program and the interpreted per-rank
 //                                   one, then loads the packages it must refuse, each with its message
+//   compiled_program_job saved DIR NAME...
+//                                   for each NAME, the per-rank programs the graph tests saved
+//                                   (DIR/saved/tp_NAME_rank<r>.pt2, tests/dist/graph/expect_saves.h) and
+//                                   their packages (DIR/compiled/): each rank runs its package on the saved
+//                                   sample inputs, and the program read back through the interpreter,
+//                                   against what the interpreter computed when the test saved it
 // The launching process prints "PASS" when every rank passed.
 
 #include <ATen/ATen.h>
@@ -20,12 +26,15 @@
 #include <dtensor/graph/training.h>
 #include <torch/optim/adamw.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "compiled/saved_rank_program.h"
 #include "support/test_models.h"
 
 namespace {
@@ -158,20 +167,37 @@ int run(const std::shared_ptr<dtensor::World>& world, const dtensor::MeshPtr& me
   return 0;
 }
 
+// Each saved program's package and the program read back, against the interpreter's outputs at saving.
+int check_saved(const std::shared_ptr<dtensor::World>& world, const std::string& dir, const std::vector<std::string>& names) {
+  for (const std::string& name : names) {
+    dtensor::testing::SavedRankProgram saved = dtensor::testing::load_saved_rank_program(world, dir + "/saved", dir + "/compiled", name);
+    dtensor::testing::expect_equal_to_saved(saved, saved.compiled->run(saved.inputs), "the package");
+    dtensor::testing::expect_equal_to_saved(saved, dtensor::testing::interpret(saved), "the interpreter on the program read back");
+    std::printf("rank %ld: %s compiled equals the interpreter (%zu outputs)\n", static_cast<long>(world->rank()), name.c_str(),
+                saved.expected.size());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 2 ? argv[1] : "";
-  if (mode != "save" && mode != "run") {
-    std::fprintf(stderr, "usage: compiled_program_job save|run DIR\n");
+  if (mode != "save" && mode != "run" && !(mode == "saved" && argc > 3)) {
+    std::fprintf(stderr, "usage: compiled_program_job save|run DIR, or compiled_program_job saved DIR NAME...\n");
     return 2;
   }
   const std::string dir = argv[2];
+  const std::vector<std::string> names(argv + std::min(argc, 3), argv + argc);
   const int rc = dtensor::run_local_ranks(argc, argv, {.nprocs = 4}, [&](const std::shared_ptr<dtensor::World>& world) {
     at::set_num_threads(1);
+    if (mode == "saved") return check_saved(world, dir, names);
     auto mesh = dtensor::DeviceMesh::create(world, {4}, {.dim_names = {"tp"}});
     return mode == "save" ? save(mesh, dir) : run(world, mesh, dir);
   });
-  if (rc == 0 && mode == "run" && !dtensor::started_as_rank()) std::printf("PASS: compiled per-rank programs run and bad packages are refused\n");
+  if (rc == 0 && !dtensor::started_as_rank()) {
+    if (mode == "run") std::printf("PASS: compiled per-rank programs run and bad packages are refused\n");
+    if (mode == "saved") std::printf("PASS: compiled saved programs equal the interpreter: %zu programs\n", names.size());
+  }
   return rc;
 }
