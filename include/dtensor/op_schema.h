@@ -89,13 +89,20 @@ using LocalKernel = std::function<void(const c10::OperatorHandle&, torch::jit::S
 struct FormValue {
   int64_t id = -1;
 };
-// An argument of an op in a graph form: a value, a list of values (Tensor[]), or a constant (numbers,
-// lists, dtypes, None, ...).
+// An argument of an op in a graph form: a value, a list of values (Tensor[]), a constant (numbers,
+// lists, dtypes, None, ...), or a non-tensor argument of the call passed on as the call has it
+// (as_called: in a graph, symbolic sizes stay symbolic).
 struct FormArg {
   std::optional<FormValue> value;
   std::vector<FormValue> values;
   bool is_list = false;
   c10::IValue constant;
+  std::optional<size_t> call_argument;
+  static FormArg as_called(size_t arg) {
+    FormArg a{c10::IValue()};
+    a.call_argument = arg;
+    return a;
+  }
   FormArg(FormValue v) : value(v) {}  // NOLINT: each kind reads as an argument
   FormArg(std::vector<FormValue> list) : values(std::move(list)), is_list(true) {}  // NOLINT
   FormArg(c10::IValue c) : constant(std::move(c)) {}  // NOLINT
@@ -113,9 +120,13 @@ class GraphFormBuilder {
   // cached across calls whose numbers differ, and so are their forms.
   virtual c10::IValue argument(size_t arg) = 0;
   // A call of dispatcher op `qualified` ("aten::sub.Scalar") with `args` for its leading arguments and
-  // the schema's defaults for the rest; its first output, named after `name` (none for an op without
-  // outputs, such as an assertion).
-  virtual FormValue op(const std::string& qualified, std::vector<FormArg> args, const std::string& name) = 0;
+  // the schema's defaults for the rest; its outputs (tensors), named after `name`.
+  virtual std::vector<FormValue> call(const std::string& qualified, std::vector<FormArg> args, const std::string& name) = 0;
+  // The same, its first output (none for an op without outputs, such as an assertion).
+  FormValue op(const std::string& qualified, std::vector<FormArg> args, const std::string& name) {
+    std::vector<FormValue> outputs = call(qualified, std::move(args), name);
+    return outputs.empty() ? FormValue{} : outputs[0];
+  }
   // `value` reduced by `op` over the group of mesh dim `mesh_dim`, every rank of it getting the result
   // (_c10d_functional.all_reduce and its wait_tensor).
   virtual FormValue all_reduce(FormValue value, ReduceOp op, int64_t mesh_dim) = 0;

@@ -37,13 +37,15 @@ class NodeFormBuilder final : public GraphFormBuilder {
     }
   }
 
-  FormValue op(const std::string& qualified, std::vector<FormArg> args, const std::string& name) override {
+  std::vector<FormValue> call(const std::string& qualified, std::vector<FormArg> args, const std::string& name) override {
     std::vector<Arg> graph_args;
     for (FormArg& a : args) graph_args.push_back(graph_arg(a));
     Node* n = InsertionScope(program_.graph, node_).insert(qualified, std::move(graph_args), name);
     program_.annotations.set_note(*n, note_);
     infer_local_metas(*n);
-    return n->outputs.empty() ? FormValue{} : handle(n->outputs[0]);
+    std::vector<FormValue> outputs;
+    for (Value* v : n->outputs) outputs.push_back(handle(v));
+    return outputs;
   }
 
   // A partial value along `mesh_dim` made whole there: the reshard the planner makes of it.
@@ -57,10 +59,23 @@ class NodeFormBuilder final : public GraphFormBuilder {
 
   Arg graph_arg(FormArg& a) const {
     if (a.value) return Arg::tensor(value(*a.value));
+    if (a.call_argument) return as_called(*a.call_argument);
     if (!a.is_list) return Arg::of(std::move(a.constant));
     Arg list{Arg::Kind::Tensors};
     for (FormValue v : a.values) list.values.push_back(value(v));
     return list;
+  }
+
+  // The node's own argument (its symbolic sizes with it), for a non-tensor argument of the call.
+  Arg as_called(size_t arg) const {
+    if (arg >= node_->args().size()) throw DTensorError("graph: the graph form of node '" + node_->name + "' reads a missing argument");
+    Arg a = node_->args()[arg];
+    if (a.kind == Arg::Kind::Tensor || a.kind == Arg::Kind::Tensors || a.kind == Arg::Kind::OptionalTensors)
+      throw DTensorError("graph: the graph form of node '" + node_->name + "' passes on its tensor argument " + std::to_string(arg) +
+                         " as it is, not this rank's part of it");
+    a.given = true;
+    a.keyword = false;
+    return a;
   }
 
   Value* value(FormValue v) const {
@@ -94,6 +109,10 @@ Replacements write_graph_form(Program& program, const MeshPtr& mesh, Node* node,
   for (size_t k = 0; k < outputs.size(); ++k) {
     Value *old_value = node->outputs[k], *by = builder.value(outputs[k]);
     if (const Placements* at = program.annotations.placements(*old_value)) program.annotations.set_placements(*by, *at);
+    if (by->meta.shape == old_value->meta.shape) {  // the same value: its dynamic dims stay dynamic in the saved program
+      by->symbolic_sizes = old_value->symbolic_sizes;
+      by->symbolic_strides = old_value->symbolic_strides;
+    }
     program.graph.replace_all_uses(old_value, by);
     replaced.emplace_back(old_value, by);
   }

@@ -266,8 +266,12 @@ void infer_local_metas(Node& node) {
       return on_meta ? meta_tensor(v) : at::zeros({}, at::TensorOptions().dtype(v.meta.dtype)).expand(v.meta.shape);
     };
     for (const Arg& a : node.args()) {
-      if (a.kind == Arg::Kind::Constant) {
+      if (a.kind == Arg::Kind::Constant || a.kind == Arg::Kind::Number) {
         stack.push_back(a.constant);
+      } else if (a.kind == Arg::Kind::SymInt || a.kind == Arg::Kind::SymInts) {  // sizes at their example values
+        std::vector<int64_t> hints;
+        for (const SymSize& s : a.sizes) hints.push_back(s.hint());
+        stack.push_back(a.kind == Arg::Kind::SymInt ? c10::IValue(hints[0]) : c10::IValue(hints));
       } else if (a.kind == Arg::Kind::Tensor) {
         stack.emplace_back(stand_in(*a.values[0]));
       } else if (a.kind == Arg::Kind::Tensors) {  // a cat's pieces

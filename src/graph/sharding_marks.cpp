@@ -8,17 +8,18 @@
 namespace dtensor::graph::detail {
 namespace {
 
+// Views' local kernel only refuses a shard that cannot be viewed; the op itself does that too, and
+// keeps the view's symbolic sizes as the graph localized them.
+bool only_checks(const Node& node) {
+  const std::string name = node.op_name();
+  return name == "aten::view" || name == "aten::_unsafe_view";
+}
+
 // The node reads `v` for its strategy input k instead.
 void set_input(Graph& graph, Node& node, const NodeSharding& s, size_t k, Value* v) {
   Arg a = node.args()[s.tensor_args[k]];
   a.values[s.list_index[k] < 0 ? 0 : static_cast<size_t>(s.list_index[k])] = v;
   graph.set_arg(&node, s.tensor_args[k], std::move(a));
-}
-
-// Views' local kernel only refuses a shard that cannot be viewed; the op itself does that too.
-bool only_checks(const Node& node) {
-  const std::string name = node.op_name();
-  return name == "aten::view" || name == "aten::_unsafe_view";
 }
 
 bool has_symbol(const Arg& a) {

@@ -37,7 +37,7 @@ class EagerFormBuilder final : public GraphFormBuilder {
     return args_[arg];
   }
 
-  FormValue op(const std::string& qualified, std::vector<FormArg> args, const std::string&) override {
+  std::vector<FormValue> call(const std::string& qualified, std::vector<FormArg> args, const std::string&) override {
     const c10::OperatorHandle handle = op_named(qualified);
     const auto& schema = handle.schema().arguments();
     if (args.size() > schema.size()) throw DTensorError("graph form: " + qualified + " given too many arguments");
@@ -48,7 +48,9 @@ class EagerFormBuilder final : public GraphFormBuilder {
       stack.push_back(*schema[i].default_value());
     }
     handle.callBoxed(stack);
-    return stack.empty() ? FormValue{} : hold(stack[0].toTensor());
+    std::vector<FormValue> outputs;
+    for (const c10::IValue& v : stack) outputs.push_back(hold(v.isNone() ? at::Tensor() : v.toTensor()));
+    return outputs;
   }
 
   FormValue all_reduce(FormValue v, ReduceOp op, int64_t mesh_dim) override {
@@ -65,6 +67,7 @@ class EagerFormBuilder final : public GraphFormBuilder {
  private:
   c10::IValue ivalue_of(const FormArg& a) const {
     if (a.value) return value(*a.value);
+    if (a.call_argument) return args_.at(*a.call_argument);
     if (!a.is_list) return a.constant;
     std::vector<at::Tensor> list;
     for (FormValue v : a.values) list.push_back(value(v));

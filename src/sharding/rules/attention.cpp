@@ -14,6 +14,7 @@
 
 #include "../registry.h"
 #include "attention_mask.h"
+#include "form_helpers.h"
 #include "optional_tensors.h"
 #include "rule_helpers.h"
 
@@ -83,9 +84,7 @@ std::vector<DimStrategy> backward(const OpSchema& s) {
 
 // The CPU kernels reject shards without queries (5 heads over 4 ranks leave one rank none): their
 // value there is empty outputs and zero key gradients.
-LocalKernel empty_shard_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
-  return empty_here(s, chosen, 0) ? zero_outputs(s, chosen) : LocalKernel{};
-}
+const FormedKernel empty_queries = zero_outputs_when_empty(0);
 
 // Which kernel single-device dispatch would run: decided on stand-ins with the global shapes (only
 // the last dim's stride, which the choice checks, is real), so every rank chooses alike.
@@ -107,11 +106,11 @@ const bool attention_rules_registered = [] {
   using detail::register_overloads;
   register_overloads({"aten::_scaled_dot_product_flash_attention_for_cpu"},
                      {.dim = [](const OpSchema& s) { return forward(s, kForward); },
-                      .local_kernel = empty_shard_kernel,
-                      .graph_form = zero_outputs_form_when_empty(0),
+                      .local_kernel = empty_queries.kernel,
+                      .graph_form = empty_queries.graph_form,
                       .family = "attention"});
   register_overloads({"aten::_scaled_dot_product_flash_attention_for_cpu_backward"},
-                     {.dim = backward, .local_kernel = empty_shard_kernel, .graph_form = zero_outputs_form_when_empty(0), .family = "attention"});
+                     {.dim = backward, .local_kernel = empty_queries.kernel, .graph_form = empty_queries.graph_form, .family = "attention"});
   detail::register_composite({"aten::scaled_dot_product_attention"},
                              {.dim = [](const OpSchema& s) { return forward(s, kComposite); }, .family = "composite"});
   return true;

@@ -22,11 +22,11 @@
 
 #include <algorithm>
 
-#include "../../mesh/collectives.h"
 #include "../propagation.h"
 #include "../registry.h"
 #include "dtensor/errors.h"
 #include "channels.h"
+#include "form_helpers.h"
 #include "optional_tensors.h"
 #include "rule_helpers.h"
 
@@ -137,49 +137,73 @@ OpStrategy batch_norm_on_mesh(const OpSchema& s) {
 }
 
 // Training over sharded samples: the batch statistics all-reduced, then normalise and update the
-// running statistics as the single-device kernel does (in place, or returned by the functional forms).
-LocalKernel synced_batch_norm(const OpSchema& s, std::vector<int64_t> split) {
-  return [mesh = s.mesh, split = std::move(split), count = counts_of(s, 0).per_channel](const c10::OperatorHandle& op,
-                                                                                        torch::jit::Stack& stack) {
-    const auto args = torch::jit::pop(stack, op.schema().arguments().size());
-    const BatchNormForm form = form_of(op.schema(), args);
-    const at::Tensor& x = args[0].toTensor();
-    const auto weight = args[1].toOptional<at::Tensor>(), bias = args[2].toOptional<at::Tensor>();
-    auto running = [&](std::optional<size_t> arg) {
-      const auto t = arg ? args[*arg].toOptional<at::Tensor>() : std::nullopt;
-      return t && t->defined() ? *t : at::Tensor();
-    };
-    at::Tensor running_mean = running(form.running_mean), running_var = running(form.running_var);
-    const double momentum = args[form.momentum].toDouble(), eps = args[form.eps].toDouble();
-    const int64_t ndim = x.dim();
-
-    at::Tensor mean = x.sum(all_but_channels(ndim));
-    detail::all_reduce_over(*mesh, split, mean, ReduceOp::Sum);
-    mean.div_(count);
-    const at::Tensor centered = x - per_channel(mean, ndim);
-    at::Tensor squares = centered.square().sum(all_but_channels(ndim));
-    detail::all_reduce_over(*mesh, split, squares, ReduceOp::Sum);
-    const at::Tensor invstd = (squares / count + eps).rsqrt();
-
-    at::Tensor out = centered * per_channel(invstd, ndim);
-    if (weight && weight->defined()) out.mul_(per_channel(*weight, ndim));
-    if (bias && bias->defined()) out.add_(per_channel(*bias, ndim));
-    if (form.returns_running) {
-      running_mean = running_mean.clone();
-      running_var = running_var.clone();
+// running statistics as the single-device kernel does. The form returns the op's outputs; where the op
+// writes the running statistics in place (native_batch_norm, _native_batch_norm_legit,
+// _batch_norm_with_update), it returns their new values after them, which the kernel copies in.
+GraphForm synced_batch_norm(const OpSchema& s, std::vector<int64_t> split) {
+  const BatchNormForm form = form_of(s);
+  auto defined = [&](std::optional<size_t> arg) { return arg && s.input_at_arg(*arg).has_value(); };
+  const bool weight = defined(1), bias = defined(2), running = defined(form.running_mean) && defined(form.running_var);
+  return [form, split, weight, bias, running, count = counts_of(s, 0).per_channel, ndim = s.input_ndim(0)](GraphFormBuilder& b) {
+    const double momentum = b.argument(form.momentum).toDouble(), eps = b.argument(form.eps).toDouble();
+    const std::vector<int64_t> dims = all_but_channels(ndim);
+    auto broadcast = [&](FormValue per_channel) { return b.op("aten::view", {per_channel, per_channel_shape(ndim)}, "per_channel"); };
+    const FormValue x = b.input(0);
+    const FormValue sum = all_reduce_form(b, b.op("aten::sum.dim_IntList", {x, dims}, "sum"), split, ReduceOp::Sum);
+    const FormValue mean = b.op("aten::div.Scalar", {sum, static_cast<double>(count)}, "mean");
+    const FormValue centered = b.op("aten::sub.Tensor", {x, broadcast(mean)}, "centered");
+    const FormValue squared = b.op("aten::mul.Tensor", {centered, centered}, "squared");
+    const FormValue squares = all_reduce_form(b, b.op("aten::sum.dim_IntList", {squared, dims}, "squares"), split, ReduceOp::Sum);
+    const FormValue variance = b.op("aten::div.Scalar", {squares, static_cast<double>(count)}, "variance");
+    const FormValue invstd = b.op("aten::rsqrt", {b.op("aten::add.Scalar", {variance, eps}, "variance_eps")}, "invstd");
+    FormValue out = b.op("aten::mul.Tensor", {centered, broadcast(invstd)}, "normalized");
+    if (weight) out = b.op("aten::mul.Tensor", {out, broadcast(b.input(1))}, "scaled");
+    if (bias) out = b.op("aten::add.Tensor", {out, broadcast(b.input(2))}, "shifted");
+    std::vector<FormValue> outputs = {out, mean, invstd};
+    if (form.returns_reserve) outputs.push_back(b.op("aten::new_empty", {x, std::vector<int64_t>{0}, c10::IValue(at::kByte)}, "reserve"));
+    if (running && (form.returns_running || form.updates_in_place)) {
+      // running * (1 - momentum) + statistic * momentum, the variance unbiased.
+      auto updated = [&](size_t arg, FormValue statistic) {
+        const FormValue kept = b.op("aten::mul.Scalar", {b.input(arg), 1 - momentum}, "kept");
+        return b.op("aten::add.Tensor", {kept, b.op("aten::mul.Scalar", {statistic, momentum}, "new")}, "running");
+      };
+      const FormValue unbiased = b.op("aten::div.Scalar", {squares, static_cast<double>(count - 1)}, "unbiased");
+      outputs.insert(outputs.end(), {updated(*form.running_mean, mean), updated(*form.running_var, unbiased)});
     }
-    if (running_mean.defined()) running_mean.mul_(1 - momentum).add_(mean, momentum);
-    if (running_var.defined()) running_var.mul_(1 - momentum).add_(squares / (count - 1), momentum);
-    torch::jit::push(stack, out, mean, invstd);
-    if (form.returns_reserve) torch::jit::push(stack, at::empty({0}, x.options().dtype(at::kByte)));
-    if (form.returns_running) torch::jit::push(stack, running_mean, running_var);
+    return outputs;
+  };
+}
+
+LocalKernel synced_batch_norm_kernel(const OpSchema& s, std::vector<int64_t> split) {
+  const BatchNormForm form = form_of(s);
+  const bool writes_running = form.updates_in_place && s.input_at_arg(*form.running_mean) && s.input_at_arg(*form.running_var);
+  return [written = synced_batch_norm(s, std::move(split)), mesh = s.mesh, form, writes_running](const c10::OperatorHandle& op,
+                                                                                                 torch::jit::Stack& stack) {
+    const size_t n = op.schema().arguments().size();
+    at::Tensor running_mean, running_var;
+    if (writes_running) {
+      running_mean = torch::jit::peek(stack, *form.running_mean, n).toTensor();
+      running_var = torch::jit::peek(stack, *form.running_var, n).toTensor();
+    }
+    detail::run_graph_form(written, *mesh, op, stack);
+    if (!writes_running) return;
+    running_var.copy_(torch::jit::pop(stack).toTensor());
+    running_mean.copy_(torch::jit::pop(stack).toTensor());
   };
 }
 
 LocalKernel batch_norm_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
   auto split = sample_split(chosen.inputs[0]);
-  if (form_of(s).training && !split.empty()) return synced_batch_norm(s, std::move(split));
-  if (empty_here(s, chosen, 0)) return zero_outputs(s, chosen);  // the CPU kernel rejects no channels
+  if (form_of(s).training && !split.empty()) return synced_batch_norm_kernel(s, std::move(split));
+  if (empty_here(s, chosen, 0)) return written_as_form(zeros_of_asked_outputs).kernel(s, chosen);  // the CPU kernel rejects no channels
+  return {};
+}
+
+// Forms where the op writes nothing (its graph nodes are functional).
+GraphForm batch_norm_form(const OpSchema& s, const PlacementStrategy& chosen) {
+  auto split = sample_split(chosen.inputs[0]);
+  if (form_of(s).training && !split.empty()) return form_of(s).updates_in_place ? GraphForm{} : synced_batch_norm(s, std::move(split));
+  if (empty_here(s, chosen, 0)) return zeros_of_asked_outputs(s, chosen);
   return {};
 }
 
@@ -226,32 +250,40 @@ std::vector<DimStrategy> batch_norm_backward(const OpSchema& s) {
 
 // grad_input = invstd * weight * (g - mean(g) - x_hat * mean(g * x_hat)), the means over all samples
 // of a channel: their sums are grad_bias and grad_weight, all-reduced once.
-LocalKernel synced_batch_norm_backward(const OpSchema& s, std::vector<int64_t> split) {
-  return [mesh = s.mesh, split = std::move(split), count = counts_of(s, 1).per_channel,
-          mask = asked_outputs(s)](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
-    const auto args = torch::jit::pop(stack, op.schema().arguments().size());
-    const at::Tensor &grad = args[0].toTensor(), &x = args[1].toTensor();
-    const auto weight = args[2].toOptional<at::Tensor>();
-    const at::Tensor &mean = args[5].toTensor(), &invstd = args[6].toTensor();
-    const int64_t ndim = x.dim();
-
-    const at::Tensor x_hat = (x - per_channel(mean, ndim)) * per_channel(invstd, ndim);
-    at::Tensor sums = at::stack({grad.sum(all_but_channels(ndim)), (grad * x_hat).sum(all_but_channels(ndim))});
-    detail::all_reduce_over(*mesh, split, sums, ReduceOp::Sum);
-    const at::Tensor grad_bias = sums[0], grad_weight = sums[1];
-    const at::Tensor scale = weight && weight->defined() ? invstd * *weight : invstd;
-    const at::Tensor grad_input = (grad - per_channel(grad_bias / count, ndim) -
-                                   x_hat * per_channel(grad_weight / count, ndim)) *
-                                  per_channel(scale, ndim);
-    push_asked(stack, mask, {grad_input, grad_weight, grad_bias});
+GraphForm synced_batch_norm_backward(const OpSchema& s, std::vector<int64_t> split) {
+  return [split = std::move(split), count = counts_of(s, 1).per_channel, mask = asked_outputs(s), ndim = s.input_ndim(1),
+          weight = s.input_at_arg(2).has_value()](GraphFormBuilder& b) {
+    const std::vector<int64_t> dims = all_but_channels(ndim);
+    auto broadcast = [&](FormValue per_channel) { return b.op("aten::view", {per_channel, per_channel_shape(ndim)}, "per_channel"); };
+    const FormValue grad = b.input(0), x = b.input(1), mean = b.input(5), invstd = b.input(6);
+    const FormValue x_hat = b.op("aten::mul.Tensor", {b.op("aten::sub.Tensor", {x, broadcast(mean)}, "centered"), broadcast(invstd)}, "x_hat");
+    const FormValue grad_x_hat = b.op("aten::mul.Tensor", {grad, x_hat}, "grad_x_hat");
+    const FormValue sums = all_reduce_form(
+        b, b.op("aten::stack", {std::vector<FormValue>{b.op("aten::sum.dim_IntList", {grad, dims}, "grad_sum"),
+                                                       b.op("aten::sum.dim_IntList", {grad_x_hat, dims}, "grad_x_hat_sum")}},
+                "sums"),
+        split, ReduceOp::Sum);
+    const FormValue grad_bias = b.op("aten::select.int", {sums, 0, 0}, "grad_bias");
+    const FormValue grad_weight = b.op("aten::select.int", {sums, 0, 1}, "grad_weight");
+    const FormValue scale = weight ? b.op("aten::mul.Tensor", {invstd, b.input(2)}, "scale") : invstd;
+    auto per_sample = [&](FormValue sum) { return broadcast(b.op("aten::div.Scalar", {sum, static_cast<double>(count)}, "mean")); };
+    const FormValue centered_grad = b.op("aten::sub.Tensor", {grad, per_sample(grad_bias)}, "centered_grad");
+    const FormValue projected = b.op("aten::mul.Tensor", {x_hat, per_sample(grad_weight)}, "projected");
+    const FormValue grad_input =
+        b.op("aten::mul.Tensor", {b.op("aten::sub.Tensor", {centered_grad, projected}, "difference"), broadcast(scale)}, "grad_input");
+    std::vector<FormValue> out;
+    const FormValue all[] = {grad_input, grad_weight, grad_bias};
+    for (size_t k = 0; k < mask.size(); ++k)
+      if (mask[k]) out.push_back(all[k]);
+    return out;
   };
 }
 
-LocalKernel batch_norm_backward_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
+GraphForm batch_norm_backward_form(const OpSchema& s, const PlacementStrategy& chosen) {
   auto split = sample_split(chosen.inputs[1]);
   if (syncs(s) && !split.empty()) return synced_batch_norm_backward(s, std::move(split));
   // The CPU kernel divides by zero on a shard without samples or channels.
-  if (empty_here(s, chosen, 1)) return zero_outputs(s, chosen);
+  if (empty_here(s, chosen, 1)) return zeros_of_asked_outputs(s, chosen);
   return {};
 }
 
@@ -263,10 +295,12 @@ const bool batch_norm_rules_registered = [] {
                       "aten::_batch_norm_with_update", "aten::_batch_norm_with_update_functional"},
                      {.mesh = batch_norm_on_mesh,
                       .local_kernel = batch_norm_kernel,
+                      .graph_form = batch_norm_form,
                       .family = "norm",
                       .strided_shards = detail::StridedShards::Own});
+  const FormedKernel backward = written_as_form(batch_norm_backward_form);
   register_overloads({"aten::native_batch_norm_backward", "aten::batch_norm_backward"},
-                     {.dim = batch_norm_backward, .local_kernel = batch_norm_backward_kernel, .family = "norm"});
+                     {.dim = batch_norm_backward, .local_kernel = backward.kernel, .graph_form = backward.graph_form, .family = "norm"});
   return true;
 }();
 

@@ -8,12 +8,15 @@
 
 namespace dtensor::rules {
 
-// [1, C, 1, ...]: a per-channel tensor broadcast over a [N, C, *spatial] one of `ndim` dims.
-inline at::Tensor per_channel(const at::Tensor& t, int64_t ndim) {
+// [1, -1, 1, ...]: the shape that broadcasts a per-channel tensor over a [N, C, *spatial] one of
+// `ndim` dims.
+inline std::vector<int64_t> per_channel_shape(int64_t ndim) {
   std::vector<int64_t> shape(ndim, 1);
   shape[1] = -1;
-  return t.view(shape);
+  return shape;
 }
+
+inline at::Tensor per_channel(const at::Tensor& t, int64_t ndim) { return t.view(per_channel_shape(ndim)); }
 
 // The dims of a [N, C, *spatial] tensor other than the channels.
 inline std::vector<int64_t> all_but_channels(int64_t ndim) {

@@ -21,6 +21,7 @@
 
 #include "../registry.h"
 #include "channels.h"
+#include "form_helpers.h"
 #include "optional_tensors.h"
 #include "rule_helpers.h"
 
@@ -63,15 +64,16 @@ std::vector<DimStrategy> convolution(const OpSchema& s) {
 // A rank with no channels (or no samples) of an uneven shard: the CPU kernel rejects an empty weight
 // and gives an input with no channels an output with none, while the result is just the bias (what a
 // sum over no channels adds to).
-LocalKernel convolution_of_empty_shard(const OpSchema& s, const PlacementStrategy& chosen) {
+GraphForm convolution_of_empty_shard(const OpSchema& s, const PlacementStrategy& chosen) {
   if (!empty_here(s, chosen, 0) && !empty_here(s, chosen, 1)) return {};
-  return [shape = local_output_shape(s, chosen), dtype = s.outputs[0].dtype](const c10::OperatorHandle& op,
-                                                                              torch::jit::Stack& stack) {
-    const auto args = torch::jit::pop(stack, op.schema().arguments().size());
-    at::Tensor out = at::zeros(shape, args[0].toTensor().options().dtype(dtype));
-    const at::Tensor bias = args[2].toOptional<at::Tensor>().value_or(at::Tensor());
-    if (bias.defined()) out.add_(per_channel(bias, out.dim()));
-    torch::jit::push(stack, out);
+  const Shape shape = local_output_shape(s, chosen);
+  return [shape, dtype = s.outputs[0].dtype, has_bias = s.input_at_arg(2).has_value()](GraphFormBuilder& b) {
+    FormValue out = b.op("aten::new_zeros", {b.input(0), shape, c10::IValue(dtype)}, "zeros");
+    if (has_bias) {
+      const FormValue bias = b.op("aten::view", {b.input(2), per_channel_shape(static_cast<int64_t>(shape.size()))}, "bias");
+      out = b.op("aten::add.Tensor", {out, bias}, "bias_only");
+    }
+    return std::vector<FormValue>{out};
   };
 }
 
@@ -117,25 +119,37 @@ LocalArgs local_bias_sizes(const OpSchema& s, const PlacementStrategy& chosen) {
 
 // Empty shards again: no input or weight elements contribute nothing to grad_input and grad_weight,
 // while grad_bias is the gradient summed over all but the channels.
-LocalKernel convolution_backward_of_empty_shard(const OpSchema& s, const PlacementStrategy& chosen) {
+GraphForm convolution_backward_of_empty_shard(const OpSchema& s, const PlacementStrategy& chosen) {
   if (!empty_here(s, chosen, 1) && !empty_here(s, chosen, 2)) return {};
-  const LocalKernel zeros = zero_outputs(s, chosen);
-  const std::vector<bool> mask = asked_outputs(s);
-  return [zeros, mask](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
-    const at::Tensor grad_output = torch::jit::peek(stack, 0, op.schema().arguments().size()).toTensor();
-    zeros(op, stack);
-    if (mask[2]) stack.back() = grad_output.sum(all_but_channels(grad_output.dim()));
+  std::vector<Shape> shapes;  // of the asked outputs
+  std::vector<c10::ScalarType> dtypes;
+  for (size_t k = 0; k < s.outputs.size(); ++k) {
+    shapes.push_back(local_output_shape(s, chosen, k));
+    dtypes.push_back(s.outputs[k].dtype);
+  }
+  return [shapes, dtypes, mask = asked_outputs(s), ndim = s.input_ndim(0)](GraphFormBuilder& b) {
+    std::vector<FormValue> out;
+    for (size_t k = 0; k < mask.size(); ++k) {
+      if (!mask[k]) continue;
+      const size_t i = out.size();
+      out.push_back(k == 2 ? b.op("aten::sum.dim_IntList", {b.input(0), all_but_channels(ndim)}, "grad_bias")
+                           : b.op("aten::new_zeros", {b.input(0), shapes[i], c10::IValue(dtypes[i])}, "zeros"));
+    }
+    return out;
   };
 }
 
 const bool conv_rules_registered = [] {
   using detail::register_overloads;
+  const FormedKernel empty_shard = written_as_form(convolution_of_empty_shard);
   register_overloads({"aten::convolution"},
-                     {.dim = convolution, .local_kernel = convolution_of_empty_shard, .family = "conv"});
+                     {.dim = convolution, .local_kernel = empty_shard.kernel, .graph_form = empty_shard.graph_form, .family = "conv"});
+  const FormedKernel empty_shard_backward = written_as_form(convolution_backward_of_empty_shard);
   register_overloads({"aten::convolution_backward"},
                      {.dim = convolution_backward,
                       .local_args = local_bias_sizes,
-                      .local_kernel = convolution_backward_of_empty_shard,
+                      .local_kernel = empty_shard_backward.kernel,
+                      .graph_form = empty_shard_backward.graph_form,
                       .family = "conv"});
   return true;
 }();

@@ -107,13 +107,7 @@ LocalKernel masked_backward(const OpSchema& s, const PlacementStrategy& chosen) 
 GraphForm masked_backward_form(const OpSchema& s, const PlacementStrategy& chosen) {
   const ChunkExtent rows = held_rows(s, s.outputs[0].shape, chosen.outputs[0]);
   return [rows, width = s.outputs[0].shape[1]](GraphFormBuilder& b) -> std::vector<FormValue> {
-    const FormValue grad = b.input(0);
-    if (rows.size == 0) return {b.op("aten::new_zeros", {grad, std::vector<int64_t>{0, width}}, "no_rows")};
-    const int64_t padding_idx = b.argument(3).toInt();
-    const FormIndexWindow window = index_window_form(b, b.input(1), rows.offset, rows.size, /*elsewhere=*/rows.size, padding_idx);
-    const FormValue all = b.op("aten::embedding_dense_backward", {grad, window.local_index, rows.size + 1, rows.size, b.argument(4)},
-                               "rows_and_elsewhere");
-    return {b.op("aten::slice.Tensor", {all, int64_t{0}, int64_t{0}, rows.size}, "rows_gradient")};
+    return {rows_gradient_form(b, b.input(0), b.input(1), rows, width, b.argument(3).toInt(), b.argument(4))};
   };
 }
 

@@ -22,6 +22,7 @@
 
 #include "../registry.h"
 #include "dtensor/errors.h"
+#include "form_helpers.h"
 #include "optional_tensors.h"
 #include "rule_helpers.h"
 #include "vocab_rows.h"
@@ -35,8 +36,12 @@ Mode mode_of(const OpSchema& s) { return static_cast<Mode>(argument(s, "mode").t
 
 // The bag of every index: the last offset at or before its position (empty bags repeat an offset; with
 // include_last_offset the final offset is the index count, past every position).
-at::Tensor bag_of_each_index(const at::Tensor& offsets, int64_t count) {
-  return at::searchsorted(offsets, at::arange(count, offsets.options()), /*out_int32=*/false, /*right=*/true) - 1;
+// (The positions 0, 1, ... are a cumulative sum of ones made like the offsets, so on their device.)
+FormValue bag_of_each_index(GraphFormBuilder& b, FormValue offsets, int64_t count) {
+  const FormValue ones = b.op("aten::new_ones", {offsets, std::vector<int64_t>{count}}, "ones");
+  const FormValue positions = b.op("aten::sub.Scalar", {b.op("aten::cumsum", {ones, int64_t{0}}, "counted"), int64_t{1}}, "positions");
+  const FormValue after = b.op("aten::searchsorted.Tensor", {offsets, positions, false, true}, "next_bag");
+  return b.op("aten::sub.Scalar", {after, int64_t{1}}, "bag");
 }
 
 // ---- _embedding_bag / _embedding_bag_forward_only(weight, indices, offsets, scale_grad_by_freq, mode,
@@ -70,36 +75,36 @@ std::vector<DimStrategy> embedding_bag(const OpSchema& s) {
 // it is not padding_idx), its per-sample weight, and for a mean 1 / (its bag's size). The bag outputs
 // come from the op itself on a 2-row stand-in table (row 1 for padding_idx, row 0 for every other
 // index): they depend on nothing else, and so equal the single-device ones.
-LocalKernel vocabulary_sharded_bags(const OpSchema& s, const PlacementStrategy& chosen) {
+GraphForm vocabulary_sharded_bags(const OpSchema& s, const PlacementStrategy& chosen) {
   if (mesh_dims_sharding(chosen.inputs[0], 0).empty()) return {};
   const Shape& table = s.input(0).meta.shape;
-  return [rows = held_rows(s, table, chosen.inputs[0]), vocab = table[0], output_shape = local_output_shape(s, chosen)](
-             const c10::OperatorHandle& op, torch::jit::Stack& stack) {
-    const auto args = torch::jit::pop(stack, op.schema().arguments().size());
-    const at::Tensor &weight = args[0].toTensor(), &indices = args[1].toTensor(), &offsets = args[2].toTensor();
-    const auto mode = static_cast<Mode>(args[4].toInt());
-    const auto per_sample = args[kPerSampleWeights].toOptional<at::Tensor>();
-    const bool include_last_offset = args[7].toBool();
-    const int64_t padding_idx = args[8].toInt();
-    check_indices(indices, vocab, "embedding_bag");
-
-    torch::jit::Stack bags(args.begin(), args.end());
-    bags[0] = at::zeros({2, 1}, weight.options());
-    bags[1] = (indices == padding_idx).to(indices.scalar_type());
-    bags[8] = padding_idx >= 0 ? int64_t{1} : int64_t{-1};
-    op.callBoxed(bags);
-
-    at::Tensor output = at::zeros(output_shape, weight.options());
-    if (rows.size > 0) {
-      const IndexWindow lookup = look_up_rows(indices, rows, padding_idx);
-      at::Tensor scale = lookup.held.to(weight.scalar_type());
-      if (per_sample && per_sample->defined()) scale.mul_(*per_sample);
-      if (mode == kMean)
-        scale.div_(bags[2].toTensor().index_select(0, bag_of_each_index(offsets, indices.numel())).clamp_min(1));
-      output = std::get<0>(at::_embedding_bag(weight, lookup.local_index, offsets, /*scale_grad_by_freq=*/false, kSum,
-                                              /*sparse=*/false, scale, include_last_offset, /*padding_idx=*/-1));
+  return [op = s.op_name(), rows = held_rows(s, table, chosen.inputs[0]), vocab = table[0], output_shape = local_output_shape(s, chosen),
+          count = s.input(1).meta.shape[0], index_dtype = s.input(1).meta.dtype, dtype = s.input(0).meta.dtype,
+          per_sample = s.input_at_arg(kPerSampleWeights).has_value()](GraphFormBuilder& b) {
+    const FormValue weight = b.input(0), indices = b.input(1), offsets = b.input(2);
+    const int64_t padding_idx = b.argument(8).toInt();
+    const FormArg per_sample_weights = per_sample ? FormArg(b.input(kPerSampleWeights)) : FormArg(c10::IValue());
+    check_indices_form(b, indices, vocab, "embedding_bag");
+    const FormValue is_padding = b.op("aten::_to_copy", {b.op("aten::eq.Scalar", {indices, padding_idx}, "is_padding"), c10::IValue(index_dtype)}, "stand_in_index");
+    const FormValue stand_in_table = b.op("aten::new_zeros", {weight, std::vector<int64_t>{2, 1}}, "stand_in_table");
+    std::vector<FormValue> bags = b.call(op, {stand_in_table, is_padding, offsets,
+                                              FormArg::as_called(3), FormArg::as_called(4), FormArg::as_called(5), per_sample_weights,
+                                              FormArg::as_called(7), padding_idx >= 0 ? int64_t{1} : int64_t{-1}},
+                                         "bags");
+    if (rows.size == 0) {
+      bags[0] = b.op("aten::new_zeros", {weight, output_shape}, "none_held");
+      return bags;
     }
-    torch::jit::push(stack, output, bags[1], bags[2], bags[3]);
+    const FormIndexWindow lookup = index_window_form(b, indices, rows.offset, rows.size, /*elsewhere=*/0, padding_idx);
+    FormValue scale = b.op("aten::_to_copy", {lookup.held, c10::IValue(dtype)}, "held_weight");
+    if (per_sample) scale = b.op("aten::mul.Tensor", {scale, b.input(kPerSampleWeights)}, "weighted");
+    if (static_cast<Mode>(b.argument(4).toInt()) == kMean) {
+      const FormValue sizes = b.op("aten::index_select", {bags[2], int64_t{0}, bag_of_each_index(b, offsets, count)}, "bag_sizes");
+      scale = b.op("aten::div.Tensor", {scale, b.op("aten::clamp_min", {sizes, int64_t{1}}, "nonempty")}, "averaged");
+    }
+    bags[0] = b.call(op, {weight, lookup.local_index, offsets, false, static_cast<int64_t>(kSum), false, scale, FormArg::as_called(7), int64_t{-1}},
+                     "rows_here")[0];
+    return bags;
   };
 }
 
@@ -161,23 +166,22 @@ std::vector<DimStrategy> embedding_bag_backward(const OpSchema& s) {
 
 // This rank's rows of the gradient: every index gets its bag's gradient, times its per-sample weight,
 // divided by the bag size for a mean; then the rows add up as for embedding.
-LocalKernel rows_of_gradient(const OpSchema& s, const PlacementStrategy& chosen) {
+GraphForm rows_of_gradient(const OpSchema& s, const PlacementStrategy& chosen) {
   if (mesh_dims_sharding(chosen.outputs[0], 0).empty()) return {};
-  return [rows = held_rows(s, s.outputs[0].shape, chosen.outputs[0])](const c10::OperatorHandle& op,
-                                                                      torch::jit::Stack& stack) {
-    const auto args = torch::jit::pop(stack, op.schema().arguments().size());
-    const at::Tensor &grad = args[0].toTensor(), &indices = args[1].toTensor(), &offsets = args[2].toTensor();
-    const at::Tensor& bag_size = args[4].toTensor();
-    const int64_t num_weights = args[6].toInt();
-    const auto per_sample = args[kBackwardPerSampleWeights].toOptional<at::Tensor>();
-    check_indices(indices, num_weights, "_embedding_bag_backward");
-
-    const at::Tensor bags = bag_of_each_index(offsets, indices.numel());
-    at::Tensor per_index = grad.index_select(0, bags);
-    if (per_sample && per_sample->defined()) per_index.mul_(per_sample->unsqueeze(1));
-    if (static_cast<Mode>(args[8].toInt()) == kMean)
-      per_index.div_(bag_size.index_select(0, bags).clamp_min(1).unsqueeze(1));
-    torch::jit::push(stack, rows_gradient(per_index, indices, rows, args[11].toInt(), args[7].toBool()));
+  return [rows = held_rows(s, s.outputs[0].shape, chosen.outputs[0]), width = s.outputs[0].shape[1], count = s.input(1).meta.shape[0],
+          per_sample = s.input_at_arg(kBackwardPerSampleWeights).has_value()](GraphFormBuilder& b) {
+    const FormValue grad = b.input(0), indices = b.input(1), offsets = b.input(2);
+    check_indices_form(b, indices, b.argument(6).toInt(), "_embedding_bag_backward");
+    const FormValue bags = bag_of_each_index(b, offsets, count);
+    FormValue per_index = b.op("aten::index_select", {grad, int64_t{0}, bags}, "per_index");
+    if (per_sample)
+      per_index = b.op("aten::mul.Tensor", {per_index, b.op("aten::unsqueeze", {b.input(kBackwardPerSampleWeights), int64_t{1}}, "per_sample")},
+                       "weighted");
+    if (static_cast<Mode>(b.argument(8).toInt()) == kMean) {
+      const FormValue sizes = b.op("aten::clamp_min", {b.op("aten::index_select", {b.input(4), int64_t{0}, bags}, "bag_sizes"), int64_t{1}}, "nonempty");
+      per_index = b.op("aten::div.Tensor", {per_index, b.op("aten::unsqueeze", {sizes, int64_t{1}}, "per_row")}, "averaged");
+    }
+    return std::vector<FormValue>{rows_gradient_form(b, per_index, indices, rows, width, b.argument(11).toInt(), b.argument(7))};
   };
 }
 
@@ -214,38 +218,38 @@ std::vector<TensorMeta> per_sample_weights_meta(const c10::OperatorHandle&, c10:
   return {TensorMeta{shape, contiguous_strides(shape), args[0].toTensor().scalar_type()}};
 }
 
-LocalKernel rows_of_dot_products(const OpSchema& s, const PlacementStrategy& chosen) {
+GraphForm rows_of_dot_products(const OpSchema& s, const PlacementStrategy& chosen) {
   if (mesh_dims_sharding(chosen.inputs[1], 0).empty()) return {};
   const Shape& table = s.input(1).meta.shape;
-  return [rows = held_rows(s, table, chosen.inputs[1]), vocab = table[0]](const c10::OperatorHandle& op,
-                                                                         torch::jit::Stack& stack) {
-    auto args = torch::jit::pop(stack, op.schema().arguments().size());
-    const at::Tensor indices = args[2].toTensor();
-    const int64_t padding_idx = args[6].toInt();
-    check_indices(indices, vocab, "_embedding_bag_per_sample_weights_backward");
-    if (rows.size == 0) return torch::jit::push(stack, at::zeros({indices.numel()}, args[0].toTensor().options()));
-    const IndexWindow lookup = look_up_rows(indices, rows);
-    args[2] = lookup.local_index;
-    args[6] = int64_t{-1};
-    op.callBoxed(args);
-    torch::jit::push(stack, args[0].toTensor().masked_fill_(~(lookup.held & (indices != padding_idx)), 0));
+  return [op = s.op_name(), rows = held_rows(s, table, chosen.inputs[1]), vocab = table[0], count = s.input(2).meta.shape[0]](GraphFormBuilder& b) {
+    const FormValue indices = b.input(2);
+    check_indices_form(b, indices, vocab, "_embedding_bag_per_sample_weights_backward");
+    if (rows.size == 0) return std::vector<FormValue>{b.op("aten::new_zeros", {b.input(0), std::vector<int64_t>{count}}, "none_held")};
+    const FormIndexWindow lookup = index_window_form(b, indices, rows.offset, rows.size, /*elsewhere=*/0, b.argument(6).toInt());
+    const FormValue dots = b.op(op, {b.input(0), b.input(1), lookup.local_index, b.input(3), b.input(4), FormArg::as_called(5), int64_t{-1}}, "dots");
+    return std::vector<FormValue>{b.op("aten::masked_fill.Scalar", {dots, b.op("aten::logical_not", {lookup.held}, "elsewhere"), 0.0}, "dots_here")};
   };
 }
 
 const bool embedding_bag_rules_registered = [] {
   using detail::register_overloads;
+  const FormedKernel bags = written_as_form(vocabulary_sharded_bags), gradient = written_as_form(rows_of_gradient),
+                     dot_products = written_as_form(rows_of_dot_products);
   register_overloads({"aten::_embedding_bag", "aten::_embedding_bag_forward_only"},
                      {.dim = embedding_bag,
-                      .local_kernel = vocabulary_sharded_bags,
+                      .local_kernel = bags.kernel,
+                      .graph_form = bags.graph_form,
                       .output_metas = bag_metas,
                       .family = "embedding"});
   register_overloads({"aten::_embedding_bag_backward"}, {.dim = embedding_bag_backward,
-                                                         .local_kernel = rows_of_gradient,
+                                                         .local_kernel = gradient.kernel,
+                                                         .graph_form = gradient.graph_form,
                                                          .output_metas = backward_meta,
                                                          .family = "embedding"});
   register_overloads({"aten::_embedding_bag_per_sample_weights_backward"},
                      {.dim = per_sample_weights_backward,
-                      .local_kernel = rows_of_dot_products,
+                      .local_kernel = dot_products.kernel,
+                      .graph_form = dot_products.graph_form,
                       .output_metas = per_sample_weights_meta,
                       .family = "embedding"});
   return true;

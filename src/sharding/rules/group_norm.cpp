@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include "../registry.h"
+#include "form_helpers.h"
 #include "optional_tensors.h"
 #include "rule_helpers.h"
 
@@ -83,24 +84,19 @@ LocalArgsRule local_counts(size_t input) {
   };
 }
 
-// The CPU kernels divide by the group count, which is zero on a rank without channels.
-LocalKernelRule zeros_when_empty(size_t input) {
-  return [input](const OpSchema& s, const PlacementStrategy& chosen) -> LocalKernel {
-    return empty_here(s, chosen, input) ? zero_outputs(s, chosen) : LocalKernel();
-  };
-}
-
 const bool group_norm_rules_registered = [] {
   using detail::register_overloads;
+  // The CPU kernels divide by the group count, which is zero on a rank without channels.
+  const FormedKernel forward_when_empty = zero_outputs_when_empty(0), backward_when_empty = zero_outputs_when_empty(1);
   register_overloads({"aten::native_group_norm"}, {.dim = group_norm,
                                                    .local_args = local_counts(0),
-                                                   .local_kernel = zeros_when_empty(0),
-                                                   .graph_form = zero_outputs_form_when_empty(0),
+                                                   .local_kernel = forward_when_empty.kernel,
+                                                   .graph_form = forward_when_empty.graph_form,
                                                    .family = "norm"});
   register_overloads({"aten::native_group_norm_backward"}, {.dim = group_norm_backward,
                                                             .local_args = local_counts(1),
-                                                            .local_kernel = zeros_when_empty(1),
-                                                            .graph_form = zero_outputs_form_when_empty(1),
+                                                            .local_kernel = backward_when_empty.kernel,
+                                                            .graph_form = backward_when_empty.graph_form,
                                                             .family = "norm"});
   return true;
 }();

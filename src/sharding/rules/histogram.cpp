@@ -4,11 +4,10 @@
 // histogram. With min == max the range is the data's own min and max, which the shards first agree on
 // (the strategies cannot depend on min and max: the propagation cache keys numbers by kind).
 
-#include <limits>
+#include <algorithm>
 
-#include "../../mesh/collectives.h"
 #include "../registry.h"
-#include "optional_tensors.h"
+#include "form_helpers.h"
 #include "rule_helpers.h"
 
 namespace dtensor::rules {
@@ -26,31 +25,32 @@ std::vector<DimStrategy> histc(const OpSchema& s) {
   return out;
 }
 
-// On a sharded input, a call with min == max counts over the global data range: the shards' minima
-// and maxima meet in one all-reduce (max of -min and of max) over the mesh dims that shard the input.
-LocalKernel histc_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
+// On a sharded input, a call with an explicit range (min != max) counts its shard's elements. One with
+// min == max counts over the global data range, which only the whole tensor gives as the Scalars
+// histc takes: the shards are put together on every rank (whole_tensor_form), each counts all of
+// them, and the rank at coordinate 0 of the sharding mesh dims keeps its counts while the others
+// give zeros, so the Partial(sum) adds up to the single-device histogram exactly.
+GraphForm histc_form(const OpSchema& s, const PlacementStrategy& chosen) {
   const std::vector<int64_t> dims = sharding_mesh_dims(chosen.inputs[0]);
   if (dims.empty()) return {};
-  return [mesh = s.mesh, dims](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
-    const auto args = torch::jit::pop(stack, op.schema().arguments().size());
-    const at::Tensor& x = args[0].toTensor();
-    double min = args[2].toScalar().toDouble(), max = args[3].toScalar().toDouble();
-    if (min == max) {
-      const double none = -std::numeric_limits<double>::infinity();  // an empty shard's
-      at::Tensor range = at::tensor({x.numel() ? -x.min().item<double>() : none, x.numel() ? x.max().item<double>() : none}, at::kDouble);
-      detail::all_reduce_over(*mesh, dims, range, ReduceOp::Max);
-      if (range[1].item<double>() != none) {
-        min = -range[0].item<double>();
-        max = range[1].item<double>();
-      }
-    }
-    torch::jit::push(stack, at::histc(x, args[1].toInt(), min, max));
+  const Shape& global = s.input(0).meta.shape;
+  const LocalLayout part = local_part(s, global, chosen.inputs[0]);
+  const Shape coordinate = s.mesh->coordinate().value_or(Shape(s.mesh->ndim(), 0));
+  const bool counts_here = std::all_of(dims.begin(), dims.end(), [&](int64_t m) { return coordinate[m] == 0; });
+  return [global, part, dims, counts_here](GraphFormBuilder& b) {
+    const c10::IValue bins = b.argument(1), min = b.argument(2), max = b.argument(3);
+    if (min.toScalar().toDouble() != max.toScalar().toDouble())
+      return std::vector<FormValue>{b.op("aten::histc", {b.input(0), bins, min, max}, "counts")};
+    const FormValue whole = whole_tensor_form(b, b.input(0), part, global, dims);
+    const FormValue counts = b.op("aten::histc", {whole, bins, min, max}, "counts");
+    return std::vector<FormValue>{b.op("aten::mul.Scalar", {counts, counts_here ? 1.0 : 0.0}, "share")};
   };
 }
 
 const bool histogram_rules_registered = [] {
   detail::register_overloads({"aten::bucketize.Tensor"}, {.dim = bucketize, .family = "histogram"});
-  detail::register_family({"aten::histc"}, {.dim = histc, .local_kernel = histc_kernel, .family = "histogram"});
+  const FormedKernel counts = written_as_form(histc_form);
+  detail::register_family({"aten::histc"}, {.dim = histc, .local_kernel = counts.kernel, .graph_form = counts.graph_form, .family = "histogram"});
   return true;
 }();
 

@@ -12,6 +12,7 @@
 
 #include "../registry.h"
 #include "dtensor/layout.h"
+#include "form_helpers.h"
 #include "optional_tensors.h"
 #include "rule_helpers.h"
 
@@ -78,16 +79,14 @@ std::vector<DimStrategy> grid_sampler_backward(const OpSchema& s) {
 
 // The kernels reject inputs without elements (3 channels over 4 ranks leave one rank none): there,
 // every output is empty too.
-LocalKernel empty_shard_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
-  return empty_here(s, chosen, 0) ? zero_outputs(s, chosen) : LocalKernel{};
-}
+const FormedKernel empty_planes = zero_outputs_when_empty(0);
 
 
 detail::OpRule rule(bool linear, LocalArgsRule local_args = {}) {
   return {.dim = [linear](const OpSchema& s) { return planes(s, linear); },
           .local_args = std::move(local_args),
-          .local_kernel = empty_shard_kernel,
-          .graph_form = zero_outputs_form_when_empty(0),
+          .local_kernel = empty_planes.kernel,
+          .graph_form = empty_planes.graph_form,
           .family = "pooling"};
 }
 
@@ -119,9 +118,9 @@ const bool pooling_rules_registered = [] {
                    "aten::_upsample_bicubic2d_aa_backward", "aten::_upsample_lanczos2d_aa_backward"},
                   rule(/*linear=*/true, local_input_size));
   register_family({"aten::grid_sampler_2d", "aten::grid_sampler_3d"},
-                  {.dim = grid_sampler, .local_kernel = empty_shard_kernel, .graph_form = zero_outputs_form_when_empty(0), .family = "pooling"});
+                  {.dim = grid_sampler, .local_kernel = empty_planes.kernel, .graph_form = empty_planes.graph_form, .family = "pooling"});
   register_family({"aten::grid_sampler_2d_backward", "aten::grid_sampler_3d_backward"},
-                  {.dim = grid_sampler_backward, .local_kernel = empty_shard_kernel, .graph_form = zero_outputs_form_when_empty(0),
+                  {.dim = grid_sampler_backward, .local_kernel = empty_planes.kernel, .graph_form = empty_planes.graph_form,
                    .family = "pooling"});
   return true;
 }();

@@ -17,6 +17,7 @@
 #include "../registry.h"
 #include "dtensor/errors.h"
 #include "dtensor/layout.h"
+#include "form_helpers.h"
 #include "optional_tensors.h"
 #include "rule_helpers.h"
 
@@ -267,6 +268,12 @@ LocalKernel reshape_alias_kernel(const OpSchema& s, const PlacementStrategy&) {
     args[2] = c10::IValue(*stride);
     op.callBoxed(stack);
   };
+}
+
+// In a graph the strides need no computing: the view of the local shard is what _reshape_alias makes
+// of it (and view refuses a shard that cannot be viewed, as the kernel does).
+GraphForm reshape_alias_form(const OpSchema&, const PlacementStrategy&) {
+  return [](GraphFormBuilder& b) { return std::vector<FormValue>{b.op("aten::view", {b.input(0), FormArg::as_called(1)}, "local")}; };
 }
 
 // new_empty_strided: AccumulateGrad copies a gradient into grad.new_empty_strided(param sizes,
@@ -569,7 +576,8 @@ const bool view_rules_registered = [] {
   detail::register_composite({"aten::reshape"},
                              {.mesh = view, .local_args = local_size_arg, .family = "composite", .strided_shards = Own});
   register_family({"aten::_reshape_alias"},
-                  {.mesh = view, .local_args = local_size_arg, .local_kernel = reshape_alias_kernel, .family = "view", .strided_shards = Own});
+                  {.mesh = view, .local_args = local_size_arg, .local_kernel = reshape_alias_kernel, .graph_form = reshape_alias_form,
+                   .family = "view", .strided_shards = Own});
   register_family({"aten::new_empty_strided"},
                   {.mesh = new_empty_strided, .local_args = new_empty_strided_args, .family = "view"});
   register_family({"aten::squeeze"}, {.dim = squeeze, .local_kernel = squeeze_kernel, .graph_form = squeeze_form, .family = "view", .strided_shards = IndexWise});

@@ -49,4 +49,24 @@ inline at::Tensor rows_gradient(const at::Tensor& grad, const at::Tensor& indice
       .narrow(0, 0, rows.size);
 }
 
+// rows_gradient as graph ops.
+inline FormValue rows_gradient_form(GraphFormBuilder& b, FormValue grad, FormValue indices, ChunkExtent rows, int64_t width,
+                                    int64_t padding_idx, const c10::IValue& scale_by_frequency) {
+  if (rows.size == 0) return b.op("aten::new_zeros", {grad, std::vector<int64_t>{0, width}}, "no_rows");
+  const FormIndexWindow window = index_window_form(b, indices, rows.offset, rows.size, /*elsewhere=*/rows.size, padding_idx);
+  const FormValue all = b.op("aten::embedding_dense_backward", {grad, window.local_index, rows.size + 1, rows.size, scale_by_frequency},
+                             "rows_and_elsewhere");
+  return b.op("aten::slice.Tensor", {all, int64_t{0}, int64_t{0}, rows.size}, "rows_gradient");
+}
+
+// check_indices as a graph op: an assertion, which graph programs keep and eager dispatch raises.
+inline void check_indices_form(GraphFormBuilder& b, FormValue indices, int64_t rows, const char* op) {
+  const FormValue inside = b.op("aten::logical_and", {b.op("aten::ge.Scalar", {indices, int64_t{0}}, "not_negative"),
+                                                      b.op("aten::lt.Scalar", {indices, rows}, "below_rows")},
+                                "inside");
+  b.op("aten::_assert_async.msg", {b.op("aten::all", {inside}, "all_inside"),
+                                   c10::IValue(std::string(op) + ": an index lies outside the table's " + std::to_string(rows) + " rows")},
+       "indices_inside");
+}
+
 }  // namespace dtensor::rules
