@@ -18,6 +18,7 @@
 #include "../../src/graph/process_groups.h"
 #include "../../src/graph/reshard.h"
 #include "../support/error_of.h"
+#include "dtensor/random.h"
 #include "goldens.h"
 #include "dtensor/graph/program.h"
 #include "dtensor/world.h"
@@ -178,6 +179,28 @@ TEST(GraphPassesTest, HistcOverTheDataRangeIsWrittenAsItsGraphForm) {
   EXPECT_THAT(after.at("partition"), ::testing::Not(::testing::HasSubstr("runs dtensor's local kernel")));
   for (const g::Node* n : b.program.graph.nodes()) EXPECT_EQ(b.program.annotations.local_kernel(*n), nullptr) << n->name;
   EXPECT_NO_THROW(g::save_program(b.program, ::testing::TempDir() + "histc_rank0.pt2"));
+}
+
+// A kernel without a graph form stays with its node, in the program's annotations (not on the node):
+// the interpreter runs it, and saving refuses the program, naming the node. (A random draw on a
+// sharded tensor in the LocalShards mode: each rank draws its part from a counter-based generator,
+// which no ATen op is.)
+TEST(GraphPassesTest, AKernelWithoutAGraphFormStaysAndTheProgramRefusesToSave) {
+  const RandomModeGuard local_shards(RandomMode::LocalShards);
+  ProgramBuilder b;
+  g::Value* x = b.input("x", {8});
+  b.output(b.op("aten::rand_like", {Arg::tensor(x)}, "noise"));
+  b.program.annotations.set_placements(*x, Placements{Shard(0)});
+  g::detail::SpmdExpansion expansion{planning_mesh({4}, 0), {.output_targets = {Placements{Shard(0)}}}};
+  g::detail::spmd_pipeline(expansion).run(b.program);
+  const g::Node* noise = nullptr;
+  for (const g::Node* n : b.program.graph.nodes())
+    if (n->name == "noise") noise = n;
+  ASSERT_NE(noise, nullptr);
+  EXPECT_NE(b.program.annotations.local_kernel(*noise), nullptr);
+  EXPECT_THAT(b.program.str(), ::testing::HasSubstr("runs dtensor's local kernel"));
+  EXPECT_THAT(error_of([&] { g::save_program(b.program, ::testing::TempDir() + "noise_rank0.pt2"); }),
+              ::testing::HasSubstr("node 'noise' (aten::rand_like) runs dtensor's local kernel, which has no graph form yet"));
 }
 
 // A per-rank program's collectives name their groups by what the mesh is: another mesh made before

@@ -286,6 +286,44 @@ LocalKernel random_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
   };
 }
 
+// The exact draw as graph ops, where the layout allows it: each sharded input padded with zeros to its
+// global shape (the stand-in, when that shape is contiguous, so the kernel draws in the single-device
+// order), the op on the stand-ins, and this rank's region of each output sliced out. Not for Partial
+// inputs or outputs (their contributions), nor in the LocalShards mode, whose keyed draw no ATen op
+// makes; dropout in eval runs on the shards as it is.
+GraphForm run_on_global_form(const OpSchema& s, const PlacementStrategy& chosen) {
+  if (random_mode() == RandomMode::LocalShards && shard_draw(s.schema.operator_name()) != nullptr) return {};
+  auto plain = [](const Placements& p) { return std::none_of(p.begin(), p.end(), [](const Placement& q) { return q.is_partial(); }); };
+  std::vector<std::pair<size_t, std::vector<int64_t>>> padded;  // argument, constant_pad_nd's padding
+  for (size_t k = 0; k < s.inputs.size(); ++k) {
+    const TensorMeta& meta = s.input(k).meta;
+    if (!plain(chosen.inputs[k]) || meta.stride != contiguous_strides(meta.shape) || s.inputs[k].list_index >= 0) return {};
+    const LocalLayout part = local_part(s, meta.shape, chosen.inputs[k]);
+    std::vector<int64_t> pad;
+    for (size_t d = meta.shape.size(); d-- > 0;) pad.insert(pad.end(), {part.offset[d], meta.shape[d] - part.offset[d] - part.shape[d]});
+    padded.emplace_back(s.inputs[k].arg, std::move(pad));
+  }
+  std::vector<LocalLayout> regions;
+  for (size_t j = 0; j < s.outputs.size(); ++j) {
+    if (!plain(chosen.outputs[j])) return {};
+    regions.push_back(local_part(s, s.outputs[j].shape, chosen.outputs[j]));
+  }
+  return [op = s.op_name(), arguments = s.args.size(), padded, regions, dropout = s.op_name() == "aten::native_dropout"](GraphFormBuilder& b) {
+    std::vector<FormArg> args;
+    for (size_t i = 0; i < arguments; ++i) args.push_back(FormArg::as_called(i));
+    const bool draws = !(dropout && !b.argument(2).toBool());
+    for (const auto& [arg, pad] : padded)
+      args[arg] = draws ? b.op("aten::constant_pad_nd", {b.input(arg), pad}, "stand_in") : b.input(arg);
+    std::vector<FormValue> outputs = b.call(op, std::move(args), "drawn");
+    if (!draws) return outputs;
+    for (size_t j = 0; j < outputs.size(); ++j)
+      for (size_t d = 0; d < regions[j].shape.size(); ++d)
+        outputs[j] = b.op("aten::slice.Tensor", {outputs[j], static_cast<int64_t>(d), regions[j].offset[d], regions[j].offset[d] + regions[j].shape[d]},
+                          "region");
+    return outputs;
+  };
+}
+
 void draw_outside_mesh(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   switch (how_drawn(op, args)) {
     case Draw::Nothing: return;
@@ -341,7 +379,7 @@ const bool random_rules_registered = [] {
   // laid out like its input, so its probabilities are read whole (elementwise keeps them Replicate).
   // Dropout on CPU is empty_like, bernoulli_, div_ and mul.
   const detail::OpRule rule{
-      .dim = random_fill, .local_kernel = random_kernel, .family = "random", .outside_mesh = draw_outside_mesh};
+      .dim = random_fill, .local_kernel = random_kernel, .graph_form = run_on_global_form, .family = "random", .outside_mesh = draw_outside_mesh};
   detail::register_overloads({"aten::uniform_", "aten::normal_", "aten::normal.Tensor_Tensor", "aten::normal.Tensor_float",
                               "aten::normal.float_Tensor", "aten::bernoulli_.float", "aten::bernoulli_.Tensor",
                               "aten::bernoulli.p", "aten::exponential_", "aten::cauchy_", "aten::log_normal_",
