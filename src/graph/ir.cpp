@@ -1,7 +1,6 @@
 #include "dtensor/graph/ir.h"
 
 #include <algorithm>
-#include <set>
 #include <sstream>
 
 #include <ATen/ScalarOps.h>
@@ -229,25 +228,24 @@ std::vector<Node*> Graph::users(const Value* v) const {
 }
 
 std::string Graph::verify() const {
-  std::set<const Value*> defined(inputs_.begin(), inputs_.end());
-  std::map<const Value*, std::multiset<const Node*>> reads;
-  auto read_by = [&](const Node* n) {
-    for (const Value* v : n->inputs()) {
-      if (!defined.count(v)) return "node " + n->name + " reads %" + v->name + " before it is defined";
-      reads[v].insert(n);
+  // Arrays by Value::id, not sets: the pipeline runs this after every pass on graphs of 10^4 nodes.
+  std::vector<char> defined(values_.size(), 0);
+  std::vector<size_t> reads(values_.size(), 0);
+  for (const Value* v : inputs_) defined[v->id] = 1;
+  auto read_by = [&](const Node& n) {
+    for (const Value* v : n.inputs()) {
+      if (!defined[v->id]) return "node " + n.name + " reads %" + v->name + " before it is defined";
+      ++reads[v->id];
     }
     return std::string();
   };
   for (const auto& n : nodes_) {
-    if (std::string wrong = read_by(n.get()); !wrong.empty()) return wrong;
-    defined.insert(n->outputs.begin(), n->outputs.end());
+    if (std::string wrong = read_by(*n); !wrong.empty()) return wrong;
+    for (const Value* out : n->outputs) defined[out->id] = 1;
   }
-  if (std::string wrong = read_by(output_.get()); !wrong.empty()) return wrong;
-  auto listed = [](const Value* v) { return std::multiset<const Node*>(v->uses_.begin(), v->uses_.end()); };
-  for (const auto& [v, by] : reads)
-    if (listed(v) != by) return "the use-list of %" + v->name + " does not match the nodes that read it";
+  if (std::string wrong = read_by(*output_); !wrong.empty()) return wrong;
   for (const auto& v : values_)
-    if (!v->uses_.empty() && !reads.count(v.get())) return "%" + v->name + " lists uses, but no node reads it";
+    if (v->uses_.size() != reads[v->id]) return "the use-list of %" + v->name + " does not match the nodes that read it";
   return "";
 }
 
