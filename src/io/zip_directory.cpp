@@ -103,13 +103,19 @@ class DirectoryReader {
   // the entry count, and the central directory's offset and size.
   std::tuple<uint64_t, uint64_t, uint64_t> end_record() const {
     if (file_size_ < kEndBytes) throw corrupt("the file has " + std::to_string(file_size_) + " bytes, too few for a zip archive");
-    // The last record whose comment ends exactly at the file's end.
-    const int64_t tail_bytes = std::min<int64_t>(file_size_, kEndBytes + 0xFFFF);
-    std::vector<unsigned char> tail(static_cast<size_t>(tail_bytes));
-    read(file_size_ - tail_bytes, tail_bytes, tail.data());
-    int64_t found = -1;
-    for (int64_t i = tail_bytes - kEndBytes; i >= 0 && found < 0; --i)
-      if (u32(&tail[i]) == kEndOfDirectory && i + kEndBytes + u16(&tail[i + 20]) == tail_bytes) found = i;
+    // The last record whose comment ends exactly at the file's end. Archives rarely have a comment
+    // (PyTorch's have none), so the last KiB is searched first: the search runs from the end, so what
+    // it finds there is what a search of the whole 64 KiB a comment may take would find.
+    std::vector<unsigned char> tail;
+    int64_t tail_bytes = 0, found = -1;
+    for (const int64_t wanted : {kEndBytes + 1024, kEndBytes + 0xFFFF}) {
+      if (found >= 0 || tail_bytes == file_size_) break;
+      tail_bytes = std::min<int64_t>(file_size_, wanted);
+      tail.resize(static_cast<size_t>(tail_bytes));
+      read(file_size_ - tail_bytes, tail_bytes, tail.data());
+      for (int64_t i = tail_bytes - kEndBytes; i >= 0 && found < 0; --i)
+        if (u32(&tail[i]) == kEndOfDirectory && i + kEndBytes + u16(&tail[i + 20]) == tail_bytes) found = i;
+    }
     if (found < 0) throw corrupt("no end-of-central-directory record at the end of the file (truncated?)");
     const unsigned char* end = &tail[found];
     const int64_t end_offset = file_size_ - tail_bytes + found;
