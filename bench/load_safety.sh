@@ -39,6 +39,13 @@ for side in base head; do
   CCACHE_BASEDIR=$tree cmake --build "$WORK/$side" -j "${DTENSOR_JOBS:-2}" --target load_safety_bench >&2
 done
 
+# The 32-layer Llama of the expansion bench (bench/expansion.sh), exported here when that bench has
+# not left it in this build.
+PYTHON=$(sed -n 's/^DTENSOR_PYTHON:[A-Z]*=//p' "$BUILD/CMakeCache.txt")
+llama=$BUILD/bench_models/llama_depths/llama_L32_joint.pt2
+[[ -f $llama ]] || "$PYTHON" "$ROOT/scripts/export_llama_depths.py" "$(dirname "$llama")" 32 >&2
+LLAMA_ROUNDS=$(((ROUNDS + 3) / 4))  # a load of it takes a quarter of a second or more
+
 # Blocks alternate which side goes first; every figure is a median over rounds, and the table gives
 # the median over blocks.
 pt2=$BUILD/graph_models/gpt_train_ir_static.pt2
@@ -49,6 +56,7 @@ for ((k = 0; k < BLOCKS; ++k)); do
   ((k % 2)) && order="head base"
   for side in $order; do
     "$WORK/$side/load_safety_bench" pt2 "$pt2" --rounds "$((ROUNDS * 5))" | sed "s/^/$side /" >> "$raw"
+    "$WORK/$side/load_safety_bench" pt2 "$llama" --rounds "$LLAMA_ROUNDS" | sed "s/^pt2_/llama32_/; s/^/$side /" >> "$raw"
     "$WORK/$side/load_safety_bench" checkpoint "${TMPDIR:-/tmp}/dtensor-load-safety" --mb "$MB" --rounds "$ROUNDS" \
       | grep -E '^(checkpoint_)' | sed "s/^/$side /" >> "$raw"
   done
@@ -67,7 +75,9 @@ $(bench_record "$WORK/head")
 - Both sides are built alike: the same build type, compiler, flags and LibTorch
 
 Measured: \`graph::load_program\` of the suite's GPT (\`gpt_train_ir_static.pt2\`, 1.7 MiB), alone and followed by
-reading every weight (which now checks each record's CRC-32), medians of $((ROUNDS * 5)) rounds per block; a
+reading every weight (which now checks each record's CRC-32), medians of $((ROUNDS * 5)) rounds per block; the same
+for the 32-layer Llama joint graph of the expansion bench (\`llama_L32_joint.pt2\`, $(du -m "$llama" | cut -f1) MiB),
+medians of $LLAMA_ROUNDS rounds per block; a
 $MB MiB checkpoint saved Shard(0) over 4 local ranks and loaded into Shard(1) (every rank reads rows of
 every file; the mean over ranks from a shared start to the last rank's end), and \`checkpoint::contents\`
 of it on rank 0 (the headers alone), medians of $ROUNDS rounds per block. Goal: head / base <= 1.05.
@@ -75,7 +85,7 @@ of it on rank 0 (the headers alone), medians of $ROUNDS rounds per block. Goal: 
 | measurement | base (before) | head (hardened) | head / base |
 | --- | --- | --- | --- |
 EOT
-  for m in pt2_load pt2_load_and_read_weights checkpoint_load_other_layout checkpoint_contents; do
+  for m in pt2_load pt2_load_and_read_weights llama32_load llama32_load_and_read_weights checkpoint_load_other_layout checkpoint_contents; do
     b=$(awk -v m=$m '$1=="base" && $2==m {print $3}' "$raw" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}')
     h=$(awk -v m=$m '$1=="head" && $2==m {print $3}' "$raw" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}')
     awk -v m=$m -v b="$b" -v h="$h" 'BEGIN {printf "| %s | %.2f ms | %.2f ms | %.3f |\n", m, b * 1000, h * 1000, h / b}'

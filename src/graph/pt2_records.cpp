@@ -30,11 +30,24 @@ const Json* child_of(const Json& parent, const std::string& token) {
   return nullptr;
 }
 
-// The field `path` (keys and indices) below `base`.
-RecordField below(const RecordField& base, const std::vector<std::string>& path) {
-  RecordField at = base;
-  for (const std::string& token : path) at = at / token;
-  return at;
+// The keys and indices from `from` down to `target`, a value inside it; false where it is not there.
+// Only errors search (RecordField::place); the parse limits the depth (io::kMaxJsonDepth).
+bool path_to(const Json& from, const Json* target, std::vector<std::string>& path) {
+  if (&from == target) return true;
+  if (from.is_object()) {
+    for (const auto& [key, value] : from.get_ref<const Json::object_t&>()) {
+      path.push_back(key);
+      if (path_to(value, target, path)) return true;
+      path.pop_back();
+    }
+  } else if (from.is_array()) {
+    for (size_t i = 0; i < from.size(); ++i) {
+      path.push_back(std::to_string(i));
+      if (path_to(from[i], target, path)) return true;
+      path.pop_back();
+    }
+  }
+  return false;
 }
 
 // ---- step 1: floats where integers belong ------------------------------------------------------------------
@@ -46,35 +59,26 @@ bool holds_doubles(const std::string& key) { return key == "as_floats"; }
 
 constexpr double kTwoTo63 = 9223372036854775808.0;
 
-void refuse_floats(const Json& j, bool may_be_double, std::vector<std::string>& path, const RecordField& base) {
-  if (j.is_number_float()) {
-    if (may_be_double || std::fabs(j.get<double>()) < kTwoTo63) return;
-    below(base, path).fail("expected an integer, found " + io::describe_json_value(j) + ", beyond any 64-bit integer");
-  }
+// The first float in `j` that no 64-bit integer holds where one belongs, or nullptr.
+const Json* float_beyond_integers(const Json& j, bool may_be_double) {
+  if (j.is_number_float()) return may_be_double || std::fabs(j.get<double>()) < kTwoTo63 ? nullptr : &j;
   if (j.is_object()) {
-    for (auto it = j.begin(); it != j.end(); ++it) {
-      path.push_back(it.key());
-      if (holds_doubles(it.key()) && it->is_array()) {
-        for (size_t i = 0; i < it->size(); ++i) {
-          path.push_back(std::to_string(i));
-          refuse_floats((*it)[i], true, path, base);
-          path.pop_back();
-        }
-      } else {
-        refuse_floats(*it, holds_a_double(it.key()), path, base);
+    for (const auto& [key, value] : j.get_ref<const Json::object_t&>()) {
+      if (holds_doubles(key) && value.is_array()) {
+        for (const Json& element : value.get_ref<const Json::array_t&>())
+          if (const Json* found = float_beyond_integers(element, true)) return found;
+      } else if (const Json* found = float_beyond_integers(value, holds_a_double(key))) {
+        return found;
       }
-      path.pop_back();
     }
   } else if (j.is_array()) {
-    for (size_t i = 0; i < j.size(); ++i) {
-      path.push_back(std::to_string(i));
-      refuse_floats(j[i], false, path, base);
-      path.pop_back();
-    }
+    for (const Json& element : j.get_ref<const Json::array_t&>())
+      if (const Json* found = float_beyond_integers(element, false)) return found;
   }
+  return nullptr;
 }
 
-// ---- step 3: the record against its decoded value written back ----------------------------------------
+// ---- step 2: the record against its decoded value written back ----------------------------------------
 
 // The same number, whatever JSON type holds it (a double field written as 2 reads back as 2.0).
 bool same_number(const Json& a, const Json& b) {
@@ -89,26 +93,30 @@ bool same_number(const Json& a, const Json& b) {
   return std::floor(d) == d && std::fabs(d) < kTwoTo63 && static_cast<__int128>(d) == integer(i);
 }
 
-void compare(const Json& record, const Json& back, std::vector<std::string>& path, const RecordField& base) {
-  auto fail_here = [&](const std::string& what) { below(base, path).fail(what); };
-  if (record.is_object() && back.is_object()) {
-    for (auto it = record.begin(); it != record.end(); ++it) {
-      const auto written = back.find(it.key());
-      if (written == back.end())
-        fail_here("has the member '" + it.key().substr(0, 80) +
-                  "', which torch 2.15's export schema does not have here (or a union with more than one member)");
-      path.push_back(it.key());
-      compare(*it, *written, path, base);
-      path.pop_back();
-    }
-    return;
+void compare(const Json& record, const Json& back, const RecordField& field);
+
+// The members of two objects, but for those `compared_apart` (piece by piece, by the caller).
+void compare_members(const Json& record, const Json& back, const RecordField& field,
+                     std::initializer_list<std::string_view> compared_apart = {}) {
+  // Both objects keep their members sorted by key: one pass over each pairs them.
+  const Json::object_t& written = back.get_ref<const Json::object_t&>();
+  auto w = written.begin();
+  for (const auto& [key, value] : record.get_ref<const Json::object_t&>()) {
+    if (std::find(compared_apart.begin(), compared_apart.end(), key) != compared_apart.end()) continue;
+    while (w != written.end() && w->first < key) ++w;
+    if (w == written.end() || w->first != key)
+      field.holding(record).fail("has the member '" + key.substr(0, 80) +
+                                 "', which torch 2.15's export schema does not have here (or a union with more than one member)");
+    compare(value, w->second, field);
+    ++w;
   }
+}
+
+// `record` is a value of the record at `field`; what goes wrong is named by field.holding.
+void compare(const Json& record, const Json& back, const RecordField& field) {
+  if (record.is_object() && back.is_object()) return compare_members(record, back, field);
   if (record.is_array() && back.is_array() && record.size() == back.size()) {
-    for (size_t i = 0; i < record.size(); ++i) {
-      path.push_back(std::to_string(i));
-      compare(record[i], back[i], path, base);
-      path.pop_back();
-    }
+    for (size_t i = 0; i < record.size(); ++i) compare(record[i], back[i], field);
     return;
   }
   // torch 2.15's generated F64 writer spells -inf "Infinity" (it tests isinf before the sign); its
@@ -116,40 +124,60 @@ void compare(const Json& record, const Json& back, std::vector<std::string>& pat
   const bool minus_infinity = record == "-Infinity" && back == "Infinity";
   const bool same = minus_infinity || (record.is_number() && back.is_number() ? same_number(record, back) : record == back);
   if (!same)
-    fail_here("holds " + io::describe_json_value(record) + ", which torch's export schema reads as " + io::describe_json_value(back));
+    field.holding(record).fail("holds " + io::describe_json_value(record) + ", which torch's export schema reads as " +
+                               io::describe_json_value(back));
 }
 
 }  // namespace
 
 RecordField RecordField::operator/(const std::string& key) const {
-  RecordField child = *this;
-  child.path_.push_back(key);
-  return child;
+  if (!value_) return absent(key);
+  const Json* child = child_of(*value_, key);
+  if (!child) return absent(key);
+  RecordField out(*root_, *where_);
+  out.value_ = child;
+  return out;
 }
 
-const Json* RecordField::find() const {
-  const Json* at = root_;
-  for (const std::string& token : path_)
-    if (!(at = child_of(*at, token))) return nullptr;
-  return at;
+RecordField RecordField::operator/(size_t index) const {
+  if (!value_ || !value_->is_array() || index >= value_->size()) return *this / std::to_string(index);
+  RecordField out(*root_, *where_);
+  out.value_ = &(*value_)[index];
+  return out;
+}
+
+RecordField RecordField::absent(std::string token) const {
+  RecordField out = *this;
+  if (value_) out.present_ = value_;
+  out.value_ = nullptr;
+  out.missing_.push_back(std::move(token));
+  return out;
+}
+
+RecordField RecordField::holding(const Json& value) const {
+  RecordField out(*root_, *where_);
+  out.value_ = &value;
+  return out;
 }
 
 const Json& RecordField::json() const {
-  const Json* at = find();
-  if (!at) fail("the member is missing");
-  return *at;
+  if (!value_) fail("the member is missing");
+  return *value_;
 }
 
 std::string RecordField::place() const {
+  std::vector<std::string> path;
+  path_to(*root_, value_ ? value_ : present_, path);
+  path.insert(path.end(), missing_.begin(), missing_.end());
   // Walk the record for the place's shape: a token into an array is an index.
   const Json* at = root_;
   std::string field;
   size_t first = 0;
   const std::vector<std::string> nodes = {"graph_module", "graph", "nodes"};
   std::string node;
-  if (path_.size() >= 4 && std::equal(nodes.begin(), nodes.end(), path_.begin())) {
+  if (path.size() >= 4 && std::equal(nodes.begin(), nodes.end(), path.begin())) {
     const Json* n = root_;
-    for (size_t i = 0; i < 4 && n; ++i) n = child_of(*n, path_[i]);
+    for (size_t i = 0; i < 4 && n; ++i) n = child_of(*n, path[i]);
     const Json* name = n && n->is_object() && n->contains("name") ? &(*n)["name"] : nullptr;
     if (name && name->is_string() && !name->get_ref<const std::string&>().empty()) {
       node = "node '" + name->get_ref<const std::string&>().substr(0, 200) + "'";
@@ -157,8 +185,8 @@ std::string RecordField::place() const {
       first = 4;
     }
   }
-  for (size_t i = first; i < path_.size(); ++i) {
-    const std::string& token = path_[i];
+  for (size_t i = first; i < path.size(); ++i) {
+    const std::string& token = path[i];
     const bool index = at && at->is_array() && array_index(token, *at);
     field += index ? "[" + token + "]" : (field.empty() ? "" : ".") + token.substr(0, 200);
     at = at ? child_of(*at, token) : nullptr;
@@ -173,8 +201,8 @@ void RecordField::fail(const std::string& what) const {
 }
 
 void refuse_floats_beyond_integers(const RecordField& field) {
-  std::vector<std::string> path;
-  refuse_floats(field.json(), false, path, field);
+  if (const Json* found = float_beyond_integers(field.json(), false))
+    field.holding(*found).fail("expected an integer, found " + io::describe_json_value(*found) + ", beyond any 64-bit integer");
 }
 
 void fail_decoding(const RecordField& field, const Json::exception& error) {
@@ -202,9 +230,34 @@ void fail_decoding(const RecordField& field, const Json::exception& error) {
   at.fail("does not fit torch's export schema (" + text + ")" + (at.present() ? ": found " + io::describe_json_value(at.json()) : ""));
 }
 
-void compare_with_record(const RecordField& field, const Json& written_back) {
-  std::vector<std::string> path;
-  compare(field.json(), written_back, path, field);
+void compare_with_record(const RecordField& field, const Json& written_back) { compare(field.json(), written_back, field); }
+
+bool round_trips(const RecordField& field, const torch::_export::Graph& graph) {
+  const RecordField nodes = field / "nodes", tensor_values = field / "tensor_values";
+  for (size_t i = 0; i < graph.get_nodes().size(); ++i)
+    if (!round_trips(nodes / i, graph.get_nodes()[i])) return false;
+  for (const auto& [name, meta] : graph.get_tensor_values())
+    if (!round_trips(tensor_values / name, meta)) return false;
+  // The rest, small: a graph holding all but the nodes and tensor metas, whose written-back (empty)
+  // members are left out of the compare. A member torch adds to Graph is not copied here, so a record
+  // holding it is refused (written back as its default), not read past.
+  torch::_export::Graph rest;
+  rest.set_inputs(graph.get_inputs());
+  rest.set_outputs(graph.get_outputs());
+  rest.set_sym_int_values(graph.get_sym_int_values());
+  rest.set_sym_bool_values(graph.get_sym_bool_values());
+  rest.set_is_single_tensor_return(graph.get_is_single_tensor_return());
+  rest.set_custom_obj_values(graph.get_custom_obj_values());
+  rest.set_sym_float_values(graph.get_sym_float_values());
+  Json written_back;
+  try {
+    written_back = rest;
+  } catch (const std::bad_variant_access&) {
+    return false;
+  }
+  if (!field.json().is_object()) compare_with_record(field, written_back);  // refused: not a graph
+  compare_members(field.json(), written_back, field, {"nodes", "tensor_values"});
+  return true;
 }
 
 void fail_empty_union(const RecordField& field) {

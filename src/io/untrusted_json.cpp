@@ -1,67 +1,71 @@
 #include "untrusted_json.h"
 
-#include <unordered_set>
-
 #include "dtensor/errors.h"
 
 namespace dtensor::io {
 namespace {
 
-// The keys one object has had so far: a short list for the many small objects, a hash set once an
-// object grows large (a safetensors header, tensor_values), so the check stays linear.
-class KeySet {
+// A DOM builder for nlohmann's SAX parser (what its json_sax_dom_parser does), with a depth limit and
+// duplicate keys refused: a key is known twice from its insertion into the object, so no key is copied
+// or kept aside, and keys and strings move into the document. It builds through the public API, which
+// keeps JSON_DIAGNOSTICS' parent pointers right. The first problem stops the parse (a handler
+// returning false) and is kept as the error.
+class LimitedDomBuilder {
  public:
-  void clear() {
-    few_.clear();
-    many_.clear();
-  }
-  // false when `key` was there already.
-  bool insert(const std::string& key) {
-    if (!many_.empty()) return many_.insert(key).second;
-    for (const std::string& k : few_)
-      if (k == key) return false;
-    few_.push_back(key);
-    if (few_.size() > 16) {
-      many_.insert(few_.begin(), few_.end());
-      few_.clear();
-    }
+  using number_integer_t = Json::number_integer_t;
+  using number_unsigned_t = Json::number_unsigned_t;
+  using number_float_t = Json::number_float_t;
+  using string_t = Json::string_t;
+  using binary_t = Json::binary_t;
+
+  LimitedDomBuilder(Json& root, int max_depth) : root_(root), max_depth_(max_depth) {}
+
+  bool null() {
+    add(nullptr);
     return true;
   }
-
- private:
-  std::vector<std::string> few_;
-  std::unordered_set<std::string> many_;
-};
-
-// nlohmann's DOM builder with a depth limit and duplicate keys refused. The first problem stops the
-// parse (a handler returning false) and is kept as the error.
-class LimitedDomParser : public nlohmann::detail::json_sax_dom_parser<Json> {
-  using Base = nlohmann::detail::json_sax_dom_parser<Json>;
-
- public:
-  LimitedDomParser(Json& root, int max_depth) : Base(root, false), max_depth_(max_depth) {}
-
-  bool start_object(std::size_t n) {
-    if (!enter()) return false;
-    if (keys_.size() < static_cast<size_t>(depth_)) keys_.resize(static_cast<size_t>(depth_));
-    keys_[static_cast<size_t>(depth_ - 1)].clear();
-    return Base::start_object(n);
+  bool boolean(bool value) {
+    add(value);
+    return true;
   }
+  bool number_integer(number_integer_t value) {
+    add(value);
+    return true;
+  }
+  bool number_unsigned(number_unsigned_t value) {
+    add(value);
+    return true;
+  }
+  bool number_float(number_float_t value, const string_t&) {
+    add(value);
+    return true;
+  }
+  bool string(string_t& value) {
+    add(std::move(value));
+    return true;
+  }
+  bool binary(binary_t&) {
+    error_ = "binary data";  // JSON text has none; nlohmann's binary formats do
+    return false;
+  }
+  bool start_object(std::size_t) { return enter(Json::value_t::object); }
+  bool start_array(std::size_t) { return enter(Json::value_t::array); }
   bool end_object() {
-    --depth_;
-    return Base::end_object();
+    open_.pop_back();
+    return true;
   }
-  bool start_array(std::size_t n) { return enter() && Base::start_array(n); }
   bool end_array() {
-    --depth_;
-    return Base::end_array();
+    open_.pop_back();
+    return true;
   }
-  bool key(std::string& key) {
-    if (!keys_[static_cast<size_t>(depth_ - 1)].insert(key)) {
-      error_ = "an object holds the key '" + key.substr(0, 80) + "' twice";
+  bool key(string_t& key) {
+    const auto [member, inserted] = open_.back()->emplace(std::move(key), nullptr);
+    if (!inserted) {
+      error_ = "an object holds the key '" + member.key().substr(0, 80) + "' twice";
       return false;
     }
-    return Base::key(key);
+    member_ = &member.value();
+    return true;
   }
   bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) {
     const std::string what = e.what();
@@ -74,15 +78,34 @@ class LimitedDomParser : public nlohmann::detail::json_sax_dom_parser<Json> {
   const std::string& error() const { return error_; }
 
  private:
-  bool enter() {
-    if (++depth_ <= max_depth_) return true;
-    error_ = "JSON nested deeper than " + std::to_string(max_depth_) + " levels";
-    return false;
+  // Where `value` went: the root, the end of the open array, or the open object's member just keyed.
+  template <class Value>
+  Json* add(Value&& value) {
+    if (open_.empty()) {
+      root_ = Json(std::forward<Value>(value));
+      return &root_;
+    }
+    Json& parent = *open_.back();
+    if (parent.is_array()) {
+      parent.push_back(Json(std::forward<Value>(value)));
+      return &parent.back();
+    }
+    *member_ = Json(std::forward<Value>(value));
+    return member_;
+  }
+  bool enter(Json::value_t type) {
+    if (open_.size() >= static_cast<size_t>(max_depth_)) {
+      error_ = "JSON nested deeper than " + std::to_string(max_depth_) + " levels";
+      return false;
+    }
+    open_.push_back(add(type));
+    return true;
   }
 
+  Json& root_;
   int max_depth_;
-  int depth_ = 0;
-  std::vector<KeySet> keys_;  // one per open object, by depth (kept to reuse their memory)
+  std::vector<Json*> open_;  // the objects and arrays open, outermost first
+  Json* member_ = nullptr;   // the open object's member being read
   std::string error_;
 };
 
@@ -104,7 +127,7 @@ const char* type_name(const Json& j) {
 
 Json parse_untrusted_json(std::string_view text, const std::string& source, int max_depth) {
   Json root;
-  LimitedDomParser parser(root, max_depth);
+  LimitedDomBuilder parser(root, max_depth);
   const bool ok = Json::sax_parse(text.begin(), text.end(), &parser, nlohmann::detail::input_format_t::json, true);
   if (!ok || !parser.error().empty())
     throw DTensorError(source + ": " + (parser.error().empty() ? std::string("invalid JSON") : parser.error()) +

@@ -103,13 +103,19 @@ class DirectoryReader {
   // the entry count, and the central directory's offset and size.
   std::tuple<uint64_t, uint64_t, uint64_t> end_record() const {
     if (file_size_ < kEndBytes) throw corrupt("the file has " + std::to_string(file_size_) + " bytes, too few for a zip archive");
-    // The last record whose comment ends exactly at the file's end.
-    const int64_t tail_bytes = std::min<int64_t>(file_size_, kEndBytes + 0xFFFF);
-    std::vector<unsigned char> tail(static_cast<size_t>(tail_bytes));
-    read(file_size_ - tail_bytes, tail_bytes, tail.data());
-    int64_t found = -1;
-    for (int64_t i = tail_bytes - kEndBytes; i >= 0 && found < 0; --i)
-      if (u32(&tail[i]) == kEndOfDirectory && i + kEndBytes + u16(&tail[i + 20]) == tail_bytes) found = i;
+    // The last record whose comment ends exactly at the file's end. Archives rarely have a comment
+    // (PyTorch's have none), so the last KiB is searched first: the search runs from the end, so what
+    // it finds there is what a search of the whole 64 KiB a comment may take would find.
+    std::vector<unsigned char> tail;
+    int64_t tail_bytes = 0, found = -1;
+    for (const int64_t wanted : {kEndBytes + 1024, kEndBytes + 0xFFFF}) {
+      if (found >= 0 || tail_bytes == file_size_) break;
+      tail_bytes = std::min<int64_t>(file_size_, wanted);
+      tail.resize(static_cast<size_t>(tail_bytes));
+      read(file_size_ - tail_bytes, tail_bytes, tail.data());
+      for (int64_t i = tail_bytes - kEndBytes; i >= 0 && found < 0; --i)
+        if (u32(&tail[i]) == kEndOfDirectory && i + kEndBytes + u16(&tail[i + 20]) == tail_bytes) found = i;
+    }
     if (found < 0) throw corrupt("no end-of-central-directory record at the end of the file (truncated?)");
     const unsigned char* end = &tail[found];
     const int64_t end_offset = file_size_ - tail_bytes + found;
@@ -235,8 +241,12 @@ class DirectoryReader {
   // entry's bytes end (its data, and its data descriptor when it has one).
   int64_t check_local_header(CentralEntry& c, int64_t directory_offset) const {
     if (c.header_offset > directory_offset - kLocalHeaderBytes) throw bad_entry(c, "its local header lies outside the data area");
-    unsigned char h[kLocalHeaderBytes];
-    read(c.header_offset, kLocalHeaderBytes, h);
+    // The header with its name and extra fields in one read where they fit in what is read first
+    // (PyTorch's do: a name and an extra field padding the data to 64 bytes); one read per part was
+    // most of opening an archive of many small records.
+    std::vector<unsigned char> header(static_cast<size_t>(std::min<int64_t>(kLocalHeaderBytes + 512, directory_offset - c.header_offset)));
+    read(c.header_offset, static_cast<int64_t>(header.size()), header.data());
+    const unsigned char* h = header.data();
     if (u32(h) != kLocalHeader) throw bad_entry(c, "no local header where the directory says");
     const uint16_t flags = u16(h + 6), method = u16(h + 8);
     const int64_t name_bytes = u16(h + 26), extra_bytes = u16(h + 28);
@@ -247,12 +257,17 @@ class DirectoryReader {
     if ((flags & checked_flags) != (c.flags & checked_flags)) throw bad_entry(c, "the local header's flags differ from the directory's");
     if (data_offset > directory_offset || c.entry.compressed_size > directory_offset - data_offset)
       throw bad_entry(c, "its data runs past the data area");
-    std::vector<unsigned char> name_and_extra(static_cast<size_t>(name_bytes + extra_bytes));
-    read(c.header_offset + kLocalHeaderBytes, name_bytes + extra_bytes, name_and_extra.data());
-    if (std::string(reinterpret_cast<const char*>(name_and_extra.data()), static_cast<size_t>(name_bytes)) != c.full_name)
+    const auto read_first = static_cast<int64_t>(header.size());
+    if (kLocalHeaderBytes + name_bytes + extra_bytes > read_first) {
+      header.resize(static_cast<size_t>(kLocalHeaderBytes + name_bytes + extra_bytes));
+      read(c.header_offset + read_first, kLocalHeaderBytes + name_bytes + extra_bytes - read_first, header.data() + read_first);
+      h = header.data();
+    }
+    const unsigned char* name_and_extra = h + kLocalHeaderBytes;
+    if (std::string(reinterpret_cast<const char*>(name_and_extra), static_cast<size_t>(name_bytes)) != c.full_name)
       throw bad_entry(c, "the local header names another file");
     uint64_t crc = u32(h + 14), compressed = u32(h + 18), uncompressed = u32(h + 22);
-    if (!read_zip64_extra(name_and_extra.data() + name_bytes, static_cast<size_t>(extra_bytes), {&uncompressed, &compressed}))
+    if (!read_zip64_extra(name_and_extra + name_bytes, static_cast<size_t>(extra_bytes), {&uncompressed, &compressed}))
       throw bad_entry(c, "the local header's extra fields are malformed");
     const ZipEntry& e = c.entry;
     const bool same = crc == e.crc32 && compressed == static_cast<uint64_t>(e.compressed_size) && uncompressed == static_cast<uint64_t>(e.size);

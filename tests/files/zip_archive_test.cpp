@@ -79,6 +79,28 @@ TEST(ZipArchive, RangesOutsideTheRecordAreRefused) {
                 AllOf(HasSubstr("zip entry 'mlp/data/weights/weight_0'"), HasSubstr("lies outside its 2048 bytes")));
 }
 
+// The end record is looked for in the last KiB first; a comment longer than that moves it further
+// back, and the archive still reads. A record signature inside the comment is not taken for the end
+// record: its comment would not end at the file's end.
+TEST(ZipArchive, AnArchiveCommentLongerThanAKiBIsReadPast) {
+  std::string bytes = read_bytes(graph_model("mlp.pt2"));
+  const size_t end_record = bytes.size() - 22;
+  ASSERT_EQ(get_u32(bytes, end_record), 0x06054b50u);
+  std::string comment(3000, 'c');
+  comment.replace(2500, 4, "PK\x05\x06");
+  put_u16(bytes, end_record + 20, static_cast<uint16_t>(comment.size()));
+  const std::string path = scratch("long_comment.pt2");
+  write_bytes(path, bytes + comment);
+  const io::ZipArchive zip(path);
+  const io::ZipArchive original(graph_model("mlp.pt2"));
+  ASSERT_EQ(zip.entries().size(), original.entries().size());
+  const io::ZipEntry& e = *zip.find("data/weights/weight_0");
+  std::string read(static_cast<size_t>(e.size), '\0'), expected(read);
+  zip.read_into(e, read.data());
+  original.read_into(*original.find("data/weights/weight_0"), expected.data());
+  EXPECT_EQ(read, expected);
+}
+
 TEST(ZipArchive, AFlippedByteOutsideTheRangesStillFailsTheCrc) {
   std::string bytes = read_bytes(graph_model("mlp.pt2"));
   const auto entries = raw_zip_entries(bytes);
