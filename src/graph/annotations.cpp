@@ -5,42 +5,30 @@
 
 namespace dtensor::graph {
 
-const Placements* Annotations::placements(const Value& v) const {
-  return v.id < placements_.size() && placements_[v.id] ? &*placements_[v.id] : nullptr;
-}
+const Placements* Annotations::placements(const Value& v) const { return placements_.find(v.id); }
 
 const Placements& Annotations::placements_of(const Value& v) const {
   if (const Placements* p = placements(v)) return *p;
   throw DTensorError("graph: %" + v.name + " has no placements yet (a pass read it before any gave it some)");
 }
 
-void Annotations::set_placements(const Value& v, Placements placements) {
-  if (v.id >= placements_.size()) placements_.resize(v.id + 1);
-  placements_[v.id] = std::move(placements);
-}
+void Annotations::set_placements(const Value& v, Placements placements) { placements_.set(v.id, std::move(placements)); }
 
-void Annotations::clear_placements(const Value& v) {
-  if (v.id < placements_.size()) placements_[v.id].reset();
-}
+void Annotations::clear_placements(const Value& v) { placements_.clear(v.id); }
 
 std::string Annotations::placements_str(const Value& v) const {
   const Placements* p = placements(v);
   return p ? to_string(*p) : "";
 }
 
-const TensorMeta* Annotations::global_meta(const Value& v) const {
-  return v.id < global_metas_.size() && global_metas_[v.id] ? &*global_metas_[v.id] : nullptr;
-}
+const TensorMeta* Annotations::global_meta(const Value& v) const { return global_metas_.find(v.id); }
 
 const TensorMeta& Annotations::global_meta_of(const Value& v) const {
   if (const TensorMeta* m = global_meta(v)) return *m;
   throw DTensorError("graph: %" + v.name + " has no global meta (partition gives one to every value it makes local)");
 }
 
-void Annotations::set_global_meta(const Value& v, TensorMeta meta) {
-  if (v.id >= global_metas_.size()) global_metas_.resize(v.id + 1);
-  global_metas_[v.id] = std::move(meta);
-}
+void Annotations::set_global_meta(const Value& v, TensorMeta meta) { global_metas_.set(v.id, std::move(meta)); }
 
 const std::string& Annotations::note(const Node& n) const {
   static const std::string none;

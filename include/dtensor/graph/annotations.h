@@ -57,8 +57,24 @@ class Annotations {
     int64_t bytes_per_rank = 0;
     LocalKernel local_kernel;
   };
-  std::vector<std::optional<Placements>> placements_;  // by Value::id
-  std::vector<std::optional<TensorMeta>> global_metas_;  // by Value::id
+  // A fact per value, by Value::id (dense).
+  template <typename T>
+  class ByValue {
+   public:
+    const T* find(size_t id) const { return id < facts_.size() && facts_[id] ? &*facts_[id] : nullptr; }
+    void set(size_t id, T fact) {
+      if (id >= facts_.size()) facts_.resize(id + 1);
+      facts_[id] = std::move(fact);
+    }
+    void clear(size_t id) {
+      if (id < facts_.size()) facts_[id].reset();
+    }
+
+   private:
+    std::vector<std::optional<T>> facts_;
+  };
+  ByValue<Placements> placements_;
+  ByValue<TensorMeta> global_metas_;
   std::unordered_map<uint64_t, NodeFacts> nodes_;      // by Node::id
 };
 

@@ -174,37 +174,36 @@ GraphForm synced_batch_norm(const OpSchema& s, std::vector<int64_t> split) {
   };
 }
 
-LocalKernel synced_batch_norm_kernel(const OpSchema& s, std::vector<int64_t> split) {
-  const BatchNormForm form = form_of(s);
-  const bool writes_running = form.updates_in_place && s.input_at_arg(*form.running_mean) && s.input_at_arg(*form.running_var);
-  return [written = synced_batch_norm(s, std::move(split)), mesh = s.mesh, form, writes_running](const c10::OperatorHandle& op,
-                                                                                                 torch::jit::Stack& stack) {
-    const size_t n = op.schema().arguments().size();
-    at::Tensor running_mean, running_var;
-    if (writes_running) {
-      running_mean = torch::jit::peek(stack, *form.running_mean, n).toTensor();
-      running_var = torch::jit::peek(stack, *form.running_var, n).toTensor();
-    }
-    detail::run_graph_form(written, *mesh, op, stack);
-    if (!writes_running) return;
-    running_var.copy_(torch::jit::pop(stack).toTensor());
-    running_mean.copy_(torch::jit::pop(stack).toTensor());
+// The op's computation as a form: the synchronised statistics where training splits the samples, zeros
+// on a shard without channels (the CPU kernel rejects it).
+GraphForm batch_norm_computation(const OpSchema& s, const PlacementStrategy& chosen) {
+  auto split = sample_split(chosen.inputs[0]);
+  if (form_of(s).training && !split.empty()) return synced_batch_norm(s, std::move(split));
+  if (empty_here(s, chosen, 0)) return zeros_of_asked_outputs(s, chosen);
+  return {};
+}
+
+// Eager: the computation, and the new running statistics it leaves after the op's outputs (where the op
+// writes them in place) copied into the op's running_mean and running_var.
+LocalKernel batch_norm_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
+  GraphForm computation = batch_norm_computation(s, chosen);
+  if (!computation) return {};
+  return [computation, mesh = s.mesh, form = form_of(s)](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+    const size_t n = op.schema().arguments().size(), start = stack.size() - n;
+    auto running = [&](std::optional<size_t> arg) { return arg ? stack[start + *arg] : c10::IValue(); };
+    const c10::IValue running_mean = running(form.running_mean), running_var = running(form.running_var);
+    detail::run_graph_form(computation, *mesh, op, stack);
+    if (stack.size() - start == op.schema().returns().size()) return;
+    running_var.toTensor().copy_(torch::jit::pop(stack).toTensor());
+    running_mean.toTensor().copy_(torch::jit::pop(stack).toTensor());
   };
 }
 
-LocalKernel batch_norm_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
-  auto split = sample_split(chosen.inputs[0]);
-  if (form_of(s).training && !split.empty()) return synced_batch_norm_kernel(s, std::move(split));
-  if (empty_here(s, chosen, 0)) return written_as_form(zeros_of_asked_outputs).kernel(s, chosen);  // the CPU kernel rejects no channels
-  return {};
-}
-
-// Forms where the op writes nothing (its graph nodes are functional).
+// Graph nodes are functional: where the op writes its running statistics in place, the computation's
+// outputs outnumber the node's, and the kernel stays.
 GraphForm batch_norm_form(const OpSchema& s, const PlacementStrategy& chosen) {
-  auto split = sample_split(chosen.inputs[0]);
-  if (form_of(s).training && !split.empty()) return form_of(s).updates_in_place ? GraphForm{} : synced_batch_norm(s, std::move(split));
-  if (empty_here(s, chosen, 0)) return zeros_of_asked_outputs(s, chosen);
-  return {};
+  const bool writes_running = form_of(s).updates_in_place && !sample_split(chosen.inputs[0]).empty();
+  return writes_running ? GraphForm{} : batch_norm_computation(s, chosen);
 }
 
 // ---- native_batch_norm_backward(grad_out, input, weight?, running_mean?, running_var?, save_mean?,

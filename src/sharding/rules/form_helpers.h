@@ -35,14 +35,20 @@ inline FormValue all_reduce_form(GraphFormBuilder& b, FormValue v, const std::ve
   return v;
 }
 
+// constant_pad_nd's padding that puts `part` of a `global`-shaped tensor in its place among zeros: the
+// last dim first, (before, after) each.
+inline std::vector<int64_t> padding_to_whole(const LocalLayout& part, const Shape& global) {
+  std::vector<int64_t> pad;
+  for (size_t d = global.size(); d-- > 0;) pad.insert(pad.end(), {part.offset[d], global[d] - part.offset[d] - part.shape[d]});
+  return pad;
+}
+
 // The whole tensor on every rank, from this rank's part (`part` of `global`, sharded over `mesh_dims`):
 // each part padded with zeros to the whole shape at its offset, then summed over the mesh dims, which
 // adds only zeros to each element. An all-gather written with what graph forms have.
 inline FormValue whole_tensor_form(GraphFormBuilder& b, FormValue v, const LocalLayout& part, const Shape& global,
                                    const std::vector<int64_t>& mesh_dims) {
-  std::vector<int64_t> pad;  // constant_pad_nd's order: the last dim first, (before, after) each
-  for (size_t d = global.size(); d-- > 0;) pad.insert(pad.end(), {part.offset[d], global[d] - part.offset[d] - part.shape[d]});
-  return all_reduce_form(b, b.op("aten::constant_pad_nd", {v, pad}, "placed"), mesh_dims, ReduceOp::Sum);
+  return all_reduce_form(b, b.op("aten::constant_pad_nd", {v, padding_to_whole(part, global)}, "placed"), mesh_dims, ReduceOp::Sum);
 }
 
 // The op itself on this rank's tensors: for kernels that only do something else in some cases (an

@@ -31,6 +31,7 @@
 #include "../../redistribute/executor.h"
 #include "../registry.h"
 #include "dtensor/random.h"
+#include "form_helpers.h"
 #include "random_shards.h"
 #include "rule_helpers.h"
 
@@ -298,10 +299,7 @@ GraphForm run_on_global_form(const OpSchema& s, const PlacementStrategy& chosen)
   for (size_t k = 0; k < s.inputs.size(); ++k) {
     const TensorMeta& meta = s.input(k).meta;
     if (!plain(chosen.inputs[k]) || meta.stride != contiguous_strides(meta.shape) || s.inputs[k].list_index >= 0) return {};
-    const LocalLayout part = local_part(s, meta.shape, chosen.inputs[k]);
-    std::vector<int64_t> pad;
-    for (size_t d = meta.shape.size(); d-- > 0;) pad.insert(pad.end(), {part.offset[d], meta.shape[d] - part.offset[d] - part.shape[d]});
-    padded.emplace_back(s.inputs[k].arg, std::move(pad));
+    padded.emplace_back(s.inputs[k].arg, padding_to_whole(local_part(s, meta.shape, chosen.inputs[k]), meta.shape));
   }
   std::vector<LocalLayout> regions;
   for (size_t j = 0; j < s.outputs.size(); ++j) {
