@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <set>
 
 #include "dtensor/errors.h"
 #include "dtensor/world.h"
+#include "mesh_family.h"
 #include "mesh_group.h"
 
 namespace dtensor {
@@ -43,8 +45,15 @@ MeshPtr DeviceMesh::create(const std::shared_ptr<World>& world, const Shape& sha
 
 MeshPtr DeviceMesh::create(const std::shared_ptr<World>& world, const Shape& shape, const std::vector<int64_t>& ranks,
                            MeshOptions options) {
-  if (!world) throw DTensorError("DeviceMesh::create: world is null; build one with World::from_environment()");
-  const std::string what = "DeviceMesh::create(shape [" + join(shape) + "], ranks [" + join(ranks) + "])";
+  std::shared_ptr<DeviceMesh> mesh = laid_out(world, shape, ranks, std::move(options), "DeviceMesh::create");
+  if (!mesh->planning_only_) mesh->create_groups();
+  return mesh;
+}
+
+std::shared_ptr<DeviceMesh> DeviceMesh::laid_out(const std::shared_ptr<World>& world, const Shape& shape,
+                                                 const std::vector<int64_t>& ranks, MeshOptions options, const std::string& caller) {
+  if (!world) throw DTensorError(caller + ": world is null; build one with World::from_environment()");
+  const std::string what = caller + "(shape [" + join(shape) + "], ranks [" + join(ranks) + "])";
   if (shape.empty()) throw DTensorError(what + ": a mesh needs at least one dimension");
   for (auto s : shape)
     if (s <= 0) throw DTensorError(what + ": every mesh dim must have a positive size");
@@ -64,10 +73,7 @@ MeshPtr DeviceMesh::create(const std::shared_ptr<World>& world, const Shape& sha
     if (std::set<std::string>(options.dim_names.begin(), options.dim_names.end()).size() != options.dim_names.size())
       throw DTensorError(what + ": dim names must be unique");
   }
-  const bool planning_only = options.planning_only;
-  std::shared_ptr<DeviceMesh> mesh(new DeviceMesh(world, shape, ranks, std::move(options)));
-  if (!planning_only) mesh->create_groups();
-  return mesh;
+  return std::shared_ptr<DeviceMesh>(new DeviceMesh(world, shape, ranks, std::move(options)));
 }
 
 DeviceMesh::DeviceMesh(std::shared_ptr<World> world, Shape shape, std::vector<int64_t> ranks, MeshOptions options)
@@ -79,7 +85,9 @@ DeviceMesh::DeviceMesh(std::shared_ptr<World> world, Shape shape, std::vector<in
       backend_(world_->resolve(options.backend, options.device_type)),
       backend_description_(&comm_backend_description(backend_)),
       timeout_(options.timeout.value_or(world_->timeout())),
-      planning_only_(options.planning_only) {
+      planning_only_(options.planning_only),
+      family_(std::make_shared<detail::MeshFamily>()) {
+  family_->root_dim_names = dim_names_;
   static std::atomic<uint64_t> next_id{1};
   id_ = next_id++;
   const auto me = std::find(ranks_.begin(), ranks_.end(), world_->rank());
@@ -98,22 +106,34 @@ DeviceMesh::~DeviceMesh() = default;
 void DeviceMesh::create_groups() {
   if (!coordinate_) return;
   // Dims in order, on every member: a group along dim d only waits for peers that finished dim d-1.
-  for (int64_t d = 0; d < ndim(); ++d) {
-    std::vector<int64_t> members;
-    Shape c = *coordinate_;
-    for (int64_t i = 0; i < shape_[d]; ++i) {
-      c[d] = i;
-      members.push_back(global_rank_at(c));
-    }
-    try {
-      groups_.push_back(world_->new_mesh_group(members, device_type_, timeout_, backend_));
-    } catch (const DTensorError& e) {
-      // Which mesh and dim the failed group was for, in front of the world's account of why.
-      std::string why = e.what();
-      if (why.starts_with("dtensor: ")) why.erase(0, 9);
-      throw DTensorError("creating " + dim_label(d) + " of " + str() + ": " + why);
-    }
+  for (int64_t d = 0; d < ndim(); ++d) groups_.push_back(new_group_along({d}));
+}
+
+std::shared_ptr<detail::MeshGroup> DeviceMesh::new_group_along(const std::vector<int64_t>& dims) const {
+  Shape along;
+  for (auto d : dims) along.push_back(shape_[d]);
+  std::vector<int64_t> members;
+  for (int64_t n = 0; n < numel(along); ++n) members.push_back(global_rank_at(through_this_rank(dims, n)));
+  try {
+    return world_->new_mesh_group(members, device_type_, timeout_, backend_);
+  } catch (const DTensorError& e) {
+    // Which mesh and dims the failed group was for, in front of the world's account of why.
+    std::string why = e.what();
+    if (why.starts_with("dtensor: ")) why.erase(0, 9);
+    std::string label;
+    for (auto d : dims) label += (label.empty() ? "" : " x ") + dim_label(d);
+    throw DTensorError("creating " + label + " of " + str() + ": " + why);
   }
+}
+
+Shape DeviceMesh::through_this_rank(const std::vector<int64_t>& dims, int64_t index) const {
+  Shape c = *coordinate_;
+  for (size_t k = dims.size(); k-- > 0;) {
+    const auto d = static_cast<size_t>(dims[k]);
+    c[d] = index % shape_[d];
+    index /= shape_[d];
+  }
+  return c;
 }
 
 int64_t DeviceMesh::size(int64_t dim) const {
@@ -156,6 +176,10 @@ c10::intrusive_ptr<c10d::Backend> DeviceMesh::group(int64_t dim) const {
 
 void DeviceMesh::shutdown() const {
   for (const auto& g : groups_) g->shutdown();
+  if (!is_root()) return;
+  std::lock_guard<std::mutex> lock(family_->mutex);
+  for (const auto& [name, flat] : family_->flattened)
+    if (flat.group) flat.group->shutdown();
 }
 
 std::string DeviceMesh::dim_label(int64_t dim) const {
@@ -164,32 +188,66 @@ std::string DeviceMesh::dim_label(int64_t dim) const {
   return s;
 }
 
+DeviceMesh::Sliced DeviceMesh::sliced_dim(const std::string& name) const {
+  const auto own = std::find(dim_names_.begin(), dim_names_.end(), name);
+  if (own != dim_names_.end()) {
+    const int64_t d = own - dim_names_.begin();
+    return {{d}, is_root() ? std::vector<int64_t>{d} : root_dims_[static_cast<size_t>(d)],
+            groups_.empty() ? nullptr : groups_[static_cast<size_t>(d)]};
+  }
+  std::string known;
+  for (const auto& n : dim_names_) known += (known.empty() ? "" : ", ") + n;
+  if (is_root()) {
+    std::lock_guard<std::mutex> lock(family_->mutex);
+    const auto flat = family_->flattened.find(name);
+    if (flat != family_->flattened.end()) return {flat->second.root_dims, flat->second.root_dims, flat->second.group};
+    for (const auto& [n, f] : family_->flattened) known += ", " + n + " (flattened)";
+  }
+  throw DTensorError("DeviceMesh::slice: mesh dim '" + name + "' does not exist in " + str() +
+                     (known.empty() ? "; the mesh has no dim names (set MeshOptions::dim_names)" : "; its dims are: " + known) +
+                     (is_root() ? "" : ". Dims flattened from the mesh this one was sliced from are sliced from that mesh"));
+}
+
 MeshPtr DeviceMesh::slice(const std::vector<std::string>& names) const {
   if (names.empty()) throw DTensorError("DeviceMesh::slice: give at least one dim name");
-  std::vector<int64_t> dims;
-  for (const auto& n : names) dims.push_back(dim_index(n));
-  if (std::set<int64_t>(dims.begin(), dims.end()).size() != dims.size())
-    throw DTensorError("DeviceMesh::slice: a dim name is repeated");
   if (!coordinate_)
     throw DTensorError("rank " + std::to_string(world_->rank()) + " is not part of " + str() + " and cannot slice it");
+  std::vector<Sliced> picked;
+  std::map<int64_t, std::string> covered;  // this mesh's dims, by the name that took them
   Shape sub_shape;
-  for (auto d : dims) sub_shape.push_back(shape_[d]);
-  // Enumerate the sub-grid through this rank: vary the kept dims, fix the others at our coordinate.
+  for (const auto& name : names) {
+    picked.push_back(sliced_dim(name));
+    int64_t size = 1;
+    for (auto d : picked.back().dims) {
+      const auto [taken, fresh] = covered.emplace(d, name);
+      if (!fresh && taken->second == name) throw DTensorError("DeviceMesh::slice: the dim name '" + name + "' is repeated");
+      if (!fresh)
+        throw DTensorError("DeviceMesh::slice: '" + taken->second + "' and '" + name + "' both cover " + dim_label(d) + " of " +
+                           str() + "; name each dim once");
+      size *= shape_[static_cast<size_t>(d)];
+    }
+    sub_shape.push_back(size);
+  }
+  // Enumerate the sub-grid through this rank: vary the picked dims, fix the others at our coordinate.
   std::vector<int64_t> sub_ranks;
-  Shape sub_index(dims.size(), 0);
+  Shape sub_index(picked.size(), 0);
   for (int64_t n = 0; n < numel(sub_shape); ++n) {
     Shape c = *coordinate_;
-    for (size_t k = 0; k < dims.size(); ++k) c[dims[k]] = sub_index[k];
+    for (size_t k = 0; k < picked.size(); ++k) {
+      const Shape part = through_this_rank(picked[k].dims, sub_index[k]);
+      for (auto d : picked[k].dims) c[static_cast<size_t>(d)] = part[static_cast<size_t>(d)];
+    }
     sub_ranks.push_back(global_rank_at(c));
-    for (size_t k = dims.size(); k-- > 0;) {
+    for (size_t k = picked.size(); k-- > 0;) {
       if (++sub_index[k] < sub_shape[k]) break;
       sub_index[k] = 0;
     }
   }
-  MeshOptions options{names, device_type_, timeout_, backend_, planning_only_};
-  std::shared_ptr<DeviceMesh> sub(new DeviceMesh(world_, std::move(sub_shape), std::move(sub_ranks), std::move(options)));
-  if (!planning_only_)
-    for (auto d : dims) sub->groups_.push_back(groups_[static_cast<size_t>(d)]);
+  std::shared_ptr<DeviceMesh> sub = relative(std::move(sub_shape), std::move(sub_ranks), names);
+  for (const auto& p : picked) {
+    sub->root_dims_.push_back(p.root_dims);
+    if (!planning_only_) sub->groups_.push_back(p.group);
+  }
   return sub;
 }
 

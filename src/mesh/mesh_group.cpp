@@ -6,7 +6,8 @@
 
 namespace dtensor::detail {
 
-MeshGroup::MeshGroup(c10::intrusive_ptr<c10d::Backend> backend) : backend_(std::move(backend)) {}
+MeshGroup::MeshGroup(c10::intrusive_ptr<c10d::Backend> backend, bool borrowed)
+    : backend_(std::move(backend)), borrowed_(borrowed) {}
 
 MeshGroup::~MeshGroup() { shutdown(); }
 
@@ -26,7 +27,7 @@ void MeshGroup::shutdown() {
   }
   // NCCL needs an explicit shutdown (it warns or hangs at exit otherwise); Gloo releases its threads
   // and sockets in its destructor, when this last reference goes.
-  if (backend) backend->shutdown();
+  if (backend && !borrowed_) backend->shutdown();
 }
 
 MeshGroup::Exclusive::Exclusive(MeshGroup& group, const Where& where) : group_(group) {

@@ -21,7 +21,9 @@ namespace dtensor::detail {
 
 class MeshGroup {
  public:
-  explicit MeshGroup(c10::intrusive_ptr<c10d::Backend> backend);
+  // `borrowed`: the caller made the backend (DeviceMesh::from_group) and keeps it; shutdown and the
+  // destructor drop the reference without shutting the backend down.
+  explicit MeshGroup(c10::intrusive_ptr<c10d::Backend> backend, bool borrowed = false);
   ~MeshGroup();
   MeshGroup(const MeshGroup&) = delete;
   MeshGroup& operator=(const MeshGroup&) = delete;
@@ -51,6 +53,7 @@ class MeshGroup {
  private:
   mutable std::mutex mutex_;
   c10::intrusive_ptr<c10d::Backend> backend_;
+  const bool borrowed_;
   std::atomic<std::thread::id> user_{};
 };
 
