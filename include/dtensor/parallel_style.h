@@ -51,7 +51,10 @@ struct SequenceParallel {
 };
 
 // Converts a module's Tensor arguments (by position; nullopt leaves one as it is): a plain argument is
-// read as input_layouts[i] and redistributed to desired_input_layouts[i].
+// read as input_layouts[i] and redistributed to desired_input_layouts[i]. A plain argument read as a
+// Shard is taken for an even shard (its global size: the local one times the mesh dim's size), as
+// PyTorch's from_local without run_check takes it, since checking would cost a collective per call:
+// pass uneven shards in as DTensors (from_local with run_check).
 struct PrepareModuleInput {
   std::vector<std::optional<Placement>> input_layouts;
   std::vector<std::optional<Placement>> desired_input_layouts;
@@ -66,8 +69,15 @@ struct PrepareModuleOutput {
   bool use_local_output = true;
 };
 
-using ParallelStyle =
-    std::variant<ColwiseParallel, RowwiseParallel, SequenceParallel, PrepareModuleInput, PrepareModuleOutput>;
+// Both at once on one module (PyTorch's PrepareModuleInputOutput, whose use_local_input is
+// input.use_local_output here).
+struct PrepareModuleInputOutput {
+  PrepareModuleInput input;
+  PrepareModuleOutput output;
+};
+
+using ParallelStyle = std::variant<ColwiseParallel, RowwiseParallel, SequenceParallel, PrepareModuleInput, PrepareModuleOutput,
+                                   PrepareModuleInputOutput>;
 
 // A submodule path ("" is the module itself); an atom between dots may use * and ? wildcards
 // ("blocks.*.attn.wq"). Entries apply in order; each must match at least one submodule.

@@ -232,9 +232,15 @@ void apply(const StyleTarget& target, const PrepareModuleOutput& style) {
   convert_output(target, style.output_layout, style.desired_output_layout, style.use_local_output);
 }
 
+void apply(const StyleTarget& target, const PrepareModuleInputOutput& style) {
+  apply(target, style.input);
+  apply(target, style.output);
+}
+
 const char* style_name(const ParallelStyle& style) {
-  static constexpr const char* names[] = {"ColwiseParallel", "RowwiseParallel", "SequenceParallel",
-                                          "PrepareModuleInput", "PrepareModuleOutput"};
+  static constexpr const char* names[] = {"ColwiseParallel",    "RowwiseParallel",     "SequenceParallel",
+                                          "PrepareModuleInput", "PrepareModuleOutput", "PrepareModuleInputOutput"};
+  static_assert(std::size(names) == std::variant_size_v<ParallelStyle>);
   return names[style.index()];
 }
 

@@ -176,5 +176,25 @@ TEST_F(ParallelStyleTest, PrepareModuleInputAndOutputConvertAtTheBoundary) {
   EXPECT_TRUE(tensors_close(y, expected_shard(call(reference, x), m, {Shard(0)}), 1e-10, 1e-12));
 }
 
+// PrepareModuleInputOutput is both conversions on one plan entry: the same boundary as above, with the
+// input handed to forward as this rank's local tensor (use_local_input) and the output a DTensor.
+TEST_F(ParallelStyleTest, PrepareModuleInputOutputConvertsBothWays) {
+  auto m = mesh({4});
+  auto reference = seeded<TwoLayer>(6, 10), parallel = seeded<TwoLayer>(6, 10);
+  parallelize_module(*parallel, m,
+                     {{"", PrepareModuleInputOutput{.input = {{Shard(0)}, {Replicate()}, /*use_local_output=*/true},
+                                                    .output = {.output_layout = Replicate(),
+                                                               .desired_output_layout = Shard(0),
+                                                               .use_local_output = false}}}});
+  const at::Tensor x = test_tensor({8, 6}, at::kDouble, 9) / 4;  // plain shards are read as even ones
+  CommDebugMode debug;
+  const at::Tensor y = call(parallel, expected_shard(x, m, {Shard(0)}));
+  EXPECT_EQ(debug.count("all-gather"), 1) << debug.summary();
+  EXPECT_EQ(debug.total_count(), 1) << debug.summary();
+  ASSERT_TRUE(is_dtensor(y));
+  EXPECT_EQ(placements_of(y), (Placements{Shard(0)}));
+  EXPECT_TRUE(tensors_close(full_tensor(y), call(reference, x), 1e-10, 1e-12));
+}
+
 }  // namespace
 }  // namespace dtensor::testing
