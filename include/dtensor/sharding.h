@@ -4,6 +4,8 @@
 // tensors.
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,21 @@ namespace dtensor {
 // the op does not exist in the dispatcher.
 void register_dim_rule(const std::string& op, DimRule rule);
 void register_mesh_rule(const std::string& op, MeshRule rule);
+
+// PyTorch's register_sharding (torch.distributed.tensor.experimental): for each of `ops`, `fn` returns
+// the acceptable shardings of a call along one mesh dim, each the placements of the op's outputs and
+// of its arguments in the schema's order, nullopt for an argument that is not a tensor (or a None
+// one), as PyTorch writes [Shard(0), None, None] for softmax(x, dim, half_to_float). Propagation
+// expands them over every mesh dim and picks by cost, as for register_dim_rule, whose per-dim
+// strategies they become (a Tensor[] argument's one placement applies to each of its tensors). It
+// replaces a rule the op has. A sharding whose placements do not match the call's tensors raises
+// DTensorError naming the op.
+struct AcceptableSharding {
+  std::vector<std::optional<Placement>> outputs;
+  std::vector<std::optional<Placement>> inputs;
+};
+using ShardingFn = std::function<std::vector<AcceptableSharding>(const OpSchema&)>;
+void register_sharding(const std::vector<std::string>& ops, const ShardingFn& fn);
 
 bool has_sharding_rule(const std::string& op);
 std::vector<std::string> ops_with_sharding_rules();

@@ -282,10 +282,14 @@ TEST_F(DispatchTest, LinearForwardOnTwoByTwoMesh) {
 TORCH_LIBRARY(dtensor_test, m) {
   m.def("double_it(Tensor x) -> Tensor");
   m.def("triple_it(Tensor x) -> Tensor");
+  m.def("softmax_along(Tensor x, int dim) -> Tensor");
+  m.def("scale_by(Tensor x, int k) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(dtensor_test, CPU, m) {
   m.impl("double_it", [](const at::Tensor& x) { return x * 2; });
   m.impl("triple_it", [](const at::Tensor& x) { return x * 3; });
+  m.impl("softmax_along", [](const at::Tensor& x, int64_t dim) { return at::softmax(x, dim); });
+  m.impl("scale_by", [](const at::Tensor& x, int64_t k) { return x * k; });
 }
 
 TEST_F(DispatchTest, RegisteringAStrategyForACustomOp) {
@@ -319,6 +323,47 @@ TEST_F(DispatchTest, RegisteringAMeshRuleForACustomOp) {
   EXPECT_GT(debug.total_count(), 0);
   EXPECT_EQ(placements_of(y), only);
   EXPECT_TRUE(tensors_equal(full_tensor(y), x65() * 3));
+}
+
+// register_sharding as PyTorch's docs write it for softmax: Replicate, or Shard on any dim but the
+// softmax dim, with None (nullopt) for the int argument; expanded over a 2x2 mesh.
+TEST_F(DispatchTest, RegisterShardingTakesPlacementsPerArgumentAsPyTorchDoes) {
+  using Softmax = at::Tensor(const at::Tensor&, int64_t);
+  auto softmax_along = c10::Dispatcher::singleton().findSchemaOrThrow("dtensor_test::softmax_along", "").typed<Softmax>();
+  register_sharding({"dtensor_test::softmax_along"}, [](const OpSchema& s) {
+    const int64_t ndim = s.input_ndim(0);
+    const int64_t dim = s.args[1].toInt() < 0 ? s.args[1].toInt() + ndim : s.args[1].toInt();
+    std::vector<AcceptableSharding> acceptable = {{{Replicate()}, {Replicate(), std::nullopt}}};
+    for (int64_t d = 0; d < ndim; ++d)
+      if (d != dim) acceptable.push_back({{Shard(d)}, {Shard(d), std::nullopt}});
+    return acceptable;
+  });
+  auto m = mesh({2, 2});
+  const at::Tensor full = test_tensor({7, 5}, at::kDouble, 21) / 8;  // 7 rows: uneven over either mesh dim
+  const at::Tensor row_shards = distribute_tensor(full, m, Placements{Shard(0), Replicate()});
+  CommDebugMode debug;
+  const at::Tensor rows = softmax_along.call(row_shards, 1);
+  EXPECT_EQ(debug.total_count(), 0) << debug.summary();  // a row shard is a valid softmax input along dim 1
+  EXPECT_EQ(placements_of(rows), (Placements{Shard(0), Replicate()}));
+  EXPECT_TRUE(tensors_close(full_tensor(rows), at::softmax(full, 1), 1e-12, 1e-14));
+  const at::Tensor columns = softmax_along.call(distribute_tensor(full, m, Placements{Shard(1), Shard(0)}), -1);
+  EXPECT_NE(placements_of(columns)[0], Shard(1));  // not a valid input sharding: moved first
+  EXPECT_TRUE(tensors_close(full_tensor(columns), at::softmax(full, 1), 1e-12, 1e-14));
+}
+
+TEST_F(DispatchTest, RegisterShardingRefusesPlacementsThatDoNotMatchTheCall) {
+  auto scale_by = c10::Dispatcher::singleton().findSchemaOrThrow("dtensor_test::scale_by", "").typed<at::Tensor(const at::Tensor&, int64_t)>();
+  const at::Tensor x = distribute_tensor(x65(), mesh({4}), Placements{Shard(0)});
+  register_sharding({"dtensor_test::scale_by"}, [](const OpSchema&) {
+    return std::vector<AcceptableSharding>{{{Shard(0)}, {Shard(0), Replicate()}}};
+  });
+  EXPECT_THAT(error_of([&] { scale_by.call(x, 2); }), HasSubstr("gives R for argument 1 ('k'), which holds no tensor"));
+  register_sharding({"dtensor_test::scale_by"}, [](const OpSchema&) {
+    return std::vector<AcceptableSharding>{{{Shard(0)}, {std::nullopt, std::nullopt}}};
+  });
+  EXPECT_THAT(error_of([&] { scale_by.call(x, 2); }), HasSubstr("gives no placement for the tensor argument 'x'"));
+  EXPECT_THAT(error_of([&] { register_sharding({}, [](const OpSchema&) { return std::vector<AcceptableSharding>{}; }); }),
+              HasSubstr("name at least one op"));
 }
 
 }  // namespace
