@@ -38,7 +38,7 @@ PUBLIC_HEADERS = {
     "visualize.h": "tensor",
     "op_schema.h": "sharding", "sharding.h": "sharding", "random.h": "sharding",
     "module.h": "module", "fsdp.h": "module", "optim.h": "module", "parallel.h": "module", "shard_module.h": "module",
-    "checkpoint.h": "checkpoint", "training_state.h": "checkpoint",
+    "checkpoint.h": "checkpoint", "training_state.h": "checkpoint", "state_dict.h": "checkpoint",
     "graph/ir.h": "graph", "graph/annotations.h": "graph", "graph/program.h": "graph", "graph/spmd.h": "graph",
     "graph/tensor_parallel.h": "graph", "graph/hugging_face.h": "graph", "graph/training.h": "graph",
     "graph/compiled_program.h": "graph",

@@ -6,6 +6,8 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <functional>
+
 #include "dtensor/checkpoint.h"
 
 namespace dtensor::checkpoint {
@@ -32,6 +34,14 @@ class TrainingState {
   // from it, and the step counters are handed back (LibTorch keeps them as integers).
   LoadResult load(const std::string& dir, const LoadOptions& options = {});
 
+  // What save writes, by name: tensors() and the optimizer's entries (made as save makes them).
+  State entries() const;
+  // A load from somewhere else than a directory (state dicts in memory, state_dict.h): `fill` gets the
+  // entries a load of `names` fills (optimizer state not made yet is made fresh for the names given)
+  // and returns those it did not fill; the optimizer then adopts what it filled, as load does.
+  using Fill = std::function<std::vector<std::string>(const State& entries)>;
+  void load_with(const std::vector<std::string>& names, const Fill& fill);
+
  private:
   enum class Kind { Adam, AdamW, SGD };
   struct Slot {
@@ -41,7 +51,7 @@ class TrainingState {
     bool amsgrad = false;
   };
   // tensors_ plus the optimizer's entries; `stored` (for a load) says which SGD buffers to expect.
-  State with_optimizer(const std::map<std::string, StoredTensorInfo>* stored) const;
+  State with_optimizer(const std::function<bool(const std::string&)>* stored) const;
   void adopt_loaded(const State& state, const LoadResult& result);
 
   torch::optim::Optimizer* optimizer_;

@@ -6,6 +6,7 @@
 #include <torch/optim/sgd.h>
 
 #include <algorithm>
+#include <set>
 
 #include "dtensor/errors.h"
 
@@ -76,7 +77,7 @@ TrainingState::TrainingState(torch::nn::Module& module, torch::optim::Optimizer*
   }
 }
 
-State TrainingState::with_optimizer(const std::map<std::string, StoredTensorInfo>* stored) const {
+State TrainingState::with_optimizer(const std::function<bool(const std::string&)>* stored) const {
   State out = tensors_;
   for (const Slot& s : slots_) {
     auto* live = state_of(*optimizer_, s.param);
@@ -89,7 +90,7 @@ State TrainingState::with_optimizer(const std::map<std::string, StoredTensorInfo
         break;
       case Kind::SGD:
         if (live) out[entry(s.name, "momentum_buffer")] = static_cast<torch::optim::SGDParamState*>(live)->momentum_buffer();
-        else if (stored && stored->count(entry(s.name, "momentum_buffer")))
+        else if (stored && (*stored)(entry(s.name, "momentum_buffer")))
           out[entry(s.name, "momentum_buffer")] = at::zeros_like(s.param);
         break;
     }
@@ -130,10 +131,22 @@ std::future<SaveResult> TrainingState::save_async(const std::string& dir, const 
 LoadResult TrainingState::load(const std::string& dir, const LoadOptions& options) {
   if (!optimizer_) return checkpoint::load(tensors_, dir, options);
   const auto stored = contents(dir);
-  const State state = with_optimizer(&stored);
+  const std::function<bool(const std::string&)> in_checkpoint = [&](const std::string& name) { return stored.count(name) > 0; };
+  const State state = with_optimizer(&in_checkpoint);
   const LoadResult result = checkpoint::load(state, dir, options);
   adopt_loaded(state, result);
   return result;
+}
+
+State TrainingState::entries() const { return optimizer_ ? with_optimizer(nullptr) : tensors_; }
+
+void TrainingState::load_with(const std::vector<std::string>& names, const Fill& fill) {
+  const std::set<std::string> given(names.begin(), names.end());
+  const std::function<bool(const std::string&)> is_given = [&](const std::string& name) { return given.count(name) > 0; };
+  const State state = optimizer_ ? with_optimizer(&is_given) : tensors_;
+  LoadResult result;
+  result.missing = fill(state);
+  if (optimizer_) adopt_loaded(state, result);
 }
 
 }  // namespace dtensor::checkpoint

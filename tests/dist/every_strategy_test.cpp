@@ -91,8 +91,6 @@ at::Tensor values(const Shape& shape, uint64_t seed) { return test_tensor(shape,
 // Softmax-friendly values: small, so exp() neither overflows nor flattens the differences.
 at::Tensor small(const Shape& shape, uint64_t seed) { return values(shape, seed) / 8; }
 
-std::vector<MeshPtr> meshes() { return {mesh({4}), mesh({2, 2})}; }
-
 // Strategies are per mesh dim: a rule offering n on a 1-d mesh offers n^2 on the 2x2 one.
 size_t per_mesh(const MeshPtr& m, size_t n) { return m->ndim() == 1 ? n : n * n; }
 

@@ -51,6 +51,8 @@ MeshPtr mesh(const Shape& shape, std::vector<int64_t> ranks, std::vector<std::st
   return cache[key] = DeviceMesh::create(g_world, shape, ranks, options);
 }
 
+std::vector<MeshPtr> meshes() { return {mesh({4}), mesh({2, 2})}; }
+
 void DistTest::TearDown() {
   auto store = g_world->store();
   const std::string prefix = "dtensor-test/" + std::to_string(g_test_serial++) + "/";

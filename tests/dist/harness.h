@@ -29,6 +29,9 @@ std::shared_ptr<World> world();
 // (every rank asks for the same meshes in the same order, as the tests run in the same order).
 MeshPtr mesh(const Shape& shape, std::vector<int64_t> ranks = {}, std::vector<std::string> names = {});
 
+// The 1-d mesh of 4 and the 2x2 one (unnamed): what a test that must hold on both runs over.
+std::vector<MeshPtr> meshes();
+
 class DistTest : public ::testing::Test {
  protected:
   void TearDown() override;

@@ -13,8 +13,6 @@ namespace {
 
 class OutFormsTest : public DistTest {};
 
-std::vector<MeshPtr> meshes() { return {mesh({4}), mesh({2, 2})}; }
-
 // `out` on every mesh dim: Shard(dim) where the mesh has room, else Replicate.
 Placements along(const MeshPtr& m, int64_t dim) { return Placements(m->ndim(), Shard(dim)); }
 
