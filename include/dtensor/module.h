@@ -34,8 +34,17 @@ using ForwardPreHook = std::function<void(torch::nn::Module& module, std::vector
 // Runs after forward on its Tensor result and returns what the caller gets.
 using ForwardHook = std::function<at::Tensor(torch::nn::Module& module, at::Tensor output)>;
 
+// The module's forward as a function of its Tensor arguments (its other arguments kept by value), which
+// may be called again after dtensor::call returned, e.g. to recompute it in backward.
+using ForwardFunction = std::function<at::Tensor(std::vector<at::Tensor> inputs)>;
+// Runs the forward in its place: gets the Tensor arguments (after the pre-hooks) and the forward, and
+// returns the result (before the output hooks). One per module; for modules whose forward returns a
+// single Tensor and takes copyable arguments.
+using ForwardWrapper =
+    std::function<at::Tensor(torch::nn::Module& module, const std::vector<at::Tensor>& inputs, const ForwardFunction& forward)>;
 void register_forward_pre_hook(torch::nn::Module& module, ForwardPreHook hook);
 void register_forward_hook(torch::nn::Module& module, ForwardHook hook);
+void register_forward_wrapper(torch::nn::Module& module, ForwardWrapper wrapper);
 void remove_forward_hooks(torch::nn::Module& module);
 
 // Replaces the direct parameter (or buffer) `name` of `module` with `value` everywhere the module keeps
@@ -122,13 +131,16 @@ namespace detail {
 struct ForwardHooks {
   std::vector<ForwardPreHook> pre;
   std::vector<ForwardHook> post;
+  ForwardWrapper wrapper;  // empty: forward runs as it is
 };
 // Null when the module has none (the common, fast case).
 std::shared_ptr<const ForwardHooks> forward_hooks_of(const torch::nn::Module& module);
 void run_pre_hooks(const ForwardHooks& hooks, torch::nn::Module& module, std::vector<at::Tensor>& inputs);
 at::Tensor run_post_hooks(const ForwardHooks& hooks, torch::nn::Module& module, at::Tensor output);
-// Output hooks need a Tensor result; throws for a module whose forward returns something else.
+// Output hooks and wrappers need a Tensor result; throws for a module whose forward returns something else.
 void require_no_post_hooks(const ForwardHooks& hooks, const torch::nn::Module& module);
+// A wrapper needs arguments it can keep; throws for a module whose forward takes others.
+[[noreturn]] void refuse_wrapper_for_arguments(const torch::nn::Module& module);
 
 using TensorMember = std::function<at::Tensor&(torch::nn::Module&)>;
 void add_tensor_member(std::type_index type, const std::string& name, TensorMember member);
@@ -172,6 +184,25 @@ decltype(auto) forward_hooked(Impl& impl, std::vector<at::Tensor>& inputs, Tuple
   return forward_of(impl, hooked_argument<P, Args...>(inputs, std::get<P>(std::move(args)))...);
 }
 
+// Forward through the module's wrapper: the forward handed to it keeps copies of the non-Tensor
+// arguments, so that it can run again later.
+template <typename... Args, typename Impl>
+at::Tensor forward_wrapped(const ForwardHooks& hooks, Impl& impl, const std::vector<at::Tensor>& inputs, Args&&... args) {
+  if constexpr ((std::is_copy_constructible_v<std::decay_t<Args>> && ...)) {
+    auto kept = std::make_shared<std::tuple<std::decay_t<Args>...>>(std::forward<Args>(args)...);
+    const ForwardFunction forward = [&impl, kept](std::vector<at::Tensor> tensors) -> at::Tensor {
+      return std::apply(
+          [&](auto&... arg) {
+            return forward_hooked<std::decay_t<Args>&...>(impl, tensors, std::forward_as_tuple(arg...), std::index_sequence_for<Args...>{});
+          },
+          *kept);
+    };
+    return hooks.wrapper(impl, inputs, forward);
+  } else {
+    refuse_wrapper_for_arguments(impl);
+  }
+}
+
 template <typename Impl>
 Impl& module_of(torch::nn::ModuleHolder<Impl>& holder) {
   return *holder;
@@ -202,11 +233,12 @@ decltype(auto) call(M&& module, Args&&... args) {
       ...);
   detail::run_pre_hooks(*hooks, impl, inputs);
   if constexpr (std::is_same_v<std::decay_t<Result>, at::Tensor>) {
-    at::Tensor out = detail::forward_hooked<Args...>(impl, inputs, std::forward_as_tuple(std::forward<Args>(args)...),
-                                            std::index_sequence_for<Args...>{});
+    at::Tensor out = hooks->wrapper ? detail::forward_wrapped(*hooks, impl, inputs, std::forward<Args>(args)...)
+                                    : detail::forward_hooked<Args...>(impl, inputs, std::forward_as_tuple(std::forward<Args>(args)...),
+                                                                      std::index_sequence_for<Args...>{});
     return static_cast<Result>(detail::run_post_hooks(*hooks, impl, std::move(out)));
   } else {
-    detail::require_no_post_hooks(*hooks, impl);
+    detail::require_no_post_hooks(*hooks, impl);  // wrappers too
     return static_cast<Result>(detail::forward_hooked<Args...>(
         impl, inputs, std::forward_as_tuple(std::forward<Args>(args)...), std::index_sequence_for<Args...>{}));
   }

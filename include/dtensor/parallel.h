@@ -38,6 +38,17 @@ namespace dtensor {
 void parallelize_module(torch::nn::Module& module, const MeshPtr& mesh, const ParallelizePlan& plan,
                         const ParallelizeOptions& options = {});
 
+// PyTorch's input_reshard, with the activation checkpointing it is used with (checkpoint_wrapper): the
+// module keeps nothing from its forward but its Tensor inputs, each Replicate one (a plain tensor is one
+// on tp_mesh) kept sharded along `input_reshard_dim` over tp_mesh, and in backward the inputs are
+// gathered back (one all-gather each) and the forward is run again to differentiate it. Departure:
+// PyTorch reshards every tensor autograd saves in the forward through saved-tensor hooks, which
+// LibTorch has only for Python; in C++ the recomputation makes the inputs the only saved tensors. The
+// recomputed forward replays the CPU generator's draws (dropout); its communication runs again.
+// nullopt does nothing, as in PyTorch. Needs the module to be called through dtensor::call, to return
+// one Tensor and to take copyable arguments.
+void input_reshard(torch::nn::Module& module, const MeshPtr& tp_mesh, std::optional<int64_t> input_reshard_dim);
+
 // The submodules `pattern` selects, with their paths (exposed for tools and tests).
 std::vector<std::pair<std::string, torch::nn::Module*>> match_submodules(torch::nn::Module& root,
                                                                         const std::string& pattern);

@@ -47,6 +47,14 @@ void register_forward_hook(torch::nn::Module& module, ForwardHook hook) {
   update_hooks(module, [&](detail::ForwardHooks& hooks) { hooks.post.push_back(std::move(hook)); });
 }
 
+void register_forward_wrapper(torch::nn::Module& module, ForwardWrapper wrapper) {
+  update_hooks(module, [&](detail::ForwardHooks& hooks) {
+    if (hooks.wrapper)
+      throw DTensorError("module " + module.name() + " already has a forward wrapper (input_reshard); it takes one");
+    hooks.wrapper = std::move(wrapper);
+  });
+}
+
 void remove_forward_hooks(torch::nn::Module& module) {
   std::lock_guard<std::mutex> lock(registry_mutex);
   registry().erase(&module);
@@ -75,10 +83,20 @@ at::Tensor run_post_hooks(const ForwardHooks& hooks, torch::nn::Module& module, 
 }
 
 void require_no_post_hooks(const ForwardHooks& hooks, const torch::nn::Module& module) {
+  if (hooks.wrapper)
+    throw DTensorError("module " + module.name() +
+                       " has a forward wrapper (input_reshard), but its forward does not return a single Tensor; wrap a module "
+                       "that does");
   if (!hooks.post.empty())
     throw DTensorError("module " + module.name() +
                        " has output hooks (an output layout or output_fn), but its forward does not return a single "
                        "Tensor; convert its outputs in the caller instead");
+}
+
+void refuse_wrapper_for_arguments(const torch::nn::Module& module) {
+  throw DTensorError("module " + module.name() +
+                     " has a forward wrapper (input_reshard), which keeps the forward's arguments to run it again, but "
+                     "one of its arguments cannot be copied; wrap a module whose forward takes copyable arguments");
 }
 
 }  // namespace detail
