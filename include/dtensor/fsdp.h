@@ -18,23 +18,59 @@
 // the group's parameters gathered, through dtensor::call or not.
 //
 // What the hooks cannot see: a fully-sharded module must be called through dtensor::call (or a
-// DistributedModule), and its parameters must be read inside its forward only, so that the gradient
-// of its output is what reaches its backward first.
+// DistributedModule), and its parameters must be read inside its forward only (or inside
+// call_as_forward, below), so that the gradient of its output is what reaches its backward first.
+//
+// The controls of FSDP2's FSDPModule, as functions of the module: unshard (synchronous, or started
+// with an UnshardHandle to wait on), reshard, set_requires_gradient_sync, set_reshard_after_backward,
+// set_modules_to_forward_prefetch / set_modules_to_backward_prefetch; call_as_forward stands for
+// register_fsdp_forward_method; FullyShardOptions::offload_policy for fully_shard's offload_policy.
+// Where dtensor departs from PyTorch 2.15, the comment at each says so and why.
+//
+// In CommDebugMode a group's all-gathers and reductions are attributed to "fully_shard(<path>)", the
+// module's path under its fully-sharded root ("blocks.1"; the root's own type name for the root).
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
 
 #include "dtensor/device_mesh.h"
+#include "dtensor/module.h"
 
 namespace torch::nn {
 class Module;
 }
 
 namespace dtensor {
+
+namespace detail {
+class FsdpGroup;
+}
+
+// FSDP2's offload policies. OffloadPolicy, the default, offloads nothing.
+struct OffloadPolicy {};
+// CPUOffloadPolicy on a mesh whose device is not the CPU (CUDA): the sharded parameters (each rank's
+// shards, the DTensors' local tensors), their gradients and so the optimizer state live in host
+// memory (page-locked with pin_memory, which makes the copies faster but takes memory other processes
+// cannot have). Before a group's all-gather its shards are copied to the device, and after its
+// reduce-scatter the reduced gradients are copied back to the host; torch::optim (or
+// step_on_local_shards) then steps on the host. The gathered parameters and the whole gradients stay
+// on the device, freed as without offload. Departure: the copy back to the host is synchronous (PyTorch
+// overlaps it on a stream and waits at the end of backward); the copy to the device is asynchronous
+// from pinned memory. Not yet run on a GPU: tests/cuda (FullyShardCpuOffload...) checks it where one
+// is present and dtensor is built with NCCL (-DDTENSOR_WITH_NCCL=ON, which CUDA meshes need).
+// On a CPU mesh the parameters live in host memory already, so the policy changes nothing: it is
+// accepted, training is exactly as without it, and offloads_to_cpu(module) answers false.
+struct CPUOffloadPolicy {
+  bool pin_memory = true;
+};
 
 // Mixed precision as FSDP2 defines it: fp32 sharded parameters (the master weights the optimizer
 // steps), gathered and computed in param_dtype, gradients reduced in reduce_dtype and stored in the
@@ -69,7 +105,11 @@ struct FullyShardOptions {
   // that ran after it in the previous forward; before its backward, the group that ran before it; and
   // leave the gradients' reduce-scatter in flight, the gradients (DTensors) waiting for it at their
   // first use (the optimizer step or the norm clip). Off: every collective blocks where it is issued.
+  // set_modules_to_forward_prefetch / _backward_prefetch replace this order for a module.
   bool overlap = true;
+  // FSDP2's offload_policy: CPUOffloadPolicy{.pin_memory = ...} keeps the sharded state in host memory
+  // on device meshes (see CPUOffloadPolicy; the identity on CPU meshes).
+  std::variant<OffloadPolicy, CPUOffloadPolicy> offload_policy = OffloadPolicy{};
 };
 
 // Shards `module`'s parameters over `mesh` (1-d: the data-parallel ranks; 2-d: data parallel x tensor
@@ -89,9 +129,138 @@ void unshard(torch::nn::Module& module);
 // Frees the gathered parameters and puts the sharded ones back.
 void reshard(torch::nn::Module& module);
 
+// A started unshard (FSDP2's UnshardHandle): wait() completes the all-gather and puts the whole
+// parameters in the module. Waiting is optional: the module's next forward (or call_as_forward) waits
+// for it itself. wait() does nothing a second time, nor once that forward took the gather; a default
+// handle (from a synchronous unshard) has nothing to wait for.
+class UnshardHandle {
+ public:
+  UnshardHandle() = default;
+  explicit UnshardHandle(std::shared_ptr<detail::FsdpGroup> group) : group_(std::move(group)) {}
+  void wait();
+
+ private:
+  std::shared_ptr<detail::FsdpGroup> group_;
+};
+
+// FSDP2's unshard(async_op): with async_op false, unshard(module) and an empty handle; with true, the
+// module's all-gather is started and the call returns at once (the parameters stay sharded until the
+// handle's wait or the next forward), so that the gather overlaps what the caller does meanwhile.
+// Not recursive, as in PyTorch: only the module's own group. Collectives must be started in the same
+// order on every rank.
+UnshardHandle unshard(torch::nn::Module& module, bool async_op);
+
 // With false, backward accumulates each group's whole gradients on this rank instead of
 // reduce-scattering them (gradient accumulation over micro-batches without communication); the next
 // backward with true reduces the sum once. Applies to `module` and every fully-sharded module in it.
 void set_requires_gradient_sync(torch::nn::Module& module, bool requires_sync);
+
+// FSDP2's set_reshard_after_backward: with false, a group's gathered parameters are not freed after its
+// backward: they stay in the module (plain whole tensors, as after unshard) and the next forward uses
+// them without gathering again (a group that reshards after forward still gathers before its
+// backward). That trades memory for communication, e.g. over the micro-batches of gradient
+// accumulation. recurse: also every fully-sharded module inside `module`. Throws DTensorError when
+// `module` is not fully sharded. Departure: PyTorch asks for reshard() on every module before the
+// optimizer changes the shards; dtensor notices changed shards (their version counters) at the next
+// forward and gathers again, so stepping while gathered is safe; until then the module shows the
+// values gathered before the step (reshard() shows the shards, and frees the memory).
+void set_reshard_after_backward(torch::nn::Module& module, bool reshard_after_backward, bool recurse = true);
+
+// FSDP2's explicit prefetching. Before `module`'s forward computes (after its own gather), the
+// all-gathers of `modules` are started, in the list's order; before its backward (once its own
+// parameters are gathered again), those of the backward list. A list replaces the implicit prefetch
+// (FullyShardOptions::overlap: the next group in the last forward's order, the previous one in
+// backward) for this module, and works from the first step, whatever `overlap` says; an empty list
+// gives the implicit prefetch back (for forward a departure: PyTorch's implicit forward overlap is
+// CUDA streams', which an empty list leaves too). A module already gathered or being gathered is
+// skipped. With two or more modules listed the gathers run further ahead, holding more memory. Every
+// rank must set the same lists (the collectives must run in one order). Throws DTensorError when
+// `module` or a listed module is not fully sharded, or a listed module is not under the same
+// fully-sharded root (fully_shard the root first, then set the lists). The root's backward comes first
+// (its parameters are the last the forward used), so its backward list can start the last block's
+// gather, e.g. {blocks[n-1], blocks[n-2]}.
+void set_modules_to_forward_prefetch(torch::nn::Module& module,
+                                     const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
+void set_modules_to_backward_prefetch(torch::nn::Module& module,
+                                      const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
+
+// Whether fully_shard keeps this module's sharded parameters, gradients and optimizer state in host
+// memory apart from the compute device: true with CPUOffloadPolicy on a device (CUDA) mesh; false
+// without the policy, and on a CPU mesh, where the policy is the identity. Throws DTensorError when
+// `module` is not fully sharded.
+bool offloads_to_cpu(const torch::nn::Module& module);
+
+// The counterpart of FSDP2's register_fsdp_forward_method(module, "generate"): C++ has no method to
+// patch by name, so the call site says which call is a forward. call_as_forward(module, fn, args...)
+// runs fn(args...) as module's forward: the group gathered before (waiting for a started unshard,
+// starting the prefetches), the Tensor args cast to the mixed-precision param_dtype, and after fn its
+// result treated as the forward's output (cast to output_dtype; parameters freed per
+// reshard_after_forward, gathered again before backward reaches them, and gradients reduced as
+// usual). fn may read the module's parameters directly and call the module's own forward through
+// dtensor::call any number of times: nested forwards of the module inside fn keep the parameters
+// gathered (one all-gather for the whole call, e.g. a token-by-token generate), while fully-sharded
+// submodules gather and free around each of their forwards as usual. fn returns void, a Tensor or a
+// std::vector<at::Tensor> (the tensors a backward can start from; wrap other results in a lambda). For
+// a module that is not fully sharded it just calls fn, as PyTorch's is a no-op there, so that one
+// source serves the single-device run. If fn throws, the parameters are freed again.
+template <typename Fn, typename... Args>
+auto call_as_forward(torch::nn::Module& module, Fn&& fn, Args&&... args);
+
+// ---- implementation ----
+
+namespace detail {
+
+// call_as_forward's pre- and post-forward around fn: the group's forward hooks.
+class FsdpForwardScope {
+ public:
+  FsdpForwardScope(torch::nn::Module& module, std::vector<at::Tensor>& inputs);
+  ~FsdpForwardScope();
+  FsdpForwardScope(const FsdpForwardScope&) = delete;
+  FsdpForwardScope& operator=(const FsdpForwardScope&) = delete;
+  void finish(std::vector<at::Tensor>& outputs);
+
+ private:
+  std::shared_ptr<FsdpGroup> group_;
+  bool finished_ = false;
+};
+
+template <typename... Args, typename Fn, typename Tuple, std::size_t... P>
+decltype(auto) call_hooked(Fn& fn, std::vector<at::Tensor>& inputs, Tuple args, std::index_sequence<P...>) {
+  return fn(hooked_argument<P, Args...>(inputs, std::get<P>(std::move(args)))...);
+}
+
+}  // namespace detail
+
+template <typename Fn, typename... Args>
+auto call_as_forward(torch::nn::Module& module, Fn&& fn, Args&&... args) {
+  std::vector<at::Tensor> inputs;
+  (
+      [&](const auto& arg) {
+        if constexpr (detail::is_tensor_v<decltype(arg)>) inputs.push_back(arg);
+      }(args),
+      ...);
+  detail::FsdpForwardScope scope(module, inputs);
+  auto invoke = [&]() -> decltype(auto) {
+    return detail::call_hooked<Args...>(fn, inputs, std::forward_as_tuple(std::forward<Args>(args)...),
+                                        std::index_sequence_for<Args...>{});
+  };
+  using Result = std::decay_t<decltype(invoke())>;
+  static_assert(std::is_void_v<Result> || std::is_same_v<Result, at::Tensor> || std::is_same_v<Result, std::vector<at::Tensor>>,
+                "call_as_forward: fn must return void, at::Tensor or std::vector<at::Tensor> (the tensors a backward "
+                "can start from); wrap it in a lambda that returns those");
+  std::vector<at::Tensor> outputs;
+  if constexpr (std::is_void_v<Result>) {
+    invoke();
+    scope.finish(outputs);
+  } else if constexpr (std::is_same_v<Result, at::Tensor>) {
+    outputs.push_back(invoke());
+    scope.finish(outputs);
+    return std::move(outputs.front());
+  } else {
+    outputs = invoke();
+    scope.finish(outputs);
+    return outputs;
+  }
+}
 
 }  // namespace dtensor

@@ -21,6 +21,17 @@ struct Pool {
   at::Tensor local;                   // 0-d double on the gradients' device; undefined: nothing yet
 };
 
+// Scales what each rank holds of every gradient; for a DTensor, its shard (no dispatch, no
+// communication). A Partial gradient scales term by term.
+void scale_gradients(const std::vector<at::Tensor>& parameters, const at::Tensor& coefficient) {
+  for (const auto& p : parameters) {
+    const at::Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    at::Tensor held = is_dtensor(g) ? local_tensor_of(g) : g.detach();
+    held.mul_(coefficient.to(held.device()));
+  }
+}
+
 }  // namespace
 
 double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
@@ -67,9 +78,10 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
 
   at::Tensor total = plain;
   for (Pool& pool : pools) {
-    // Every member of a pool's mesh joins its all-reduces, holding a value or not.
+    // Every member of a pool's mesh joins its all-reduces, holding a value or not, on the mesh's device
+    // (gradients offloaded to host memory from a CUDA mesh give host values).
     at::Tensor value = pool.local.defined()
-                           ? pool.local.reshape({1})
+                           ? pool.local.reshape({1}).to(at::Device(pool.mesh->device_type()))
                            : at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(pool.mesh->device_type()));
     if (pool.mesh->contains_this_rank())
       for (int64_t d : pool.sharded_dims) detail::all_reduce_(*pool.mesh, d, value, infinity ? ReduceOp::Max : ReduceOp::Sum);
@@ -78,15 +90,7 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
   if (!total.defined()) return 0;
   const at::Tensor norm = infinity ? total : total.pow(1.0 / norm_type);
   // min(1, max_norm / norm), applied on the device without reading it back.
-  const at::Tensor coefficient = (max_norm / (norm + 1e-6)).clamp_max(1.0);
-  for (const auto& p : parameters) {
-    const at::Tensor& g = p.grad();
-    if (!g.defined()) continue;
-    // Scale what each rank holds; for a DTensor, its shard (no dispatch, no communication). A Partial
-    // gradient scales term by term.
-    at::Tensor held = is_dtensor(g) ? local_tensor_of(g) : g.detach();
-    held.mul_(coefficient.to(held.device()));
-  }
+  scale_gradients(parameters, (max_norm / (norm + 1e-6)).clamp_max(1.0));
   return norm.item<double>();  // the one host sync
 }
 

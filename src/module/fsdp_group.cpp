@@ -13,6 +13,7 @@
 #include "../tensor/autograd_node_ptr.h"
 #include "../tensor/pending_local.h"
 #include "dtensor/api.h"
+#include "dtensor/comm_debug.h"
 #include "dtensor/dtensor_impl.h"
 #include "dtensor/errors.h"
 #include "parameter_slots.h"
@@ -68,7 +69,9 @@ FsdpGroup::FsdpGroup(std::string name, MeshPtr mesh, int64_t dp_dim, int64_t rep
       dp_size_(mesh_->size(dp_dim)),
       dp_rank_((*mesh_->coordinate())[dp_dim]),
       options_(std::move(options)),
-      params_(std::move(params)) {
+      params_(std::move(params)),
+      label_("fully_shard(" + name_ + ")"),
+      offloaded_(offloads_to_host(options_, *mesh_)) {
   for (Param& p : params_) {
     int64_t numel = 1;
     for (int64_t extent : p.shape) numel *= extent;
@@ -144,7 +147,9 @@ void FsdpGroup::alias_shards_into_send_buffer() {
   send_buffer_ = at::zeros({shard_numel_}, options_of(compute_dtype()));  // padding included: never garbage on the wire
   for (const Param& p : params_) {
     const at::Tensor& local = local_tensor_of(p.sharded);
-    if (p.dim != 0 || local.scalar_type() != compute_dtype() || local.numel() == 0) continue;
+    // Offloaded shards stay in host memory: the send buffer is on the device.
+    if (p.dim != 0 || local.scalar_type() != compute_dtype() || local.numel() == 0 || local.device() != send_buffer_.device())
+      continue;
     send_buffer_.narrow(0, p.flat_offset, local.numel()).view(local.sizes()).copy_(local);
     local.set_(send_buffer_.storage(), send_buffer_.storage_offset() + p.flat_offset, local.sizes(), c10::contiguous_strides(local.sizes()));
   }
@@ -154,18 +159,24 @@ void FsdpGroup::alias_shards_into_send_buffer() {
 bool FsdpGroup::aliases_send_buffer(const Param& p) const {
   const at::Tensor& local = local_tensor_of(p.sharded);
   return p.dim == 0 && local.is_contiguous() && local.scalar_type() == send_buffer_.scalar_type() &&
+         local.device() == send_buffer_.device() &&
          local.data_ptr() == static_cast<const char*>(send_buffer_.const_data_ptr()) + p.flat_offset * send_buffer_.element_size();
 }
 
 void FsdpGroup::start_gather() {
   at::NoGradGuard no_grad;
+  const CommContext context(label_.c_str());
   gathered_versions_.clear();
   for (const Param& p : params_) {
     const at::Tensor& local = local_tensor_of(p.sharded);
     gathered_versions_.push_back(version_of(p.sharded));
     gathered_versions_.push_back(version_of(local));
+    // From pinned host memory (offload) the copy to the device need not block: the all-gather is
+    // ordered after it on the device.
     if (p.dim >= 0 && local.numel() > 0 && !aliases_send_buffer(p))
-      send_buffer_.narrow(0, p.flat_offset, local.numel()).view(block_shape(p, local.size(p.dim))).copy_(local.movedim(p.dim, 0));
+      send_buffer_.narrow(0, p.flat_offset, local.numel())
+          .view(block_shape(p, local.size(p.dim)))
+          .copy_(local.movedim(p.dim, 0), /*non_blocking=*/local.is_pinned());
   }
   gathering_ = shard_numel_ > 0 ? start_all_gather(mesh_, dp_dim_, send_buffer_,
                                                     fsdp_buffer(dp_size_ * shard_numel_, send_buffer_.options()))
@@ -214,25 +225,55 @@ void FsdpGroup::prefetch() {
   if (!storage_filled_ && !gathering_) start_gather();
 }
 
+void FsdpGroup::prefetch_all(const std::vector<std::weak_ptr<FsdpGroup>>& groups) {
+  for (const auto& weak : groups)
+    if (const auto group = weak.lock()) group->prefetch();
+}
+
+void FsdpGroup::start_unshard() {
+  // Gathered already (kept after forward or backward): nothing to start, the parameters go in now.
+  if (storage_filled_ && !shards_changed()) return unshard();
+  if (!gathering_ || shards_changed()) start_gather();
+}
+
+void FsdpGroup::wait_for_unshard() {
+  if (gathering_) unshard();
+}
+
+void FsdpGroup::set_path(const std::string& path) { label_ = "fully_shard(" + (path.empty() ? name_ : path) + ")"; }
+
 void FsdpGroup::before_forward() {
+  in_backward_ = false;
+  if (held()) return unshard();  // inside call_as_forward: gathered already
   const auto root = root_.lock();
-  if (root.get() == this) recording_.clear();
-  if (root) root->recording_.push_back(weak_from_this());
+  if (root.get() == this) {
+    recording_.clear();
+    recorded_.clear();
+  }
+  // Each group once, at its first forward: a module run again later in the same forward (a generate
+  // loop inside call_as_forward) has no successor worth prefetching at the end.
+  if (root && root->recorded_.insert(this).second) root->recording_.push_back(weak_from_this());
   unshard();
+  if (!forward_prefetch_.empty()) return prefetch_all(forward_prefetch_);
   if (const auto next = neighbour(+1); next && next->options_.overlap && next->options_.reshard_after_forward)
     next->prefetch();
 }
 
 bool FsdpGroup::after_forward(bool backward_follows) {
+  if (held()) return false;  // call_as_forward's own end decides
   if (is_root()) forward_order_ = recording_;
   // Without a backward nothing saved the gathered parameters; the root's backward comes at once.
-  if (backward_follows && (!options_.reshard_after_forward || is_root())) return false;
-  reshard();
-  return backward_follows;
+  const bool keep = backward_follows && (!options_.reshard_after_forward || is_root());
+  if (!keep) reshard();
+  return backward_follows && (!keep || !backward_prefetch_.empty());
 }
 
 void FsdpGroup::before_backward() {
+  // Once per backward: a forward with several outputs has a hook on each.
+  if (in_backward_) return;
+  in_backward_ = true;
   if (!storage_filled_) gather_into_storage();
+  if (!backward_prefetch_.empty()) return prefetch_all(backward_prefetch_);
   if (const auto previous = neighbour(-1); previous && previous->options_.overlap && !previous->is_root())
     previous->prefetch();
 }
@@ -277,8 +318,13 @@ void FsdpGroup::reshard() {
 
 std::vector<at::Tensor> FsdpGroup::reduce_gradients(const std::vector<at::Tensor>& whole_grads) {
   at::NoGradGuard no_grad;
-  // Everything that read the gathered parameters has run: free them before the reduction's buffers.
-  reshard();
+  in_backward_ = false;
+  // Everything that read the gathered parameters has run: free them before the reduction's buffers
+  // (or, kept for the next forward, leave the whole parameters in the module).
+  if (reshard_after_backward_)
+    reshard();
+  else
+    unshard();
   // One group's reduction in flight at a time (as FSDP2): the previous group's completes before this
   // one's buffers are made, so its [N x shard] input is freed instead of every group's piling up until
   // the optimizer step reads the gradients.
@@ -287,11 +333,23 @@ std::vector<at::Tensor> FsdpGroup::reduce_gradients(const std::vector<at::Tensor
     for (StartedCollective& previous : *root->reducing_) previous.wait();
     root->reducing_.reset();
   }
+  const bool fresh = !pending_grads_.defined();
+  const at::Tensor flat = fresh ? fsdp_buffer(dp_size_ * shard_numel_, options_of(reduce_dtype())) : pending_grads_;
+  const at::Tensor replicated = fresh ? at::empty({replicated_numel_}, options_of(reduce_dtype())) : pending_replicated_;
+  pack_gradients(whole_grads, flat, replicated, fresh);
+  if (!requires_sync_) {
+    pending_grads_ = flat;
+    pending_replicated_ = replicated;
+    return std::vector<at::Tensor>(params_.size());
+  }
+  pending_grads_ = pending_replicated_ = at::Tensor();
+  return start_reductions(whole_grads, flat, replicated);
+}
+
+void FsdpGroup::pack_gradients(const std::vector<at::Tensor>& whole_grads, const at::Tensor& flat,
+                               const at::Tensor& replicated, bool fresh) const {
   // Fresh buffers take each gradient by a copy (not zeros and an add: a pass less over them); what no
   // gradient covers (padding, unused parameters) is zeroed.
-  const bool fresh = !pending_grads_.defined();
-  at::Tensor flat = fresh ? fsdp_buffer(dp_size_ * shard_numel_, options_of(reduce_dtype())) : pending_grads_;
-  at::Tensor replicated = fresh ? at::empty({replicated_numel_}, options_of(reduce_dtype())) : pending_replicated_;
   const auto take = [fresh](const at::Tensor& into, const at::Tensor& grad) { fresh ? into.copy_(grad) : into.add_(grad); };
   const at::Tensor per_rank = flat.view({dp_size_, shard_numel_});
   if (fresh)
@@ -334,27 +392,26 @@ std::vector<at::Tensor> FsdpGroup::reduce_gradients(const std::vector<at::Tensor
       if (const int64_t rows = rows_on(r, p.shape[p.dim], p.rows_per_rank); rows > 0)
         take(blocks[r].narrow(0, 0, rows).view(block_shape(p, rows)), moved.narrow(0, r * p.rows_per_rank, rows));
   }
+}
+
+std::vector<at::Tensor> FsdpGroup::start_reductions(const std::vector<at::Tensor>& whole_grads, const at::Tensor& flat,
+                                                    const at::Tensor& replicated) {
+  const CommContext context(label_.c_str());
+  StartedCollective mine = averaged_over_replicas(
+      shard_numel_ > 0 ? start_reduce_scatter(mesh_, dp_dim_, flat, ReduceOp::Avg) : StartedCollective(flat));
+  StartedCollective averaged = averaged_over_replicas(
+      replicated_numel_ > 0 ? start_all_reduce(mesh_, dp_dim_, replicated, ReduceOp::Avg) : StartedCollective(replicated));
+  if (const auto root = root_.lock(); root && options_.overlap) root->reducing_ = std::vector<StartedCollective>{mine, averaged};
   std::vector<at::Tensor> grads(params_.size());
-  if (!requires_sync_) {
-    pending_grads_ = flat;
-    pending_replicated_ = replicated;
-  } else {
-    pending_grads_ = pending_replicated_ = at::Tensor();
-    StartedCollective mine = averaged_over_replicas(
-        shard_numel_ > 0 ? start_reduce_scatter(mesh_, dp_dim_, flat, ReduceOp::Avg) : StartedCollective(flat));
-    StartedCollective averaged = averaged_over_replicas(
-        replicated_numel_ > 0 ? start_all_reduce(mesh_, dp_dim_, replicated, ReduceOp::Avg) : StartedCollective(replicated));
-    if (root && options_.overlap) root->reducing_ = std::vector<StartedCollective>{mine, averaged};
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (!whole_grads[i].defined()) continue;
-      // The gradient as this rank's piece of the reduced buffers, made once they arrive.
-      auto finish = [this, self = shared_from_this(), i, mine, averaged]() mutable {
-        return shard_gradient(params_[i], mine.wait(), averaged.wait());
-      };
-      const at::Tensor& local = local_tensor_of(params_[i].sharded);
-      grads[i] = options_.overlap ? make_pending_dtensor(dtensor_impl(params_[i].sharded).shared_spec(), local.options(), finish)
-                                  : make_dtensor(finish(), dtensor_impl(params_[i].sharded).shared_spec());
-    }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!whole_grads[i].defined()) continue;
+    // The gradient as this rank's piece of the reduced buffers, made once they arrive.
+    auto finish = [this, self = shared_from_this(), i, mine, averaged]() mutable {
+      return shard_gradient(params_[i], mine.wait(), averaged.wait());
+    };
+    const at::Tensor& local = local_tensor_of(params_[i].sharded);
+    grads[i] = options_.overlap ? make_pending_dtensor(dtensor_impl(params_[i].sharded).shared_spec(), local.options(), finish)
+                                : make_dtensor(finish(), dtensor_impl(params_[i].sharded).shared_spec());
   }
   return grads;
 }
@@ -376,7 +433,12 @@ at::Tensor FsdpGroup::shard_gradient(const Param& p, const at::Tensor& mine, con
     const int64_t rows = rows_on(dp_rank_, p.shape[p.dim], p.rows_per_rank);
     grad = mine.view({shard_numel_}).narrow(0, p.flat_offset, rows * p.row_numel).view(block_shape(p, rows)).movedim(0, p.dim);
   }
-  return grad.to(local.scalar_type()).contiguous();
+  // Offloaded: back to the host, where the shard and the optimizer state live (a blocking copy).
+  return grad.to(local.device(), local.scalar_type()).contiguous();
+}
+
+bool offloads_to_host(const FullyShardOptions& options, const DeviceMesh& mesh) {
+  return std::holds_alternative<CPUOffloadPolicy>(options.offload_policy) && mesh.device_type() != c10::DeviceType::CPU;
 }
 
 bool is_gathered_fsdp_parameter(const at::Tensor& tensor) {

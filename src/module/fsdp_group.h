@@ -15,6 +15,11 @@
 //
 // With replicas (HSDP), every collective above runs over dp only, and the reduced gradients are then
 // averaged over the replicas' dim: an all-reduce of this rank's shard, 1/dp of the group.
+//
+// With CPU offload on a device mesh, the shards (the sharded DTensors' local tensors) are host tensors:
+// they never alias the send buffer (on the device), every gather copies them in, and each reduced
+// gradient is copied back to the host. Its collectives are attributed to "fully_shard(<path>)" in
+// CommDebugMode.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
@@ -22,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "../mesh/collectives.h"
@@ -78,16 +84,38 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   // fully sharded): it records the order in which the groups run forward, for prefetching.
   void set_root(const std::shared_ptr<FsdpGroup>& root) { root_ = root; }
   bool is_root() const { return root_.lock().get() == this; }
+  std::shared_ptr<FsdpGroup> root() const { return root_.lock(); }
   void set_requires_gradient_sync(bool sync) { requires_sync_ = sync; }
+  void set_reshard_after_backward(bool reshard) { reshard_after_backward_ = reshard; }
+  // The explicit prefetch lists (empty: the implicit order).
+  void set_forward_prefetch(std::vector<std::weak_ptr<FsdpGroup>> groups) { forward_prefetch_ = std::move(groups); }
+  void set_backward_prefetch(std::vector<std::weak_ptr<FsdpGroup>> groups) { backward_prefetch_ = std::move(groups); }
+  // The module's path under its root ("blocks.1"; empty for the root itself), which names its collectives.
+  void set_path(const std::string& path);
+  const std::string& label() const { return label_; }
+  // Whether the shards live in host memory apart from the device (CPU offload on a device mesh).
+  bool offloaded() const { return offloaded_; }
+
+  // unshard(async_op): starts the all-gather (or, when the values are gathered already, puts the whole
+  // parameters in place at once); wait_for_unshard completes a gather still in flight.
+  void start_unshard();
+  void wait_for_unshard();
+  // While held (call_as_forward runs), forwards of the module nested in it neither record, prefetch
+  // nor reshard: the outermost call decides.
+  void hold() { ++held_; }
+  void release() { --held_; }
+  bool held() const { return held_ > 0; }
 
   // The module's hooks. Before its forward: unshard, and (overlap) start gathering the group that ran
   // after this one in the previous forward.
   void before_forward();
   // After its forward: free the gathered parameters unless backward needs them at once (the root) or
-  // nothing saved them for a backward. True when they were freed (backward then needs before_backward).
+  // nothing saved them for a backward. True when backward then needs before_backward (the parameters
+  // were freed, or there is an explicit backward prefetch list).
   bool after_forward(bool backward_follows);
-  // Before its backward (its output's gradient arrived): the gathered values again, and (overlap) start
-  // gathering the group that ran before this one.
+  // Before its backward (its output's gradient arrived; once per backward of the group): the gathered
+  // values again, and start gathering the backward prefetch list, or (overlap) the group that ran
+  // before this one.
   void before_backward();
 
   // Gathers the shards into the whole parameters and points the module's slots at them. Gathers again
@@ -117,6 +145,7 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   std::shared_ptr<FsdpGroup> neighbour(int step) const;
   // Starts gathering this group ahead of its use, unless it has nothing to gather.
   void prefetch();
+  static void prefetch_all(const std::vector<std::weak_ptr<FsdpGroup>>& groups);
   void allocate_storage();
   void free_storage();
   at::Tensor storage_view(const Param& p) const;  // a fresh tensor aliasing p's place in the storage
@@ -126,6 +155,12 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   StartedCollective averaged_over_replicas(StartedCollective reduced) const;
   // The local gradient of `p`'s shard, from this rank's reduced flat buffers.
   at::Tensor shard_gradient(const Param& p, const at::Tensor& mine, const at::Tensor& replicated) const;
+  // The whole gradients packed (or, accumulating, added) into the flat buffers the reductions take.
+  void pack_gradients(const std::vector<at::Tensor>& whole_grads, const at::Tensor& flat, const at::Tensor& replicated,
+                      bool fresh) const;
+  // Starts the reductions of the packed buffers; the shards' gradients, pending with overlap.
+  std::vector<at::Tensor> start_reductions(const std::vector<at::Tensor>& whole_grads, const at::Tensor& flat,
+                                           const at::Tensor& replicated);
 
   FsdpBufferUse buffer_use_;  // first, so destroyed last: the group's own buffers are back in the cache by then
   std::string name_;
@@ -149,12 +184,23 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   bool connected_ = false;  // the slots hold whole parameters with an autograd node
   std::weak_ptr<FsdpGroup> root_;
   std::vector<std::weak_ptr<FsdpGroup>> forward_order_, recording_;  // the root's: last forward's, this one's
+  std::unordered_set<const FsdpGroup*> recorded_;  // the root's: the groups in recording_
   std::optional<StartedCollective> gathering_;  // this group's all-gather in flight
   std::optional<std::vector<StartedCollective>> reducing_;  // the root's: the last group's reductions in flight
   bool requires_sync_ = true;
+  bool reshard_after_backward_ = true;
+  std::vector<std::weak_ptr<FsdpGroup>> forward_prefetch_, backward_prefetch_;
+  std::string label_;       // "fully_shard(<path>)"
+  bool offloaded_ = false;  // the shards are host tensors, the buffers on the mesh's device
+  int held_ = 0;
+  bool in_backward_ = false;  // before_backward ran since the last forward or reduction
   // Whole gradients accumulated without sync: [dp_size * shard_numel_] and [replicated_numel_].
   at::Tensor pending_grads_, pending_replicated_;
 };
+
+// Whether the shards of a group with these options on `mesh` live in host memory apart from the device:
+// CPUOffloadPolicy on a mesh whose device is not the CPU.
+bool offloads_to_host(const FullyShardOptions& options, const DeviceMesh& mesh);
 
 // Whether `tensor` is a gathered parameter of a live fully_shard group (it lies in a group's storage).
 // One set lookup: the optimizer step asks it of every parameter.

@@ -1,5 +1,5 @@
-// fully_shard: which parameters a module's group takes, the checks on them, and the forward hooks
-// that gather and free the group around the module's forward.
+// fully_shard: which parameters a module's group takes, the checks on them, the forward hooks that
+// gather and free the group around the module's forward (and call_as_forward's), and FSDP2's controls.
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <variant>
 
 #include "dtensor/api.h"
 #include "dtensor/dtensor_impl.h"
@@ -92,12 +93,22 @@ struct Sharding {
   at::ScalarType compute_dtype(const at::Tensor& param) const;
   std::optional<at::ScalarType> param_dtype;
   decltype(FullyShardOptions::shard_dim) shard_dim;
+  bool offload = false;  // CPU offload on a device mesh: the shards go to host memory
+  bool pin_memory = false;
+  // A shard as the group keeps it: with offload, a host copy (page-locked when asked).
+  at::Tensor placed(const at::Tensor& local) const;
   // The dim of `tensor` (the parameter at `path`, or a TP parameter's local shard, which `tp` places)
   // sharded over dp: shard_dim's choice, else `fallback`.
   int64_t dim_of(const std::string& path, const at::Tensor& tensor, int64_t fallback, const Placement& tp = Replicate()) const;
 };
 
 at::ScalarType Sharding::compute_dtype(const at::Tensor& param) const { return param_dtype.value_or(param.scalar_type()); }
+
+at::Tensor Sharding::placed(const at::Tensor& local) const {
+  if (!offload) return local;
+  const at::Tensor host = local.to(at::kCPU);
+  return pin_memory ? host.pin_memory() : host;
+}
 
 int64_t Sharding::dim_of(const std::string& path, const at::Tensor& tensor, int64_t fallback, const Placement& tp) const {
   const std::optional<int64_t> chosen = shard_dim ? shard_dim(path, tensor) : std::nullopt;
@@ -124,6 +135,11 @@ void shard_one(FsdpGroup::Param& p, const at::Tensor& param, const Sharding& sha
     placements[sharding.dp_dim] = Shard(p.dim);
     p.sharded = distribute_tensor(param, mesh, placements);
     p.shape = param.sizes().vec();
+    if (sharding.offload) {
+      const bool requires_grad = p.sharded.requires_grad();
+      p.sharded = make_dtensor(sharding.placed(local_tensor_of(p.sharded).detach()), dtensor_impl(p.sharded).shared_spec());
+      p.sharded.set_requires_grad(requires_grad);
+    }
     return;
   }
   if (!sharding.tp_mesh || !same_mesh(mesh_of(param), sharding.tp_mesh))
@@ -153,7 +169,7 @@ void shard_one(FsdpGroup::Param& p, const at::Tensor& param, const Sharding& sha
     placements[sharding.dp_dim] = Replicate();
   }
   const DTensorSpec& tp_spec = spec_of(param);
-  p.sharded = make_dtensor(local, DTensorSpec{mesh, placements, tp_spec.meta});
+  p.sharded = make_dtensor(sharding.placed(local), DTensorSpec{mesh, placements, tp_spec.meta});
   if (param.requires_grad()) p.sharded.set_requires_grad(true);
   auto gathered = std::make_shared<DTensorSpec>(tp_spec);
   gathered->meta.dtype = sharding.compute_dtype(param);
@@ -201,6 +217,8 @@ Sharding sharding_of(const MeshPtr& mesh, const FullyShardOptions& options, cons
   Sharding sharding{mesh};
   sharding.param_dtype = options.mp_policy.param_dtype;
   sharding.shard_dim = options.shard_dim;
+  sharding.offload = detail::offloads_to_host(options, *mesh);
+  if (const auto* cpu = std::get_if<CPUOffloadPolicy>(&options.offload_policy)) sharding.pin_memory = cpu->pin_memory;
   if (mesh->ndim() == 1) return sharding;
   const auto& names = mesh->dim_names();
   const auto index_of = [&names](const std::string& dim) -> int64_t {
@@ -226,23 +244,62 @@ void cast_floating(std::vector<at::Tensor>& tensors, at::ScalarType dtype) {
     if (t.defined() && at::isFloatingType(t.scalar_type()) && t.scalar_type() != dtype) t = t.to(dtype);
 }
 
+// The module's forward begins: its group gathered, the floating inputs cast to param_dtype.
+void begin_forward(FsdpGroup& group, std::vector<at::Tensor>& inputs) {
+  group.before_forward();
+  if (const auto dtype = group.options().mp_policy.param_dtype) cast_floating(inputs, *dtype);
+}
+
+// The module's forward ends: the floating outputs cast to output_dtype, the parameters freed (or
+// kept), and on each output a backward can start from, the hook that runs before the module's
+// backward (the gradient of its outputs reaches it before anything inside it runs).
+void end_forward(const std::shared_ptr<FsdpGroup>& group, std::vector<at::Tensor>& outputs) {
+  if (const auto dtype = group->options().mp_policy.output_dtype) cast_floating(outputs, *dtype);
+  const auto differentiable = [](const at::Tensor& t) { return t.defined() && t.requires_grad(); };
+  const bool backward_follows =
+      torch::autograd::GradMode::is_enabled() && std::any_of(outputs.begin(), outputs.end(), differentiable);
+  if (!group->after_forward(backward_follows)) return;
+  for (at::Tensor& output : outputs)
+    if (differentiable(output)) output.register_hook([group](const at::Tensor&) { group->before_backward(); });
+}
+
 void install_hooks(torch::nn::Module& module, const std::shared_ptr<FsdpGroup>& group) {
-  register_forward_pre_hook(module, [group](torch::nn::Module&, std::vector<at::Tensor>& inputs) {
-    group->before_forward();
-    if (const auto dtype = group->options().mp_policy.param_dtype) cast_floating(inputs, *dtype);
-  });
+  register_forward_pre_hook(module,
+                            [group](torch::nn::Module&, std::vector<at::Tensor>& inputs) { begin_forward(*group, inputs); });
   register_forward_hook(module, [group](torch::nn::Module&, at::Tensor output) {
-    if (const auto dtype = group->options().mp_policy.output_dtype) {
-      std::vector<at::Tensor> outputs{std::move(output)};
-      cast_floating(outputs, *dtype);
-      output = std::move(outputs.front());
-    }
-    const bool backward_follows = torch::autograd::GradMode::is_enabled() && output.requires_grad();
-    // The gradient of the output reaches the module's backward before anything inside it runs.
-    if (group->after_forward(backward_follows))
-      output.register_hook([group](const at::Tensor&) { group->before_backward(); });
-    return output;
+    std::vector<at::Tensor> outputs{std::move(output)};
+    end_forward(group, outputs);
+    return std::move(outputs.front());
   });
+}
+
+// A module's name in errors: its type, and its path under its root when it has one.
+std::string describe_module(const torch::nn::Module& module) {
+  const auto group = group_of(module);
+  const std::string& label = group ? group->label() : std::string();
+  return module.name() + (group && label != "fully_shard(" + module.name() + ")" ? " (" + label + ")" : "");
+}
+
+// The groups of `module`'s prefetch list `modules`, checked: fully sharded, under the same root as `group`.
+std::vector<std::weak_ptr<FsdpGroup>> prefetch_groups(const torch::nn::Module& module, const FsdpGroup& group,
+                                                      const char* operation,
+                                                      const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+  const std::string where = std::string(operation) + "(" + describe_module(module) + "): ";
+  std::vector<std::weak_ptr<FsdpGroup>> groups;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    if (!modules[i]) throw DTensorError(where + "entry " + std::to_string(i) + " of the list is null");
+    const auto target = group_of(*modules[i]);
+    if (!target)
+      throw DTensorError(where + "entry " + std::to_string(i) + ", module " + modules[i]->name() +
+                         ", is not fully sharded: list only modules fully_shard was called on");
+    const auto root_of = [](const FsdpGroup& g) { return g.root() ? g.root()->label() : std::string("gone"); };
+    if (target->root() != group.root())
+      throw DTensorError(where + "entry " + std::to_string(i) + ", module " + describe_module(*modules[i]) +
+                         ", is not under the same fully-sharded root (its root is " + root_of(*target) + ", this module's " +
+                         root_of(group) + "): list modules of the same model, and fully_shard its root before setting the lists");
+    groups.push_back(target);
+  }
+  return groups;
 }
 
 }  // namespace
@@ -265,9 +322,12 @@ void fully_shard(torch::nn::Module& module, const MeshPtr& mesh, const FullyShar
   collect(module, "", true, params, index);
   shard_parameters(params, sharding, name);
   auto group = std::make_shared<FsdpGroup>(name, mesh, sharding.dp_dim, sharding.replicate_dim, options, std::move(params));
-  // This module's group is the root of every group in it, however deep.
+  // This module's group is the root of every group in it, however deep; their paths are under it.
   for (const auto& item : module.named_modules())
-    if (auto inside = group_of(*item.value())) inside->set_root(group);
+    if (auto inside = group_of(*item.value())) {
+      inside->set_root(group);
+      inside->set_path(item.key());
+    }
   group->set_root(group);
   install_hooks(module, group);
   std::lock_guard<std::mutex> lock(groups_mutex);
@@ -287,5 +347,70 @@ void set_requires_gradient_sync(torch::nn::Module& module, bool requires_sync) {
   for (const auto& item : module.named_modules())
     if (auto group = group_of(*item.value())) group->set_requires_gradient_sync(requires_sync);
 }
+
+UnshardHandle unshard(torch::nn::Module& module, bool async_op) {
+  const auto group = require_group(module, "unshard");
+  if (!async_op) {
+    group->unshard();
+    return UnshardHandle();
+  }
+  group->start_unshard();
+  return UnshardHandle(group);
+}
+
+void UnshardHandle::wait() {
+  if (!group_) return;
+  group_->wait_for_unshard();
+  group_.reset();
+}
+
+void set_reshard_after_backward(torch::nn::Module& module, bool reshard_after_backward, bool recurse) {
+  require_group(module, "set_reshard_after_backward")->set_reshard_after_backward(reshard_after_backward);
+  if (recurse)
+    for (const auto& item : module.named_modules())
+      if (auto group = group_of(*item.value())) group->set_reshard_after_backward(reshard_after_backward);
+}
+
+void set_modules_to_forward_prefetch(torch::nn::Module& module, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+  const auto group = require_group(module, "set_modules_to_forward_prefetch");
+  group->set_forward_prefetch(prefetch_groups(module, *group, "set_modules_to_forward_prefetch", modules));
+}
+
+void set_modules_to_backward_prefetch(torch::nn::Module& module, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+  const auto group = require_group(module, "set_modules_to_backward_prefetch");
+  group->set_backward_prefetch(prefetch_groups(module, *group, "set_modules_to_backward_prefetch", modules));
+}
+
+bool offloads_to_cpu(const torch::nn::Module& module) { return require_group(module, "offloads_to_cpu")->offloaded(); }
+
+namespace detail {
+
+FsdpForwardScope::FsdpForwardScope(torch::nn::Module& module, std::vector<at::Tensor>& inputs) : group_(group_of(module)) {
+  if (!group_) return;  // not fully sharded: fn runs as it is
+  begin_forward(*group_, inputs);
+  group_->hold();
+}
+
+FsdpForwardScope::~FsdpForwardScope() {
+  if (!group_ || finished_) return;
+  // fn threw: nothing it made can reach a backward, so the parameters are freed (unless an enclosing
+  // call_as_forward still holds them).
+  group_->release();
+  if (!group_->held()) {
+    try {
+      group_->reshard();
+    } catch (...) {  // already unwinding fn's exception: that one is what the caller sees
+    }
+  }
+}
+
+void FsdpForwardScope::finish(std::vector<at::Tensor>& outputs) {
+  finished_ = true;
+  if (!group_) return;
+  group_->release();
+  end_forward(group_, outputs);
+}
+
+}  // namespace detail
 
 }  // namespace dtensor

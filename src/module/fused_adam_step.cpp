@@ -72,6 +72,10 @@ void fused_step(torch::optim::Optimizer& optimizer, Kernel kernel) {
     if (l.params.empty()) continue;
     kernel(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, l.max_exp_avg_sqs, l.steps, o.lr(), std::get<0>(o.betas()),
            std::get<1>(o.betas()), o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, std::nullopt, std::nullopt);
+    // The fused kernels write in place without counting it in the tensors' versions (as in PyTorch 2.15);
+    // count it, so that whoever checks them (fully_shard's gathered values, autograd) sees the change.
+    for (const auto* list : {&l.params, &l.exp_avgs, &l.exp_avg_sqs, &l.max_exp_avg_sqs})
+      for (const at::Tensor& t : *list) t.unsafeGetTensorImpl()->bump_version();
   }
 }
 

@@ -1,18 +1,25 @@
 // DTensors on CUDA: run where a GPU is present, skipped with a visible reason elsewhere (this binary
 // links libtorch_cuda so that LibTorch sees the GPU when there is one). Two local ranks share device 0:
 //  - DTensors holding CUDA shards on a Gloo mesh (Gloo moves CUDA tensors through host memory);
-//  - a one-rank NCCL mesh (CUDA device type), when dtensor was built with -DDTENSOR_WITH_NCCL=ON.
+//  - a one-rank NCCL mesh (CUDA device type), when dtensor was built with -DDTENSOR_WITH_NCCL=ON, also
+//    for fully_shard's CPU offload.
 // Each result is compared with the same computation on one device.
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adamw.h>
 
 #include <algorithm>
 #include <iostream>
+#include <string>
 
 #include "dtensor/comm_debug.h"
 #include "dtensor/dtensor.h"
+#include "dtensor/fsdp.h"
+#include "dtensor/module.h"
+#include "dtensor/optim.h"
 
 namespace {
 
@@ -40,15 +47,25 @@ TEST(Cuda, DTensorsWithCudaShardsOnAGlooMesh) {
   EXPECT_TRUE(at::allclose(dtensor::full_tensor(moved).cpu(), at::relu(at::mm(x, w)) * 2));
 }
 
+// A one-rank NCCL mesh (CUDA device type) on rank 0, or null with `why` it cannot be had here.
+dtensor::MeshPtr one_rank_nccl_mesh(std::string& why) {
+  if (g_world->rank() != 0) {
+    why = "the one-rank NCCL mesh lives on rank 0";
+    return nullptr;
+  }
+  try {
+    return dtensor::DeviceMesh::create(g_world, {1}, {0}, {.device_type = c10::DeviceType::CUDA});
+  } catch (const dtensor::DTensorError& e) {
+    why = e.what();  // built without NCCL: the error says how to build with it
+    return nullptr;
+  }
+}
+
 TEST(Cuda, OneRankNcclMesh) {
   REQUIRE_GPU();
-  if (g_world->rank() != 0) GTEST_SKIP() << "the one-rank NCCL mesh lives on rank 0";
-  dtensor::MeshPtr mesh;
-  try {
-    mesh = dtensor::DeviceMesh::create(g_world, {1}, {0}, {.device_type = c10::DeviceType::CUDA});
-  } catch (const dtensor::DTensorError& e) {
-    GTEST_SKIP() << e.what();  // built without NCCL: the error says how to build with it
-  }
+  std::string why;
+  const dtensor::MeshPtr mesh = one_rank_nccl_mesh(why);
+  if (!mesh) GTEST_SKIP() << why;
   at::manual_seed(2);
   const at::Tensor x = at::randn({4, 3}, at::kFloat);
   at::Tensor dx = dtensor::distribute_tensor(on_gpu(x), mesh, dtensor::Placements{dtensor::Shard(0)});
@@ -145,6 +162,55 @@ TEST(Cuda, FusedRmsNormShardsRows) {
   EXPECT_TRUE(at::allclose(dtensor::full_tensor(out), expected, 1e-5, 1e-5));
   EXPECT_TRUE(at::allclose(dtensor::full_tensor(dx.grad()), lx.grad(), 1e-5, 1e-5));
   EXPECT_TRUE(at::allclose(dtensor::full_tensor(dw.grad()), lw.grad(), 1e-4, 1e-4));
+}
+
+// Two Linear layers for fully_shard: `a` its own group, the root takes `b`.
+class TwoLinearImpl : public torch::nn::Module {
+ public:
+  TwoLinearImpl() : a(register_module("a", torch::nn::Linear(6, 5))), b(register_module("b", torch::nn::Linear(5, 3))) {}
+  at::Tensor forward(const at::Tensor& x) { return dtensor::call(b, at::relu(dtensor::call(a, x))); }
+  torch::nn::Linear a, b;
+};
+TORCH_MODULE(TwoLinear);
+
+// fully_shard with CPUOffloadPolicy on a one-rank NCCL mesh: the shards (and so their gradients and
+// AdamW's state) are pinned host tensors while forward and backward run on the GPU; three steps equal
+// the same model trained on the GPU alone.
+TEST(Cuda, FullyShardCpuOffloadKeepsTheShardsInHostMemory) {
+  REQUIRE_GPU();
+  std::string why;
+  const dtensor::MeshPtr mesh = one_rank_nccl_mesh(why);
+  if (!mesh) GTEST_SKIP() << why;
+  torch::manual_seed(6);
+  TwoLinear reference;
+  torch::manual_seed(6);
+  TwoLinear parallel;
+  reference->to(at::Device(at::kCUDA, 0));
+  parallel->to(at::Device(at::kCUDA, 0));
+  const dtensor::FullyShardOptions options{.offload_policy = dtensor::CPUOffloadPolicy{.pin_memory = true}};
+  dtensor::fully_shard(*parallel->a, mesh, options);
+  dtensor::fully_shard(*parallel, mesh, options);
+  EXPECT_TRUE(dtensor::offloads_to_cpu(*parallel) && dtensor::offloads_to_cpu(*parallel->a));
+  for (const auto& p : parallel->named_parameters()) {
+    EXPECT_TRUE(dtensor::local_tensor_of(p.value()).is_cpu()) << p.key();
+    EXPECT_TRUE(dtensor::local_tensor_of(p.value()).is_pinned()) << p.key();
+  }
+  torch::optim::AdamW optimizer(parallel->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW optimizer_ref(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor x = at::randn({4, 6}, at::TensorOptions().device(at::kCUDA, 0));
+    optimizer.zero_grad();
+    dtensor::call(parallel, x).square().mean().backward();
+    for (const auto& p : parallel->named_parameters())
+      EXPECT_TRUE(dtensor::local_tensor_of(p.value().grad()).is_cpu()) << p.key() << " step " << step;
+    dtensor::step_on_local_shards(optimizer);
+    optimizer_ref.zero_grad();
+    reference->forward(x).square().mean().backward();
+    optimizer_ref.step();
+  }
+  const auto expected = reference->named_parameters();
+  for (const auto& p : parallel->named_parameters())
+    EXPECT_TRUE(at::allclose(dtensor::full_tensor(p.value()).cpu(), expected[p.key()].cpu(), 1e-5, 1e-6)) << p.key();
 }
 
 }  // namespace
