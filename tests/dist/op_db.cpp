@@ -97,7 +97,7 @@ std::vector<std::vector<Placements>> partial_combinations(const OpSample& sample
   return out;
 }
 
-std::string describe(const std::vector<Placements>& placements) {
+std::string describe_inputs(const std::vector<Placements>& placements) {
   std::string where;
   for (const auto& p : placements) where += "(" + to_string(p) + ") ";
   return where;
@@ -119,7 +119,7 @@ std::vector<std::vector<Placements>> strided_combinations(const OpSample& sample
   std::set<std::string> seen;
   std::vector<std::vector<Placements>> out;
   auto add = [&](std::vector<Placements> c) {
-    if (seen.insert(describe(c)).second) out.push_back(std::move(c));
+    if (seen.insert(describe_inputs(c)).second) out.push_back(std::move(c));
   };
   for (size_t i = 0; i < n; ++i)
     for (const Placement& b : base_candidates(sample, i)) {
@@ -342,7 +342,7 @@ std::vector<std::string> run_sample(const OpSample& sample) {
         if (sample.expect_error.empty() && !run.refused) record_run(sample, m->ndim(), run);
         continue;
       }
-      failures.push_back(sample.name + " on " + m->str() + " with inputs " + describe(placements) + ": " + r.message());
+      failures.push_back(sample.name + " on " + m->str() + " with inputs " + describe_inputs(placements) + ": " + r.message());
     }
   }
   record_sample_done(sample, probe_derivative(sample));
