@@ -32,6 +32,13 @@ at::Tensor full(const Shape& shape, const at::Scalar& fill_value, const MeshPtr&
 // Uniform on [0, 1).
 at::Tensor rand(const Shape& shape, const MeshPtr& mesh, std::optional<Placements> placements = std::nullopt,
                 const at::TensorOptions& options = {}, std::optional<at::Generator> generator = std::nullopt);
+// `steps` values evenly spaced from start to end (logspace: base to those powers), a 1-d DTensor. Each
+// rank computes the whole line and keeps its part, so the values are at::linspace's / at::logspace's
+// to the bit (O(steps) per rank). StridedShard is refused, as in PyTorch.
+at::Tensor linspace(const at::Scalar& start, const at::Scalar& end, int64_t steps, const MeshPtr& mesh,
+                    std::optional<Placements> placements = std::nullopt, const at::TensorOptions& options = {});
+at::Tensor logspace(const at::Scalar& start, const at::Scalar& end, int64_t steps, double base, const MeshPtr& mesh,
+                    std::optional<Placements> placements = std::nullopt, const at::TensorOptions& options = {});
 // Standard normal.
 at::Tensor randn(const Shape& shape, const MeshPtr& mesh, std::optional<Placements> placements = std::nullopt,
                  const at::TensorOptions& options = {}, std::optional<at::Generator> generator = std::nullopt);

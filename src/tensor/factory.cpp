@@ -51,7 +51,33 @@ at::Tensor filled(const char* what, const Shape& shape, const MeshPtr& mesh, con
   return out;
 }
 
+// A 1-d line of `steps` values (`line` makes the whole of it), each rank keeping its part.
+at::Tensor spaced(const char* what, int64_t steps, const MeshPtr& mesh, const std::optional<Placements>& placements,
+                  const at::TensorOptions& options, const std::function<at::Tensor(const at::TensorOptions&)>& line) {
+  if (steps < 0) throw DTensorError(std::string(what) + ": steps must be >= 0, not " + std::to_string(steps));
+  if (!mesh) throw DTensorError(std::string(what) + ": the mesh is null; build one with DeviceMesh::create");
+  const Placements p = validate_placements(placements.value_or(Placements(mesh->ndim(), Replicate())), mesh->ndim(), 1, what);
+  for (const Placement& placement : p)
+    if (placement.is_strided_shard()) throw DTensorError(std::string(what) + ": StridedShard placements are not supported");
+  return make(what, {steps}, mesh, p, options, [&](const Shape&, const at::TensorOptions& o) {
+    const LocalLayout part = local_layout({steps}, mesh->shape(), *mesh->coordinate(), p);
+    return line(o).narrow(0, part.offset[0], part.shape[0]).clone();
+  });
+}
+
 }  // namespace
+
+at::Tensor linspace(const at::Scalar& start, const at::Scalar& end, int64_t steps, const MeshPtr& mesh,
+                    std::optional<Placements> placements, const at::TensorOptions& options) {
+  return spaced("dtensor::linspace", steps, mesh, placements, options,
+                [&](const at::TensorOptions& o) { return at::linspace(start, end, steps, o); });
+}
+
+at::Tensor logspace(const at::Scalar& start, const at::Scalar& end, int64_t steps, double base, const MeshPtr& mesh,
+                    std::optional<Placements> placements, const at::TensorOptions& options) {
+  return spaced("dtensor::logspace", steps, mesh, placements, options,
+                [&](const at::TensorOptions& o) { return at::logspace(start, end, steps, base, o); });
+}
 
 at::Tensor empty(const Shape& shape, const MeshPtr& mesh, std::optional<Placements> placements,
                  const at::TensorOptions& options) {

@@ -35,6 +35,27 @@ TEST_F(FactoryRandomTest, FactoriesMakeTheWholeTensorFromLocalShards) {
   }
 }
 
+// 7 points over 4 ranks (2, 2, 2, 1), over 2x2 twice along the one dim, Partial included: the values of
+// at::linspace / at::logspace to the bit.
+TEST_F(FactoryRandomTest, LinspaceAndLogspaceAreOneDevicesLines) {
+  const auto options = at::TensorOptions().dtype(at::kDouble);
+  const std::vector<std::pair<MeshPtr, Placements>> layouts = {{mesh({4}), {Shard(0)}},
+                                                               {mesh({4}), {Replicate()}},
+                                                               {mesh({2, 2}), {Shard(0), Shard(0)}},
+                                                               {mesh({2, 2}), {Partial(), Shard(0)}}};
+  for (const auto& [m, p] : layouts) {
+    SCOPED_TRACE(describe(m, p));
+    const at::Tensor line = linspace(-1.5, 2.0, 7, m, p, options), powers = logspace(-1, 3, 7, 2.0, m, p, options);
+    EXPECT_EQ(placements_of(line), p);
+    EXPECT_TRUE(at::equal(full_tensor(line), at::linspace(-1.5, 2.0, 7, options)));
+    EXPECT_TRUE(at::equal(full_tensor(powers), at::logspace(-1, 3, 7, 2.0, options)));
+  }
+  EXPECT_EQ(linspace(0, 1, 0, mesh({4}), Placements{Shard(0)}).numel(), 0);
+  EXPECT_THAT(error_of([&] { linspace(0, 1, -2, mesh({4})); }), ::testing::HasSubstr("steps must be >= 0"));
+  EXPECT_THAT(error_of([&] { linspace(0, 1, 8, mesh({4}), Placements{StridedShard(0, 2)}); }),
+              ::testing::HasSubstr("StridedShard placements are not supported"));
+}
+
 TEST_F(FactoryRandomTest, FactoriesDefaultToReplicateAndMakeLeaves) {
   auto m = mesh({2, 2});
   at::Tensor t = ones({7}, m, std::nullopt, at::TensorOptions().requires_grad(true));
