@@ -1,0 +1,21 @@
+// libFuzzer target: PyTorch DCP's .metadata (a pickle) read by checkpoint::dcp::parse_metadata, the
+// restricted unpickler and the typed mapping behind read_metadata. The input is the file's bytes.
+// Seeds: the .metadata files scripts/write_dcp_checkpoints.py wrote with PyTorch (one process, 4 ranks,
+// protocols 2/3/5, damaged copies), copied by scripts/fuzz_seeds.py (./dev fuzz runs it).
+
+#include <cstdint>
+#include <string_view>
+
+#include "dtensor/dcp.h"
+#include "fuzz_common.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  static const std::string source = "fuzz-input/.metadata";
+  try {
+    const auto md = dtensor::checkpoint::dcp::parse_metadata(std::string_view(reinterpret_cast<const char*>(data), size), source);
+    (void)md;
+  } catch (const dtensor::DTensorError& e) {
+    dtensor::fuzz::check_error_text(e, source);
+  }
+  return 0;
+}
