@@ -126,6 +126,9 @@ def bad(single_path, out):
         "storage_missing": lambda m: m.storage_data.pop(next(i for i in m.storage_data if i.fqn == "step")),
         "storage_unknown": lambda m: m.storage_data.__setitem__(MetadataIndex("ghost"), copy.copy(storage_of(m, "step"))),
         "entry_not_metadata": lambda m: m.state_dict_metadata.__setitem__("w", [1, 2]),
+        # One empty chunk 200000 times (pickled once, then by memo): refused in linear time.
+        "many_empty_chunks": lambda m: m.state_dict_metadata.__setitem__("w", TensorStorageMetadata(
+            m.state_dict_metadata["w"].properties, torch.Size([10, 0]), [chunk([0, 0], [10, 0])] * 200000)),
     }
     for name, edit in cases.items():
         m = copy.deepcopy(meta)

@@ -196,13 +196,21 @@ void check_tiling(const Field& f, const DcpTensor& t) {
     }
     if (held) held = io::checked_add(*held, *io::checked_numel(c.sizes));  // inside the tensor: it fits
   }
-  // Overlaps: sorted by offset along the first dim (chunks are usually rows or a grid), each chunk
-  // against the ones starting before it ends there.
+  // Overlaps, by a sweep along the dim whose chunk offsets differ most (as the catalog's check_tiling):
+  // each chunk against the ones starting before it ends there. Empty chunks overlap nothing and are
+  // left out, so that many of them cost no pairs.
   const size_t ndim = t.size.size();
-  std::vector<size_t> order(t.chunks.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  const auto start = [&](size_t i) { return ndim ? t.chunks[i].offsets[0] : 0; };
-  const auto stop = [&](size_t i) { return ndim ? t.chunks[i].offsets[0] + t.chunks[i].sizes[0] : 1; };
+  std::vector<size_t> order;
+  for (size_t i = 0; i < t.chunks.size(); ++i)
+    if (io::checked_numel(t.chunks[i].sizes) != 0) order.push_back(i);
+  size_t sweep = 0, most = 0;
+  for (size_t d = 0; d < ndim; ++d) {
+    std::set<int64_t> starts;
+    for (size_t i : order) starts.insert(t.chunks[i].offsets[d]);
+    if (starts.size() > most) most = starts.size(), sweep = d;
+  }
+  const auto start = [&](size_t i) { return ndim ? t.chunks[i].offsets[sweep] : 0; };
+  const auto stop = [&](size_t i) { return ndim ? t.chunks[i].offsets[sweep] + t.chunks[i].sizes[sweep] : 1; };
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return start(a) < start(b); });
   for (size_t a = 0; a < order.size(); ++a)
     for (size_t b = a + 1; b < order.size() && start(order[b]) < stop(order[a]); ++b) {
@@ -210,10 +218,11 @@ void check_tiling(const Field& f, const DcpTensor& t) {
       const DcpChunk& y = t.chunks[order[b]];
       bool shared = true;
       for (size_t d = 0; d < ndim && shared; ++d)
-        shared = x.sizes[d] > 0 && y.sizes[d] > 0 && std::max(x.offsets[d], y.offsets[d]) < std::min(x.offsets[d] + x.sizes[d], y.offsets[d] + y.sizes[d]);
-      if (shared && io::checked_numel(x.sizes) != 0 && io::checked_numel(y.sizes) != 0)
-        f.fail("chunks " + std::to_string(order[a]) + " at " + ints_str(x.offsets) + " and " + std::to_string(order[b]) + " at " +
-               ints_str(y.offsets) + " overlap");
+        shared = std::max(x.offsets[d], y.offsets[d]) < std::min(x.offsets[d] + x.sizes[d], y.offsets[d] + y.sizes[d]);
+      if (shared)
+        f.fail("chunks " + std::to_string(std::min(order[a], order[b])) + " at " + ints_str(t.chunks[std::min(order[a], order[b])].offsets) +
+               " and " + std::to_string(std::max(order[a], order[b])) + " at " + ints_str(t.chunks[std::max(order[a], order[b])].offsets) +
+               " overlap");
     }
   if (held != total)
     f.fail("the chunks hold " + std::to_string(*held) + " of the tensor's " + std::to_string(*total) + " elements (size " +
@@ -310,6 +319,10 @@ DcpStorageMeta read_storage_meta(const Field& f) {
 
 // Every item has its storage once: each chunk of each tensor (by its offsets) and each bytes entry.
 void check_storage(const Field& f, const DcpMetadata& md) {
+  std::map<std::string, std::set<std::vector<int64_t>>> chunk_offsets;  // fqn -> its chunks' offsets
+  for (const auto& [fqn, entry] : md.entries)
+    if (const auto* t = std::get_if<DcpTensor>(&entry))
+      for (const DcpChunk& c : t->chunks) chunk_offsets[fqn].insert(c.offsets);
   std::map<std::string, std::set<std::vector<int64_t>>> stored;  // fqn -> offsets seen (bytes: {})
   const std::vector<std::pair<Field, Field>> fields = f.items();
   for (size_t i = 0; i < md.storage.size(); ++i) {
@@ -317,10 +330,10 @@ void check_storage(const Field& f, const DcpMetadata& md) {
     const Field& key = fields[i].first;
     const auto entry = md.entries.find(index.fqn);
     if (entry == md.entries.end()) key.fail("storage for " + name_text(index.fqn) + ", which state_dict_metadata does not list");
-    if (const auto* t = std::get_if<DcpTensor>(&entry->second)) {
+    if (std::holds_alternative<DcpTensor>(entry->second)) {
       if (!index.offset) key.fail("storage for the tensor " + name_text(index.fqn) + " without a chunk offset");
-      const bool known = std::any_of(t->chunks.begin(), t->chunks.end(), [&](const DcpChunk& c) { return c.offsets == *index.offset; });
-      if (!known) key.fail("storage for a chunk of " + name_text(index.fqn) + " at " + ints_str(*index.offset) + ", which it does not have");
+      if (!chunk_offsets[index.fqn].count(*index.offset))
+        key.fail("storage for a chunk of " + name_text(index.fqn) + " at " + ints_str(*index.offset) + ", which it does not have");
       if (!stored[index.fqn].insert(*index.offset).second)
         key.fail("a second storage for the chunk of " + name_text(index.fqn) + " at " + ints_str(*index.offset));
     } else {
@@ -332,7 +345,7 @@ void check_storage(const Field& f, const DcpMetadata& md) {
     const auto* t = std::get_if<DcpTensor>(&entry);
     const size_t want = t ? t->chunks.size() : 1;
     const size_t have = stored.count(fqn) ? stored.at(fqn).size() : 0;
-    if (have != want)  // chunks with the same offsets (empty ones) are refused by the tiling check
+    if (have != want)  // two chunks at the same offsets (empty ones; others overlap) have storage for one
       f.fail("the entry " + name_text(fqn) + " has storage for " + std::to_string(have) + " of its " + std::to_string(want) + " items");
   }
 }

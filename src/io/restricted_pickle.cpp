@@ -215,6 +215,7 @@ class Machine {
     values_[parent].items.push_back(child);
     values_[parent].depth = std::max(values_[parent].depth, depth);
   }
+  // `items` must not be a part of values_, which make() can move.
   PickleRef container(PickleKind kind, const std::vector<PickleRef>& items) {
     const PickleRef ref = make(kind);
     for (PickleRef item : items) adopt(ref, item);
@@ -246,8 +247,10 @@ class Machine {
     if (!g)
       fail(op_at_, "global '" + excerpt(module) + "." + excerpt(name) +
                        "' is not one a DCP checkpoint's metadata holds: refused (nothing is executed)");
+    // The text first: `module` and `name` may view strings of values_, which make() can move.
+    std::string text = std::string(module) + "." + std::string(name);
     const PickleRef ref = make(PickleKind::Global);
-    values_[ref].text = std::string(module) + "." + std::string(name);
+    values_[ref].text = std::move(text);
     values_[ref].integer = static_cast<int64_t>(g->role);
     push(ref);
   }
@@ -289,7 +292,8 @@ class Machine {
     if (!reduce && !values_[args].items.empty())
       fail(op_at_, "NEWOBJ of " + values_[callable].text + " with " + std::to_string(values_[args].items.size()) +
                        " arguments (its pickles have none)");
-    const PickleRef obj = container(PickleKind::Object, values_[args].items);
+    const std::vector<PickleRef> items = values_[args].items;  // a copy: make() can move values_
+    const PickleRef obj = container(PickleKind::Object, items);
     values_[obj].text = values_[callable].text;
     values_[obj].reduced = reduce;
     push(obj);

@@ -51,7 +51,7 @@ const std::vector<PickleGlobal>& allowed_pickle_globals();
 struct PickleValue {
   PickleKind kind = PickleKind::None;
   int64_t offset = 0;   // of the opcode that made it
-  int64_t integer = 0;  // Int, and Bool (0 or 1)
+  int64_t integer = 0;  // Int; Bool (0 or 1); Global: its PickleGlobalRole
   std::string text;     // String; Global and Object: the global's "module.name"
   // Tuple and List: the elements; Dict: keys and values alternating, in insertion order (duplicate
   // keys are kept, for the reader to refuse); Object: the arguments NEWOBJ or REDUCE gave.
