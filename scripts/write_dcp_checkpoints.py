@@ -87,6 +87,7 @@ def write_expected(path):
 
 def single(path):
     state = dict(values())
+    state["bias"] = torch.nn.Parameter(state["bias"])  # recorded with requires_grad=True
     state["nested"] = {"inner": torch.arange(6, dtype=torch.int32).reshape(2, 3)}
     state["step"] = 7
     state["tag"] = "hello"

@@ -91,6 +91,13 @@ TEST(DcpPickledMetadata, ReadsWhatPyTorchWrote) {
   }
 }
 
+TEST(DcpPickledMetadata, RecordsWhatTheSavedTensorsWere) {
+  const dcp::DcpMetadata md = dcp::read_metadata(dcp_dir("dcp_single"));
+  EXPECT_TRUE(std::get<dcp::DcpTensor>(md.entries.at("bias")).requires_grad);  // an nn.Parameter
+  EXPECT_FALSE(std::get<dcp::DcpTensor>(md.entries.at("w")).requires_grad);
+  EXPECT_EQ(std::get<dcp::DcpTensor>(md.entries.at("nested.inner")).dtype, c10::kInt);  // a nested dict's, flattened
+}
+
 TEST(DcpPickledMetadata, ShardedTensorsHaveTheirChunks) {
   const dcp::DcpMetadata md = dcp::read_metadata(dcp_dir("dcp_sharded"));
   // w (7, 5) as [Shard(0), Shard(1)] on 2 x 2: rows 4 + 3, columns 3 + 2.
