@@ -34,21 +34,26 @@ std::string ints_str(const std::vector<int64_t>& v) {
 std::string name_text(const std::string& name) { return "'" + name.substr(0, 200) + (name.size() > 200 ? "...'" : "'"); }
 
 // A value of the tree with its path from the root, for errors: "<file>: field '<path>': <what> (byte N)".
+// The path is kept as the parent's field and this one's step, and spelled out only for an error: a
+// metadata file of 10^5 chunks makes a million fields. A field is read while its parent is alive (the
+// reader walks down by schema), so the parent pointer never dangles.
 class Field {
  public:
-  Field(const PickleTree& tree, PickleRef ref, std::string path) : tree_(&tree), ref_(ref), path_(std::move(path)) {}
+  Field(const PickleTree& tree, PickleRef ref, std::string root) : tree_(&tree), ref_(ref), step_(std::move(root)) {}
+  Field(const Field& parent, PickleRef ref, std::string step)
+      : tree_(parent.tree_), ref_(ref), parent_(&parent), step_(std::move(step)) {}
 
   const io::PickleValue& value() const { return tree_->at(ref_); }
   PickleKind kind() const { return value().kind; }
-  const std::string& path() const { return path_; }
+  std::string path() const { return parent_ ? parent_->path() + step_ : step_; }
   bool is_none() const { return kind() == PickleKind::None; }
 
   [[noreturn]] void fail(const std::string& what) const {
-    throw DTensorError(tree_->source() + ": field '" + path_ + "': " + what + " (byte " + std::to_string(value().offset) + ")");
+    throw DTensorError(tree_->source() + ": field '" + path() + "': " + what + " (byte " + std::to_string(value().offset) + ")");
   }
   [[noreturn]] void expected(const std::string& what) const { fail("expected " + what + ", found " + tree_->describe(ref_)); }
 
-  Field child(PickleRef ref, const std::string& suffix) const { return Field(*tree_, ref, path_ + suffix); }
+  Field child(PickleRef ref, std::string step) const { return Field(*this, ref, std::move(step)); }
 
   int64_t as_int(int64_t min = 0, int64_t max = INT64_MAX) const {
     if (kind() != PickleKind::Int) expected("an integer");
@@ -126,7 +131,8 @@ class Field {
 
   const PickleTree* tree_;
   PickleRef ref_;
-  std::string path_;
+  const Field* parent_ = nullptr;  // none at the root
+  std::string step_;               // from the parent: ".name", "[3]", "['w']"
 };
 
 // The members of a dataclass's state dict: `required` must be there, anything outside `required` and
