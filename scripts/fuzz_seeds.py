@@ -1,12 +1,14 @@
 """Seeds for the fuzz targets (fuzz/), from the suite's own files, one directory per target:
 
-  fuzz_seeds.py GRAPH_MODELS PYTORCH_WRITTEN OUT_DIR
+  fuzz_seeds.py GRAPH_MODELS PYTORCH_WRITTEN OUT_DIR [DCP_WRITTEN]
 
   OUT_DIR/pt2/         the exported archives as they are
   OUT/pt2_graph/       per archive (in name order): its index as one byte, then its models/model.json
   OUT/checkpoint/      the checkpoints PyTorch wrote, packed as checkpoint_fuzzer reads its input (the
                        index, then each safetensors file, joined by SEPARATOR), plus one in dtensor's
                        own layout (dtensor metadata and index section on DCP's sharded files)
+  OUT/dcp_metadata/    the DCP .metadata pickles scripts/write_dcp_checkpoints.py wrote into DCP_WRITTEN
+                       (dcp.save's, the same re-pickled at protocols 2, 3 and 5, the damaged copies)
 """
 import glob
 import json
@@ -88,6 +90,19 @@ def checkpoint_seeds(written, out_dir):
     pack(out_dir, "dtensor_sharded", json.dumps(index).encode(), files)
 
 
+def dcp_metadata_seeds(written, out_dir):
+    out_dir = os.path.join(out_dir, "dcp_metadata")
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(written, d, ".metadata") for d in ("dcp_single", "dcp_sharded")]
+    paths += sorted(glob.glob(os.path.join(written, "dcp_single", "*.pickle")))
+    paths += sorted(glob.glob(os.path.join(written, "dcp_bad", "*.metadata")))
+    for path in paths:
+        name = os.path.relpath(path, written).replace(os.sep, "_")
+        shutil.copy(path, os.path.join(out_dir, name))
+
+
 if __name__ == "__main__":
     graph_seeds(sys.argv[1], sys.argv[3])
     checkpoint_seeds(sys.argv[2], sys.argv[3])
+    if len(sys.argv) > 4:
+        dcp_metadata_seeds(sys.argv[4], sys.argv[3])
