@@ -23,6 +23,7 @@
 //
 // The controls of FSDP2's FSDPModule, as functions of the module: unshard (synchronous, or started
 // with an UnshardHandle to wait on), reshard, set_requires_gradient_sync, set_reshard_after_backward,
+// set_reshard_after_forward,
 // set_modules_to_forward_prefetch / set_modules_to_backward_prefetch; call_as_forward stands for
 // register_fsdp_forward_method; FullyShardOptions::offload_policy for fully_shard's offload_policy.
 // Where dtensor departs from PyTorch 2.15, the comment at each says so and why.
@@ -165,6 +166,14 @@ void set_requires_gradient_sync(torch::nn::Module& module, bool requires_sync);
 // forward and gathers again, so stepping while gathered is safe; until then the module shows the
 // values gathered before the step (reshard() shows the shards, and frees the memory).
 void set_reshard_after_backward(torch::nn::Module& module, bool reshard_after_backward, bool recurse = true);
+
+// FSDP2's set_reshard_after_forward: changes FullyShardOptions::reshard_after_forward after fully_shard,
+// e.g. false for evaluation (forwards without backward still free the parameters: nothing saved them)
+// and back to true for training. recurse: also every fully-sharded module inside `module`. As in
+// PyTorch, the root obeys it once set: set_reshard_after_forward(root, true) frees the root's
+// parameters after forward too (gathered again before its backward), where by default the root keeps
+// them. Throws DTensorError when `module` is not fully sharded.
+void set_reshard_after_forward(torch::nn::Module& module, bool reshard_after_forward, bool recurse = true);
 
 // FSDP2's explicit prefetching. Before `module`'s forward computes (after its own gather), the
 // all-gathers of `modules` are started, in the list's order; before its backward (once its own

@@ -262,8 +262,9 @@ void FsdpGroup::before_forward() {
 bool FsdpGroup::after_forward(bool backward_follows) {
   if (held()) return false;  // call_as_forward's own end decides
   if (is_root()) forward_order_ = recording_;
-  // Without a backward nothing saved the gathered parameters; the root's backward comes at once.
-  const bool keep = backward_follows && (!options_.reshard_after_forward || is_root());
+  // Without a backward nothing saved the gathered parameters; the root's backward comes at once (unless
+  // set_reshard_after_forward said otherwise).
+  const bool keep = backward_follows && (!options_.reshard_after_forward || (is_root() && !reshard_after_forward_set_));
   if (!keep) reshard();
   return backward_follows && (!keep || !backward_prefetch_.empty());
 }

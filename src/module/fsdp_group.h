@@ -86,6 +86,11 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   bool is_root() const { return root_.lock().get() == this; }
   std::shared_ptr<FsdpGroup> root() const { return root_.lock(); }
   void set_requires_gradient_sync(bool sync) { requires_sync_ = sync; }
+  // After this, the root too follows reshard_after_forward (by default it keeps its parameters).
+  void set_reshard_after_forward(bool reshard) {
+    options_.reshard_after_forward = reshard;
+    reshard_after_forward_set_ = true;
+  }
   void set_reshard_after_backward(bool reshard) { reshard_after_backward_ = reshard; }
   // The explicit prefetch lists (empty: the implicit order).
   void set_forward_prefetch(std::vector<std::weak_ptr<FsdpGroup>> groups) { forward_prefetch_ = std::move(groups); }
@@ -196,6 +201,7 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   bool in_backward_ = false;  // before_backward ran since the last forward or reduction
   // Whole gradients accumulated without sync: [dp_size * shard_numel_] and [replicated_numel_].
   at::Tensor pending_grads_, pending_replicated_;
+  bool reshard_after_forward_set_ = false;  // set_reshard_after_forward was called: the root obeys it too
 };
 
 // Whether the shards of a group with these options on `mesh` live in host memory apart from the device:

@@ -371,6 +371,25 @@ void set_reshard_after_backward(torch::nn::Module& module, bool reshard_after_ba
       if (auto group = group_of(*item.value())) group->set_reshard_after_backward(reshard_after_backward);
 }
 
+namespace {
+
+// The groups a setter applies to: `module`'s (which must be fully sharded) and, with recurse, those of
+// every fully-sharded module inside it.
+std::vector<std::shared_ptr<FsdpGroup>> groups_in(torch::nn::Module& module, const char* operation, bool recurse) {
+  std::vector<std::shared_ptr<FsdpGroup>> out{require_group(module, operation)};
+  if (recurse)
+    for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/false))
+      if (auto group = group_of(*item.value())) out.push_back(std::move(group));
+  return out;
+}
+
+}  // namespace
+
+void set_reshard_after_forward(torch::nn::Module& module, bool reshard_after_forward, bool recurse) {
+  for (const auto& group : groups_in(module, "set_reshard_after_forward", recurse))
+    group->set_reshard_after_forward(reshard_after_forward);
+}
+
 void set_modules_to_forward_prefetch(torch::nn::Module& module, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
   const auto group = require_group(module, "set_modules_to_forward_prefetch");
   group->set_forward_prefetch(prefetch_groups(module, *group, "set_modules_to_forward_prefetch", modules));

@@ -1,8 +1,10 @@
 // FSDP2's controls of a fully-sharded module, each against the same GPT on one device (uneven rows over
 // 4 ranks) and with the collectives it must (or must not) issue, on a 1-d mesh (FSDP=4) and two 2-d
 // ones (HSDP, 2 replicas x FSDP=2; FSDP=2 x TP=2): set_reshard_after_backward, the explicit prefetch
-// lists, unshard(async_op) and its handle, call_as_forward (register_fsdp_forward_method), and
-// CPUOffloadPolicy (on a CPU mesh: the identity). Then the errors of misuse.
+// lists, unshard(async_op) and its handle, call_as_forward (register_fsdp_forward_method),
+// CPUOffloadPolicy (on a CPU mesh: the identity), and
+// set_reshard_after_forward.
+// Then the errors of misuse.
 
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adamw.h>
@@ -350,6 +352,42 @@ TEST_F(FsdpControlsTest, CpuOffloadIsTheIdentityOnACpuMesh) {
   }
 }
 
+// set_reshard_after_forward(root, true) frees the root's parameters after forward too (PyTorch's root
+// obeys it once set): every parameter sharded after forward, the root gathered again first in
+// backward. Then false on everything (recursive): nothing freed after forward, nothing gathered in
+// backward; and on one block alone (recurse = false): only that block kept. Gradients equal one
+// device's throughout.
+TEST_F(FsdpControlsTest, SetReshardAfterForwardChangesItAfterFullyShardRootIncluded) {
+  for (const Layout& layout : kLayouts) {
+    SCOPED_TRACE(layout.label);
+    Job job = sharded_job(layout);
+    auto reference = seeded_uneven_gpt();
+    const std::string root = job.model->name();
+    const auto pass = [&](int64_t step, const std::vector<std::string>& backward_gathers) {
+      const gpt::Batch batch = batch_of(step);
+      at::Tensor loss = loss_on(job.model, dp_rows_of(batch, job.data));
+      CommDebugMode backward;
+      loss.backward();
+      EXPECT_EQ(gathers(backward), backward_gathers) << "step " << step << ": " << backward.summary();
+      loss_on(reference, batch).backward();
+      expect_grads_equal(*job.model, *reference, 1e-9, 1e-12);
+    };
+    set_reshard_after_forward(*job.model, true);
+    {
+      at::Tensor loss = loss_on(job.model, dp_rows_of(batch_of(1), job.data));
+      expect_sharded(*job.model, job.mesh);  // the root's own parameters included
+    }
+    reshard_all(*job.model);
+    pass(2, labels({root.c_str(), "blocks.1", "blocks.0"}));
+    set_reshard_after_forward(*job.model, false);
+    pass(3, {});
+    reshard_all(*job.model);
+    set_reshard_after_forward(*job.model, true);
+    set_reshard_after_forward(*(*job.model->blocks)[0], false, /*recurse=*/false);
+    pass(4, labels({root.c_str(), "blocks.1"}));
+  }
+}
+
 class FsdpControlsErrorTest : public DistTest {};
 
 TEST_F(FsdpControlsErrorTest, MisuseIsRefusedWithAClearError) {
@@ -365,6 +403,8 @@ TEST_F(FsdpControlsErrorTest, MisuseIsRefusedWithAClearError) {
   EXPECT_THAT(error_of([&] { set_modules_to_forward_prefetch(*blocks[2], {blocks[0]}); }), not_sharded);
   EXPECT_THAT(error_of([&] { unshard(*blocks[2], true); }), not_sharded);
   EXPECT_THAT(error_of([&] { offloads_to_cpu(*blocks[2]); }), not_sharded);
+  EXPECT_THAT(error_of([&] { set_reshard_after_forward(*blocks[2], false); }),
+              ::testing::AllOf(::testing::HasSubstr("set_reshard_after_forward: module"), not_sharded));
   EXPECT_THAT(error_of([&] { set_modules_to_forward_prefetch(*model, {blocks[1], blocks[2]}); }),
               ::testing::AllOf(::testing::HasSubstr("set_modules_to_forward_prefetch"), ::testing::HasSubstr("entry 1, module"),
                                ::testing::HasSubstr("is not fully sharded: list only modules fully_shard was called on")));
