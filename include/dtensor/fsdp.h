@@ -23,7 +23,7 @@
 //
 // The controls of FSDP2's FSDPModule, as functions of the module: unshard (synchronous, or started
 // with an UnshardHandle to wait on), reshard, set_requires_gradient_sync, set_reshard_after_backward,
-// set_reshard_after_forward,
+// set_reshard_after_forward, set_gradient_divide_factor,
 // set_modules_to_forward_prefetch / set_modules_to_backward_prefetch; call_as_forward stands for
 // register_fsdp_forward_method; FullyShardOptions::offload_policy for fully_shard's offload_policy.
 // Where dtensor departs from PyTorch 2.15, the comment at each says so and why.
@@ -174,6 +174,14 @@ void set_reshard_after_backward(torch::nn::Module& module, bool reshard_after_ba
 // parameters after forward too (gathered again before its backward), where by default the root keeps
 // them. Throws DTensorError when `module` is not fully sharded.
 void set_reshard_after_forward(torch::nn::Module& module, bool reshard_after_forward, bool recurse = true);
+
+// FSDP2's set_gradient_divide_factor: the module's gradients are summed over the data-parallel ranks
+// (with HSDP, over the replicas as well: the whole data-parallel world) and divided by `factor`,
+// instead of averaged. E.g. the world size times the micro-batches of gradient accumulation, or 1 for
+// a sum. As in PyTorch, only `module`'s own group (not recursive) and the division comes first (NCCL's
+// PreMulSum: each rank's contribution divided, then summed). Throws DTensorError when `module` is not
+// fully sharded, or the factor is not a positive finite number.
+void set_gradient_divide_factor(torch::nn::Module& module, double factor);
 
 // FSDP2's explicit prefetching. Before `module`'s forward computes (after its own gather), the
 // all-gathers of `modules` are started, in the list's order; before its backward (once its own

@@ -344,6 +344,10 @@ std::vector<at::Tensor> FsdpGroup::reduce_gradients(const std::vector<at::Tensor
     return std::vector<at::Tensor>(params_.size());
   }
   pending_grads_ = pending_replicated_ = at::Tensor();
+  if (divide_factor_) {  // summed, then divided: the division first, as NCCL's PreMulSum (FSDP2's)
+    flat.div_(*divide_factor_);
+    replicated.div_(*divide_factor_);
+  }
   return start_reductions(whole_grads, flat, replicated);
 }
 
@@ -398,10 +402,10 @@ void FsdpGroup::pack_gradients(const std::vector<at::Tensor>& whole_grads, const
 std::vector<at::Tensor> FsdpGroup::start_reductions(const std::vector<at::Tensor>& whole_grads, const at::Tensor& flat,
                                                     const at::Tensor& replicated) {
   const CommContext context(label_.c_str());
-  StartedCollective mine = averaged_over_replicas(
-      shard_numel_ > 0 ? start_reduce_scatter(mesh_, dp_dim_, flat, ReduceOp::Avg) : StartedCollective(flat));
-  StartedCollective averaged = averaged_over_replicas(
-      replicated_numel_ > 0 ? start_all_reduce(mesh_, dp_dim_, replicated, ReduceOp::Avg) : StartedCollective(replicated));
+  StartedCollective mine = over_replicas(
+      shard_numel_ > 0 ? start_reduce_scatter(mesh_, dp_dim_, flat, reduce_op()) : StartedCollective(flat));
+  StartedCollective averaged = over_replicas(
+      replicated_numel_ > 0 ? start_all_reduce(mesh_, dp_dim_, replicated, reduce_op()) : StartedCollective(replicated));
   if (const auto root = root_.lock(); root && options_.overlap) root->reducing_ = std::vector<StartedCollective>{mine, averaged};
   std::vector<at::Tensor> grads(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -417,12 +421,12 @@ std::vector<at::Tensor> FsdpGroup::start_reductions(const std::vector<at::Tensor
   return grads;
 }
 
-StartedCollective FsdpGroup::averaged_over_replicas(StartedCollective reduced) const {
+StartedCollective FsdpGroup::over_replicas(StartedCollective reduced) const {
   if (replicate_dim_ < 0) return reduced;
   // The second stage starts once the first completes: what stays in flight is the all-reduce over the
   // replicas, the collective that crosses hosts when dp spans one.
   const at::Tensor& shard = reduced.wait();
-  return shard.numel() == 0 ? reduced : start_all_reduce(mesh_, replicate_dim_, shard, ReduceOp::Avg);
+  return shard.numel() == 0 ? reduced : start_all_reduce(mesh_, replicate_dim_, shard, reduce_op());
 }
 
 at::Tensor FsdpGroup::shard_gradient(const Param& p, const at::Tensor& mine, const at::Tensor& replicated) const {

@@ -91,6 +91,8 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
     options_.reshard_after_forward = reshard;
     reshard_after_forward_set_ = true;
   }
+  // Unset: the gradients are averaged over the data-parallel ranks; set: summed, then divided by it.
+  void set_gradient_divide_factor(std::optional<double> factor) { divide_factor_ = factor; }
   void set_reshard_after_backward(bool reshard) { reshard_after_backward_ = reshard; }
   // The explicit prefetch lists (empty: the implicit order).
   void set_forward_prefetch(std::vector<std::weak_ptr<FsdpGroup>> groups) { forward_prefetch_ = std::move(groups); }
@@ -155,9 +157,11 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   void free_storage();
   at::Tensor storage_view(const Param& p) const;  // a fresh tensor aliasing p's place in the storage
   void point_slots(const std::vector<at::Tensor>& values);
-  // The average over the replicas (HSDP) of a reduction over dp, once that completes; `reduced` itself
-  // without replicas.
-  StartedCollective averaged_over_replicas(StartedCollective reduced) const;
+  // Sum with a divide factor (the buffers divided before), else Avg.
+  ReduceOp reduce_op() const { return divide_factor_ ? ReduceOp::Sum : ReduceOp::Avg; }
+  // The reduction over the replicas (HSDP) of a reduction over dp, once that completes; `reduced`
+  // itself without replicas.
+  StartedCollective over_replicas(StartedCollective reduced) const;
   // The local gradient of `p`'s shard, from this rank's reduced flat buffers.
   at::Tensor shard_gradient(const Param& p, const at::Tensor& mine, const at::Tensor& replicated) const;
   // The whole gradients packed (or, accumulating, added) into the flat buffers the reductions take.
@@ -202,6 +206,7 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   // Whole gradients accumulated without sync: [dp_size * shard_numel_] and [replicated_numel_].
   at::Tensor pending_grads_, pending_replicated_;
   bool reshard_after_forward_set_ = false;  // set_reshard_after_forward was called: the root obeys it too
+  std::optional<double> divide_factor_;
 };
 
 // Whether the shards of a group with these options on `mesh` live in host memory apart from the device:

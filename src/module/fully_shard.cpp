@@ -6,6 +6,7 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -388,6 +389,15 @@ std::vector<std::shared_ptr<FsdpGroup>> groups_in(torch::nn::Module& module, con
 void set_reshard_after_forward(torch::nn::Module& module, bool reshard_after_forward, bool recurse) {
   for (const auto& group : groups_in(module, "set_reshard_after_forward", recurse))
     group->set_reshard_after_forward(reshard_after_forward);
+}
+
+void set_gradient_divide_factor(torch::nn::Module& module, double factor) {
+  const auto group = require_group(module, "set_gradient_divide_factor");
+  if (!(factor > 0) || !std::isfinite(factor))
+    throw DTensorError("set_gradient_divide_factor(" + describe_module(module) + "): the factor is " + c10::str(factor) +
+                       "; give a positive finite number (the gradients are summed over the data-parallel ranks, then "
+                       "divided by it; the world size averages)");
+  group->set_gradient_divide_factor(factor);
 }
 
 void set_modules_to_forward_prefetch(torch::nn::Module& module, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {

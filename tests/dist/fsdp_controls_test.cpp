@@ -2,9 +2,12 @@
 // 4 ranks) and with the collectives it must (or must not) issue, on a 1-d mesh (FSDP=4) and two 2-d
 // ones (HSDP, 2 replicas x FSDP=2; FSDP=2 x TP=2): set_reshard_after_backward, the explicit prefetch
 // lists, unshard(async_op) and its handle, call_as_forward (register_fsdp_forward_method),
-// CPUOffloadPolicy (on a CPU mesh: the identity), and
-// set_reshard_after_forward.
+// CPUOffloadPolicy (on a CPU mesh: the identity), set_reshard_after_forward and
+// set_gradient_divide_factor.
 // Then the errors of misuse.
+
+#include <cmath>
+#include <limits>
 
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adamw.h>
@@ -388,6 +391,34 @@ TEST_F(FsdpControlsTest, SetReshardAfterForwardChangesItAfterFullyShardRootInclu
   }
 }
 
+// set_gradient_divide_factor(3) on the root and block 1 (not recursive: block 0 keeps the average):
+// their gradients are the sum over the data-parallel ranks (with HSDP, over the replicas too) of each
+// rank's gradient, divided by 3; block 0's are one device's on the whole batch.
+TEST_F(FsdpControlsTest, GradientDivideFactorSumsAndDivides) {
+  for (const Layout& layout : kLayouts) {
+    SCOPED_TRACE(layout.label);
+    Job job = sharded_job(layout);
+    auto summed = seeded_uneven_gpt(), averaged = seeded_uneven_gpt();
+    set_gradient_divide_factor(*job.model, 3.0);
+    set_gradient_divide_factor(*(*job.model->blocks)[1], 3.0);
+    const gpt::Batch batch = batch_of(5);
+    loss_on(job.model, dp_rows_of(batch, job.data)).backward();
+    // The oracle: each data rank's loss on its rows, summed, divided by the factor.
+    const int64_t ranks = job.data->size(), rows = batch.tokens.size(0) / ranks;
+    at::Tensor sum = at::zeros({}, at::kDouble);
+    for (int64_t r = 0; r < ranks; ++r)
+      sum = sum + loss_on(summed, {batch.tokens.slice(0, r * rows, (r + 1) * rows), batch.targets.slice(0, r * rows, (r + 1) * rows)});
+    sum.div(3.0).backward();
+    loss_on(averaged, batch).backward();
+    const auto expected_sum = summed->named_parameters(), expected_mean = averaged->named_parameters();
+    for (const auto& p : job.model->named_parameters()) {
+      const bool block0 = p.key().rfind("blocks.0.", 0) == 0;
+      const at::Tensor& expected = (block0 ? expected_mean : expected_sum)[p.key()].grad();
+      EXPECT_TRUE(tensors_close(full_tensor(p.value().grad()), expected, 1e-9, 1e-12)) << p.key();
+    }
+  }
+}
+
 class FsdpControlsErrorTest : public DistTest {};
 
 TEST_F(FsdpControlsErrorTest, MisuseIsRefusedWithAClearError) {
@@ -405,6 +436,11 @@ TEST_F(FsdpControlsErrorTest, MisuseIsRefusedWithAClearError) {
   EXPECT_THAT(error_of([&] { offloads_to_cpu(*blocks[2]); }), not_sharded);
   EXPECT_THAT(error_of([&] { set_reshard_after_forward(*blocks[2], false); }),
               ::testing::AllOf(::testing::HasSubstr("set_reshard_after_forward: module"), not_sharded));
+  EXPECT_THAT(error_of([&] { set_gradient_divide_factor(*blocks[2], 2.0); }), not_sharded);
+  for (const double bad : {0.0, -4.0, std::nan(""), std::numeric_limits<double>::infinity()})
+    EXPECT_THAT(error_of([&] { set_gradient_divide_factor(*blocks[1], bad); }),
+                ::testing::AllOf(::testing::HasSubstr("set_gradient_divide_factor("), ::testing::HasSubstr("(fully_shard(blocks.1))"),
+                                 ::testing::HasSubstr("give a positive finite number")));
   EXPECT_THAT(error_of([&] { set_modules_to_forward_prefetch(*model, {blocks[1], blocks[2]}); }),
               ::testing::AllOf(::testing::HasSubstr("set_modules_to_forward_prefetch"), ::testing::HasSubstr("entry 1, module"),
                                ::testing::HasSubstr("is not fully sharded: list only modules fully_shard was called on")));
