@@ -23,7 +23,8 @@
 //
 // The controls of FSDP2's FSDPModule, as functions of the module: unshard (synchronous, or started
 // with an UnshardHandle to wait on), reshard, set_requires_gradient_sync, set_reshard_after_backward,
-// set_reshard_after_forward, set_gradient_divide_factor,
+// set_reshard_after_forward, set_gradient_divide_factor, set_requires_all_reduce,
+//
 // set_modules_to_forward_prefetch / set_modules_to_backward_prefetch; call_as_forward stands for
 // register_fsdp_forward_method; FullyShardOptions::offload_policy for fully_shard's offload_policy.
 // Where dtensor departs from PyTorch 2.15, the comment at each says so and why.
@@ -182,6 +183,15 @@ void set_reshard_after_forward(torch::nn::Module& module, bool reshard_after_for
 // PreMulSum: each rank's contribution divided, then summed). Throws DTensorError when `module` is not
 // fully sharded, or the factor is not a positive finite number.
 void set_gradient_divide_factor(torch::nn::Module& module, double factor);
+
+// FSDP2's set_requires_all_reduce, for HSDP: with false, backward still reduce-scatters each group's
+// gradients over the dp dim but skips the all-reduce over the replicas: the reduced shards accumulate
+// on this rank (gradient accumulation across micro-batches with the cross-host collective once), and
+// the sharded parameters' gradients stay as they were. The next backward with true adds them to its
+// own and all-reduces the sum once, into the gradients. Without replicas (a 1-d dp mesh) it changes
+// nothing, as in PyTorch. set_requires_gradient_sync sets it too (as FSDP2's does). recurse: also every
+// fully-sharded module inside `module`. Throws DTensorError when `module` is not fully sharded.
+void set_requires_all_reduce(torch::nn::Module& module, bool requires_all_reduce, bool recurse = true);
 
 // FSDP2's explicit prefetching. Before `module`'s forward computes (after its own gather), the
 // all-gathers of `modules` are started, in the list's order; before its backward (once its own

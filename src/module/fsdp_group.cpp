@@ -403,9 +403,12 @@ std::vector<at::Tensor> FsdpGroup::start_reductions(const std::vector<at::Tensor
                                                     const at::Tensor& replicated) {
   const CommContext context(label_.c_str());
   StartedCollective mine = over_replicas(
-      shard_numel_ > 0 ? start_reduce_scatter(mesh_, dp_dim_, flat, reduce_op()) : StartedCollective(flat));
+      shard_numel_ > 0 ? start_reduce_scatter(mesh_, dp_dim_, flat, reduce_op()) : StartedCollective(flat), partial_grads_);
   StartedCollective averaged = over_replicas(
-      replicated_numel_ > 0 ? start_all_reduce(mesh_, dp_dim_, replicated, reduce_op()) : StartedCollective(replicated));
+      replicated_numel_ > 0 ? start_all_reduce(mesh_, dp_dim_, replicated, reduce_op()) : StartedCollective(replicated),
+      partial_replicated_);
+  // HSDP without the all-reduce: the reduced shards wait in the partial buffers, the gradients unchanged.
+  if (replicate_dim_ >= 0 && !all_reduce_) return std::vector<at::Tensor>(params_.size());
   if (const auto root = root_.lock(); root && options_.overlap) root->reducing_ = std::vector<StartedCollective>{mine, averaged};
   std::vector<at::Tensor> grads(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -421,11 +424,17 @@ std::vector<at::Tensor> FsdpGroup::start_reductions(const std::vector<at::Tensor
   return grads;
 }
 
-StartedCollective FsdpGroup::over_replicas(StartedCollective reduced) const {
+StartedCollective FsdpGroup::over_replicas(StartedCollective reduced, at::Tensor& partial) const {
   if (replicate_dim_ < 0) return reduced;
   // The second stage starts once the first completes: what stays in flight is the all-reduce over the
   // replicas, the collective that crosses hosts when dp spans one.
   const at::Tensor& shard = reduced.wait();
+  if (!all_reduce_) {
+    partial = partial.defined() ? partial.add_(shard) : shard.clone();
+    return reduced;
+  }
+  if (partial.defined()) shard.add_(partial);
+  partial = at::Tensor();
   return shard.numel() == 0 ? reduced : start_all_reduce(mesh_, replicate_dim_, shard, reduce_op());
 }
 

@@ -85,7 +85,9 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   void set_root(const std::shared_ptr<FsdpGroup>& root) { root_ = root; }
   bool is_root() const { return root_.lock().get() == this; }
   std::shared_ptr<FsdpGroup> root() const { return root_.lock(); }
-  void set_requires_gradient_sync(bool sync) { requires_sync_ = sync; }
+  // As FSDP2's, it sets the all-reduce over the replicas too.
+  void set_requires_gradient_sync(bool sync) { requires_sync_ = all_reduce_ = sync; }
+  void set_requires_all_reduce(bool all_reduce) { all_reduce_ = all_reduce; }
   // After this, the root too follows reshard_after_forward (by default it keeps its parameters).
   void set_reshard_after_forward(bool reshard) {
     options_.reshard_after_forward = reshard;
@@ -159,9 +161,10 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   void point_slots(const std::vector<at::Tensor>& values);
   // Sum with a divide factor (the buffers divided before), else Avg.
   ReduceOp reduce_op() const { return divide_factor_ ? ReduceOp::Sum : ReduceOp::Avg; }
-  // The reduction over the replicas (HSDP) of a reduction over dp, once that completes; `reduced`
-  // itself without replicas.
-  StartedCollective over_replicas(StartedCollective reduced) const;
+  // The reduction over the replicas (HSDP) of a reduction over dp, once that completes, with what
+  // earlier backwards reduced without it (`partial`) added; with the all-reduce off, the result is
+  // added to `partial` instead. `reduced` itself without replicas.
+  StartedCollective over_replicas(StartedCollective reduced, at::Tensor& partial) const;
   // The local gradient of `p`'s shard, from this rank's reduced flat buffers.
   at::Tensor shard_gradient(const Param& p, const at::Tensor& mine, const at::Tensor& replicated) const;
   // The whole gradients packed (or, accumulating, added) into the flat buffers the reductions take.
@@ -205,6 +208,10 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   bool in_backward_ = false;  // before_backward ran since the last forward or reduction
   // Whole gradients accumulated without sync: [dp_size * shard_numel_] and [replicated_numel_].
   at::Tensor pending_grads_, pending_replicated_;
+  bool all_reduce_ = true;  // over the replicas (HSDP)
+  // Reduced over dp but not yet over the replicas (set_requires_all_reduce(false)): [shard_numel_] and
+  // [replicated_numel_].
+  at::Tensor partial_grads_, partial_replicated_;
   bool reshard_after_forward_set_ = false;  // set_reshard_after_forward was called: the root obeys it too
   std::optional<double> divide_factor_;
 };

@@ -2,8 +2,8 @@
 // 4 ranks) and with the collectives it must (or must not) issue, on a 1-d mesh (FSDP=4) and two 2-d
 // ones (HSDP, 2 replicas x FSDP=2; FSDP=2 x TP=2): set_reshard_after_backward, the explicit prefetch
 // lists, unshard(async_op) and its handle, call_as_forward (register_fsdp_forward_method),
-// CPUOffloadPolicy (on a CPU mesh: the identity), set_reshard_after_forward and
-// set_gradient_divide_factor.
+// CPUOffloadPolicy (on a CPU mesh: the identity), set_reshard_after_forward, set_gradient_divide_factor,
+// and set_requires_all_reduce (HSDP).
 // Then the errors of misuse.
 
 #include <cmath>
@@ -419,6 +419,37 @@ TEST_F(FsdpControlsTest, GradientDivideFactorSumsAndDivides) {
   }
 }
 
+// set_requires_all_reduce(false) on HSDP: the first micro-batch's backward reduce-scatters over dp and
+// all-reduces nothing, the gradients left undefined; the second's (true) all-reduces each group once,
+// and the gradients equal one device's accumulated over both. On FSDP=4 (no replicas) it changes
+// nothing, as in PyTorch: the first backward sets the gradients already.
+TEST_F(FsdpControlsTest, RequiresAllReduceFalseAccumulatesReducedShardsForOneAllReduce) {
+  for (const Layout* layout : {&kLayouts[1], &kLayouts[0]}) {
+    SCOPED_TRACE(layout->label);
+    const bool hsdp = layout->names.front() == "replicate";
+    Job job = sharded_job(*layout);
+    auto reference = seeded_uneven_gpt();
+    const int64_t groups = uneven_config().layers + 1;
+    const gpt::Batch first = batch_of(8), second = batch_of(9);
+    set_requires_all_reduce(*job.model, false);
+    at::Tensor loss = loss_on(job.model, dp_rows_of(first, job.data)).mul(0.5);
+    CommDebugMode held;
+    loss.backward();
+    EXPECT_EQ(held.count("reduce-scatter"), groups) << held.summary();
+    EXPECT_EQ(held.count("all-reduce"), 0) << held.summary();
+    EXPECT_EQ(job.model->lm_head->weight.grad().defined(), !hsdp);
+    set_requires_all_reduce(*job.model, true);
+    loss = loss_on(job.model, dp_rows_of(second, job.data)).mul(0.5);
+    CommDebugMode reduced;
+    loss.backward();
+    EXPECT_EQ(reduced.count("reduce-scatter"), groups) << reduced.summary();
+    EXPECT_EQ(reduced.count("all-reduce"), hsdp ? groups : 0) << reduced.summary();
+    loss_on(reference, first).mul(0.5).backward();
+    loss_on(reference, second).mul(0.5).backward();
+    expect_grads_equal(*job.model, *reference, 1e-9, 1e-12);
+  }
+}
+
 class FsdpControlsErrorTest : public DistTest {};
 
 TEST_F(FsdpControlsErrorTest, MisuseIsRefusedWithAClearError) {
@@ -437,6 +468,7 @@ TEST_F(FsdpControlsErrorTest, MisuseIsRefusedWithAClearError) {
   EXPECT_THAT(error_of([&] { set_reshard_after_forward(*blocks[2], false); }),
               ::testing::AllOf(::testing::HasSubstr("set_reshard_after_forward: module"), not_sharded));
   EXPECT_THAT(error_of([&] { set_gradient_divide_factor(*blocks[2], 2.0); }), not_sharded);
+  EXPECT_THAT(error_of([&] { set_requires_all_reduce(*blocks[2], false); }), not_sharded);
   for (const double bad : {0.0, -4.0, std::nan(""), std::numeric_limits<double>::infinity()})
     EXPECT_THAT(error_of([&] { set_gradient_divide_factor(*blocks[1], bad); }),
                 ::testing::AllOf(::testing::HasSubstr("set_gradient_divide_factor("), ::testing::HasSubstr("(fully_shard(blocks.1))"),
