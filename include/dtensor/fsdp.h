@@ -24,7 +24,7 @@
 // The controls of FSDP2's FSDPModule, as functions of the module: unshard (synchronous, or started
 // with an UnshardHandle to wait on), reshard, set_requires_gradient_sync, set_reshard_after_backward,
 // set_reshard_after_forward, set_gradient_divide_factor, set_requires_all_reduce,
-//
+// set_unshard_in_backward,
 // set_modules_to_forward_prefetch / set_modules_to_backward_prefetch; call_as_forward stands for
 // register_fsdp_forward_method; FullyShardOptions::offload_policy for fully_shard's offload_policy.
 // Where dtensor departs from PyTorch 2.15, the comment at each says so and why.
@@ -192,6 +192,13 @@ void set_gradient_divide_factor(torch::nn::Module& module, double factor);
 // nothing, as in PyTorch. set_requires_gradient_sync sets it too (as FSDP2's does). recurse: also every
 // fully-sharded module inside `module`. Throws DTensorError when `module` is not fully sharded.
 void set_requires_all_reduce(torch::nn::Module& module, bool requires_all_reduce, bool recurse = true);
+
+// FSDP2's set_unshard_in_backward: with false, the module's group is not gathered again before its
+// backward (nor prefetched for it), for a group whose backward reads none of its parameters (an
+// embedding's: its gradient needs the indices only). Gradients are reduced as usual. A backward that
+// does read them would find their storage freed: only for modules known not to. Not recursive (as in
+// PyTorch). Throws DTensorError when `module` is not fully sharded.
+void set_unshard_in_backward(torch::nn::Module& module, bool unshard_in_backward);
 
 // FSDP2's explicit prefetching. Before `module`'s forward computes (after its own gather), the
 // all-gathers of `modules` are started, in the list's order; before its backward (once its own

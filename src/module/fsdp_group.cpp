@@ -221,13 +221,14 @@ std::shared_ptr<FsdpGroup> FsdpGroup::neighbour(int step) const {
   return nullptr;
 }
 
-void FsdpGroup::prefetch() {
+void FsdpGroup::prefetch(bool for_backward) {
+  if (for_backward && !unshard_in_backward_) return;
   if (!storage_filled_ && !gathering_) start_gather();
 }
 
-void FsdpGroup::prefetch_all(const std::vector<std::weak_ptr<FsdpGroup>>& groups) {
+void FsdpGroup::prefetch_all(const std::vector<std::weak_ptr<FsdpGroup>>& groups, bool for_backward) {
   for (const auto& weak : groups)
-    if (const auto group = weak.lock()) group->prefetch();
+    if (const auto group = weak.lock()) group->prefetch(for_backward);
 }
 
 void FsdpGroup::start_unshard() {
@@ -254,9 +255,9 @@ void FsdpGroup::before_forward() {
   // loop inside call_as_forward) has no successor worth prefetching at the end.
   if (root && root->recorded_.insert(this).second) root->recording_.push_back(weak_from_this());
   unshard();
-  if (!forward_prefetch_.empty()) return prefetch_all(forward_prefetch_);
+  if (!forward_prefetch_.empty()) return prefetch_all(forward_prefetch_, false);
   if (const auto next = neighbour(+1); next && next->options_.overlap && next->options_.reshard_after_forward)
-    next->prefetch();
+    next->prefetch(false);
 }
 
 bool FsdpGroup::after_forward(bool backward_follows) {
@@ -273,10 +274,11 @@ void FsdpGroup::before_backward() {
   // Once per backward: a forward with several outputs has a hook on each.
   if (in_backward_) return;
   in_backward_ = true;
-  if (!storage_filled_) gather_into_storage();
-  if (!backward_prefetch_.empty()) return prefetch_all(backward_prefetch_);
+  // set_unshard_in_backward(false): backward reads none of the parameters, so they stay freed.
+  if (!storage_filled_ && unshard_in_backward_) gather_into_storage();
+  if (!backward_prefetch_.empty()) return prefetch_all(backward_prefetch_, true);
   if (const auto previous = neighbour(-1); previous && previous->options_.overlap && !previous->is_root())
-    previous->prefetch();
+    previous->prefetch(true);
 }
 
 void FsdpGroup::point_slots(const std::vector<at::Tensor>& values) {

@@ -95,6 +95,7 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   }
   // Unset: the gradients are averaged over the data-parallel ranks; set: summed, then divided by it.
   void set_gradient_divide_factor(std::optional<double> factor) { divide_factor_ = factor; }
+  void set_unshard_in_backward(bool unshard) { unshard_in_backward_ = unshard; }
   void set_reshard_after_backward(bool reshard) { reshard_after_backward_ = reshard; }
   // The explicit prefetch lists (empty: the implicit order).
   void set_forward_prefetch(std::vector<std::weak_ptr<FsdpGroup>> groups) { forward_prefetch_ = std::move(groups); }
@@ -152,9 +153,10 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   bool shards_changed() const;
   // The group `step` places after this one in the root's last forward order (null: none).
   std::shared_ptr<FsdpGroup> neighbour(int step) const;
-  // Starts gathering this group ahead of its use, unless it has nothing to gather.
-  void prefetch();
-  static void prefetch_all(const std::vector<std::weak_ptr<FsdpGroup>>& groups);
+  // Starts gathering this group ahead of its use, unless it has nothing to gather (or, for its
+  // backward, is not to be gathered there: set_unshard_in_backward(false)).
+  void prefetch(bool for_backward);
+  static void prefetch_all(const std::vector<std::weak_ptr<FsdpGroup>>& groups, bool for_backward);
   void allocate_storage();
   void free_storage();
   at::Tensor storage_view(const Param& p) const;  // a fresh tensor aliasing p's place in the storage
@@ -214,6 +216,7 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   at::Tensor partial_grads_, partial_replicated_;
   bool reshard_after_forward_set_ = false;  // set_reshard_after_forward was called: the root obeys it too
   std::optional<double> divide_factor_;
+  bool unshard_in_backward_ = true;
 };
 
 // Whether the shards of a group with these options on `mesh` live in host memory apart from the device:

@@ -404,6 +404,10 @@ void set_requires_all_reduce(torch::nn::Module& module, bool requires_all_reduce
   for (const auto& group : groups_in(module, "set_requires_all_reduce", recurse)) group->set_requires_all_reduce(requires_all_reduce);
 }
 
+void set_unshard_in_backward(torch::nn::Module& module, bool unshard_in_backward) {
+  require_group(module, "set_unshard_in_backward")->set_unshard_in_backward(unshard_in_backward);
+}
+
 void set_modules_to_forward_prefetch(torch::nn::Module& module, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
   const auto group = require_group(module, "set_modules_to_forward_prefetch");
   group->set_forward_prefetch(prefetch_groups(module, *group, "set_modules_to_forward_prefetch", modules));

@@ -3,7 +3,7 @@
 // ones (HSDP, 2 replicas x FSDP=2; FSDP=2 x TP=2): set_reshard_after_backward, the explicit prefetch
 // lists, unshard(async_op) and its handle, call_as_forward (register_fsdp_forward_method),
 // CPUOffloadPolicy (on a CPU mesh: the identity), set_reshard_after_forward, set_gradient_divide_factor,
-// and set_requires_all_reduce (HSDP).
+// set_requires_all_reduce (HSDP) and set_unshard_in_backward.
 // Then the errors of misuse.
 
 #include <cmath>
@@ -450,6 +450,34 @@ TEST_F(FsdpControlsTest, RequiresAllReduceFalseAccumulatesReducedShardsForOneAll
   }
 }
 
+// set_unshard_in_backward(false) on a fully-sharded token embedding (its backward needs the indices
+// only): its backward gathers it neither itself nor as block 0's prefetch, and its gradients (and
+// everything else's) still equal one device's. Without it the embedding is gathered last.
+TEST_F(FsdpControlsTest, UnshardInBackwardFalseSkipsTheGatherBeforeBackward) {
+  for (const Layout* layout : {&kLayouts[0], &kLayouts[1]}) {
+    SCOPED_TRACE(layout->label);
+    auto m = mesh(layout->shape, {}, layout->names);
+    const MeshPtr data = layout->shape.size() == 1 ? m : mesh({4}, {}, {"data"});
+    auto model = seeded_uneven_gpt();
+    fully_shard(*model->tok_emb, m);
+    gpt::fully_shard(model, m);
+    auto reference = seeded_uneven_gpt();
+    const auto pass = [&](int64_t step, const std::vector<std::string>& backward_gathers) {
+      const gpt::Batch batch = batch_of(step);
+      at::Tensor loss = loss_on(model, dp_rows_of(batch, data));
+      CommDebugMode backward;
+      loss.backward();
+      EXPECT_EQ(gathers(backward), backward_gathers) << "step " << step << ": " << backward.summary();
+      EXPECT_EQ(backward.count("reduce-scatter"), uneven_config().layers + 2) << backward.summary();
+      loss_on(reference, batch).backward();
+      expect_grads_equal(*model, *reference, 1e-9, 1e-12);
+    };
+    pass(1, labels({"blocks.1", "blocks.0", "tok_emb"}));
+    set_unshard_in_backward(*model->tok_emb, false);
+    pass(2, labels({"blocks.1", "blocks.0"}));
+  }
+}
+
 class FsdpControlsErrorTest : public DistTest {};
 
 TEST_F(FsdpControlsErrorTest, MisuseIsRefusedWithAClearError) {
@@ -469,6 +497,7 @@ TEST_F(FsdpControlsErrorTest, MisuseIsRefusedWithAClearError) {
               ::testing::AllOf(::testing::HasSubstr("set_reshard_after_forward: module"), not_sharded));
   EXPECT_THAT(error_of([&] { set_gradient_divide_factor(*blocks[2], 2.0); }), not_sharded);
   EXPECT_THAT(error_of([&] { set_requires_all_reduce(*blocks[2], false); }), not_sharded);
+  EXPECT_THAT(error_of([&] { set_unshard_in_backward(*blocks[2], false); }), not_sharded);
   for (const double bad : {0.0, -4.0, std::nan(""), std::numeric_limits<double>::infinity()})
     EXPECT_THAT(error_of([&] { set_gradient_divide_factor(*blocks[1], bad); }),
                 ::testing::AllOf(::testing::HasSubstr("set_gradient_divide_factor("), ::testing::HasSubstr("(fully_shard(blocks.1))"),
