@@ -24,7 +24,7 @@
 // The controls of FSDP2's FSDPModule, as functions of the module: unshard (synchronous, or started
 // with an UnshardHandle to wait on), reshard, set_requires_gradient_sync, set_reshard_after_backward,
 // set_reshard_after_forward, set_gradient_divide_factor, set_requires_all_reduce,
-// set_unshard_in_backward,
+// set_unshard_in_backward, reset_iter_state, set_all_reduce_hook,
 // set_modules_to_forward_prefetch / set_modules_to_backward_prefetch; call_as_forward stands for
 // register_fsdp_forward_method; FullyShardOptions::offload_policy for fully_shard's offload_policy.
 // Where dtensor departs from PyTorch 2.15, the comment at each says so and why.
@@ -199,6 +199,25 @@ void set_requires_all_reduce(torch::nn::Module& module, bool requires_all_reduce
 // does read them would find their storage freed: only for modules known not to. Not recursive (as in
 // PyTorch). Throws DTensorError when `module` is not fully sharded.
 void set_unshard_in_backward(torch::nn::Module& module, bool unshard_in_backward);
+
+// FSDP2's reset_iter_state: after an exception aborted a forward or a backward, call it on the root
+// before the next iteration. Every fully-sharded module in `module`: collectives in flight completed,
+// the parameters resharded, and the iteration's state dropped, the gradients being accumulated without
+// sync (set_requires_gradient_sync(false)) or without the all-reduce (set_requires_all_reduce(false))
+// among it: restart the micro-batches. Throws DTensorError when `module` is not fully sharded.
+void reset_iter_state(torch::nn::Module& module);
+
+// FSDP2's set_all_reduce_hook: `hook` is called, in backward, with the module's reduced gradient
+// shards (this rank's flat buffer of the group, in the reduce dtype) once they are final: after HSDP's
+// all-reduce, or after the reduce-scatter without replicas; it may change them in place (e.g. its own
+// all-reduce over another group), before the parameters' gradients are cut from them. Not called
+// while set_requires_all_reduce(false) holds the shards back. An empty function removes it. Only the
+// module's own group. Departures: PyTorch's optional CUDA stream has no counterpart (the hook runs on
+// the thread of the backward), and with a hook set the group's reduction completes before its
+// backward returns instead of overlapping the next group's; dtensor's parameters replicated over dp
+// (TP shards that TP cut on every dim) have a second flat buffer, passed to the hook as well. Throws
+// DTensorError when `module` is not fully sharded.
+void set_all_reduce_hook(torch::nn::Module& module, std::function<void(const at::Tensor&)> hook);
 
 // FSDP2's explicit prefetching. Before `module`'s forward computes (after its own gather), the
 // all-gathers of `modules` are started, in the list's order; before its backward (once its own

@@ -281,6 +281,21 @@ void FsdpGroup::before_backward() {
     previous->prefetch(true);
 }
 
+void FsdpGroup::reset_iter_state() {
+  at::NoGradGuard no_grad;
+  if (gathering_) gathering_->wait();  // started on every rank: completed on every rank
+  gathering_.reset();
+  if (reducing_)
+    for (StartedCollective& reduction : *reducing_) reduction.wait();
+  reducing_.reset();
+  reshard();
+  held_ = 0;
+  in_backward_ = false;
+  recording_.clear();
+  recorded_.clear();
+  pending_grads_ = pending_replicated_ = partial_grads_ = partial_replicated_ = at::Tensor();
+}
+
 void FsdpGroup::point_slots(const std::vector<at::Tensor>& values) {
   for (size_t i = 0; i < params_.size(); ++i)
     for (const ParameterSlot& slot : params_[i].slots) set_parameter_slots(*slot.module, slot.name, values[i]);
@@ -411,6 +426,10 @@ std::vector<at::Tensor> FsdpGroup::start_reductions(const std::vector<at::Tensor
       partial_replicated_);
   // HSDP without the all-reduce: the reduced shards wait in the partial buffers, the gradients unchanged.
   if (replicate_dim_ >= 0 && !all_reduce_) return std::vector<at::Tensor>(params_.size());
+  if (all_reduce_hook_) {  // called with the reduced shards, which it may change in place: before anything reads them
+    for (StartedCollective* reduced : {&mine, &averaged})
+      if (reduced->wait().numel() > 0) all_reduce_hook_(reduced->wait());
+  }
   if (const auto root = root_.lock(); root && options_.overlap) root->reducing_ = std::vector<StartedCollective>{mine, averaged};
   std::vector<at::Tensor> grads(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {

@@ -24,6 +24,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -96,6 +97,10 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   // Unset: the gradients are averaged over the data-parallel ranks; set: summed, then divided by it.
   void set_gradient_divide_factor(std::optional<double> factor) { divide_factor_ = factor; }
   void set_unshard_in_backward(bool unshard) { unshard_in_backward_ = unshard; }
+  void set_all_reduce_hook(std::function<void(const at::Tensor&)> hook) { all_reduce_hook_ = std::move(hook); }
+  // After an exception aborted a forward or backward: in-flight collectives waited for, the
+  // parameters resharded, and the iteration's state (accumulated gradients included) dropped.
+  void reset_iter_state();
   void set_reshard_after_backward(bool reshard) { reshard_after_backward_ = reshard; }
   // The explicit prefetch lists (empty: the implicit order).
   void set_forward_prefetch(std::vector<std::weak_ptr<FsdpGroup>> groups) { forward_prefetch_ = std::move(groups); }
@@ -217,6 +222,7 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   bool reshard_after_forward_set_ = false;  // set_reshard_after_forward was called: the root obeys it too
   std::optional<double> divide_factor_;
   bool unshard_in_backward_ = true;
+  std::function<void(const at::Tensor&)> all_reduce_hook_;
 };
 
 // Whether the shards of a group with these options on `mesh` live in host memory apart from the device:

@@ -408,6 +408,14 @@ void set_unshard_in_backward(torch::nn::Module& module, bool unshard_in_backward
   require_group(module, "set_unshard_in_backward")->set_unshard_in_backward(unshard_in_backward);
 }
 
+void reset_iter_state(torch::nn::Module& module) {
+  for (const auto& group : groups_in(module, "reset_iter_state", true)) group->reset_iter_state();
+}
+
+void set_all_reduce_hook(torch::nn::Module& module, std::function<void(const at::Tensor&)> hook) {
+  require_group(module, "set_all_reduce_hook")->set_all_reduce_hook(std::move(hook));
+}
+
 void set_modules_to_forward_prefetch(torch::nn::Module& module, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
   const auto group = require_group(module, "set_modules_to_forward_prefetch");
   group->set_forward_prefetch(prefetch_groups(module, *group, "set_modules_to_forward_prefetch", modules));

@@ -3,7 +3,7 @@
 // ones (HSDP, 2 replicas x FSDP=2; FSDP=2 x TP=2): set_reshard_after_backward, the explicit prefetch
 // lists, unshard(async_op) and its handle, call_as_forward (register_fsdp_forward_method),
 // CPUOffloadPolicy (on a CPU mesh: the identity), set_reshard_after_forward, set_gradient_divide_factor,
-// set_requires_all_reduce (HSDP) and set_unshard_in_backward.
+// set_requires_all_reduce (HSDP), set_unshard_in_backward, reset_iter_state and set_all_reduce_hook.
 // Then the errors of misuse.
 
 #include <cmath>
@@ -478,6 +478,64 @@ TEST_F(FsdpControlsTest, UnshardInBackwardFalseSkipsTheGatherBeforeBackward) {
   }
 }
 
+// reset_iter_state after a forward that threw midway (a token out of the vocabulary, the root gathered):
+// every parameter sharded again, and the gradients accumulated before without sync are dropped, so
+// the next synced micro-batch's gradients equal one device's on that micro-batch alone.
+TEST_F(FsdpControlsTest, ResetIterStateAfterAnAbortedForward) {
+  for (const Layout* layout : {&kLayouts[0], &kLayouts[1]}) {
+    SCOPED_TRACE(layout->label);
+    Job job = sharded_job(*layout);
+    auto reference = seeded_uneven_gpt();
+    set_requires_gradient_sync(*job.model, false);
+    loss_on(job.model, dp_rows_of(batch_of(1), job.data)).backward();
+    gpt::Batch bad = dp_rows_of(batch_of(2), job.data);
+    bad.tokens = bad.tokens.clone();
+    bad.tokens.index_put_({0, 3}, 99);
+    EXPECT_ANY_THROW(loss_on(job.model, bad));
+    reset_iter_state(*job.model);
+    expect_sharded(*job.model, job.mesh);
+    set_requires_gradient_sync(*job.model, true);
+    const gpt::Batch batch = batch_of(3);
+    loss_on(job.model, dp_rows_of(batch, job.data)).backward();
+    loss_on(reference, batch).backward();
+    expect_grads_equal(*job.model, *reference, 1e-9, 1e-12);
+  }
+}
+
+// set_all_reduce_hook on block 1: called once per backward with its reduced shards (after HSDP's
+// all-reduce; with TP once more, with the parameters replicated over dp), which it doubles in place: block 1's gradients are twice one device's, the others'
+// equal them. While set_requires_all_reduce(false) holds HSDP's shards back, it is not called.
+TEST_F(FsdpControlsTest, AllReduceHookSeesAndChangesTheReducedShards) {
+  for (const Layout& layout : kLayouts) {
+    SCOPED_TRACE(layout.label);
+    const bool hsdp = layout.names.front() == "replicate";
+    Job job = sharded_job(layout);
+    auto reference = seeded_uneven_gpt();
+    int calls = 0;
+    set_all_reduce_hook(*(*job.model->blocks)[1], [&calls](const at::Tensor& reduced) {
+      ++calls;
+      reduced.mul_(2);
+    });
+    if (hsdp) {
+      set_requires_all_reduce(*job.model, false);
+      loss_on(job.model, dp_rows_of(batch_of(4), job.data)).backward();
+      EXPECT_EQ(calls, 0);
+      set_requires_all_reduce(*job.model, true);
+      loss_on(reference, batch_of(4)).backward();
+    }
+    const gpt::Batch batch = batch_of(5);
+    loss_on(job.model, dp_rows_of(batch, job.data)).backward();
+    // With TP, the block's biases that TP cuts on every dim are replicated over dp: a second buffer.
+    EXPECT_EQ(calls, layout.names.back() == "tp" ? 2 : 1);
+    loss_on(reference, batch).backward();
+    const auto expected = reference->named_parameters();
+    for (const auto& p : job.model->named_parameters()) {
+      const double scale = p.key().rfind("blocks.1.", 0) == 0 ? 2.0 : 1.0;
+      EXPECT_TRUE(tensors_close(full_tensor(p.value().grad()), expected[p.key()].grad() * scale, 1e-9, 1e-12)) << p.key();
+    }
+  }
+}
+
 class FsdpControlsErrorTest : public DistTest {};
 
 TEST_F(FsdpControlsErrorTest, MisuseIsRefusedWithAClearError) {
@@ -498,6 +556,8 @@ TEST_F(FsdpControlsErrorTest, MisuseIsRefusedWithAClearError) {
   EXPECT_THAT(error_of([&] { set_gradient_divide_factor(*blocks[2], 2.0); }), not_sharded);
   EXPECT_THAT(error_of([&] { set_requires_all_reduce(*blocks[2], false); }), not_sharded);
   EXPECT_THAT(error_of([&] { set_unshard_in_backward(*blocks[2], false); }), not_sharded);
+  EXPECT_THAT(error_of([&] { reset_iter_state(*blocks[2]); }), not_sharded);
+  EXPECT_THAT(error_of([&] { set_all_reduce_hook(*blocks[2], [](const at::Tensor&) {}); }), not_sharded);
   for (const double bad : {0.0, -4.0, std::nan(""), std::numeric_limits<double>::infinity()})
     EXPECT_THAT(error_of([&] { set_gradient_divide_factor(*blocks[1], bad); }),
                 ::testing::AllOf(::testing::HasSubstr("set_gradient_divide_factor("), ::testing::HasSubstr("(fully_shard(blocks.1))"),
