@@ -15,6 +15,9 @@
 //
 // With replicas (HSDP), every collective above runs over dp only, and the reduced gradients are then
 // averaged over the replicas' dim: an all-reduce of this rank's shard, 1/dp of the group.
+// set_requires_all_reduce(false) keeps that shard back (summed over the backwards in
+// partial_grads_) until a backward with the all-reduce adds it to its own. A gradient divide factor
+// divides the packed buffers before the reductions, which then sum instead of averaging.
 //
 // With CPU offload on a device mesh, the shards (the sharded DTensors' local tensors) are host tensors:
 // they never alias the send buffer (on the device), every gather copies them in, and each reduced
