@@ -23,6 +23,8 @@
 //
 // The controls of FSDP2's FSDPModule, as functions of the module: unshard (synchronous, or started
 // with an UnshardHandle to wait on), reshard, set_requires_gradient_sync, set_reshard_after_backward,
+// set_reshard_after_forward, set_gradient_divide_factor, set_requires_all_reduce,
+// set_unshard_in_backward, reset_iter_state, set_all_reduce_hook,
 // set_modules_to_forward_prefetch / set_modules_to_backward_prefetch; call_as_forward stands for
 // register_fsdp_forward_method; FullyShardOptions::offload_policy for fully_shard's offload_policy.
 // Where dtensor departs from PyTorch 2.15, the comment at each says so and why.
@@ -165,6 +167,57 @@ void set_requires_gradient_sync(torch::nn::Module& module, bool requires_sync);
 // forward and gathers again, so stepping while gathered is safe; until then the module shows the
 // values gathered before the step (reshard() shows the shards, and frees the memory).
 void set_reshard_after_backward(torch::nn::Module& module, bool reshard_after_backward, bool recurse = true);
+
+// FSDP2's set_reshard_after_forward: changes FullyShardOptions::reshard_after_forward after fully_shard,
+// e.g. false for evaluation (forwards without backward still free the parameters: nothing saved them)
+// and back to true for training. recurse: also every fully-sharded module inside `module`. As in
+// PyTorch, the root obeys it once set: set_reshard_after_forward(root, true) frees the root's
+// parameters after forward too (gathered again before its backward), where by default the root keeps
+// them. Throws DTensorError when `module` is not fully sharded.
+void set_reshard_after_forward(torch::nn::Module& module, bool reshard_after_forward, bool recurse = true);
+
+// FSDP2's set_gradient_divide_factor: the module's gradients are summed over the data-parallel ranks
+// (with HSDP, over the replicas as well: the whole data-parallel world) and divided by `factor`,
+// instead of averaged. E.g. the world size times the micro-batches of gradient accumulation, or 1 for
+// a sum. As in PyTorch, only `module`'s own group (not recursive) and the division comes first (NCCL's
+// PreMulSum: each rank's contribution divided, then summed). Throws DTensorError when `module` is not
+// fully sharded, or the factor is not a positive finite number.
+void set_gradient_divide_factor(torch::nn::Module& module, double factor);
+
+// FSDP2's set_requires_all_reduce, for HSDP: with false, backward still reduce-scatters each group's
+// gradients over the dp dim but skips the all-reduce over the replicas: the reduced shards accumulate
+// on this rank (gradient accumulation across micro-batches with the cross-host collective once), and
+// the sharded parameters' gradients stay as they were. The next backward with true adds them to its
+// own and all-reduces the sum once, into the gradients. Without replicas (a 1-d dp mesh) it changes
+// nothing, as in PyTorch. set_requires_gradient_sync sets it too (as FSDP2's does). recurse: also every
+// fully-sharded module inside `module`. Throws DTensorError when `module` is not fully sharded.
+void set_requires_all_reduce(torch::nn::Module& module, bool requires_all_reduce, bool recurse = true);
+
+// FSDP2's set_unshard_in_backward: with false, the module's group is not gathered again before its
+// backward (nor prefetched for it), for a group whose backward reads none of its parameters (an
+// embedding's: its gradient needs the indices only). Gradients are reduced as usual. A backward that
+// does read them would find their storage freed: only for modules known not to. Not recursive (as in
+// PyTorch). Throws DTensorError when `module` is not fully sharded.
+void set_unshard_in_backward(torch::nn::Module& module, bool unshard_in_backward);
+
+// FSDP2's reset_iter_state: after an exception aborted a forward or a backward, call it on the root
+// before the next iteration. Every fully-sharded module in `module`: collectives in flight completed,
+// the parameters resharded, and the iteration's state dropped, the gradients being accumulated without
+// sync (set_requires_gradient_sync(false)) or without the all-reduce (set_requires_all_reduce(false))
+// among it: restart the micro-batches. Throws DTensorError when `module` is not fully sharded.
+void reset_iter_state(torch::nn::Module& module);
+
+// FSDP2's set_all_reduce_hook: `hook` is called, in backward, with the module's reduced gradient
+// shards (this rank's flat buffer of the group, in the reduce dtype) once they are final: after HSDP's
+// all-reduce, or after the reduce-scatter without replicas; it may change them in place (e.g. its own
+// all-reduce over another group), before the parameters' gradients are cut from them. Not called
+// while set_requires_all_reduce(false) holds the shards back. An empty function removes it. Only the
+// module's own group. Departures: PyTorch's optional CUDA stream has no counterpart (the hook runs on
+// the thread of the backward), and with a hook set the group's reduction completes before its
+// backward returns instead of overlapping the next group's; dtensor's parameters replicated over dp
+// (TP shards that TP cut on every dim) have a second flat buffer, passed to the hook as well. Throws
+// DTensorError when `module` is not fully sharded.
+void set_all_reduce_hook(torch::nn::Module& module, std::function<void(const at::Tensor&)> hook);
 
 // FSDP2's explicit prefetching. Before `module`'s forward computes (after its own gather), the
 // all-gathers of `modules` are started, in the list's order; before its backward (once its own

@@ -221,13 +221,14 @@ std::shared_ptr<FsdpGroup> FsdpGroup::neighbour(int step) const {
   return nullptr;
 }
 
-void FsdpGroup::prefetch() {
+void FsdpGroup::prefetch(bool for_backward) {
+  if (for_backward && !unshard_in_backward_) return;
   if (!storage_filled_ && !gathering_) start_gather();
 }
 
-void FsdpGroup::prefetch_all(const std::vector<std::weak_ptr<FsdpGroup>>& groups) {
+void FsdpGroup::prefetch_all(const std::vector<std::weak_ptr<FsdpGroup>>& groups, bool for_backward) {
   for (const auto& weak : groups)
-    if (const auto group = weak.lock()) group->prefetch();
+    if (const auto group = weak.lock()) group->prefetch(for_backward);
 }
 
 void FsdpGroup::start_unshard() {
@@ -254,16 +255,17 @@ void FsdpGroup::before_forward() {
   // loop inside call_as_forward) has no successor worth prefetching at the end.
   if (root && root->recorded_.insert(this).second) root->recording_.push_back(weak_from_this());
   unshard();
-  if (!forward_prefetch_.empty()) return prefetch_all(forward_prefetch_);
+  if (!forward_prefetch_.empty()) return prefetch_all(forward_prefetch_, false);
   if (const auto next = neighbour(+1); next && next->options_.overlap && next->options_.reshard_after_forward)
-    next->prefetch();
+    next->prefetch(false);
 }
 
 bool FsdpGroup::after_forward(bool backward_follows) {
   if (held()) return false;  // call_as_forward's own end decides
   if (is_root()) forward_order_ = recording_;
-  // Without a backward nothing saved the gathered parameters; the root's backward comes at once.
-  const bool keep = backward_follows && (!options_.reshard_after_forward || is_root());
+  // Without a backward nothing saved the gathered parameters; the root's backward comes at once (unless
+  // set_reshard_after_forward said otherwise).
+  const bool keep = backward_follows && (!options_.reshard_after_forward || (is_root() && !reshard_after_forward_set_));
   if (!keep) reshard();
   return backward_follows && (!keep || !backward_prefetch_.empty());
 }
@@ -272,10 +274,26 @@ void FsdpGroup::before_backward() {
   // Once per backward: a forward with several outputs has a hook on each.
   if (in_backward_) return;
   in_backward_ = true;
-  if (!storage_filled_) gather_into_storage();
-  if (!backward_prefetch_.empty()) return prefetch_all(backward_prefetch_);
+  // set_unshard_in_backward(false): backward reads none of the parameters, so they stay freed.
+  if (!storage_filled_ && unshard_in_backward_) gather_into_storage();
+  if (!backward_prefetch_.empty()) return prefetch_all(backward_prefetch_, true);
   if (const auto previous = neighbour(-1); previous && previous->options_.overlap && !previous->is_root())
-    previous->prefetch();
+    previous->prefetch(true);
+}
+
+void FsdpGroup::reset_iter_state() {
+  at::NoGradGuard no_grad;
+  if (gathering_) gathering_->wait();  // started on every rank: completed on every rank
+  gathering_.reset();
+  if (reducing_)
+    for (StartedCollective& reduction : *reducing_) reduction.wait();
+  reducing_.reset();
+  reshard();
+  held_ = 0;
+  in_backward_ = false;
+  recording_.clear();
+  recorded_.clear();
+  pending_grads_ = pending_replicated_ = partial_grads_ = partial_replicated_ = at::Tensor();
 }
 
 void FsdpGroup::point_slots(const std::vector<at::Tensor>& values) {
@@ -343,6 +361,10 @@ std::vector<at::Tensor> FsdpGroup::reduce_gradients(const std::vector<at::Tensor
     return std::vector<at::Tensor>(params_.size());
   }
   pending_grads_ = pending_replicated_ = at::Tensor();
+  if (divide_factor_) {  // summed, then divided: the division first, as NCCL's PreMulSum (FSDP2's)
+    flat.div_(*divide_factor_);
+    replicated.div_(*divide_factor_);
+  }
   return start_reductions(whole_grads, flat, replicated);
 }
 
@@ -397,10 +419,17 @@ void FsdpGroup::pack_gradients(const std::vector<at::Tensor>& whole_grads, const
 std::vector<at::Tensor> FsdpGroup::start_reductions(const std::vector<at::Tensor>& whole_grads, const at::Tensor& flat,
                                                     const at::Tensor& replicated) {
   const CommContext context(label_.c_str());
-  StartedCollective mine = averaged_over_replicas(
-      shard_numel_ > 0 ? start_reduce_scatter(mesh_, dp_dim_, flat, ReduceOp::Avg) : StartedCollective(flat));
-  StartedCollective averaged = averaged_over_replicas(
-      replicated_numel_ > 0 ? start_all_reduce(mesh_, dp_dim_, replicated, ReduceOp::Avg) : StartedCollective(replicated));
+  StartedCollective mine = over_replicas(
+      shard_numel_ > 0 ? start_reduce_scatter(mesh_, dp_dim_, flat, reduce_op()) : StartedCollective(flat), partial_grads_);
+  StartedCollective averaged = over_replicas(
+      replicated_numel_ > 0 ? start_all_reduce(mesh_, dp_dim_, replicated, reduce_op()) : StartedCollective(replicated),
+      partial_replicated_);
+  // HSDP without the all-reduce: the reduced shards wait in the partial buffers, the gradients unchanged.
+  if (replicate_dim_ >= 0 && !all_reduce_) return std::vector<at::Tensor>(params_.size());
+  if (all_reduce_hook_) {  // called with the reduced shards, which it may change in place: before anything reads them
+    for (StartedCollective* reduced : {&mine, &averaged})
+      if (reduced->wait().numel() > 0) all_reduce_hook_(reduced->wait());
+  }
   if (const auto root = root_.lock(); root && options_.overlap) root->reducing_ = std::vector<StartedCollective>{mine, averaged};
   std::vector<at::Tensor> grads(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -416,12 +445,18 @@ std::vector<at::Tensor> FsdpGroup::start_reductions(const std::vector<at::Tensor
   return grads;
 }
 
-StartedCollective FsdpGroup::averaged_over_replicas(StartedCollective reduced) const {
+StartedCollective FsdpGroup::over_replicas(StartedCollective reduced, at::Tensor& partial) const {
   if (replicate_dim_ < 0) return reduced;
   // The second stage starts once the first completes: what stays in flight is the all-reduce over the
   // replicas, the collective that crosses hosts when dp spans one.
   const at::Tensor& shard = reduced.wait();
-  return shard.numel() == 0 ? reduced : start_all_reduce(mesh_, replicate_dim_, shard, ReduceOp::Avg);
+  if (!all_reduce_) {
+    partial = partial.defined() ? partial.add_(shard) : shard.clone();
+    return reduced;
+  }
+  if (partial.defined()) shard.add_(partial);
+  partial = at::Tensor();
+  return shard.numel() == 0 ? reduced : start_all_reduce(mesh_, replicate_dim_, shard, reduce_op());
 }
 
 at::Tensor FsdpGroup::shard_gradient(const Param& p, const at::Tensor& mine, const at::Tensor& replicated) const {

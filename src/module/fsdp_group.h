@@ -15,6 +15,9 @@
 //
 // With replicas (HSDP), every collective above runs over dp only, and the reduced gradients are then
 // averaged over the replicas' dim: an all-reduce of this rank's shard, 1/dp of the group.
+// set_requires_all_reduce(false) keeps that shard back (summed over the backwards in
+// partial_grads_) until a backward with the all-reduce adds it to its own. A gradient divide factor
+// divides the packed buffers before the reductions, which then sum instead of averaging.
 //
 // With CPU offload on a device mesh, the shards (the sharded DTensors' local tensors) are host tensors:
 // they never alias the send buffer (on the device), every gather copies them in, and each reduced
@@ -24,6 +27,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Storage.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -85,7 +89,21 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   void set_root(const std::shared_ptr<FsdpGroup>& root) { root_ = root; }
   bool is_root() const { return root_.lock().get() == this; }
   std::shared_ptr<FsdpGroup> root() const { return root_.lock(); }
-  void set_requires_gradient_sync(bool sync) { requires_sync_ = sync; }
+  // As FSDP2's, it sets the all-reduce over the replicas too.
+  void set_requires_gradient_sync(bool sync) { requires_sync_ = all_reduce_ = sync; }
+  void set_requires_all_reduce(bool all_reduce) { all_reduce_ = all_reduce; }
+  // After this, the root too follows reshard_after_forward (by default it keeps its parameters).
+  void set_reshard_after_forward(bool reshard) {
+    options_.reshard_after_forward = reshard;
+    reshard_after_forward_set_ = true;
+  }
+  // Unset: the gradients are averaged over the data-parallel ranks; set: summed, then divided by it.
+  void set_gradient_divide_factor(std::optional<double> factor) { divide_factor_ = factor; }
+  void set_unshard_in_backward(bool unshard) { unshard_in_backward_ = unshard; }
+  void set_all_reduce_hook(std::function<void(const at::Tensor&)> hook) { all_reduce_hook_ = std::move(hook); }
+  // After an exception aborted a forward or backward: in-flight collectives waited for, the
+  // parameters resharded, and the iteration's state (accumulated gradients included) dropped.
+  void reset_iter_state();
   void set_reshard_after_backward(bool reshard) { reshard_after_backward_ = reshard; }
   // The explicit prefetch lists (empty: the implicit order).
   void set_forward_prefetch(std::vector<std::weak_ptr<FsdpGroup>> groups) { forward_prefetch_ = std::move(groups); }
@@ -143,16 +161,20 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   bool shards_changed() const;
   // The group `step` places after this one in the root's last forward order (null: none).
   std::shared_ptr<FsdpGroup> neighbour(int step) const;
-  // Starts gathering this group ahead of its use, unless it has nothing to gather.
-  void prefetch();
-  static void prefetch_all(const std::vector<std::weak_ptr<FsdpGroup>>& groups);
+  // Starts gathering this group ahead of its use, unless it has nothing to gather (or, for its
+  // backward, is not to be gathered there: set_unshard_in_backward(false)).
+  void prefetch(bool for_backward);
+  static void prefetch_all(const std::vector<std::weak_ptr<FsdpGroup>>& groups, bool for_backward);
   void allocate_storage();
   void free_storage();
   at::Tensor storage_view(const Param& p) const;  // a fresh tensor aliasing p's place in the storage
   void point_slots(const std::vector<at::Tensor>& values);
-  // The average over the replicas (HSDP) of a reduction over dp, once that completes; `reduced` itself
-  // without replicas.
-  StartedCollective averaged_over_replicas(StartedCollective reduced) const;
+  // Sum with a divide factor (the buffers divided before), else Avg.
+  ReduceOp reduce_op() const { return divide_factor_ ? ReduceOp::Sum : ReduceOp::Avg; }
+  // The reduction over the replicas (HSDP) of a reduction over dp, once that completes, with what
+  // earlier backwards reduced without it (`partial`) added; with the all-reduce off, the result is
+  // added to `partial` instead. `reduced` itself without replicas.
+  StartedCollective over_replicas(StartedCollective reduced, at::Tensor& partial) const;
   // The local gradient of `p`'s shard, from this rank's reduced flat buffers.
   at::Tensor shard_gradient(const Param& p, const at::Tensor& mine, const at::Tensor& replicated) const;
   // The whole gradients packed (or, accumulating, added) into the flat buffers the reductions take.
@@ -196,6 +218,14 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   bool in_backward_ = false;  // before_backward ran since the last forward or reduction
   // Whole gradients accumulated without sync: [dp_size * shard_numel_] and [replicated_numel_].
   at::Tensor pending_grads_, pending_replicated_;
+  bool all_reduce_ = true;  // over the replicas (HSDP)
+  // Reduced over dp but not yet over the replicas (set_requires_all_reduce(false)): [shard_numel_] and
+  // [replicated_numel_].
+  at::Tensor partial_grads_, partial_replicated_;
+  bool reshard_after_forward_set_ = false;  // set_reshard_after_forward was called: the root obeys it too
+  std::optional<double> divide_factor_;
+  bool unshard_in_backward_ = true;
+  std::function<void(const at::Tensor&)> all_reduce_hook_;
 };
 
 // Whether the shards of a group with these options on `mesh` live in host memory apart from the device:

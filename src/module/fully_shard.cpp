@@ -6,6 +6,7 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -369,6 +370,50 @@ void set_reshard_after_backward(torch::nn::Module& module, bool reshard_after_ba
   if (recurse)
     for (const auto& item : module.named_modules())
       if (auto group = group_of(*item.value())) group->set_reshard_after_backward(reshard_after_backward);
+}
+
+namespace {
+
+// The groups a setter applies to: `module`'s (which must be fully sharded) and, with recurse, those of
+// every fully-sharded module inside it.
+std::vector<std::shared_ptr<FsdpGroup>> groups_in(torch::nn::Module& module, const char* operation, bool recurse) {
+  std::vector<std::shared_ptr<FsdpGroup>> out{require_group(module, operation)};
+  if (recurse)
+    for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/false))
+      if (auto group = group_of(*item.value())) out.push_back(std::move(group));
+  return out;
+}
+
+}  // namespace
+
+void set_reshard_after_forward(torch::nn::Module& module, bool reshard_after_forward, bool recurse) {
+  for (const auto& group : groups_in(module, "set_reshard_after_forward", recurse))
+    group->set_reshard_after_forward(reshard_after_forward);
+}
+
+void set_gradient_divide_factor(torch::nn::Module& module, double factor) {
+  const auto group = require_group(module, "set_gradient_divide_factor");
+  if (!(factor > 0) || !std::isfinite(factor))
+    throw DTensorError("set_gradient_divide_factor(" + describe_module(module) + "): the factor is " + c10::str(factor) +
+                       "; give a positive finite number (the gradients are summed over the data-parallel ranks, then "
+                       "divided by it; the world size averages)");
+  group->set_gradient_divide_factor(factor);
+}
+
+void set_requires_all_reduce(torch::nn::Module& module, bool requires_all_reduce, bool recurse) {
+  for (const auto& group : groups_in(module, "set_requires_all_reduce", recurse)) group->set_requires_all_reduce(requires_all_reduce);
+}
+
+void set_unshard_in_backward(torch::nn::Module& module, bool unshard_in_backward) {
+  require_group(module, "set_unshard_in_backward")->set_unshard_in_backward(unshard_in_backward);
+}
+
+void reset_iter_state(torch::nn::Module& module) {
+  for (const auto& group : groups_in(module, "reset_iter_state", true)) group->reset_iter_state();
+}
+
+void set_all_reduce_hook(torch::nn::Module& module, std::function<void(const at::Tensor&)> hook) {
+  require_group(module, "set_all_reduce_hook")->set_all_reduce_hook(std::move(hook));
 }
 
 void set_modules_to_forward_prefetch(torch::nn::Module& module, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {

@@ -1,8 +1,13 @@
 // FSDP2's controls of a fully-sharded module, each against the same GPT on one device (uneven rows over
 // 4 ranks) and with the collectives it must (or must not) issue, on a 1-d mesh (FSDP=4) and two 2-d
 // ones (HSDP, 2 replicas x FSDP=2; FSDP=2 x TP=2): set_reshard_after_backward, the explicit prefetch
-// lists, unshard(async_op) and its handle, call_as_forward (register_fsdp_forward_method), and
-// CPUOffloadPolicy (on a CPU mesh: the identity). Then the errors of misuse.
+// lists, unshard(async_op) and its handle, call_as_forward (register_fsdp_forward_method),
+// CPUOffloadPolicy (on a CPU mesh: the identity), set_reshard_after_forward, set_gradient_divide_factor,
+// set_requires_all_reduce (HSDP), set_unshard_in_backward, reset_iter_state and set_all_reduce_hook.
+// Then the errors of misuse.
+
+#include <cmath>
+#include <limits>
 
 #include <torch/nn/functional/loss.h>
 #include <torch/optim/adamw.h>
@@ -350,6 +355,187 @@ TEST_F(FsdpControlsTest, CpuOffloadIsTheIdentityOnACpuMesh) {
   }
 }
 
+// set_reshard_after_forward(root, true) frees the root's parameters after forward too (PyTorch's root
+// obeys it once set): every parameter sharded after forward, the root gathered again first in
+// backward. Then false on everything (recursive): nothing freed after forward, nothing gathered in
+// backward; and on one block alone (recurse = false): only that block kept. Gradients equal one
+// device's throughout.
+TEST_F(FsdpControlsTest, SetReshardAfterForwardChangesItAfterFullyShardRootIncluded) {
+  for (const Layout& layout : kLayouts) {
+    SCOPED_TRACE(layout.label);
+    Job job = sharded_job(layout);
+    auto reference = seeded_uneven_gpt();
+    const std::string root = job.model->name();
+    const auto pass = [&](int64_t step, const std::vector<std::string>& backward_gathers) {
+      const gpt::Batch batch = batch_of(step);
+      at::Tensor loss = loss_on(job.model, dp_rows_of(batch, job.data));
+      CommDebugMode backward;
+      loss.backward();
+      EXPECT_EQ(gathers(backward), backward_gathers) << "step " << step << ": " << backward.summary();
+      loss_on(reference, batch).backward();
+      expect_grads_equal(*job.model, *reference, 1e-9, 1e-12);
+    };
+    set_reshard_after_forward(*job.model, true);
+    {
+      at::Tensor loss = loss_on(job.model, dp_rows_of(batch_of(1), job.data));
+      expect_sharded(*job.model, job.mesh);  // the root's own parameters included
+    }
+    reshard_all(*job.model);
+    pass(2, labels({root.c_str(), "blocks.1", "blocks.0"}));
+    set_reshard_after_forward(*job.model, false);
+    pass(3, {});
+    reshard_all(*job.model);
+    set_reshard_after_forward(*job.model, true);
+    set_reshard_after_forward(*(*job.model->blocks)[0], false, /*recurse=*/false);
+    pass(4, labels({root.c_str(), "blocks.1"}));
+  }
+}
+
+// set_gradient_divide_factor(3) on the root and block 1 (not recursive: block 0 keeps the average):
+// their gradients are the sum over the data-parallel ranks (with HSDP, over the replicas too) of each
+// rank's gradient, divided by 3; block 0's are one device's on the whole batch.
+TEST_F(FsdpControlsTest, GradientDivideFactorSumsAndDivides) {
+  for (const Layout& layout : kLayouts) {
+    SCOPED_TRACE(layout.label);
+    Job job = sharded_job(layout);
+    auto summed = seeded_uneven_gpt(), averaged = seeded_uneven_gpt();
+    set_gradient_divide_factor(*job.model, 3.0);
+    set_gradient_divide_factor(*(*job.model->blocks)[1], 3.0);
+    const gpt::Batch batch = batch_of(5);
+    loss_on(job.model, dp_rows_of(batch, job.data)).backward();
+    // The oracle: each data rank's loss on its rows, summed, divided by the factor.
+    const int64_t ranks = job.data->size(), rows = batch.tokens.size(0) / ranks;
+    at::Tensor sum = at::zeros({}, at::kDouble);
+    for (int64_t r = 0; r < ranks; ++r)
+      sum = sum + loss_on(summed, {batch.tokens.slice(0, r * rows, (r + 1) * rows), batch.targets.slice(0, r * rows, (r + 1) * rows)});
+    sum.div(3.0).backward();
+    loss_on(averaged, batch).backward();
+    const auto expected_sum = summed->named_parameters(), expected_mean = averaged->named_parameters();
+    for (const auto& p : job.model->named_parameters()) {
+      const bool block0 = p.key().rfind("blocks.0.", 0) == 0;
+      const at::Tensor& expected = (block0 ? expected_mean : expected_sum)[p.key()].grad();
+      EXPECT_TRUE(tensors_close(full_tensor(p.value().grad()), expected, 1e-9, 1e-12)) << p.key();
+    }
+  }
+}
+
+// set_requires_all_reduce(false) on HSDP: the first micro-batch's backward reduce-scatters over dp and
+// all-reduces nothing, the gradients left undefined; the second's (true) all-reduces each group once,
+// and the gradients equal one device's accumulated over both. On FSDP=4 (no replicas) it changes
+// nothing, as in PyTorch: the first backward sets the gradients already.
+TEST_F(FsdpControlsTest, RequiresAllReduceFalseAccumulatesReducedShardsForOneAllReduce) {
+  for (const Layout* layout : {&kLayouts[1], &kLayouts[0]}) {
+    SCOPED_TRACE(layout->label);
+    const bool hsdp = layout->names.front() == "replicate";
+    Job job = sharded_job(*layout);
+    auto reference = seeded_uneven_gpt();
+    const int64_t groups = uneven_config().layers + 1;
+    const gpt::Batch first = batch_of(8), second = batch_of(9);
+    set_requires_all_reduce(*job.model, false);
+    at::Tensor loss = loss_on(job.model, dp_rows_of(first, job.data)).mul(0.5);
+    CommDebugMode held;
+    loss.backward();
+    EXPECT_EQ(held.count("reduce-scatter"), groups) << held.summary();
+    EXPECT_EQ(held.count("all-reduce"), 0) << held.summary();
+    EXPECT_EQ(job.model->lm_head->weight.grad().defined(), !hsdp);
+    set_requires_all_reduce(*job.model, true);
+    loss = loss_on(job.model, dp_rows_of(second, job.data)).mul(0.5);
+    CommDebugMode reduced;
+    loss.backward();
+    EXPECT_EQ(reduced.count("reduce-scatter"), groups) << reduced.summary();
+    EXPECT_EQ(reduced.count("all-reduce"), hsdp ? groups : 0) << reduced.summary();
+    loss_on(reference, first).mul(0.5).backward();
+    loss_on(reference, second).mul(0.5).backward();
+    expect_grads_equal(*job.model, *reference, 1e-9, 1e-12);
+  }
+}
+
+// set_unshard_in_backward(false) on a fully-sharded token embedding (its backward needs the indices
+// only): its backward gathers it neither itself nor as block 0's prefetch, and its gradients (and
+// everything else's) still equal one device's. Without it the embedding is gathered last.
+TEST_F(FsdpControlsTest, UnshardInBackwardFalseSkipsTheGatherBeforeBackward) {
+  for (const Layout* layout : {&kLayouts[0], &kLayouts[1]}) {
+    SCOPED_TRACE(layout->label);
+    auto m = mesh(layout->shape, {}, layout->names);
+    const MeshPtr data = layout->shape.size() == 1 ? m : mesh({4}, {}, {"data"});
+    auto model = seeded_uneven_gpt();
+    fully_shard(*model->tok_emb, m);
+    gpt::fully_shard(model, m);
+    auto reference = seeded_uneven_gpt();
+    const auto pass = [&](int64_t step, const std::vector<std::string>& backward_gathers) {
+      const gpt::Batch batch = batch_of(step);
+      at::Tensor loss = loss_on(model, dp_rows_of(batch, data));
+      CommDebugMode backward;
+      loss.backward();
+      EXPECT_EQ(gathers(backward), backward_gathers) << "step " << step << ": " << backward.summary();
+      EXPECT_EQ(backward.count("reduce-scatter"), uneven_config().layers + 2) << backward.summary();
+      loss_on(reference, batch).backward();
+      expect_grads_equal(*model, *reference, 1e-9, 1e-12);
+    };
+    pass(1, labels({"blocks.1", "blocks.0", "tok_emb"}));
+    set_unshard_in_backward(*model->tok_emb, false);
+    pass(2, labels({"blocks.1", "blocks.0"}));
+  }
+}
+
+// reset_iter_state after a forward that threw midway (a token out of the vocabulary, the root gathered):
+// every parameter sharded again, and the gradients accumulated before without sync are dropped, so
+// the next synced micro-batch's gradients equal one device's on that micro-batch alone.
+TEST_F(FsdpControlsTest, ResetIterStateAfterAnAbortedForward) {
+  for (const Layout* layout : {&kLayouts[0], &kLayouts[1]}) {
+    SCOPED_TRACE(layout->label);
+    Job job = sharded_job(*layout);
+    auto reference = seeded_uneven_gpt();
+    set_requires_gradient_sync(*job.model, false);
+    loss_on(job.model, dp_rows_of(batch_of(1), job.data)).backward();
+    gpt::Batch bad = dp_rows_of(batch_of(2), job.data);
+    bad.tokens = bad.tokens.clone();
+    bad.tokens.index_put_({0, 3}, 99);
+    EXPECT_ANY_THROW(loss_on(job.model, bad));
+    reset_iter_state(*job.model);
+    expect_sharded(*job.model, job.mesh);
+    set_requires_gradient_sync(*job.model, true);
+    const gpt::Batch batch = batch_of(3);
+    loss_on(job.model, dp_rows_of(batch, job.data)).backward();
+    loss_on(reference, batch).backward();
+    expect_grads_equal(*job.model, *reference, 1e-9, 1e-12);
+  }
+}
+
+// set_all_reduce_hook on block 1: called once per backward with its reduced shards (after HSDP's
+// all-reduce; with TP once more, with the parameters replicated over dp), which it doubles in place: block 1's gradients are twice one device's, the others'
+// equal them. While set_requires_all_reduce(false) holds HSDP's shards back, it is not called.
+TEST_F(FsdpControlsTest, AllReduceHookSeesAndChangesTheReducedShards) {
+  for (const Layout& layout : kLayouts) {
+    SCOPED_TRACE(layout.label);
+    const bool hsdp = layout.names.front() == "replicate";
+    Job job = sharded_job(layout);
+    auto reference = seeded_uneven_gpt();
+    int calls = 0;
+    set_all_reduce_hook(*(*job.model->blocks)[1], [&calls](const at::Tensor& reduced) {
+      ++calls;
+      reduced.mul_(2);
+    });
+    if (hsdp) {
+      set_requires_all_reduce(*job.model, false);
+      loss_on(job.model, dp_rows_of(batch_of(4), job.data)).backward();
+      EXPECT_EQ(calls, 0);
+      set_requires_all_reduce(*job.model, true);
+      loss_on(reference, batch_of(4)).backward();
+    }
+    const gpt::Batch batch = batch_of(5);
+    loss_on(job.model, dp_rows_of(batch, job.data)).backward();
+    // With TP, the block's biases that TP cuts on every dim are replicated over dp: a second buffer.
+    EXPECT_EQ(calls, layout.names.back() == "tp" ? 2 : 1);
+    loss_on(reference, batch).backward();
+    const auto expected = reference->named_parameters();
+    for (const auto& p : job.model->named_parameters()) {
+      const double scale = p.key().rfind("blocks.1.", 0) == 0 ? 2.0 : 1.0;
+      EXPECT_TRUE(tensors_close(full_tensor(p.value().grad()), expected[p.key()].grad() * scale, 1e-9, 1e-12)) << p.key();
+    }
+  }
+}
+
 class FsdpControlsErrorTest : public DistTest {};
 
 TEST_F(FsdpControlsErrorTest, MisuseIsRefusedWithAClearError) {
@@ -365,6 +551,17 @@ TEST_F(FsdpControlsErrorTest, MisuseIsRefusedWithAClearError) {
   EXPECT_THAT(error_of([&] { set_modules_to_forward_prefetch(*blocks[2], {blocks[0]}); }), not_sharded);
   EXPECT_THAT(error_of([&] { unshard(*blocks[2], true); }), not_sharded);
   EXPECT_THAT(error_of([&] { offloads_to_cpu(*blocks[2]); }), not_sharded);
+  EXPECT_THAT(error_of([&] { set_reshard_after_forward(*blocks[2], false); }),
+              ::testing::AllOf(::testing::HasSubstr("set_reshard_after_forward: module"), not_sharded));
+  EXPECT_THAT(error_of([&] { set_gradient_divide_factor(*blocks[2], 2.0); }), not_sharded);
+  EXPECT_THAT(error_of([&] { set_requires_all_reduce(*blocks[2], false); }), not_sharded);
+  EXPECT_THAT(error_of([&] { set_unshard_in_backward(*blocks[2], false); }), not_sharded);
+  EXPECT_THAT(error_of([&] { reset_iter_state(*blocks[2]); }), not_sharded);
+  EXPECT_THAT(error_of([&] { set_all_reduce_hook(*blocks[2], [](const at::Tensor&) {}); }), not_sharded);
+  for (const double bad : {0.0, -4.0, std::nan(""), std::numeric_limits<double>::infinity()})
+    EXPECT_THAT(error_of([&] { set_gradient_divide_factor(*blocks[1], bad); }),
+                ::testing::AllOf(::testing::HasSubstr("set_gradient_divide_factor("), ::testing::HasSubstr("(fully_shard(blocks.1))"),
+                                 ::testing::HasSubstr("give a positive finite number")));
   EXPECT_THAT(error_of([&] { set_modules_to_forward_prefetch(*model, {blocks[1], blocks[2]}); }),
               ::testing::AllOf(::testing::HasSubstr("set_modules_to_forward_prefetch"), ::testing::HasSubstr("entry 1, module"),
                                ::testing::HasSubstr("is not fully sharded: list only modules fully_shard was called on")));
