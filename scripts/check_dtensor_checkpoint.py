@@ -1,8 +1,9 @@
 """PyTorch and the safetensors library read a checkpoint dtensor wrote (tests/dist/checkpoint_interop_test.cpp).
 
-  check_dtensor_checkpoint.py DIR WHOLE_DIR
+  check_dtensor_checkpoint.py DIR WHOLE_DIR DCP_DIR
 DIR holds the interop state (scripts/checkpoint_values.py) saved by dtensor from sharded layouts, WHOLE_DIR
-the same saved with whole_tensors. Checks, for each:
+the same saved with whole_tensors, DCP_DIR the same in PyTorch's DCP format (dcp::save), which
+torch.distributed.checkpoint.load must read exactly. Checks, for DIR and WHOLE_DIR:
   1. safetensors.safe_open reads every file; each piece, placed at its DCP_SHARDING_INFO offsets, rebuilds
      exactly the expected tensors, every element written once;
   2. the Hugging Face index's weight_map names exactly the tensors saved whole, in files holding them;
@@ -63,7 +64,18 @@ def check(directory):
     return index
 
 
-def main(directory, whole_directory):
+def check_dcp(directory):
+    """PyTorch's own FileSystemReader (the default of dcp.load) reads what dcp::save wrote."""
+    expected = state()
+    loaded = {name: torch.zeros_like(t) for name, t in expected.items()}
+    dcp.load(loaded, checkpoint_id=directory, no_dist=True)
+    for name, t in expected.items():
+        assert torch.equal(loaded[name], t), f"{name}: dcp.load of {directory} gives other values"
+    print(f"OK: dcp.load reads {directory}: {len(expected)} tensors exact")
+
+
+def main(directory, whole_directory, dcp_directory):
+    check_dcp(dcp_directory)
     check(directory)
     index = check(whole_directory)
     expected = state()
@@ -77,4 +89,4 @@ def main(directory, whole_directory):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3])

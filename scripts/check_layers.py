@@ -52,6 +52,7 @@ INTERNAL_DOORS = {
     "io/json.h": "nlohmann with the project's warnings silenced",
     "io/untrusted_json.h": "JSON from untrusted files, checked",
     "io/restricted_pickle.h": "Python pickles from untrusted files (DCP's .metadata), executing nothing",
+    "io/pickle_writer.h": "Python pickles written (DCP's .metadata)",
     "io/zip_archive.h": "zip archives (.pt2, checkpoints)",
     "mesh/collectives.h": "collectives on process groups, with timeouts naming rank and op",
     "redistribute/executor.h": "running redistribution plans, strided chunks",

@@ -20,6 +20,8 @@
 #include <variant>
 #include <vector>
 
+#include "dtensor/checkpoint.h"
+
 namespace dtensor::checkpoint::dcp {
 
 // One saved piece of a tensor (DCP's ChunkStorageMetadata): where it starts in the tensor, its shape.
@@ -72,6 +74,15 @@ struct DcpMetadata {
   std::optional<std::string> version;  // DCP's format version ("1.0.0")
   std::optional<DcpStorageMeta> storage_meta;
 };
+
+// Saves `state` in PyTorch's DCP format, as FileSystemWriter of PyTorch 2.15 lays it out, so that
+// torch.distributed.checkpoint.load reads it (onto any layout there too): each rank writes the pieces it
+// owns as checkpoint::save assigns them (a DTensor's shard by the first rank holding it, Partial ones
+// reduced first, a plain tensor by rank 0), each torch.save'd alone into its `__<rank>_0.distcp`, and
+// rank 0 the pickled `.metadata`. Collective over the state's world, as checkpoint::save. Files of an
+// earlier save with the same names are replaced; the directory has no commit marker (DCP has none:
+// the `.metadata`, written last, is what makes it a checkpoint).
+void save(const State& state, const std::string& dir);
 
 // Reads `dir`/.metadata (or the file `path` when it is not a directory).
 DcpMetadata read_metadata(const std::string& path);

@@ -17,6 +17,7 @@
 #include "durable_file.h"
 #include "format.h"
 #include "job.h"
+#include "save_plan.h"
 
 namespace dtensor::checkpoint {
 namespace {
@@ -24,54 +25,9 @@ namespace {
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 using detail::Job;
-
-// One tensor of the state as it will be saved.
-struct Saved {
-  std::string name;
-  std::string dtype;
-  Shape global_shape;
-  std::vector<Piece> pieces;  // writer: holders[0]
-  at::Tensor local;           // this rank's data (a DTensor's shard, reduced if Partial; a plain tensor)
-};
-
-// The rank that writes tensor number `index` whole: one of its mesh's ranks (so the gather's bridge
-// is the mesh's own group), or for a plain tensor one of the world's, in turn.
-int64_t whole_writer(const at::Tensor& tensor, size_t index, const Job& job) {
-  if (!is_dtensor(tensor)) return static_cast<int64_t>(index % static_cast<size_t>(job.size));
-  const auto& ranks = mesh_of(tensor)->ranks();
-  return ranks[index % ranks.size()];
-}
-
-std::vector<Saved> plan(const State& state, const Job& job, bool whole_tensors, std::string& fingerprint) {
-  std::vector<Saved> out;
-  for (const auto& [name, tensor] : state) {
-    if (name == "__metadata__")
-      throw DTensorError("checkpoint::save: '__metadata__' is the safetensors header's own key; rename that tensor");
-    Saved s;
-    s.name = name;
-    s.dtype = detail::safetensors_dtype(tensor.scalar_type(), name);
-    s.global_shape = tensor.sizes().vec();
-    fingerprint += name + ":" + s.dtype + ":" + shape_str(s.global_shape);
-    if (is_dtensor(tensor)) {
-      const DTensorSpec& spec = spec_of(tensor);
-      const Placements placements = partial_as_replicate(spec.placements);
-      s.pieces = pieces_of(s.global_shape, spec.mesh->shape(), spec.mesh->ranks(), placements);
-      fingerprint += ":" + spec.mesh->str() + ":" + to_string(spec.placements);
-    } else {
-      const Box whole{Shape(s.global_shape.size(), 0), s.global_shape};
-      if (!whole.empty()) s.pieces.push_back(Piece{whole, {0}});
-    }
-    if (whole_tensors) s.pieces = {Piece{Box{Shape(s.global_shape.size(), 0), s.global_shape}, {whole_writer(tensor, out.size(), job)}}};
-    // A tensor with no elements is still recorded, as one empty piece from rank 0.
-    if (s.pieces.empty()) s.pieces.push_back(Piece{Box{Shape(s.global_shape.size(), 0), s.global_shape}, {0}});
-    fingerprint += ";";
-    out.push_back(std::move(s));
-  }
-  return out;
-}
-
-// A rank is the first holder of at most one piece of a tensor: its own shard.
-bool writes(const Piece& p, int rank) { return p.holders.front() == rank; }
+using detail::Prepared;
+using detail::Saved;
+using detail::writes;
 
 // Rank 0: the directory exists and holds no checkpoint (or, with overwrite, no longer does: the commit
 // marker goes first, so a crash from here on leaves a directory that is refused).
@@ -164,62 +120,6 @@ void commit(const fs::path& dir) {
   detail::sync_directory(dir.string());
 }
 
-// What a save holds once its collectives are done: every piece this rank writes, in memory of its
-// own when `staged` (so that the state may change while the files are written).
-struct Prepared {
-  Job job;
-  std::vector<Saved> saved;
-  // Whether this rank prepares the directory and writes the index and the commit marker: rank 0, or in
-  // a node-local save the first rank of each host, so that every node's directory has its own.
-  bool leads_directory = false;
-  std::vector<std::string> hosts;  // a node-local save's: every rank's host
-};
-
-Prepared prepare(const State& state, const SaveOptions& options, bool staged) {
-  Prepared out{Job::of(state, options.world, "save"), {}};
-  const Job& job = out.job;
-  std::string fingerprint;
-  std::exception_ptr error;
-  try {
-    out.saved = plan(state, job, options.whole_tensors, fingerprint);
-    fingerprint += options.whole_tensors ? "whole" : "shards";
-  } catch (...) {
-    error = std::current_exception();
-  }
-  job.agree(error, "planning the save");
-  job.check_same(fingerprint + (options.node_local ? "node-local" : ""), "save");
-  out.leads_directory = job.rank == 0;
-  if (options.node_local) {
-    out.hosts = job.gather(host_name());
-    const auto first = std::find(out.hosts.begin(), out.hosts.end(), out.hosts[static_cast<size_t>(job.rank)]);
-    out.leads_directory = first - out.hosts.begin() == job.rank;
-  }
-
-  // Partial shards are reduced first, or whole tensors gathered on their writers: collectives every
-  // rank runs in the same order.
-  std::map<int64_t, MeshPtr> writer_meshes;  // a mesh of one rank per writer, made in the order of use
-  for (Saved& s : out.saved) {
-    const at::Tensor& tensor = state.at(s.name);
-    at::Tensor placed = tensor.detach();
-    if (is_dtensor(tensor)) {
-      const DTensorSpec& spec = spec_of(tensor);
-      if (options.whole_tensors) {
-        const int64_t writer = s.pieces.front().holders.front();
-        MeshPtr& one = writer_meshes[writer];
-        if (!one) one = DeviceMesh::create(job.world, {1}, {writer}, MeshOptions{{}, spec.mesh->device_type(), spec.mesh->timeout()});
-        placed = redistribute(placed, one, {Replicate()});
-      } else if (spec.has_partial()) {
-        placed = redistribute(placed, partial_as_replicate(spec.placements));
-      }
-      placed = local_tensor_of(placed);
-    }
-    const bool written_here = std::any_of(s.pieces.begin(), s.pieces.end(), [&](const Piece& p) { return writes(p, job.rank); });
-    if (staged && written_here) placed = placed.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
-    s.local = placed;
-  }
-  return out;
-}
-
 // The files, the index and the commit marker, each step agreed on by every rank: no collectives, so it
 // may run on a thread of its own.
 SaveResult write(const Prepared& prepared, const fs::path& dir, bool overwrite) {
@@ -258,11 +158,11 @@ SaveResult write(const Prepared& prepared, const fs::path& dir, bool overwrite) 
 }  // namespace
 
 SaveResult save(const State& state, const std::string& dir, const SaveOptions& options) {
-  return write(prepare(state, options, /*staged=*/false), fs::path(dir), options.overwrite);
+  return write(detail::prepare(state, options, /*staged=*/false), fs::path(dir), options.overwrite);
 }
 
 std::future<SaveResult> save_async(const State& state, const std::string& dir, const SaveOptions& options) {
-  auto prepared = std::make_shared<Prepared>(prepare(state, options, /*staged=*/true));
+  auto prepared = std::make_shared<Prepared>(detail::prepare(state, options, /*staged=*/true));
   prepared->job.channel = "async-save";
   return std::async(std::launch::async, [prepared, path = fs::path(dir), overwrite = options.overwrite] {
     return write(*prepared, path, overwrite);

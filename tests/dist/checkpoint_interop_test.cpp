@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "dtensor/checkpoint.h"
+#include "dtensor/dcp.h"
 #include "../support/build_paths.h"
 #include "../support/test_models.h"
 #include "harness.h"
@@ -96,6 +97,23 @@ TEST_F(CheckpointInteropTest, WritesWhatPyTorchReads) {
       EXPECT_TRUE(tensors_equal(is_dtensor(t) ? full_tensor(t) : t, interop_value(i, kTensors[i])));
     }
   }
+}
+
+// PyTorch's own DCP format from DP2 x TP2 (uneven shards, replicas written once, a plain 0-d tensor):
+// read back by ctest checkpoint_read_by_pytorch with torch.distributed.checkpoint.load, and here by
+// dtensor's metadata reader, whose checks (chunks tiling every tensor, storage for every chunk) it passes.
+TEST_F(CheckpointInteropTest, WritesPyTorchsDcpFormat) {
+  const std::string dir = (test_output_dir(kInterop) / "dtensor_written_dcp").string();
+  ckpt::dcp::save(tensor_parallel_state(mesh({2, 2}), true), dir);
+  const ckpt::dcp::DcpMetadata metadata = ckpt::dcp::read_metadata(dir);
+  ASSERT_EQ(metadata.entries.size(), kTensors.size());
+  for (const InteropTensor& t : kTensors) {
+    const auto& tensor = std::get<ckpt::dcp::DcpTensor>(metadata.entries.at(t.name));
+    EXPECT_EQ(tensor.size, t.shape) << t.name;
+    EXPECT_EQ(tensor.dtype, t.dtype) << t.name;
+  }
+  // lm_head.weight, Shard(1) over tp: 8 columns in 2 chunks, each written once though dp holds it twice.
+  EXPECT_EQ(std::get<ckpt::dcp::DcpTensor>(metadata.entries.at("lm_head.weight")).chunks.size(), 2u);
 }
 
 }  // namespace
