@@ -61,8 +61,9 @@ struct TensorItem {
 TensorItem open_tensor_item(const std::string& dir, const DcpStorage& storage, const std::string& fqn, const DcpChunk& chunk,
                             c10::ScalarType dtype) {
   const std::string path = (std::filesystem::path(dir) / storage.relative_path).string();
+  const auto end = io::checked_add(storage.offset, storage.length);
   const std::string name = path + ": bytes [" + std::to_string(storage.offset) + ", " +
-                           std::to_string(storage.offset + storage.length) + ") (item " + name_text(fqn) + " at " +
+                           (end ? std::to_string(*end) : std::string("past int64")) + ") (item " + name_text(fqn) + " at " +
                            ints_str(chunk.offsets) + ")";
   if (!storage.transform_descriptors.empty())
     throw DTensorError(name + ": stored through the transforms '" + storage.transform_descriptors.front() +
@@ -131,13 +132,13 @@ TensorItem open_tensor_item(const std::string& dir, const DcpStorage& storage, c
   const auto tensor_numel = io::checked_numel(item.sizes);
   if (!tensor_numel) args[2].fail("a size of more elements than int64 counts");
   const auto extent = io::checked_extent(item.sizes, item.strides);
-  const auto end = extent ? io::checked_add(item.storage_offset, *extent) : std::nullopt;
-  if (*tensor_numel > 0 && (!end || *end > item.storage_numel))
+  const auto last = extent ? io::checked_add(item.storage_offset, *extent) : std::nullopt;
+  if (*tensor_numel > 0 && (!last || *last > item.storage_numel))
     args[2].fail("a tensor of size " + ints_str(item.sizes) + ", stride " + ints_str(item.strides) + " at offset " +
                  std::to_string(item.storage_offset) + " reaches past its storage of " + std::to_string(item.storage_numel) +
                  " elements");
-  int64_t expected_stride = 1;
-  for (size_t d = item.sizes.size(); d-- > 0;) {
+  int64_t expected_stride = 1;  // a suffix product of the sizes: at most their product, which fits
+  for (size_t d = item.sizes.size(); d-- > 0 && *tensor_numel > 0;) {
     if (item.sizes[d] != 1 && item.strides[d] != expected_stride) item.row_major = false;
     expected_stride *= item.sizes[d];
   }
