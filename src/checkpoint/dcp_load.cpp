@@ -224,7 +224,10 @@ LoadResult load(const State& state, const std::string& dir, const LoadOptions& o
         const Box chunk_box{chunk.offsets, chunk.sizes};
         const auto part = intersect(chunk_box, box);
         if (!part) continue;
-        const detail::TensorItem item = detail::open_tensor_item(dir, *storage_of.at({name, chunk.offsets}), name, chunk, saved.dtype);
+        const auto where = storage_of.find({name, chunk.offsets});
+        if (where == storage_of.end())  // read_metadata checks it; kept for a DcpMetadata made otherwise
+          throw DTensorError("dcp::load: " + dir + ": the chunk of " + name_text(name) + " at " + ints_str(chunk.offsets) + " has no storage");
+        const detail::TensorItem item = detail::open_tensor_item(dir, *where->second, name, chunk, saved.dtype);
         result.bytes_read += checkpoint::detail::fill_part(*part, box, destination,
                                                            [&](char* out) { detail::read_item_part(item, chunk_box, *part, out); });
       }
