@@ -94,8 +94,9 @@ at::Tensor read_tensor_item(const std::string& dir, const DcpStorage& storage, c
 
 // Loads the tensors of the DCP checkpoint in `dir` into `state` in place, as checkpoint::load does for
 // dtensor's own checkpoints: DTensors of any mesh and placements (Replicate and Shard; not Partial) or
-// plain tensors, whatever mesh the checkpoint was saved from. Each rank reads only the items (chunks)
-// that overlap its own shards, and of them only the parts it needs.
+// plain tensors, whatever mesh the checkpoint was saved from. Each rank opens only the items (chunks)
+// that overlap its own shards and copies only the overlaps; each such item's record streams through
+// once whole, so that its CRC-32 is checked.
 //  - options.strict (default): every state tensor is a tensor entry of the checkpoint and every tensor
 //    entry is in the state, else an error lists both (non-strict: they are returned in the result).
 //  - Shapes and dtypes must be the checkpoint's.
