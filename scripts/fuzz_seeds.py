@@ -9,6 +9,8 @@
                        own layout (dtensor metadata and index section on DCP's sharded files)
   OUT/dcp_metadata/    the DCP .metadata pickles scripts/write_dcp_checkpoints.py wrote into DCP_WRITTEN
                        (dcp.save's, the same re-pickled at protocols 2, 3 and 5, the damaged copies)
+  OUT/dcp_item/        tensor items (torch.save'd zips): DCP_WRITTEN's dcp_bad_items/*.item and every item
+                       of the one-process save, cut out of its .distcp file by its expected.json
 """
 import glob
 import json
@@ -101,8 +103,23 @@ def dcp_metadata_seeds(written, out_dir):
         shutil.copy(path, os.path.join(out_dir, name))
 
 
+def dcp_item_seeds(written, out_dir):
+    out_dir = os.path.join(out_dir, "dcp_item")
+    os.makedirs(out_dir, exist_ok=True)
+    for path in sorted(glob.glob(os.path.join(written, "dcp_bad_items", "*.item"))):
+        shutil.copy(path, out_dir)
+    d = os.path.join(written, "dcp_single")
+    with open(os.path.join(d, "expected.json")) as f:
+        storage = json.load(f)["storage_data"]
+    for i, item in enumerate(s for s in storage if s["offset"] is not None):
+        data = read(os.path.join(d, item["relative_path"]))[item["file_offset"]:item["file_offset"] + item["length"]]
+        with open(os.path.join(out_dir, "dcp_single_%d.item" % i), "wb") as f:
+            f.write(data)
+
+
 if __name__ == "__main__":
     graph_seeds(sys.argv[1], sys.argv[3])
     checkpoint_seeds(sys.argv[2], sys.argv[3])
     if len(sys.argv) > 4:
         dcp_metadata_seeds(sys.argv[4], sys.argv[3])
+        dcp_item_seeds(sys.argv[4], sys.argv[3])

@@ -14,14 +14,20 @@ dcp_single/ also holds its metadata pickled again at protocols 2, 3 and 5 (metad
 dcp.save writes protocol 4), and
   dcp_bad/       dcp_single's metadata with one field made wrong per file (CASE.metadata), pickled by
                  Python: what a damaged or crafted checkpoint holds, for the reader to refuse
+  dcp_bad_items/ tensor items as FileSystemWriter writes them (a torch.save zip: data.pkl, data/0), one
+                 per file (CASE.item), each for a chunk of sizes [2, 3] of float32 holding 0..5: good ones
+                 (row-major, transposed, _rebuild_tensor_v3) and ones with one thing made wrong
 """
+import collections
 import copy
+import io
 import json
 import os
 import pickle
 import sys
 import tempfile
 import warnings
+import zipfile
 
 import torch
 import torch.distributed as dist
@@ -138,6 +144,70 @@ def bad(single_path, out):
             pickle.dump(m, f)
 
 
+class _Storage:
+    """What BINPERSID refers to: the persistent id torch.save gives a storage."""
+    def __init__(self, pid):
+        self.pid = pid
+
+
+class _Rebuild:
+    """A tensor as torch.save pickles it: REDUCE of the rebuild function on its arguments."""
+    def __init__(self, fn, args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return (self.fn, self.args)
+
+
+class _ItemPickler(pickle.Pickler):
+    def persistent_id(self, obj):
+        return obj.pid if isinstance(obj, _Storage) else None
+
+
+def write_item(path, record, storage_cls=torch.FloatStorage, numel=6, size=(2, 3), stride=(3, 1), offset=0, key="0",
+               hooks=None, v3_dtype=None, truncate=False):
+    """A torch.save-like zip of data.pkl (protocol 2, as torch.save) and the storage's record data/0."""
+    storage = _Storage(("storage", storage_cls, key, "cpu", numel))
+    hooks = collections.OrderedDict() if hooks is None else hooks
+    if v3_dtype is None:
+        tensor = _Rebuild(torch._utils._rebuild_tensor_v2, (storage, offset, tuple(size), stride, False, hooks))
+    else:
+        tensor = _Rebuild(torch._utils._rebuild_tensor_v3, (storage, offset, tuple(size), stride, False, hooks, v3_dtype))
+    buffer = io.BytesIO()
+    _ItemPickler(buffer, protocol=2).dump(tensor)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", buffer.getvalue())
+        z.writestr("archive/byteorder", "little")
+        z.writestr("archive/version", "3\n")
+        z.writestr("archive/data/0", record)
+    data = out.getvalue()
+    with open(path, "wb") as f:
+        f.write(data[:len(data) // 2] if truncate else data)
+
+
+def bad_items(out):
+    floats = torch.arange(6, dtype=torch.float32).numpy().tobytes()
+    # 0..5 as [2, 3] with stride (1, 2): the storage holds its transpose, row-major.
+    transposed = torch.arange(6, dtype=torch.float32).reshape(2, 3).t().contiguous().numpy().tobytes()
+    cases = {
+        "good": {},
+        "transposed": {"stride": (1, 2)},
+        "v3": {"storage_cls": torch.storage.UntypedStorage, "numel": 24, "v3_dtype": torch.float32},
+        "storage_too_small": {"offset": 1},
+        "record_size": {"numel": 7},
+        "wrong_dtype": {"storage_cls": torch.DoubleStorage, "record": torch.arange(6, dtype=torch.float64).numpy().tobytes()},
+        "wrong_size": {"size": (3, 2), "stride": (2, 1)},
+        "evil_global": {"storage_cls": os.system},
+        "missing_record": {"key": "1"},
+        "hooks": {"hooks": collections.OrderedDict(a=1)},
+        "truncated": {"truncate": True},
+    }
+    for name, kwargs in cases.items():
+        record = kwargs.pop("record", transposed if name == "transposed" else floats)
+        write_item(os.path.join(out, name + ".item"), record, **kwargs)
+
+
 def sharded_rank(rank, world_size, path, init_file):
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world_size)
     mesh = init_device_mesh("cpu", (2, 2))
@@ -164,6 +234,7 @@ def main(out):
     torch.set_num_threads(1)
     single(fresh(os.path.join(out, "dcp_single")))
     bad(os.path.join(out, "dcp_single"), fresh(os.path.join(out, "dcp_bad")))
+    bad_items(fresh(os.path.join(out, "dcp_bad_items")))
     init_file = os.path.join(tempfile.mkdtemp(), "init")
     mp.spawn(sharded_rank, args=(4, fresh(os.path.join(out, "dcp_sharded")), init_file), nprocs=4, join=True)
     with open(os.path.join(out, "done"), "w") as f:

@@ -102,6 +102,7 @@ struct LoadOptions {
 struct LoadResult {
   std::vector<std::string> missing;     // in the state, not in the checkpoint
   std::vector<std::string> unexpected;  // in the checkpoint, not in the state
+  std::vector<std::string> skipped;     // dcp::load: the checkpoint's bytes entries (Python objects), not loaded
   int64_t bytes_read = 0;               // tensor data this rank read from files (for itself or, node-local, others)
   int64_t bytes_received = 0;           // node-local: tensor data other ranks sent this rank
   int64_t bytes_received_from_other_nodes = 0;  // node-local: the part of it that crossed the network

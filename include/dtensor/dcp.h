@@ -1,7 +1,8 @@
 #pragma once
 // PyTorch's own distributed checkpoint format (torch.distributed.checkpoint with FileSystemWriter): a
 // directory of .distcp files and a `.metadata` file, a pickle of DCP's Metadata. This header reads the
-// metadata; reading the .distcp files and loading across meshes come next.
+// metadata, loads the checkpoint's tensors onto any mesh and placements (dcp::load), and writes the
+// format from any layout (dcp::save), all below.
 //
 // The .metadata is untrusted: it is read by a restricted unpickler (src/io/restricted_pickle.h) that
 // executes nothing and accepts only the globals such a file holds, then mapped field by field onto the
@@ -10,6 +11,7 @@
 // with its storage and every storage entry with its chunk); anything else is a DTensorError naming the
 // file, the field and what was found.
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
@@ -88,5 +90,31 @@ void save(const State& state, const std::string& dir);
 DcpMetadata read_metadata(const std::string& path);
 // Parses the bytes of a .metadata file read from `source` (named in every error).
 DcpMetadata parse_metadata(std::string_view bytes, const std::string& source);
+
+// One tensor item of a checkpoint in `dir`: the chunk `chunk` of the tensor `fqn` (of `dtype`), which
+// FileSystemWriter torch.save'd into the bytes `storage` names (a zip archive: data.pkl and the
+// storage's record). The zip is read with every field checked (src/io/zip_archive.h), data.pkl by the
+// restricted unpickler with the globals of a torch.save'd tensor only (_rebuild_tensor_v2/_v3, the
+// storage classes, OrderedDict), and then: the range lies inside the file; the storage's dtype and
+// element count match its record's size; the tensor's size, stride and offset lie inside the storage;
+// its dtype and size are the chunk's. Anything else is a DTensorError naming the file, the range, the
+// item and the field. Returns the chunk, a contiguous CPU tensor.
+at::Tensor read_tensor_item(const std::string& dir, const DcpStorage& storage, const std::string& fqn, const DcpChunk& chunk,
+                            c10::ScalarType dtype);
+
+// Loads the tensors of the DCP checkpoint in `dir` into `state` in place, as checkpoint::load does for
+// dtensor's own checkpoints: DTensors of any mesh and placements (Replicate and Shard; not Partial) or
+// plain tensors, whatever mesh the checkpoint was saved from. Each rank opens only the items (chunks)
+// that overlap its own shards and copies only the overlaps; each such item's record streams through
+// once whole, so that its CRC-32 is checked.
+//  - options.strict (default): every state tensor is a tensor entry of the checkpoint and every tensor
+//    entry is in the state, else an error lists both (non-strict: they are returned in the result).
+//  - Shapes and dtypes must be the checkpoint's.
+//  - Bytes entries (Python objects torch.save'd: ints, strings, lists) are not loaded: dtensor does
+//    not unpickle arbitrary objects. They are listed in result.skipped; a state tensor named like one
+//    is an error.
+//  - options.node_local is refused (every rank must see the directory).
+// Collective over the state's world like checkpoint::load: an error on one rank is raised on all.
+LoadResult load(const State& state, const std::string& dir, const LoadOptions& options = {});
 
 }  // namespace dtensor::checkpoint::dcp

@@ -42,13 +42,13 @@ void from_json(const json& j, Written& w) {
 
 // This rank's file: each piece it writes as torch.save writes the tensor alone (a zip of data.pkl and
 // the storage, readable by torch.load with weights_only), one after another.
-std::vector<Written> write_rank_file(const std::vector<detail::Saved>& saved, int rank, const fs::path& path) {
+std::vector<Written> write_rank_file(const std::vector<checkpoint::detail::Saved>& saved, int rank, const fs::path& path) {
   std::string bytes;
   std::vector<Written> written;
-  for (const detail::Saved& s : saved)
+  for (const checkpoint::detail::Saved& s : saved)
     for (size_t k = 0; k < s.pieces.size(); ++k) {
       const Piece& p = s.pieces[k];
-      if (!detail::writes(p, rank)) continue;
+      if (!checkpoint::detail::writes(p, rank)) continue;
       at::Tensor data = p.box.empty() ? at::empty(p.box.shape, s.local.options()) : s.local;
       // Its own storage, holding the values only (torch.save keeps a view's whole storage).
       data = data.to(at::kCPU).resolve_conj().resolve_neg().contiguous().clone();
@@ -56,7 +56,7 @@ std::vector<Written> write_rank_file(const std::vector<detail::Saved>& saved, in
       written.push_back({s.name, k, static_cast<int64_t>(bytes.size()), static_cast<int64_t>(item.size())});
       bytes.append(item.data(), item.size());
     }
-  if (!written.empty()) detail::write_durably(path.string(), bytes);
+  if (!written.empty()) checkpoint::detail::write_durably(path.string(), bytes);
   return written;
 }
 
@@ -68,16 +68,16 @@ void torch_size(PickleWriter& w, const Shape& shape) {
 
 // TensorProperties' state, as its __getstate__ gives it: (dtype, layout, requires_grad, memory
 // format, pin_memory, strides).
-void tensor_properties(PickleWriter& w, const detail::Saved& s) {
+void tensor_properties(PickleWriter& w, const checkpoint::detail::Saved& s) {
   w.global(kMetadataModule, "TensorProperties").empty_tuple().newobj().mark();
-  w.global("torch", detail::torch_dtype_name(s.scalar_type, s.name));
+  w.global("torch", checkpoint::detail::torch_dtype_name(s.scalar_type, s.name));
   w.global("torch.serialization", "_get_layout").mark().string("torch.strided").tuple_from_mark().reduce();
   w.boolean(false);
   w.global(kMetadataModule, "_MEM_FORMAT_ENCODING").mark().integer(0).tuple_from_mark().reduce();  // contiguous
   w.boolean(false).none().tuple_from_mark().build();
 }
 
-void tensor_storage_metadata(PickleWriter& w, const detail::Saved& s) {
+void tensor_storage_metadata(PickleWriter& w, const checkpoint::detail::Saved& s) {
   w.global(kMetadataModule, "TensorStorageMetadata").empty_tuple().newobj().empty_dict().mark();
   w.string("properties");
   tensor_properties(w, s);
@@ -95,7 +95,7 @@ void tensor_storage_metadata(PickleWriter& w, const detail::Saved& s) {
   w.appends().setitems().build();
 }
 
-void storage_entry(PickleWriter& w, const detail::Saved& s, const Written& item, int64_t writer) {
+void storage_entry(PickleWriter& w, const checkpoint::detail::Saved& s, const Written& item, int64_t writer) {
   w.global(kMetadataModule, "MetadataIndex").empty_tuple().newobj().empty_dict().mark();
   w.string("fqn").string(s.name).string("offset");
   torch_size(w, s.pieces[item.chunk].box.offset);
@@ -107,19 +107,19 @@ void storage_entry(PickleWriter& w, const detail::Saved& s, const Written& item,
 
 // Metadata(state_dict_metadata, planner_data, storage_data, storage_meta, version), as pickle.dump
 // writes it; `written[r]` is what rank r wrote.
-std::string metadata_pickle(const std::vector<detail::Saved>& saved, const std::vector<std::vector<Written>>& written) {
-  std::map<std::string, const detail::Saved*> by_name;
-  for (const detail::Saved& s : saved) by_name[s.name] = &s;
+std::string metadata_pickle(const std::vector<checkpoint::detail::Saved>& saved, const std::vector<std::vector<Written>>& written) {
+  std::map<std::string, const checkpoint::detail::Saved*> by_name;
+  for (const checkpoint::detail::Saved& s : saved) by_name[s.name] = &s;
   PickleWriter w;
   w.global(kMetadataModule, "Metadata").empty_tuple().newobj().empty_dict().mark();
   w.string("state_dict_metadata").empty_dict().mark();
-  for (const detail::Saved& s : saved) {
+  for (const checkpoint::detail::Saved& s : saved) {
     w.string(s.name);
     tensor_storage_metadata(w, s);
   }
   w.setitems();
   w.string("planner_data").empty_dict().mark();  // flatten_state_dict's mapping: a flat name is its own path
-  for (const detail::Saved& s : saved) w.string(s.name).mark().string(s.name).tuple_from_mark();
+  for (const checkpoint::detail::Saved& s : saved) w.string(s.name).mark().string(s.name).tuple_from_mark();
   w.setitems();
   w.string("storage_data").empty_dict().mark();
   for (size_t rank = 0; rank < written.size(); ++rank)
@@ -133,8 +133,8 @@ std::string metadata_pickle(const std::vector<detail::Saved>& saved, const std::
 }  // namespace
 
 void save(const State& state, const std::string& dir) {
-  const detail::Prepared prepared = detail::prepare(state, SaveOptions{}, /*staged=*/false);
-  const detail::Job& job = prepared.job;
+  const checkpoint::detail::Prepared prepared = checkpoint::detail::prepare(state, SaveOptions{}, /*staged=*/false);
+  const checkpoint::detail::Job& job = prepared.job;
   std::exception_ptr error;
   std::vector<Written> mine;
   try {
@@ -149,9 +149,9 @@ void save(const State& state, const std::string& dir) {
   if (job.rank == 0) try {
       std::vector<std::vector<Written>> written;
       for (const std::string& text : gathered) written.push_back(json::parse(text).get<std::vector<Written>>());
-      detail::sync_directory(dir);
-      detail::write_durably((fs::path(dir) / ".metadata").string(), metadata_pickle(prepared.saved, written));
-      detail::sync_directory(dir);
+      checkpoint::detail::sync_directory(dir);
+      checkpoint::detail::write_durably((fs::path(dir) / ".metadata").string(), metadata_pickle(prepared.saved, written));
+      checkpoint::detail::sync_directory(dir);
     } catch (...) {
       error = std::current_exception();
     }

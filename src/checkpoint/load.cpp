@@ -1,6 +1,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <set>
+
 #include "dtensor/api.h"
 #include "dtensor/checkpoint.h"
 #include "dtensor/errors.h"
@@ -23,17 +25,24 @@ std::string list(const std::vector<std::string>& names) {
 
 }  // namespace
 
-void match_names(const State& state, const Catalog& catalog, const std::string& dir, bool strict, LoadResult& result) {
+void match_names(const State& state, const std::set<std::string>& saved, const std::string& who, const std::string& dir, bool strict,
+                 LoadResult& result) {
   for (const auto& [name, tensor] : state)
-    if (!catalog.tensors().count(name)) result.missing.push_back(name);
-  for (const auto& [name, saved] : catalog.tensors())
+    if (!saved.count(name)) result.missing.push_back(name);
+  for (const std::string& name : saved)
     if (!state.count(name)) result.unexpected.push_back(name);
   if (strict && (!result.missing.empty() || !result.unexpected.empty()))
-    throw DTensorError("checkpoint::load: " + dir + " does not match the state (strict): " +
+    throw DTensorError(who + ": " + dir + " does not match the state (strict): " +
                        (result.missing.empty() ? "" : "missing from the checkpoint: " + list(result.missing)) +
                        (result.missing.empty() || result.unexpected.empty() ? "" : "; ") +
                        (result.unexpected.empty() ? "" : "not in the state: " + list(result.unexpected)) +
                        "; load with strict = false to load the rest and get both lists");
+}
+
+void match_names(const State& state, const Catalog& catalog, const std::string& dir, bool strict, LoadResult& result) {
+  std::set<std::string> saved;
+  for (const auto& [name, tensor] : catalog.tensors()) saved.insert(name);
+  match_names(state, saved, "checkpoint::load", dir, strict, result);
 }
 
 std::optional<std::pair<Box, at::Tensor>> target_of(const std::string& name, const at::Tensor& tensor) {

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -18,6 +19,9 @@ namespace dtensor::checkpoint::detail {
 
 // Fills result.missing and result.unexpected; with `strict`, either being non-empty is an error.
 void match_names(const State& state, const Catalog& catalog, const std::string& dir, bool strict, LoadResult& result);
+// The same against the names `saved` of a checkpoint; errors start with `who` ("dcp::load").
+void match_names(const State& state, const std::set<std::string>& saved, const std::string& who, const std::string& dir, bool strict,
+                 LoadResult& result);
 
 // The state's tensor `name` has the saved tensor's global shape and dtype, or an error names both.
 void check_matches(const std::string& name, const at::Tensor& tensor, const SavedTensor& saved);

@@ -18,7 +18,7 @@ namespace {
 enum Op : uint8_t {
   kMark = '(', kStop = '.', kBinInt = 'J', kBinInt1 = 'K', kBinInt2 = 'M', kNone = 'N', kReduce = 'R',
   kBinUnicode = 'X', kAppend = 'a', kBuild = 'b', kGlobal = 'c', kAppends = 'e', kBinGet = 'h', kLongBinGet = 'j',
-  kBinPut = 'q', kLongBinPut = 'r', kSetItem = 's', kTuple = 't', kSetItems = 'u', kEmptyDict = '}',
+  kBinPersId = 'Q', kBinPut = 'q', kLongBinPut = 'r', kSetItem = 's', kTuple = 't', kSetItems = 'u', kEmptyDict = '}',
   kEmptyList = ']', kEmptyTuple = ')', kProto = 0x80, kNewObj = 0x81, kTuple1 = 0x85, kTuple2 = 0x86,
   kTuple3 = 0x87, kNewTrue = 0x88, kNewFalse = 0x89, kLong1 = 0x8a, kShortBinUnicode = 0x8c, kStackGlobal = 0x93,
   kMemoize = 0x94, kFrame = 0x95,
@@ -49,6 +49,10 @@ const char* op_name(uint8_t op) {
   }
 }
 
+const char* const kDtypeNames[] = {"float64", "float32", "float16", "bfloat16", "complex32", "complex64", "complex128", "int64",
+                                   "int32", "int16", "int8", "uint64", "uint32", "uint16", "uint8", "bool", "float8_e4m3fn",
+                                   "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"};
+
 // The globals, each with the one role it may play. The metadata classes are dataclasses (NEWOBJ, then BUILD
 // with their __dict__ or, for TensorProperties, its __getstate__ tuple); _MEM_FORMAT_ENCODING is an Enum
 // (REDUCE of the class on its value); torch.Size is REDUCE'd on a tuple of ints; layouts are REDUCE'd
@@ -75,15 +79,29 @@ std::vector<PickleGlobal> make_allowed_globals() {
       {"pathlib._local", "PosixPath", R::Callable},
       {"pathlib._local", "PurePosixPath", R::Callable},
   };
-  for (const char* dtype : {"float64", "float32", "float16", "bfloat16", "complex32", "complex64", "complex128", "int64",
-                            "int32", "int16", "int8", "uint64", "uint32", "uint16", "uint8", "bool", "float8_e4m3fn",
-                            "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"})
-    t.push_back({"torch", dtype, R::Value});
+  for (const char* dtype : kDtypeNames) t.push_back({"torch", dtype, R::Value});
   return t;
 }
 
-const PickleGlobal* find_global(std::string_view module, std::string_view name) {
-  for (const PickleGlobal& g : allowed_pickle_globals())
+// A torch.save'd tensor's data.pkl: the rebuild functions, the storage classes (values inside the
+// persistent id), OrderedDict for the backward hooks, and the dtypes (_rebuild_tensor_v3's argument).
+std::vector<PickleGlobal> make_tensor_globals() {
+  using R = PickleGlobalRole;
+  std::vector<PickleGlobal> t = {
+      {"torch._utils", "_rebuild_tensor_v2", R::Callable},
+      {"torch._utils", "_rebuild_tensor_v3", R::Callable},
+      {"collections", "OrderedDict", R::Callable},
+      {"torch.storage", "UntypedStorage", R::Value},
+  };
+  for (const char* storage : {"DoubleStorage", "FloatStorage", "HalfStorage", "BFloat16Storage", "LongStorage", "IntStorage",
+                              "ShortStorage", "CharStorage", "ByteStorage", "BoolStorage", "ComplexFloatStorage", "ComplexDoubleStorage"})
+    t.push_back({"torch", storage, R::Value});
+  for (const char* dtype : kDtypeNames) t.push_back({"torch", dtype, R::Value});
+  return t;
+}
+
+const PickleGlobal* find_global(const PickleRules& rules, std::string_view module, std::string_view name) {
+  for (const PickleGlobal& g : *rules.globals)
     if (module == g.module && name == g.name) return &g;
   return nullptr;
 }
@@ -117,7 +135,7 @@ bool valid_utf8(std::string_view s) {
 
 class Machine {
  public:
-  Machine(std::string_view bytes, const std::string& source) : in_(bytes), source_(source) {}
+  Machine(std::string_view bytes, const std::string& source, const PickleRules& rules) : in_(bytes), source_(source), rules_(rules) {}
 
   PickleTree run() {
     if (in_.size() < 2 || static_cast<uint8_t>(in_[0]) != kProto)
@@ -243,10 +261,10 @@ class Machine {
     push(memo_[index]);
   }
   void global(std::string_view module, std::string_view name) {
-    const PickleGlobal* g = find_global(module, name);
+    const PickleGlobal* g = find_global(rules_, module, name);
     if (!g)
-      fail(op_at_, "global '" + excerpt(module) + "." + excerpt(name) +
-                       "' is not one a DCP checkpoint's metadata holds: refused (nothing is executed)");
+      fail(op_at_, "global '" + excerpt(module) + "." + excerpt(name) + "' is not one " + rules_.what +
+                       " holds: refused (nothing is executed)");
     // The text first: `module` and `name` may view strings of values_, which make() can move.
     std::string text = std::string(module) + "." + std::string(name);
     const PickleRef ref = make(PickleKind::Global);
@@ -287,7 +305,7 @@ class Machine {
     if (values_[callable].kind != PickleKind::Global) fail(op_at_, std::string(op) + " of " + describe(callable) + ": refused");
     const PickleGlobalRole want = reduce ? PickleGlobalRole::Callable : PickleGlobalRole::Class;
     if (role_of(callable) != want)
-      fail(op_at_, std::string(op) + " of " + values_[callable].text + ", which a DCP checkpoint's metadata does not " +
+      fail(op_at_, std::string(op) + " of " + values_[callable].text + ", which " + rules_.what + " does not " +
                        (reduce ? "call" : "instantiate") + ": refused");
     if (!reduce && !values_[args].items.empty())
       fail(op_at_, "NEWOBJ of " + values_[callable].text + " with " + std::to_string(values_[args].items.size()) +
@@ -389,12 +407,19 @@ class Machine {
       case kNewObj: return instantiate(false);
       case kReduce: return instantiate(true);
       case kBuild: return build();
-      default: fail(op_at_, op_text(op) + " is not one PyTorch's DCP metadata uses: refused");
+      case kBinPersId: {
+        if (!rules_.persistent_ids) break;
+        const PickleRef pid = pop("BINPERSID");
+        return push(container(PickleKind::PersistentId, {pid}));
+      }
+      default: break;
     }
+    fail(op_at_, op_text(op) + " is not one " + rules_.what + " uses: refused");
   }
 
   std::string_view in_;
   const std::string& source_;
+  const PickleRules& rules_;
   size_t pos_ = 0;
   size_t op_at_ = 0;  // the opcode being run
   std::vector<PickleValue> values_;
@@ -425,10 +450,24 @@ std::string PickleTree::describe(PickleRef ref, const std::vector<PickleValue>& 
     case PickleKind::Dict: return "a dict of " + std::to_string(v.items.size() / 2);
     case PickleKind::Global: return "the global " + v.text;
     case PickleKind::Object: return "a " + v.text + " object";
+    case PickleKind::PersistentId: return "a persistent id";
   }
   return "a value";
 }
 
-PickleTree unpickle_restricted(std::string_view bytes, const std::string& source) { return Machine(bytes, source).run(); }
+const PickleRules& dcp_metadata_pickle() {
+  static const PickleRules rules{&allowed_pickle_globals(), false, "a DCP checkpoint's metadata"};
+  return rules;
+}
+
+const PickleRules& torch_tensor_pickle() {
+  static const std::vector<PickleGlobal> globals = make_tensor_globals();
+  static const PickleRules rules{&globals, true, "a torch.save'd tensor"};
+  return rules;
+}
+
+PickleTree unpickle_restricted(std::string_view bytes, const std::string& source, const PickleRules& rules) {
+  return Machine(bytes, source, rules).run();
+}
 
 }  // namespace dtensor::io

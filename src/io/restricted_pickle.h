@@ -12,6 +12,11 @@
 // than kMaxPickleDepth, more values than kMaxPickleValues and bytes after STOP are refused with a
 // DTensorError "<source>: byte <offset>: <what was found>".
 //
+// The same machine reads a torch.save'd tensor's data.pkl (the items of a DCP checkpoint's .distcp files)
+// with another table, torch_tensor_pickle(): its globals (torch._utils._rebuild_tensor_v2/_v3, the storage
+// classes, collections.OrderedDict, the dtypes) and BINPERSID, whose persistent id (the storage's tuple)
+// becomes a PersistentId value; nothing is loaded from it here.
+//
 // The tree may share values (the memo lets a pickle refer to one value twice) and may even hold a
 // cycle (a list appended to itself): whoever reads it walks it by a schema, never recursively without
 // a bound. This layer knows nothing of LibTorch: dtypes stay names ("torch.float32").
@@ -27,7 +32,7 @@ namespace dtensor::io {
 inline constexpr int kMaxPickleDepth = 64;                   // open MARKs, and containers in containers
 inline constexpr int64_t kMaxPickleValues = int64_t{1} << 25;  // values made (each a few dozen bytes)
 
-enum class PickleKind : uint8_t { None, Bool, Int, String, Tuple, List, Dict, Global, Object };
+enum class PickleKind : uint8_t { None, Bool, Int, String, Tuple, List, Dict, Global, Object, PersistentId };
 
 using PickleRef = uint32_t;
 
@@ -48,12 +53,27 @@ struct PickleGlobal {
 // wrote; scripts/write_dcp_checkpoints.py writes such files for the tests).
 const std::vector<PickleGlobal>& allowed_pickle_globals();
 
+// What one kind of pickle may hold: its globals, whether BINPERSID is allowed, and what it is ("a DCP
+// checkpoint's metadata"), for the errors refusing anything else.
+struct PickleRules {
+  const std::vector<PickleGlobal>* globals;
+  bool persistent_ids = false;
+  const char* what;
+};
+// A DCP .metadata: allowed_pickle_globals(), no persistent ids.
+const PickleRules& dcp_metadata_pickle();
+// The data.pkl of a torch.save'd tensor (PyTorch 2.15, pickletools.dis of what torch.save writes for
+// each dtype): _rebuild_tensor_v2 on a typed storage (torch.FloatStorage...), _rebuild_tensor_v3 on
+// torch.storage.UntypedStorage and a dtype (uint16, float8...), collections.OrderedDict (the backward
+// hooks, empty), the storage by BINPERSID.
+const PickleRules& torch_tensor_pickle();
+
 struct PickleValue {
   PickleKind kind = PickleKind::None;
   int64_t offset = 0;   // of the opcode that made it
   int64_t integer = 0;  // Int; Bool (0 or 1); Global: its PickleGlobalRole
   std::string text;     // String; Global and Object: the global's "module.name"
-  // Tuple and List: the elements; Dict: keys and values alternating, in insertion order (duplicate
+  // Tuple and List: the elements; PersistentId: the persistent id (one value); Dict: keys and values alternating, in insertion order (duplicate
   // keys are kept, for the reader to refuse); Object: the arguments NEWOBJ or REDUCE gave.
   std::vector<PickleRef> items;
   std::optional<PickleRef> state;  // Object made by NEWOBJ: what BUILD gave it
@@ -82,6 +102,7 @@ class PickleTree {
 };
 
 // Runs the pickle `bytes`, read from `source` (a file name, named in every error).
-PickleTree unpickle_restricted(std::string_view bytes, const std::string& source);
+PickleTree unpickle_restricted(std::string_view bytes, const std::string& source,
+                               const PickleRules& rules = dcp_metadata_pickle());
 
 }  // namespace dtensor::io

@@ -45,15 +45,27 @@ class Inflater {
 
 }  // namespace
 
-ZipArchive::ZipArchive(std::string path) : path_(std::move(path)) {
+ZipArchive::ZipArchive(std::string path) : ZipArchive(path, 0, -1, path) {}
+
+ZipArchive::ZipArchive(std::string path, int64_t offset, int64_t length, std::string name)
+    : path_(std::move(path)), name_(std::move(name)) {
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) throw DTensorError(path_ + ": cannot open it: " + std::strerror(errno));
+  if (fd_ < 0) throw DTensorError(name_ + ": cannot open it: " + std::strerror(errno));
   try {
     struct stat st{};
-    if (::fstat(fd_, &st) != 0) throw DTensorError(path_ + ": cannot stat it: " + std::strerror(errno));
-    if (!S_ISREG(st.st_mode)) throw DTensorError(path_ + ": not a regular file");
-    file_size_ = st.st_size;
-    entries_ = zip::read_directory(fd_, path_, file_size_, folder_);
+    if (::fstat(fd_, &st) != 0) throw DTensorError(name_ + ": cannot stat it: " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode)) throw DTensorError(name_ + ": not a regular file");
+    if (length < 0) {  // the whole file
+      length = st.st_size;
+    } else {
+      const auto end = checked_add(offset, length);
+      if (offset < 0 || !end || *end > st.st_size)
+        throw DTensorError(name_ + ": the range of " + std::to_string(length) + " bytes at " + std::to_string(offset) +
+                           " lies outside the file's " + std::to_string(st.st_size) + " bytes: the file is truncated or the metadata is wrong");
+    }
+    base_ = offset;
+    file_size_ = length;
+    entries_ = zip::read_directory(fd_, name_, base_, file_size_, folder_);
     for (size_t i = 0; i < entries_.size(); ++i) by_name_.emplace(entries_[i].name, i);
   } catch (...) {
     ::close(fd_);
@@ -64,11 +76,11 @@ ZipArchive::ZipArchive(std::string path) : path_(std::move(path)) {
 ZipArchive::~ZipArchive() { ::close(fd_); }
 
 void ZipArchive::fail(const ZipEntry& entry, const std::string& what) const {
-  throw DTensorError(path_ + ": zip entry '" + (folder_.empty() ? "" : folder_ + "/") + entry.name + "': " + what);
+  throw DTensorError(name_ + ": zip entry '" + (folder_.empty() ? "" : folder_ + "/") + entry.name + "': " + what);
 }
 
 void ZipArchive::read_exact(int64_t offset, int64_t bytes, void* out, const ZipEntry& entry) const {
-  const std::string error = zip::read_at(fd_, offset, bytes, out);
+  const std::string error = zip::read_at(fd_, base_ + offset, bytes, out);
   if (!error.empty()) fail(entry, error);
 }
 

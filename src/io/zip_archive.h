@@ -39,11 +39,16 @@ struct RecordRange {
 class ZipArchive {
  public:
   explicit ZipArchive(std::string path);
+  // The archive held by the `length` bytes at `offset` of the file `path` (an item of a DCP .distcp
+  // file, a torch.save'd zip): the range must lie inside the file; errors name `name` (the file and
+  // the range) in place of the path.
+  ZipArchive(std::string path, int64_t offset, int64_t length, std::string name);
   ~ZipArchive();
   ZipArchive(const ZipArchive&) = delete;
   ZipArchive& operator=(const ZipArchive&) = delete;
 
   const std::string& path() const { return path_; }
+  const std::string& name() const { return name_; }  // the path, or the path and the range
   const std::string& folder() const { return folder_; }  // the stripped top-level folder
   const std::vector<ZipEntry>& entries() const { return entries_; }
   // The entry named `name` inside the folder; nullptr when there is none.
@@ -69,8 +74,10 @@ class ZipArchive {
   void read_exact(int64_t offset, int64_t bytes, void* out, const ZipEntry& entry) const;
 
   std::string path_;
+  std::string name_;
   int fd_ = -1;
-  int64_t file_size_ = 0;
+  int64_t base_ = 0;       // where the archive starts in the file
+  int64_t file_size_ = 0;  // the archive's size
   std::string folder_;
   std::vector<ZipEntry> entries_;
   std::map<std::string, size_t> by_name_;

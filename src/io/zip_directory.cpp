@@ -63,7 +63,8 @@ struct CentralEntry {
 // Reads and validates the archive's directory (see zip_archive.h for what is checked).
 class DirectoryReader {
  public:
-  DirectoryReader(int fd, const std::string& path, int64_t file_size) : fd_(fd), path_(path), file_size_(file_size) {}
+  DirectoryReader(int fd, const std::string& path, int64_t base, int64_t file_size)
+      : fd_(fd), path_(path), base_(base), file_size_(file_size) {}
 
   // The entries, names stripped of the folder, in directory order; sets `folder`.
   std::vector<ZipEntry> entries(std::string& folder) {
@@ -95,7 +96,7 @@ class DirectoryReader {
     return DTensorError(path_ + ": zip entry '" + c.full_name.substr(0, 200) + "': " + what + ": the archive is corrupted");
   }
   void read(int64_t offset, int64_t bytes, void* out) const {
-    const std::string error = read_at(fd_, offset, bytes, out);
+    const std::string error = read_at(fd_, base_ + offset, bytes, out);
     if (!error.empty()) throw corrupt(error);
   }
 
@@ -297,13 +298,14 @@ class DirectoryReader {
 
   int fd_;
   const std::string& path_;
-  int64_t file_size_;
+  int64_t base_;       // where the archive starts in the file
+  int64_t file_size_;  // the archive's size
 };
 
 }  // namespace
 
-std::vector<ZipEntry> read_directory(int fd, const std::string& path, int64_t file_size, std::string& folder) {
-  return DirectoryReader(fd, path, file_size).entries(folder);
+std::vector<ZipEntry> read_directory(int fd, const std::string& path, int64_t base, int64_t size, std::string& folder) {
+  return DirectoryReader(fd, path, base, size).entries(folder);
 }
 
 }  // namespace dtensor::io::zip

@@ -11,6 +11,8 @@ namespace dtensor::io::zip {
 
 // The archive's files (names stripped of the top-level folder, which goes to `folder`), in directory
 // order; directory entries, which zip tools add, are checked and left out. A DTensorError names `path`.
-std::vector<ZipEntry> read_directory(int fd, const std::string& path, int64_t file_size, std::string& folder);
+// The archive is the `size` bytes at `base` of the file (a whole file: base 0, its size); entries' data
+// offsets are from `base`.
+std::vector<ZipEntry> read_directory(int fd, const std::string& path, int64_t base, int64_t size, std::string& folder);
 
 }  // namespace dtensor::io::zip

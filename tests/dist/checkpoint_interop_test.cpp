@@ -114,6 +114,13 @@ TEST_F(CheckpointInteropTest, WritesPyTorchsDcpFormat) {
   }
   // lm_head.weight, Shard(1) over tp: 8 columns in 2 chunks, each written once though dp holds it twice.
   EXPECT_EQ(std::get<ckpt::dcp::DcpTensor>(metadata.entries.at("lm_head.weight")).chunks.size(), 2u);
+  // And dtensor's DCP loader takes it onto another layout.
+  ckpt::State back = tensor_parallel_state(mesh({4}), false);
+  ckpt::dcp::load(back, dir);
+  for (size_t i = 0; i < kTensors.size(); ++i) {
+    const at::Tensor& t = back.at(kTensors[i].name);
+    EXPECT_TRUE(tensors_equal(is_dtensor(t) ? full_tensor(t) : t, interop_value(i, kTensors[i]))) << kTensors[i].name;
+  }
 }
 
 }  // namespace
