@@ -42,12 +42,10 @@ StateDict entries_under(const State& entries, const std::string& prefix, const S
   return out;
 }
 
-// `given` (whole, or a DTensor of any layout) written into `target` in place.
-void copy_into(const at::Tensor& target, const at::Tensor& given, const std::string& name) {
+// `given` (whole, or a DTensor of any layout; problems_of checked its global shape) written into
+// `target` in place.
+void copy_into(const at::Tensor& target, const at::Tensor& given) {
   const torch::NoGradGuard no_grad;
-  if (!is_dtensor(given) && given.sizes() != target.sizes())
-    throw DTensorError("set_state_dict: '" + name + "' has the shape " + shape_text(given.sizes()) + ", but the module's is " +
-                       shape_text(target.sizes()));
   if (!is_dtensor(target)) {
     target.copy_(is_dtensor(given) ? full_tensor(given) : given);
     return;
@@ -81,7 +79,7 @@ std::string problems_of(const State& targets, const StateDict& given, const std:
   for (const auto& [name, tensor] : given) {
     const auto target = targets.find(prefix + name);
     if (target == targets.end()) keys.unexpected.push_back(name);
-    else if (!is_dtensor(tensor) && tensor.sizes() != target->second.sizes())
+    else if (tensor.sizes() != target->second.sizes())  // a DTensor's sizes are its global ones
       return "'" + name + "' has the shape " + shape_text(tensor.sizes()) + ", but the module's is " + shape_text(target->second.sizes());
   }
   if (!options.strict || (keys.missing.empty() && keys.unexpected.empty())) return "";
@@ -94,7 +92,7 @@ std::string problems_of(const State& targets, const StateDict& given, const std:
 // broadcast_from_rank0 rank 0 checks its dict and tells the others its keys and any problem, and each
 // tensor it gives is broadcast, in name order.
 std::vector<std::string> fill(const State& targets, const StateDict& given, const std::string& prefix, const StateDictOptions& options,
-                              IncompatibleKeys& keys) {
+                              IncompatibleKeys& keys, MeshPtr& everyone) {
   const std::shared_ptr<World> world = options.full_state_dict && options.broadcast_from_rank0 ? world_of(targets) : nullptr;
   const bool reads = !world || world->rank() == 0;
   std::string problem = reads ? problems_of(targets, given, prefix, options, keys) : "";
@@ -110,7 +108,7 @@ std::vector<std::string> fill(const State& targets, const StateDict& given, cons
     if (!reads) keys = {};  // only rank 0 knows what its dict lacks
   }
   if (!problem.empty()) throw DTensorError("set_state_dict: " + problem);
-  const MeshPtr everyone = world ? DeviceMesh::create(world, {world->size()}) : nullptr;
+  if (world && !everyone) everyone = DeviceMesh::create(world, {world->size()});  // one per set call: groups cost
   std::vector<std::string> unfilled;
   for (const auto& [name, target] : targets) {
     if (!has_prefix(name, prefix)) continue;
@@ -118,11 +116,11 @@ std::vector<std::string> fill(const State& targets, const StateDict& given, cons
     if (!keys_given.count(key)) {
       unfilled.push_back(name);
     } else if (!world) {
-      copy_into(target, given.at(key), key);
+      copy_into(target, given.at(key));
     } else {
       const at::Tensor buffer = reads ? given.at(key).to(at::kCPU, target.scalar_type()).contiguous()
                                       : at::empty(target.sizes(), target.options().device(at::kCPU));
-      copy_into(target, to_local(distribute_tensor(buffer, everyone, Placements{Replicate()})), key);
+      copy_into(target, to_local(distribute_tensor(buffer, everyone, Placements{Replicate()})));
     }
   }
   return unfilled;
@@ -134,10 +132,11 @@ IncompatibleKeys set_entries(TrainingState& state, const std::vector<std::pair<s
   for (const auto& [prefix, dict] : dicts)
     for (const auto& [name, tensor] : *dict) names.push_back(prefix + name);
   IncompatibleKeys keys;
+  MeshPtr everyone;  // broadcast_from_rank0's world mesh, made on first use
   state.load_with(names, [&](const State& targets) {
     std::vector<std::string> unfilled;
     for (const auto& [prefix, dict] : dicts) {
-      auto left = fill(targets, *dict, prefix, options, keys);
+      auto left = fill(targets, *dict, prefix, options, keys, everyone);
       unfilled.insert(unfilled.end(), left.begin(), left.end());
     }
     return unfilled;
