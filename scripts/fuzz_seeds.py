@@ -9,8 +9,9 @@
                        own layout (dtensor metadata and index section on DCP's sharded files)
   OUT/dcp_metadata/    the DCP .metadata pickles scripts/write_dcp_checkpoints.py wrote into DCP_WRITTEN
                        (dcp.save's, the same re-pickled at protocols 2, 3 and 5, the damaged copies)
-  OUT/dcp_item/        tensor items (torch.save'd zips): DCP_WRITTEN's dcp_bad_items/*.item and every item
-                       of the one-process save, cut out of its .distcp file by its expected.json
+  OUT/dcp_item/        items (torch.save'd zips): DCP_WRITTEN's dcp_bad_items/*.item and every item of the
+                       one-process saves dcp_single and dcp_objects (tensors and bytes entries), cut out of
+                       their .distcp files by their expected.json
 """
 import glob
 import json
@@ -108,13 +109,14 @@ def dcp_item_seeds(written, out_dir):
     os.makedirs(out_dir, exist_ok=True)
     for path in sorted(glob.glob(os.path.join(written, "dcp_bad_items", "*.item"))):
         shutil.copy(path, out_dir)
-    d = os.path.join(written, "dcp_single")
-    with open(os.path.join(d, "expected.json")) as f:
-        storage = json.load(f)["storage_data"]
-    for i, item in enumerate(s for s in storage if s["offset"] is not None):
-        data = read(os.path.join(d, item["relative_path"]))[item["file_offset"]:item["file_offset"] + item["length"]]
-        with open(os.path.join(out_dir, "dcp_single_%d.item" % i), "wb") as f:
-            f.write(data)
+    for name in ("dcp_single", "dcp_objects"):
+        d = os.path.join(written, name)
+        with open(os.path.join(d, "expected.json")) as f:
+            storage = json.load(f)["storage_data"]
+        for i, item in enumerate(storage):  # tensor items and bytes entries
+            data = read(os.path.join(d, item["relative_path"]))[item["file_offset"]:item["file_offset"] + item["length"]]
+            with open(os.path.join(out_dir, "%s_%d.item" % (name, i)), "wb") as f:
+                f.write(data)
 
 
 if __name__ == "__main__":

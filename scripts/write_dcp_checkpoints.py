@@ -10,6 +10,9 @@ writes, each into its own directory under OUT:
                  and bytes entries: chunked tensors whose chunks tile the global shape
 and beside each .metadata an expected.json: the metadata as PyTorch's own reader (pickle.load, through
 FileSystemReader.read_metadata) sees it, field by field, for the C++ test to compare against.
+  dcp_objects/   dcp.save(no_dist=True) of bytes entries for read_objects: every builtin kind (a float, a
+                 tuple, a list, a tuple of a dict with string and int keys (a dict alone DCP flattens), True, None, a nested list), and two it
+                 refuses: a datetime.date (an object of a class) and a tuple holding a tensor
 dcp_single/ also holds its metadata pickled again at protocols 2, 3 and 5 (metadata_protocol_N.pickle;
 dcp.save writes protocol 4), and
   dcp_bad/       dcp_single's metadata with one field made wrong per file (CASE.metadata), pickled by
@@ -20,6 +23,7 @@ dcp.save writes protocol 4), and
 """
 import collections
 import copy
+import datetime
 import io
 import json
 import os
@@ -104,6 +108,22 @@ def single(path):
     for protocol in (2, 3, 5):
         with open(os.path.join(path, f"metadata_protocol_{protocol}.pickle"), "wb") as f:
             pickle.dump(meta, f, protocol=protocol)
+
+
+def objects(path):
+    state = {
+        "lr": 0.05,
+        "betas": (0.9, 0.999),
+        "names": ["emb.weight", "head.weight"],
+        "keyed": ({"x": -3, 2: None},),
+        "flag": True,
+        "nothing": None,
+        "nested": [[1, 2.5], ("deep", [False])],
+        "when": datetime.date(2026, 12, 2),
+        "pair": (1, torch.ones(2)),
+    }
+    dcp.save(state, checkpoint_id=path, no_dist=True)
+    write_expected(path)  # for the fuzz seeds: where each entry's bytes are
 
 
 def chunk(offsets, sizes):
@@ -234,6 +254,7 @@ def main(out):
     torch.set_num_threads(1)
     single(fresh(os.path.join(out, "dcp_single")))
     bad(os.path.join(out, "dcp_single"), fresh(os.path.join(out, "dcp_bad")))
+    objects(fresh(os.path.join(out, "dcp_objects")))
     bad_items(fresh(os.path.join(out, "dcp_bad_items")))
     init_file = os.path.join(tempfile.mkdtemp(), "init")
     mp.spawn(sharded_rank, args=(4, fresh(os.path.join(out, "dcp_sharded")), init_file), nprocs=4, join=True)

@@ -12,6 +12,7 @@
 // file, the field and what was found.
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
@@ -77,6 +78,16 @@ struct DcpMetadata {
   std::optional<DcpStorageMeta> storage_meta;
 };
 
+// The names a PyTorch trainer's checkpoint gives its state: torch.distributed.checkpoint flattens
+// {"model": model_sd, "optim": optim_sd} of get_state_dict into "model.<fqn>" and
+// "optim.state.<fqn>.<name>" ("optim.state.layers.0.w1.weight.exp_avg"). `model` and `optimizer` are
+// get_state_dict's two dicts (dtensor/state_dict.h; dtensor's optimizer dict is PyTorch's "state",
+// flattened already). The tensors are shared, not copied: dcp::load into the result fills both dicts,
+// and set_state_dict then puts them into the module and optimizer, as PyTorch's recipe does. (The
+// optimizer's "param_groups" are bytes entries, which load skips: in C++ they are the optimizer's
+// options.)
+State pytorch_training_state(const State& model, const State& optimizer);
+
 // Saves `state` in PyTorch's DCP format, as FileSystemWriter of PyTorch 2.15 lays it out, so that
 // torch.distributed.checkpoint.load reads it (onto any layout there too): each rank writes the pieces it
 // owns as checkpoint::save assigns them (a DTensor's shard by the first rank holding it, Partial ones
@@ -102,6 +113,18 @@ DcpMetadata parse_metadata(std::string_view bytes, const std::string& source);
 at::Tensor read_tensor_item(const std::string& dir, const DcpStorage& storage, const std::string& fqn, const DcpChunk& chunk,
                             c10::ScalarType dtype);
 
+// The bytes entries of the checkpoint in `dir` whose names start with `prefix` (all for ""): the Python
+// values FileSystemWriter torch.save'd for them, read by the restricted unpickler, which runs nothing:
+// None, bool, int, float, str, and tuples, lists and dicts of them, as c10::IValue (None, Bool, Int,
+// Double, String, Tuple, GenericList, GenericDict). Anything else (an object of a class, bytes, a set, a
+// tensor inside) is a DTensorError naming the entry and the field. Read by the calling rank alone.
+// What a PyTorch trainer's optimizer keeps there ("optim.param_groups.0.lr", ".betas", ".params") sets
+// a LibTorch optimizer's options through checkpoint::set_param_groups (dtensor/state_dict.h).
+std::map<std::string, c10::IValue> read_objects(const std::string& dir, const std::string& prefix = "");
+
+// One bytes entry's value, as read_objects reads it, from the bytes `storage` names.
+c10::IValue read_object_item(const std::string& dir, const DcpStorage& storage, const std::string& fqn);
+
 // Loads the tensors of the DCP checkpoint in `dir` into `state` in place, as checkpoint::load does for
 // dtensor's own checkpoints: DTensors of any mesh and placements (Replicate and Shard; not Partial) or
 // plain tensors, whatever mesh the checkpoint was saved from. Each rank opens only the items (chunks)
@@ -109,10 +132,10 @@ at::Tensor read_tensor_item(const std::string& dir, const DcpStorage& storage, c
 // once whole, so that its CRC-32 is checked.
 //  - options.strict (default): every state tensor is a tensor entry of the checkpoint and every tensor
 //    entry is in the state, else an error lists both (non-strict: they are returned in the result).
-//  - Shapes and dtypes must be the checkpoint's.
-//  - Bytes entries (Python objects torch.save'd: ints, strings, lists) are not loaded: dtensor does
-//    not unpickle arbitrary objects. They are listed in result.skipped; a state tensor named like one
-//    is an error.
+//  - Shapes must be the checkpoint's. A tensor of another dtype gets the saved values converted, as
+//    PyTorch's dcp.load converts them (copy_): PyTorch keeps Adam's step as float32, dtensor as int64.
+//  - Bytes entries (Python values torch.save'd: ints, strings, lists) are not tensors: they are listed
+//    in result.skipped (read_objects reads them); a state tensor named like one is an error.
 //  - options.node_local is refused (every rank must see the directory).
 // Collective over the state's world like checkpoint::load: an error on one rank is raised on all.
 LoadResult load(const State& state, const std::string& dir, const LoadOptions& options = {});

@@ -7,11 +7,12 @@
 // Model entries are named by their path in the module ("layers.0.weight"). Optimizer entries (Adam,
 // AdamW, SGD with momentum, as TrainingState) are PyTorch's {"state": {fqn: {...}}} flattened: the
 // parameter's path and the state's name ("layers.0.weight.exp_avg", ".exp_avg_sq", ".step";
-// ".momentum_buffer"). Departure: no "param_groups" (learning rates, betas, ...): in C++ they are the
-// optimizer's options, which the program sets.
+// ".momentum_buffer"). Departure: no "param_groups" (learning rates, betas, ...) in these dicts: in C++
+// they are the optimizer's options. set_param_groups sets them from what a PyTorch checkpoint holds.
 //
 // Collective where DTensors are gathered or moved: every rank calls with the same names.
 
+#include <ATen/core/ivalue.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -62,5 +63,17 @@ IncompatibleKeys set_optimizer_state_dict(torch::nn::Module& module, torch::opti
                                           const StateDictOptions& options = {});
 IncompatibleKeys set_state_dict(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const StateDict& model_state,
                                 const StateDict& optimizer_state, const StateDictOptions& options = {});
+
+// A PyTorch optimizer's param_groups as DCP keeps them: bytes entries "<prefix><i>.<option>"
+// (dcp::read_objects reads them; a trainer's {"model", "optim"} save puts them under
+// "optim.param_groups."). Group i's "params" must name, in order, the paths in `module` of
+// optimizer.param_groups()[i]'s parameters; its options become that group's: lr, betas, eps,
+// weight_decay and amsgrad for Adam and AdamW; lr, momentum, dampening, weight_decay and nesterov for
+// SGD. PyTorch's implementation switches (foreach, fused, capturable, differentiable) are ignored.
+// Refused, with the entry named, leaving the optimizer as it was: a missing option or one LibTorch's
+// optimizer lacks, a value of another type, maximize = True, an Adam saved into an AdamW or the
+// reverse (decoupled_weight_decay), groups the optimizer does not have.
+void set_param_groups(torch::nn::Module& module, torch::optim::Optimizer& optimizer, const std::map<std::string, c10::IValue>& entries,
+                      const std::string& prefix = "optim.param_groups.");
 
 }  // namespace dtensor::checkpoint

@@ -12,6 +12,7 @@
 
 #include "../io/checked_int.h"
 #include "../io/zip_archive.h"
+#include "dcp_item.h"
 #include "dcp_pickle_field.h"
 #include "dtensor/api.h"
 #include "dtensor/dcp.h"
@@ -24,7 +25,8 @@ namespace dtensor::checkpoint::dcp {
 namespace detail {
 namespace {
 
-constexpr int64_t kMaxDataPklBytes = int64_t{1} << 20;  // a tensor's data.pkl is a few hundred bytes
+// A tensor's data.pkl is a few hundred bytes; a bytes entry's (a list of parameter names) a few kilobytes.
+constexpr int64_t kMaxDataPklBytes = int64_t{1} << 20;
 
 // A typed storage class of _rebuild_tensor_v2 ("torch.FloatStorage") -> its dtype.
 std::optional<c10::ScalarType> storage_dtype(const std::string& cls) {
@@ -58,27 +60,32 @@ struct TensorItem {
   bool row_major = true;  // the strides of a contiguous tensor of `sizes`
 };
 
-TensorItem open_tensor_item(const std::string& dir, const DcpStorage& storage, const std::string& fqn, const DcpChunk& chunk,
-                            c10::ScalarType dtype) {
+SavedItem open_saved_item(const std::string& dir, const DcpStorage& storage, const std::string& what, const io::PickleRules& rules) {
   const std::string path = (std::filesystem::path(dir) / storage.relative_path).string();
   const auto end = io::checked_add(storage.offset, storage.length);
   const std::string name = path + ": bytes [" + std::to_string(storage.offset) + ", " +
-                           (end ? std::to_string(*end) : std::string("past int64")) + ") (item " + name_text(fqn) + " at " +
-                           ints_str(chunk.offsets) + ")";
+                           (end ? std::to_string(*end) : std::string("past int64")) + ") (" + what + ")";
   if (!storage.transform_descriptors.empty())
     throw DTensorError(name + ": stored through the transforms '" + storage.transform_descriptors.front() +
                        "'...: dtensor reads untransformed items only (FileSystemWriter without extensions)");
-  TensorItem item;
-  item.zip = std::make_unique<io::ZipArchive>(path, storage.offset, storage.length, name);
-  const io::ZipArchive& zip = *item.zip;
-  if (const io::ZipEntry* order = zip.find("byteorder")) {
-    const std::string text = zip.read_text(*order, 16);
-    if (text != "little") zip.fail(*order, "byte order '" + text.substr(0, 16) + "': dtensor reads little-endian tensors only");
+  auto zip = std::make_unique<io::ZipArchive>(path, storage.offset, storage.length, name);
+  if (const io::ZipEntry* order = zip->find("byteorder")) {
+    const std::string text = zip->read_text(*order, 16);
+    if (text != "little") zip->fail(*order, "byte order '" + text.substr(0, 16) + "': dtensor reads little-endian items only");
   }
-  const io::ZipEntry* pkl = zip.find("data.pkl");
-  if (!pkl) throw DTensorError(name + ": no data.pkl: not a torch.save'd tensor (DCP's TORCH_SAVE format)");
-  const std::string bytes = zip.read_text(*pkl, kMaxDataPklBytes);
-  const PickleTree tree = io::unpickle_restricted(bytes, name + ": data.pkl", io::torch_tensor_pickle());
+  const io::ZipEntry* pkl = zip->find("data.pkl");
+  if (!pkl) throw DTensorError(name + ": no data.pkl: not a torch.save'd item (DCP's TORCH_SAVE format)");
+  PickleTree tree = io::unpickle_restricted(zip->read_text(*pkl, kMaxDataPklBytes), name + ": data.pkl", rules);
+  return {std::move(zip), std::move(tree)};
+}
+
+TensorItem open_tensor_item(const std::string& dir, const DcpStorage& storage, const std::string& fqn, const DcpChunk& chunk,
+                            c10::ScalarType dtype) {
+  SavedItem saved = open_saved_item(dir, storage, "item " + name_text(fqn) + " at " + ints_str(chunk.offsets), io::torch_tensor_pickle());
+  TensorItem item;
+  item.zip = std::move(saved.zip);
+  const io::ZipArchive& zip = *item.zip;
+  const PickleTree& tree = saved.tree;
   const Field root(tree, tree.root(), "tensor");
   const bool v3 = root.kind() == PickleKind::Object && root.value().text == "torch._utils._rebuild_tensor_v3";
   const std::vector<Field> args = root.reduced_args(v3 ? "torch._utils._rebuild_tensor_v3" : "torch._utils._rebuild_tensor_v2");
@@ -214,9 +221,6 @@ LoadResult load(const State& state, const std::string& dir, const LoadOptions& o
         throw DTensorError("dcp::load: tensor " + name_text(name) + " has shape " + ints_str(tensor.sizes().vec()) + " but " + dir +
                            " holds it with shape " + ints_str(saved.size) +
                            "; build the model with the checkpoint's sizes or leave this tensor out (strict = false)");
-      if (tensor.scalar_type() != saved.dtype)
-        throw DTensorError("dcp::load: tensor " + name_text(name) + " is " + c10::toString(tensor.scalar_type()) + " but " + dir +
-                           " holds it as " + c10::toString(saved.dtype) + "; load into a tensor of that dtype and convert");
       auto target = checkpoint::detail::target_of(name, tensor);
       if (!target) continue;
       auto& [box, destination] = *target;
@@ -228,7 +232,7 @@ LoadResult load(const State& state, const std::string& dir, const LoadOptions& o
         if (where == storage_of.end())  // read_metadata checks it; kept for a DcpMetadata made otherwise
           throw DTensorError("dcp::load: " + dir + ": the chunk of " + name_text(name) + " at " + ints_str(chunk.offsets) + " has no storage");
         const detail::TensorItem item = detail::open_tensor_item(dir, *where->second, name, chunk, saved.dtype);
-        result.bytes_read += checkpoint::detail::fill_part(*part, box, destination,
+        result.bytes_read += checkpoint::detail::fill_part(*part, box, destination, saved.dtype,
                                                            [&](char* out) { detail::read_item_part(item, chunk_box, *part, out); });
       }
     }

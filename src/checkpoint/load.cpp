@@ -84,10 +84,12 @@ void read_into(const std::string& name, const SavedPiece& piece, const Box& part
                       out + run.part_offset * element_size, name);
 }
 
-int64_t fill_part(const Box& part, const Box& target, at::Tensor& destination, const std::function<void(char*)>& fill) {
+int64_t fill_part(const Box& part, const Box& target, at::Tensor& destination, c10::ScalarType stored,
+                  const std::function<void(char*)>& fill) {
   at::Tensor region = region_of(destination, part, target);
-  const bool direct = region.is_contiguous() && region.device().is_cpu() && !region.is_conj() && !region.is_neg();
-  at::Tensor buffer = direct ? region : at::empty(part.shape, destination.options().device(at::kCPU));
+  const bool direct = region.is_contiguous() && region.device().is_cpu() && !region.is_conj() && !region.is_neg() &&
+                      region.scalar_type() == stored;
+  at::Tensor buffer = direct ? region : at::empty(part.shape, destination.options().device(at::kCPU).dtype(stored));
   fill(static_cast<char*>(buffer.data_ptr()));
   if (direct) destination.unsafeGetTensorImpl()->bump_version();  // as copy_ would: autograd sees the change
   else region.copy_(buffer);
@@ -96,7 +98,8 @@ int64_t fill_part(const Box& part, const Box& target, at::Tensor& destination, c
 
 int64_t read_part(const std::string& name, const SavedPiece& piece, const Box& part, const Box& target, at::Tensor& destination) {
   const int64_t element_size = static_cast<int64_t>(destination.element_size());
-  return fill_part(part, target, destination, [&](char* out) { read_into(name, piece, part, element_size, out); });
+  return fill_part(part, target, destination, destination.scalar_type(),
+                   [&](char* out) { read_into(name, piece, part, element_size, out); });
 }
 
 }  // namespace detail

@@ -37,9 +37,11 @@ at::Tensor region_of(const at::Tensor& destination, const Box& part, const Box& 
 // row-major, into `out`.
 void read_into(const std::string& name, const SavedPiece& piece, const Box& part, int64_t element_size, char* out);
 
-// Writes `part` of `destination` (which holds `target`): `fill` gets its row-major bytes to fill, the
-// region itself when it is contiguous CPU memory, else a buffer copied in after. Returns the bytes.
-int64_t fill_part(const Box& part, const Box& target, at::Tensor& destination, const std::function<void(char*)>& fill);
+// Writes `part` of `destination` (which holds `target`): `fill` gets its row-major bytes of dtype
+// `stored` to fill, the region itself when it is contiguous CPU memory of that dtype, else a buffer
+// copied in after (converting, as copy_ does). Returns the bytes filled.
+int64_t fill_part(const Box& part, const Box& target, at::Tensor& destination, c10::ScalarType stored,
+                  const std::function<void(char*)>& fill);
 
 // Copies `part` of `piece` into `destination` (which holds `target`), reading only its bytes; returns them.
 int64_t read_part(const std::string& name, const SavedPiece& piece, const Box& part, const Box& target, at::Tensor& destination);

@@ -241,7 +241,7 @@ void exchange(const std::vector<Transfer>& round, bool forwarded, Plan& plan, co
       int64_t& at = recv_at[static_cast<size_t>(t.source)];
       const char* bytes = static_cast<const char*>(received.data_ptr()) + at;
       auto& [box, into] = plan.mine.at(*t.name);
-      fill_part(t.part, box, into, [&](char* out) { std::memcpy(out, bytes, static_cast<size_t>(t.bytes)); });
+      fill_part(t.part, box, into, into.scalar_type(), [&](char* out) { std::memcpy(out, bytes, static_cast<size_t>(t.bytes)); });
       at += t.bytes;
       result.bytes_received += t.bytes;
       if (holdings.hosts[static_cast<size_t>(t.source)] != holdings.hosts[static_cast<size_t>(job.rank)])

@@ -27,7 +27,8 @@ void add_adam_entries(S* live, const at::Tensor& p, const std::string& name, boo
   out[entry(name, "exp_avg")] = live ? live->exp_avg() : at::zeros_like(p);
   out[entry(name, "exp_avg_sq")] = live ? live->exp_avg_sq() : at::zeros_like(p);
   if (amsgrad) out[entry(name, "max_exp_avg_sq")] = live ? live->max_exp_avg_sq() : at::zeros_like(p);
-  out[entry(name, "step")] = at::tensor(live ? live->step() : int64_t{0});
+  // 0-d, as PyTorch keeps it (as float32 there; a load converts).
+  out[entry(name, "step")] = at::scalar_tensor(live ? live->step() : int64_t{0}, at::kLong);
 }
 
 template <typename S>

@@ -14,14 +14,15 @@ namespace {
 // What `pickle.dump(Metadata)` of PyTorch 2.15 emits at protocols 2 to 5 (pickletools.dis of files dcp.save
 // wrote, and of the same Metadata dumped again at each protocol): protocol 2 and 3 write GLOBAL, BINPUT and
 // BINUNICODE where 4 and 5 write STACK_GLOBAL, MEMOIZE and SHORT_BINUNICODE. Everything else a pickle can
-// hold (other opcodes: INST, OBJ, PERSID, EXT*, floats, bytes, sets...) is refused by name.
+// hold (other opcodes: INST, OBJ, PERSID, EXT*, text floats, bytes, sets...) is refused by name. BINFLOAT
+// is a DCP bytes entry's (a learning rate torch.save'd).
 enum Op : uint8_t {
   kMark = '(', kStop = '.', kBinInt = 'J', kBinInt1 = 'K', kBinInt2 = 'M', kNone = 'N', kReduce = 'R',
   kBinUnicode = 'X', kAppend = 'a', kBuild = 'b', kGlobal = 'c', kAppends = 'e', kBinGet = 'h', kLongBinGet = 'j',
   kBinPersId = 'Q', kBinPut = 'q', kLongBinPut = 'r', kSetItem = 's', kTuple = 't', kSetItems = 'u', kEmptyDict = '}',
   kEmptyList = ']', kEmptyTuple = ')', kProto = 0x80, kNewObj = 0x81, kTuple1 = 0x85, kTuple2 = 0x86,
   kTuple3 = 0x87, kNewTrue = 0x88, kNewFalse = 0x89, kLong1 = 0x8a, kShortBinUnicode = 0x8c, kStackGlobal = 0x93,
-  kMemoize = 0x94, kFrame = 0x95,
+  kMemoize = 0x94, kFrame = 0x95, kBinFloat = 'G',
 };
 
 // Every opcode of pickle protocols 0-5 by name, for errors about the ones refused.
@@ -285,6 +286,15 @@ class Machine {
     values_[ref].integer = v;
     push(ref);
   }
+  // BINFLOAT: an IEEE double, big-endian.
+  void binfloat() {
+    const std::string_view b = take(8, "BINFLOAT's double");
+    uint64_t bits = 0;
+    for (size_t i = 0; i < 8; ++i) bits = bits << 8 | static_cast<uint8_t>(b[i]);
+    const PickleRef ref = make(PickleKind::Float);
+    std::memcpy(&values_[ref].real, &bits, sizeof bits);
+    push(ref);
+  }
   void boolean(bool v) {
     const PickleRef ref = make(PickleKind::Bool);
     values_[ref].integer = v;
@@ -363,6 +373,7 @@ class Machine {
       case kBinInt2: return integer(static_cast<int64_t>(unsigned_le(2, "BININT2's integer")));
       case kBinInt: return integer(static_cast<int32_t>(static_cast<uint32_t>(unsigned_le(4, "BININT's integer"))));
       case kLong1: return long1();
+      case kBinFloat: return binfloat();
       case kShortBinUnicode: return string(byte());
       case kBinUnicode: return string(unsigned_le(4, "BINUNICODE's length"));
       case kEmptyTuple: return push(make(PickleKind::Tuple));
@@ -444,6 +455,11 @@ std::string PickleTree::describe(PickleRef ref, const std::vector<PickleValue>& 
     case PickleKind::None: return "None";
     case PickleKind::Bool: return v.integer ? "True" : "False";
     case PickleKind::Int: return "an integer " + std::to_string(v.integer);
+    case PickleKind::Float: {
+      char text[32];
+      std::snprintf(text, sizeof text, "%.17g", v.real);
+      return std::string("a float ") + text;
+    }
     case PickleKind::String: return "a string '" + excerpt(v.text) + "'";
     case PickleKind::Tuple: return "a tuple of " + n;
     case PickleKind::List: return "a list of " + n;
@@ -463,6 +479,12 @@ const PickleRules& dcp_metadata_pickle() {
 const PickleRules& torch_tensor_pickle() {
   static const std::vector<PickleGlobal> globals = make_tensor_globals();
   static const PickleRules rules{&globals, true, "a torch.save'd tensor"};
+  return rules;
+}
+
+const PickleRules& python_value_pickle() {
+  static const std::vector<PickleGlobal> none;
+  static const PickleRules rules{&none, false, "a torch.save'd Python value"};
   return rules;
 }
 

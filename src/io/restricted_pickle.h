@@ -3,7 +3,7 @@
 //
 // unpickle_restricted runs the subset of pickle protocols 2-5 that `pickle.dump` of a DCP Metadata
 // emits (the opcode table in restricted_pickle.cpp) and builds a tree of plain values: None, bools,
-// integers, strings, tuples, lists, dicts, the allowed globals, and objects of allowed classes, which
+// integers, floats, strings, tuples, lists, dicts, the allowed globals, and objects of allowed classes, which
 // record what the pickle asked for (the class, its arguments, the state BUILD gave it) without calling
 // anything. Only the globals in kAllowedGlobals are accepted, each only in the role the table gives
 // it (a value such as torch.float32, a class made by NEWOBJ without arguments and given its state by
@@ -32,7 +32,7 @@ namespace dtensor::io {
 inline constexpr int kMaxPickleDepth = 64;                   // open MARKs, and containers in containers
 inline constexpr int64_t kMaxPickleValues = int64_t{1} << 25;  // values made (each a few dozen bytes)
 
-enum class PickleKind : uint8_t { None, Bool, Int, String, Tuple, List, Dict, Global, Object, PersistentId };
+enum class PickleKind : uint8_t { None, Bool, Int, Float, String, Tuple, List, Dict, Global, Object, PersistentId };
 
 using PickleRef = uint32_t;
 
@@ -67,11 +67,15 @@ const PickleRules& dcp_metadata_pickle();
 // torch.storage.UntypedStorage and a dtype (uint16, float8...), collections.OrderedDict (the backward
 // hooks, empty), the storage by BINPERSID.
 const PickleRules& torch_tensor_pickle();
+// The data.pkl of a torch.save'd Python value (a DCP bytes entry: an optimizer's learning rate, its
+// parameter names): builtins only, no globals, no persistent ids (a tensor inside is refused).
+const PickleRules& python_value_pickle();
 
 struct PickleValue {
   PickleKind kind = PickleKind::None;
   int64_t offset = 0;   // of the opcode that made it
   int64_t integer = 0;  // Int; Bool (0 or 1); Global: its PickleGlobalRole
+  double real = 0;      // Float
   std::string text;     // String; Global and Object: the global's "module.name"
   // Tuple and List: the elements; PersistentId: the persistent id (one value); Dict: keys and values alternating, in insertion order (duplicate
   // keys are kept, for the reader to refuse); Object: the arguments NEWOBJ or REDUCE gave.

@@ -142,16 +142,24 @@ TEST_F(DcpLoadTest, RefusesMismatchesOnEveryRank) {
     state["w"] = make_dtensor_holding(at::zeros({7, 6}), mesh({4}), {Shard(1)});
     EXPECT_THAT(error_of([&] { dcp::load(state, dir); }), HasSubstr("tensor 'w' has shape [7, 6] but"));
   }
-  {  // dtype
-    ckpt::State state = dcp_empty_state(names, DcpTarget::OneDimShard1);
-    state["w"] = make_dtensor_holding(at::zeros({7, 5}, at::kDouble), mesh({4}), {Shard(1)});
-    EXPECT_THAT(error_of([&] { dcp::load(state, dir); }), HasSubstr("tensor 'w' is Double but"));
-  }
   {  // a bytes entry named as a tensor
     ckpt::State state = dcp_empty_state(names, DcpTarget::OneDimShard1);
     state["step"] = make_dtensor_holding(at::zeros({4}), mesh({4}), {Shard(0)});
     EXPECT_THAT(error_of([&] { dcp::load(state, dir); }), HasSubstr("holds 'step' as bytes"));
   }
+}
+
+// A tensor of another dtype than the saved one gets the values converted, as PyTorch's dcp.load (copy_)
+// converts them: float32 into float64 sharded, bfloat16 into float32 plain.
+TEST_F(DcpLoadTest, ConvertsDtypesAsPyTorchsLoadDoes) {
+  ckpt::State state;
+  state["w"] = make_dtensor_holding(at::zeros({7, 5}, at::kDouble), mesh({4}), {Shard(1)});
+  state["emb.weight"] = at::zeros({10, 3}, at::kFloat);
+  ckpt::LoadOptions options;
+  options.strict = false;
+  dcp::load(state, dcp_written("dcp_sharded"), options);
+  EXPECT_TRUE(tensors_equal(full_tensor(state.at("w")), dcp_expected_value("w").to(at::kDouble)));
+  EXPECT_TRUE(tensors_equal(state.at("emb.weight"), dcp_expected_value("emb.weight").to(at::kFloat)));
 }
 
 // Each rank opens only the items its shards overlap: with w's chunk at [4, 3] (rows 4-6, columns 3-4)

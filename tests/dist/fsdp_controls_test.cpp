@@ -22,13 +22,13 @@
 namespace dtensor::testing {
 namespace {
 
-struct Layout {
+struct FsdpLayout {
   const char* label;
   Shape shape;
   std::vector<std::string> names;
 };
 
-const Layout kLayouts[] = {
+const FsdpLayout kFsdpLayouts[] = {
     {"FSDP=4", {4}, {"dp"}},
     {"HSDP 2 x FSDP=2", {2, 2}, {"replicate", "dp"}},
     {"FSDP=2 x TP=2", {2, 2}, {"dp", "tp"}},
@@ -42,7 +42,7 @@ struct Job {
   gpt::Gpt model;
 };
 
-Job sharded_job(const Layout& layout, int64_t layers = 2, const FullyShardOptions& options = {}) {
+Job sharded_job(const FsdpLayout& layout, int64_t layers = 2, const FullyShardOptions& options = {}) {
   Job job{mesh(layout.shape, {}, layout.names), nullptr, seeded_uneven_gpt(at::kDouble, layers)};
   const bool tp = layout.names.back() == "tp";
   if (tp) gpt::parallelize(job.model, (*job.mesh)["tp"]);
@@ -104,7 +104,7 @@ class FsdpControlsTest : public DistTest {};
 // forward gathers nothing; its backward gathers the blocks only (they reshard after forward). The
 // gradients accumulated over both equal one device's.
 TEST_F(FsdpControlsTest, KeptAfterBackwardTheNextForwardGathersNothing) {
-  for (const Layout& layout : kLayouts) {
+  for (const FsdpLayout& layout : kFsdpLayouts) {
     SCOPED_TRACE(layout.label);
     Job job = sharded_job(layout);
     auto reference = seeded_uneven_gpt();
@@ -134,7 +134,7 @@ TEST_F(FsdpControlsTest, KeptAfterBackwardTheNextForwardGathersNothing) {
 // forward sees the shards changed (the fused AdamW step among them) and gathers again, so training
 // follows one device.
 TEST_F(FsdpControlsTest, SteppingWhileKeptGatheredFollowsOneDevice) {
-  for (const Layout& layout : kLayouts) {
+  for (const FsdpLayout& layout : kFsdpLayouts) {
     SCOPED_TRACE(layout.label);
     Job job = sharded_job(layout);
     auto reference = seeded_uneven_gpt();
@@ -165,7 +165,7 @@ TEST_F(FsdpControlsTest, SteppingWhileKeptGatheredFollowsOneDevice) {
 // 1 are gathered in that order (block 2 then gathers at its own forward); before the root's backward,
 // blocks 2 and 3. Each group still gathers once per pass, and training follows one device.
 TEST_F(FsdpControlsTest, PrefetchListsOrderTheGathers) {
-  for (const Layout& layout : kLayouts) {
+  for (const FsdpLayout& layout : kFsdpLayouts) {
     SCOPED_TRACE(layout.label);
     Job job = sharded_job(layout, /*layers=*/4);
     auto reference = seeded_uneven_gpt(at::kDouble, 4);
@@ -203,7 +203,7 @@ TEST_F(FsdpControlsTest, PrefetchListsOrderTheGathers) {
 // until the handle's wait, which issues nothing more. Handles never waited for are taken by the
 // forward (no second all-gather for their groups), and waiting afterwards does nothing.
 TEST_F(FsdpControlsTest, AsyncUnshardStartsTheGatherAndTheForwardTakesIt) {
-  for (const Layout& layout : kLayouts) {
+  for (const FsdpLayout& layout : kFsdpLayouts) {
     SCOPED_TRACE(layout.label);
     Job job = sharded_job(layout);
     auto reference = seeded_uneven_gpt();
@@ -254,7 +254,7 @@ at::Tensor generate(gpt::Gpt& model, at::Tensor tokens, int64_t steps) {
 // forward under grad (gradients equal one device's), and under no_grad a generate that calls it
 // token by token and the module's own forward twice, the root gathered once for the whole call.
 TEST_F(FsdpControlsTest, CallAsForwardRunsAnotherMethodWithTheParametersGathered) {
-  for (const Layout& layout : kLayouts) {
+  for (const FsdpLayout& layout : kFsdpLayouts) {
     SCOPED_TRACE(layout.label);
     Job job = sharded_job(layout);
     auto reference = seeded_uneven_gpt();
@@ -298,7 +298,7 @@ TEST_F(FsdpControlsTest, CallAsForwardRunsAnotherMethodWithTheParametersGathered
 // On a block (not the root): a lambda reading the block's parameters beside its forward, returning
 // two outputs. The block is freed after it and gathered again before its backward, once.
 TEST_F(FsdpControlsTest, CallAsForwardOnABlockGathersAgainForBackward) {
-  for (const Layout& layout : kLayouts) {
+  for (const FsdpLayout& layout : kFsdpLayouts) {
     SCOPED_TRACE(layout.label);
     Job job = sharded_job(layout);
     auto reference = seeded_uneven_gpt();
@@ -334,7 +334,7 @@ TEST_F(FsdpControlsTest, CallAsForwardOnABlockGathersAgainForBackward) {
 // CPUOffloadPolicy on a CPU mesh: accepted, said to be the identity (offloads_to_cpu), and training is
 // bit for bit what it is without the policy, and follows one device.
 TEST_F(FsdpControlsTest, CpuOffloadIsTheIdentityOnACpuMesh) {
-  for (const Layout& layout : kLayouts) {
+  for (const FsdpLayout& layout : kFsdpLayouts) {
     SCOPED_TRACE(layout.label);
     for (const bool pin_memory : {true, false}) {
       Job offloaded = sharded_job(layout, 2, {.offload_policy = CPUOffloadPolicy{.pin_memory = pin_memory}});
@@ -361,7 +361,7 @@ TEST_F(FsdpControlsTest, CpuOffloadIsTheIdentityOnACpuMesh) {
 // backward; and on one block alone (recurse = false): only that block kept. Gradients equal one
 // device's throughout.
 TEST_F(FsdpControlsTest, SetReshardAfterForwardChangesItAfterFullyShardRootIncluded) {
-  for (const Layout& layout : kLayouts) {
+  for (const FsdpLayout& layout : kFsdpLayouts) {
     SCOPED_TRACE(layout.label);
     Job job = sharded_job(layout);
     auto reference = seeded_uneven_gpt();
@@ -395,7 +395,7 @@ TEST_F(FsdpControlsTest, SetReshardAfterForwardChangesItAfterFullyShardRootInclu
 // their gradients are the sum over the data-parallel ranks (with HSDP, over the replicas too) of each
 // rank's gradient, divided by 3; block 0's are one device's on the whole batch.
 TEST_F(FsdpControlsTest, GradientDivideFactorSumsAndDivides) {
-  for (const Layout& layout : kLayouts) {
+  for (const FsdpLayout& layout : kFsdpLayouts) {
     SCOPED_TRACE(layout.label);
     Job job = sharded_job(layout);
     auto summed = seeded_uneven_gpt(), averaged = seeded_uneven_gpt();
@@ -424,7 +424,7 @@ TEST_F(FsdpControlsTest, GradientDivideFactorSumsAndDivides) {
 // and the gradients equal one device's accumulated over both. On FSDP=4 (no replicas) it changes
 // nothing, as in PyTorch: the first backward sets the gradients already.
 TEST_F(FsdpControlsTest, RequiresAllReduceFalseAccumulatesReducedShardsForOneAllReduce) {
-  for (const Layout* layout : {&kLayouts[1], &kLayouts[0]}) {
+  for (const FsdpLayout* layout : {&kFsdpLayouts[1], &kFsdpLayouts[0]}) {
     SCOPED_TRACE(layout->label);
     const bool hsdp = layout->names.front() == "replicate";
     Job job = sharded_job(*layout);
@@ -454,7 +454,7 @@ TEST_F(FsdpControlsTest, RequiresAllReduceFalseAccumulatesReducedShardsForOneAll
 // only): its backward gathers it neither itself nor as block 0's prefetch, and its gradients (and
 // everything else's) still equal one device's. Without it the embedding is gathered last.
 TEST_F(FsdpControlsTest, UnshardInBackwardFalseSkipsTheGatherBeforeBackward) {
-  for (const Layout* layout : {&kLayouts[0], &kLayouts[1]}) {
+  for (const FsdpLayout* layout : {&kFsdpLayouts[0], &kFsdpLayouts[1]}) {
     SCOPED_TRACE(layout->label);
     auto m = mesh(layout->shape, {}, layout->names);
     const MeshPtr data = layout->shape.size() == 1 ? m : mesh({4}, {}, {"data"});
@@ -482,7 +482,7 @@ TEST_F(FsdpControlsTest, UnshardInBackwardFalseSkipsTheGatherBeforeBackward) {
 // every parameter sharded again, and the gradients accumulated before without sync are dropped, so
 // the next synced micro-batch's gradients equal one device's on that micro-batch alone.
 TEST_F(FsdpControlsTest, ResetIterStateAfterAnAbortedForward) {
-  for (const Layout* layout : {&kLayouts[0], &kLayouts[1]}) {
+  for (const FsdpLayout* layout : {&kFsdpLayouts[0], &kFsdpLayouts[1]}) {
     SCOPED_TRACE(layout->label);
     Job job = sharded_job(*layout);
     auto reference = seeded_uneven_gpt();
@@ -506,7 +506,7 @@ TEST_F(FsdpControlsTest, ResetIterStateAfterAnAbortedForward) {
 // all-reduce; with TP once more, with the parameters replicated over dp), which it doubles in place: block 1's gradients are twice one device's, the others'
 // equal them. While set_requires_all_reduce(false) holds HSDP's shards back, it is not called.
 TEST_F(FsdpControlsTest, AllReduceHookSeesAndChangesTheReducedShards) {
-  for (const Layout& layout : kLayouts) {
+  for (const FsdpLayout& layout : kFsdpLayouts) {
     SCOPED_TRACE(layout.label);
     const bool hsdp = layout.names.front() == "replicate";
     Job job = sharded_job(layout);

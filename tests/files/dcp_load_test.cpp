@@ -128,5 +128,36 @@ TEST(DcpTensorItems, RefusesEveryTruncation) {
   }
 }
 
+// Bytes entries read as the Python values dcp.save torch.save'd (write_dcp_checkpoints.py's dcp_objects).
+TEST(DcpObjects, ReadsEveryBuiltinKindAsAnIValue) {
+  const std::string dir = written_dir("dcp_objects");
+  const auto lr = dcp::read_objects(dir, "lr");
+  ASSERT_EQ(lr.size(), 1u);
+  EXPECT_EQ(lr.at("lr").toDouble(), 0.05);
+  const c10::IValue betas = dcp::read_objects(dir, "betas").at("betas");
+  ASSERT_TRUE(betas.isTuple());
+  EXPECT_EQ(betas.toTupleRef().elements().at(1).toDouble(), 0.999);
+  const auto n = dcp::read_objects(dir, "n");  // names, nested, nothing
+  ASSERT_EQ(n.size(), 3u);
+  const c10::List<c10::IValue> names = n.at("names").toList();
+  EXPECT_EQ(names.get(1).toStringRef(), "head.weight");
+  EXPECT_TRUE(n.at("nothing").isNone());
+  const c10::List<c10::IValue> nested = n.at("nested").toList();  // [[1, 2.5], ("deep", [False])]
+  EXPECT_EQ(nested.get(0).toListRef().at(0).toInt(), 1);
+  EXPECT_EQ(nested.get(0).toListRef().at(1).toDouble(), 2.5);
+  EXPECT_EQ(nested.get(1).toTupleRef().elements().at(0).toStringRef(), "deep");
+  EXPECT_FALSE(nested.get(1).toTupleRef().elements().at(1).toListRef().at(0).toBool());
+  EXPECT_TRUE(dcp::read_objects(dir, "flag").at("flag").toBool());
+  const c10::Dict<c10::IValue, c10::IValue> keyed = dcp::read_objects(dir, "keyed").at("keyed").toTupleRef().elements().at(0).toGenericDict();
+  EXPECT_EQ(keyed.at(std::string("x")).toInt(), -3);
+  EXPECT_TRUE(keyed.at(int64_t{2}).isNone());
+}
+
+TEST(DcpObjects, RefusesObjectsOfClassesAndTensors) {
+  const std::string dir = written_dir("dcp_objects");
+  EXPECT_THAT(error_of([&] { dcp::read_objects(dir, "when"); }), AllOf(HasSubstr("bytes entry 'when'"), HasSubstr("datetime")));
+  EXPECT_THAT(error_of([&] { dcp::read_objects(dir, "pair"); }), AllOf(HasSubstr("bytes entry 'pair'"), HasSubstr("_rebuild_tensor")));
+}
+
 }  // namespace
 }  // namespace dtensor::testing

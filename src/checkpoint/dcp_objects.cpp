@@ -1,0 +1,78 @@
+// A DCP checkpoint's bytes entries read as the Python values they hold (dcp.h: read_objects).
+
+#include <ATen/core/Dict.h>
+#include <ATen/core/List.h>
+#include <ATen/core/ivalue.h>
+
+#include "dcp_item.h"
+#include "dcp_pickle_field.h"
+#include "dtensor/dcp.h"
+
+namespace dtensor::checkpoint::dcp {
+namespace {
+
+using detail::Field;
+using detail::name_text;
+using io::PickleKind;
+
+// Values visited in one entry. A pickle may refer to one value many times (the memo), so that a small
+// file can describe a huge tree (a tuple of the same tuple twice, 60 levels deep): the walk stops here.
+constexpr int64_t kMaxValuesVisited = int64_t{1} << 20;
+
+class ValueReader {
+ public:
+  c10::IValue read(const Field& f, int depth = 0) {
+    if (++visited_ > kMaxValuesVisited) f.fail("more than 2^20 values (a value shared many times over)");
+    if (depth > io::kMaxPickleDepth) f.fail("values nested deeper than " + std::to_string(io::kMaxPickleDepth) + " (or holding themselves)");
+    switch (f.kind()) {
+      case PickleKind::None: return c10::IValue();
+      case PickleKind::Bool: return f.as_bool();
+      case PickleKind::Int: return f.value().integer;
+      case PickleKind::Float: return f.value().real;
+      case PickleKind::String: return f.value().text;
+      case PickleKind::Tuple: {
+        std::vector<c10::IValue> elements;
+        for (const Field& e : f.elements()) elements.push_back(read(e, depth + 1));
+        return c10::ivalue::Tuple::create(std::move(elements));
+      }
+      case PickleKind::List: {
+        c10::impl::GenericList list(c10::AnyType::get());
+        for (const Field& e : f.list()) list.push_back(read(e, depth + 1));
+        return list;
+      }
+      case PickleKind::Dict: {
+        c10::impl::GenericDict dict(c10::AnyType::get(), c10::AnyType::get());
+        for (const auto& [key, value] : f.items()) {
+          const PickleKind k = key.kind();
+          if (k != PickleKind::String && k != PickleKind::Int && k != PickleKind::Bool && k != PickleKind::Float)
+            key.expected("a dict key that is a string or a number");
+          if (!dict.insert(read(key, depth + 1), read(value, depth + 1)).second) key.fail("a key that appears twice");
+        }
+        return dict;
+      }
+      default:
+        f.expected("None, a bool, a number, a string, or a list, tuple or dict of them");
+    }
+  }
+
+ private:
+  int64_t visited_ = 0;
+};
+
+}  // namespace
+
+c10::IValue read_object_item(const std::string& dir, const DcpStorage& storage, const std::string& fqn) {
+  const detail::SavedItem item = detail::open_saved_item(dir, storage, "bytes entry " + name_text(fqn), io::python_value_pickle());
+  return ValueReader().read(Field(item.tree, item.tree.root(), "value"));
+}
+
+std::map<std::string, c10::IValue> read_objects(const std::string& dir, const std::string& prefix) {
+  const DcpMetadata md = read_metadata(dir);
+  std::map<std::string, c10::IValue> out;
+  for (const auto& [index, storage] : md.storage)
+    if (index.fqn.compare(0, prefix.size(), prefix) == 0 && std::holds_alternative<DcpBytes>(md.entries.at(index.fqn)))
+      out.emplace(index.fqn, read_object_item(dir, storage, index.fqn));
+  return out;
+}
+
+}  // namespace dtensor::checkpoint::dcp
