@@ -32,7 +32,7 @@ PUBLIC_HEADERS = {
     "errors.h": "layout", "placement.h": "layout", "layout.h": "layout", "pieces.h": "layout",
     "parallel_style.h": "layout",  # plans as data (placements per module path), for module and graph
     "comm_backend.h": "mesh", "comm_debug.h": "mesh", "device_mesh.h": "mesh", "launch.h": "mesh",
-    "world.h": "mesh", "spec.h": "mesh",
+    "world.h": "mesh", "spec.h": "mesh", "p2p.h": "mesh",
     "redistribute_plan.h": "redistribute",
     "dtensor_impl.h": "tensor", "api.h": "tensor", "factory.h": "tensor", "local_map.h": "tensor",
     "visualize.h": "tensor",

@@ -4,13 +4,12 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <chrono>
-#include <cstdio>
 
 #include "dtensor/comm_backend.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/errors.h"
 #include "dtensor/world.h"
-#include "error_text.h"
+#include "comm_failure.h"
 #include "mesh_group.h"
 #include "packing.h"
 
@@ -30,45 +29,6 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 void divide_for_average(at::Tensor& t, int64_t n) {
   if (at::isIntegralType(t.scalar_type(), /*includeBool=*/true)) t.div_(n, "trunc");
   else t.div_(n);
-}
-
-std::string seconds_since(std::chrono::steady_clock::time_point start) {
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  char text[32];
-  std::snprintf(text, sizeof text, "%.2f", s);
-  return text;
-}
-
-// Why a collective failed, as far as this rank can tell: the peers that are not answering (each with
-// its host, from the world's heartbeats), else the time limit, else a peer that left it some other way.
-std::string what_happened(const DeviceMesh& mesh, int64_t dim, std::chrono::steady_clock::time_point start) {
-  std::vector<int64_t> members;
-  Shape c = *mesh.coordinate();
-  for (int64_t i = 0; i < mesh.size(dim); ++i) {
-    c[dim] = i;
-    members.push_back(mesh.global_rank_at(c));
-  }
-  const auto limit = mesh.timeout();
-  const bool timed_out = std::chrono::steady_clock::now() - start >= limit * 0.9;
-  // A peer that died a moment ago (its connections just failed) has not yet missed enough beats.
-  const std::string peers = mesh.world()->describe_peers(members, /*settle=*/!timed_out);
-  if (!peers.empty()) return "peers not answering: " + peers;
-  if (timed_out)
-    return "no answer within the time limit of " + std::to_string(limit.count() / 1000.0).substr(0, 6) +
-           " s (MeshOptions::timeout or DTENSOR_TIMEOUT_S), though every peer is alive: every rank must run the "
-           "same collectives in the same order";
-  return "a peer left the collective (its connection failed; it may have crashed, or called different collectives)";
-}
-
-std::string where(const DeviceMesh& mesh, int64_t dim, const char* operation) {
-  return "rank " + std::to_string(mesh.world()->rank()) + ": " + operation + " on " + mesh.dim_label(dim) + " of " +
-         mesh.str();
-}
-
-DTensorError failure(const DeviceMesh& mesh, int64_t dim, const char* operation,
-                     std::chrono::steady_clock::time_point start, const std::exception& e) {
-  return DTensorError(where(mesh, dim, operation) + " failed after " + seconds_since(start) +
-                      " s: " + what_happened(mesh, dim, start) + " (" + without_source_locations(e) + ")");
 }
 
 template <typename Launch>

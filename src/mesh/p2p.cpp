@@ -1,0 +1,157 @@
+// Point-to-point transfers along one mesh dim (dtensor/p2p.h): c10d send and recv on the dim's process
+// group, waited for under the collectives' time limit, failures named by comm_failure.
+
+#include "dtensor/p2p.h"
+
+#include <ATen/ATen.h>
+#include <algorithm>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include "comm_failure.h"
+#include "dtensor/comm_debug.h"
+#include "dtensor/errors.h"
+#include "dtensor/world.h"
+#include "mesh_group.h"
+
+namespace dtensor {
+namespace detail {
+
+// One started transfer: what it is (for errors), the buffers it reads or writes (kept alive until it
+// completes), and its work (shared by a coalesced batch's transfers).
+struct P2PTransfer {
+  std::string operation;  // "send to coordinate 1 (rank 3) [label]"
+  int64_t peer = 0;
+  at::Tensor buffer;
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
+struct P2PInFlight {
+  MeshPtr mesh;
+  int64_t dim = 0;
+  std::chrono::steady_clock::time_point start;
+  std::vector<P2PTransfer> transfers;
+  bool complete = false;
+
+  // Waits for every transfer; returns the first failure (the rest are waited for all the same).
+  std::optional<DTensorError> wait_all() {
+    std::optional<DTensorError> first;
+    for (P2PTransfer& t : transfers) {
+      if (!t.work) continue;
+      try {
+        t.work->wait();
+      } catch (const std::exception& e) {
+        if (!first) first = failure(*mesh, dim, t.operation, start, e, t.peer);
+      }
+      t.work.reset();
+      t.buffer = at::Tensor();
+    }
+    complete = true;
+    return first;
+  }
+
+  ~P2PInFlight() {
+    if (!complete) wait_all();  // a handle dropped unwaited: its buffers may still be in use
+  }
+};
+
+}  // namespace detail
+
+namespace {
+
+std::string describe(const P2POp& op, const DeviceMesh& mesh, int64_t dim) {
+  Shape peer = *mesh.coordinate();
+  peer[dim] = op.peer;
+  return std::string(op.kind == P2POp::Kind::Send ? "send to" : "recv from") + " coordinate " + std::to_string(op.peer) +
+         " (rank " + std::to_string(mesh.global_rank_at(peer)) + ")" + (op.label.empty() ? "" : " [" + op.label + "]");
+}
+
+void check(const MeshPtr& mesh, int64_t dim, const std::vector<P2POp>& ops) {
+  if (!mesh) throw DTensorError("batch_isend_irecv: no mesh given");
+  if (dim < 0 || dim >= mesh->ndim())
+    throw DTensorError("batch_isend_irecv: dim " + std::to_string(dim) + " is not a dim of " + mesh->str());
+  if (!mesh->coordinate())
+    throw DTensorError("batch_isend_irecv: rank " + std::to_string(mesh->world()->rank()) + " is not in " + mesh->str() +
+                       "; only its members transfer along its dims");
+  const int64_t self = (*mesh->coordinate())[static_cast<size_t>(dim)];
+  for (const P2POp& op : ops) {
+    const std::string what = std::string(op.kind == P2POp::Kind::Send ? "send" : "recv") + (op.label.empty() ? "" : " [" + op.label + "]");
+    if (op.peer < 0 || op.peer >= mesh->size(dim))
+      throw DTensorError("rank " + std::to_string(mesh->world()->rank()) + ": " + what + ": peer coordinate " + std::to_string(op.peer) +
+                         " is outside " + mesh->dim_label(dim) + " (size " + std::to_string(mesh->size(dim)) + ")");
+    if (op.peer == self)
+      throw DTensorError("rank " + std::to_string(mesh->world()->rank()) + ": " + what + ": the peer is this rank itself (coordinate " +
+                         std::to_string(self) + " along " + mesh->dim_label(dim) + ")");
+    if (!op.tensor.defined())
+      throw DTensorError("rank " + std::to_string(mesh->world()->rank()) + ": " + what + ": the tensor is undefined");
+    if (op.kind == P2POp::Kind::Recv && !op.tensor.is_contiguous())
+      throw DTensorError("rank " + std::to_string(mesh->world()->rank()) + ": " + what +
+                         ": the receiving tensor is not contiguous; receive into a contiguous one and copy");
+  }
+}
+
+// Complex tensors travel as their real and imaginary parts (Gloo has no complex types).
+at::Tensor as_real(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t) : t; }
+
+}  // namespace
+
+void P2PWork::wait() {
+  if (!in_flight_ || in_flight_->complete) return;
+  if (auto error = in_flight_->wait_all()) throw *error;
+}
+
+P2PWork batch_isend_irecv(const MeshPtr& mesh, int64_t dim, std::vector<P2POp> ops) {
+  check(mesh, dim, ops);
+  auto f = std::make_shared<detail::P2PInFlight>();
+  f->mesh = mesh;
+  f->dim = dim;
+  if (ops.empty()) {
+    f->complete = true;
+    return P2PWork(f);
+  }
+  auto group = mesh->group(dim);
+  const detail::MeshGroup::Exclusive exclusive(mesh->group_holder(dim), [&] { return detail::where(*mesh, dim, "batch_isend_irecv"); });
+  // NCCL must launch a batch's sends and receives as one group call, or two ranks sending to each
+  // other first would wait forever; MPI and Gloo post each at once.
+  const bool coalesce = group->getBackendName() == "nccl";
+  f->start = std::chrono::steady_clock::now();
+  size_t launching = 0;
+  try {
+    if (coalesce) group->startCoalescing();
+    for (; launching < ops.size(); ++launching) {
+      const P2POp& op = ops[launching];
+      const bool sending = op.kind == P2POp::Kind::Send;
+      detail::P2PTransfer t{describe(op, *mesh, dim), op.peer, as_real(sending ? op.tensor.contiguous() : op.tensor), {}};
+      if (auto* debug = CommDebugMode::active()) debug->record_collective(sending ? "send" : "recv", dim, t.buffer.nbytes());
+      std::vector<at::Tensor> buffers{t.buffer};
+      t.work = sending ? group->send(buffers, static_cast<int>(op.peer), /*tag=*/0) : group->recv(buffers, static_cast<int>(op.peer), /*tag=*/0);
+      f->transfers.push_back(std::move(t));
+    }
+    if (coalesce) {  // one work for the batch: the last transfer waits for it
+      for (detail::P2PTransfer& t : f->transfers) t.work.reset();
+      f->transfers.back().work = group->endCoalescing();
+    }
+  } catch (const std::exception& e) {
+    const P2POp& failed = ops[std::min(launching, ops.size() - 1)];
+    f->wait_all();  // what started must finish before its buffers go
+    throw detail::failure(*mesh, dim, describe(failed, *mesh, dim), f->start, e, failed.peer);
+  }
+  return P2PWork(f);
+}
+
+P2PWork isend(const at::Tensor& tensor, int64_t to, const MeshPtr& mesh, int64_t dim, const std::string& label) {
+  return batch_isend_irecv(mesh, dim, {P2POp{P2POp::Kind::Send, tensor, to, label}});
+}
+
+P2PWork irecv(const at::Tensor& into, int64_t from, const MeshPtr& mesh, int64_t dim, const std::string& label) {
+  return batch_isend_irecv(mesh, dim, {P2POp{P2POp::Kind::Recv, into, from, label}});
+}
+
+void send(const at::Tensor& tensor, int64_t to, const MeshPtr& mesh, int64_t dim, const std::string& label) {
+  isend(tensor, to, mesh, dim, label).wait();
+}
+
+void recv(const at::Tensor& into, int64_t from, const MeshPtr& mesh, int64_t dim, const std::string& label) {
+  irecv(into, from, mesh, dim, label).wait();
+}
+
+}  // namespace dtensor
