@@ -19,7 +19,8 @@ dcp.save writes protocol 4), and
                  Python: what a damaged or crafted checkpoint holds, for the reader to refuse
   dcp_bad_items/ tensor items as FileSystemWriter writes them (a torch.save zip: data.pkl, data/0), one
                  per file (CASE.item), each for a chunk of sizes [2, 3] of float32 holding 0..5: good ones
-                 (row-major, transposed, _rebuild_tensor_v3) and ones with one thing made wrong
+                 (row-major, transposed, _rebuild_tensor_v3) and ones with one thing made wrong; and
+                 shared_string.item, a bytes entry referring to one string 200000 times
 """
 import collections
 import copy
@@ -206,6 +207,17 @@ def write_item(path, record, storage_cls=torch.FloatStorage, numel=6, size=(2, 3
         f.write(data[:len(data) // 2] if truncate else data)
 
 
+def shared_value_item(path):
+    """A bytes entry whose list refers to one 400 KB string 200000 times (BINGET, 2 bytes each): a reader
+    that copied the string per reference would need 80 GB."""
+    text = "x" * 400000
+    buffer = io.BytesIO()
+    pickle.Pickler(buffer, protocol=2).dump([text] * 200000)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", buffer.getvalue())
+        z.writestr("archive/byteorder", "little")
+
+
 def bad_items(out):
     floats = torch.arange(6, dtype=torch.float32).numpy().tobytes()
     # 0..5 as [2, 3] with stride (1, 2): the storage holds its transpose, row-major.
@@ -226,6 +238,7 @@ def bad_items(out):
     for name, kwargs in cases.items():
         record = kwargs.pop("record", transposed if name == "transposed" else floats)
         write_item(os.path.join(out, name + ".item"), record, **kwargs)
+    shared_value_item(os.path.join(out, "shared_string.item"))
 
 
 def sharded_rank(rank, world_size, path, init_file):

@@ -28,8 +28,9 @@ namespace dtensor {
 struct P2POp {
   enum class Kind { Send, Recv };
   Kind kind = Kind::Send;
-  // Send: the data (a non-contiguous tensor is sent as a contiguous copy). Recv: where the data arrives,
-  // in place: contiguous, and of the sent tensor's shape and dtype.
+  // Send: the data (a non-contiguous tensor, or a conjugate or negative view, is sent as a contiguous
+  // copy of its values). Recv: where the data arrives, in place: contiguous (not a conjugate or
+  // negative view), and of the sent tensor's shape and dtype.
   at::Tensor tensor;
   int64_t peer = 0;   // the other rank's coordinate along the dim
   std::string label;  // names the transfer in errors (may be empty)
@@ -41,7 +42,8 @@ struct P2PInFlight;
 
 // Transfers started together (batch_isend_irecv, isend, irecv). wait() completes every one, raising the
 // first failure as a DTensorError (after waiting for the rest, so that no transfer still writes into a
-// buffer the caller frees). A handle never waited for waits when its last copy goes, dropping any error.
+// buffer the caller frees), and raises it again at every later wait. The time limit counts from the
+// wait, not from the post. A handle never waited for waits when its last copy goes, dropping any error.
 class P2PWork {
  public:
   P2PWork() = default;

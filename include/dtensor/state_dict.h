@@ -69,7 +69,8 @@ IncompatibleKeys set_state_dict(torch::nn::Module& module, torch::optim::Optimiz
 // "optim.param_groups."). Group i's "params" must name, in order, the paths in `module` of
 // optimizer.param_groups()[i]'s parameters; its options become that group's: lr, betas, eps,
 // weight_decay and amsgrad for Adam and AdamW; lr, momentum, dampening, weight_decay and nesterov for
-// SGD. PyTorch's implementation switches (foreach, fused, capturable, differentiable) are ignored.
+// SGD. PyTorch's implementation switches (foreach, fused, capturable, differentiable) and an LR
+// scheduler's initial_lr are ignored.
 // Refused, with the entry named, leaving the optimizer as it was: a missing option or one LibTorch's
 // optimizer lacks, a value of another type, maximize = True, an Adam saved into an AdamW or the
 // reverse (decoupled_weight_decay), groups the optimizer does not have.

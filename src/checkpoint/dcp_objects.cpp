@@ -4,6 +4,8 @@
 #include <ATen/core/List.h>
 #include <ATen/core/ivalue.h>
 
+#include <unordered_map>
+
 #include "dcp_item.h"
 #include "dcp_pickle_field.h"
 #include "dtensor/dcp.h"
@@ -14,16 +16,28 @@ namespace {
 using detail::Field;
 using detail::name_text;
 using io::PickleKind;
+using io::PickleRef;
 
 // Values visited in one entry. A pickle may refer to one value many times (the memo), so that a small
 // file can describe a huge tree (a tuple of the same tuple twice, 60 levels deep): the walk stops here.
 constexpr int64_t kMaxValuesVisited = int64_t{1} << 20;
 
+// Each pickle value becomes one IValue, made once: a value the memo refers to again (a 512 KiB string
+// referred to 10^5 times) is shared, as in Python, not copied.
 class ValueReader {
  public:
   c10::IValue read(const Field& f, int depth = 0) {
     if (++visited_ > kMaxValuesVisited) f.fail("more than 2^20 values (a value shared many times over)");
     if (depth > io::kMaxPickleDepth) f.fail("values nested deeper than " + std::to_string(io::kMaxPickleDepth) + " (or holding themselves)");
+    const PickleRef ref = f.ref();
+    if (const auto made = made_.find(ref); made != made_.end()) return made->second;
+    c10::IValue value = make(f, depth);
+    made_.emplace(ref, value);
+    return value;
+  }
+
+ private:
+  c10::IValue make(const Field& f, int depth) {
     switch (f.kind()) {
       case PickleKind::None: return c10::IValue();
       case PickleKind::Bool: return f.as_bool();
@@ -55,8 +69,8 @@ class ValueReader {
     }
   }
 
- private:
   int64_t visited_ = 0;
+  std::unordered_map<PickleRef, c10::IValue> made_;
 };
 
 }  // namespace

@@ -39,6 +39,7 @@ class Field {
       : tree_(parent.tree_), ref_(ref), parent_(&parent), step_(std::move(step)) {}
 
   const io::PickleValue& value() const { return tree_->at(ref_); }
+  PickleRef ref() const { return ref_; }
   PickleKind kind() const { return value().kind; }
   std::string path() const { return parent_ ? parent_->path() + step_ : step_; }
   bool is_none() const { return kind() == PickleKind::None; }

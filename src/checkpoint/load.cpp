@@ -57,6 +57,11 @@ std::optional<std::pair<Box, at::Tensor>> target_of(const std::string& name, con
   return std::make_pair(Box{l.offset, l.shape}, local_tensor_of(tensor));
 }
 
+at::Tensor as_saved(const at::Tensor& tensor, const SavedTensor& saved) {
+  const bool old_step = tensor.dim() == 0 && !is_dtensor(tensor) && saved.global_shape == Shape{1};
+  return old_step ? tensor.view({1}) : tensor;
+}
+
 void check_matches(const std::string& name, const at::Tensor& tensor, const SavedTensor& saved) {
   const std::string where = saved.pieces.empty() ? std::string("the checkpoint") : saved.pieces.front().file;
   const Shape shape = tensor.sizes().vec();
@@ -116,8 +121,9 @@ LoadResult load(const State& state, const std::string& dir, const LoadOptions& o
     for (const auto& [name, tensor] : state) {
       const auto found = catalog.tensors().find(name);
       if (found == catalog.tensors().end()) continue;
-      detail::check_matches(name, tensor, found->second);
-      auto target = detail::target_of(name, tensor);
+      const at::Tensor into = detail::as_saved(tensor, found->second);
+      detail::check_matches(name, into, found->second);
+      auto target = detail::target_of(name, into);
       if (!target) continue;
       auto& [box, destination] = *target;
       for (const detail::SavedPiece& piece : found->second.pieces)

@@ -23,6 +23,10 @@ void match_names(const State& state, const Catalog& catalog, const std::string& 
 void match_names(const State& state, const std::set<std::string>& saved, const std::string& who, const std::string& dir, bool strict,
                  LoadResult& result);
 
+// `tensor` as the saved tensor's shape asks: itself, or, for a 0-d plain tensor saved with shape [1], a
+// [1] view of it: an optimizer step written by dtensor before steps became 0-d (as PyTorch keeps them).
+at::Tensor as_saved(const at::Tensor& tensor, const SavedTensor& saved);
+
 // The state's tensor `name` has the saved tensor's global shape and dtype, or an error names both.
 void check_matches(const std::string& name, const at::Tensor& tensor, const SavedTensor& saved);
 

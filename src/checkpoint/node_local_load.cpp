@@ -151,12 +151,13 @@ Plan plan_and_read_local(const State& state, const Catalog& global, const Holdin
     const auto found = global.tensors().find(name);
     if (found == global.tensors().end()) continue;
     const SavedTensor& saved = found->second;
-    check_matches(name, tensor, saved);
-    if (auto target = target_of(name, tensor)) plan.mine.emplace(name, std::move(*target));
+    const at::Tensor into = as_saved(tensor, saved);
+    check_matches(name, into, saved);
+    if (auto target = target_of(name, into)) plan.mine.emplace(name, std::move(*target));
     const int64_t element = safetensors_element_size(saved.dtype);
     // (piece, part offset, part shape, host) -> the rank of that host the part was sent to
     std::map<std::tuple<const SavedPiece*, Shape, Shape, std::string>, int> arrived;
-    for (const auto& [destination, box] : targets_of(tensor, job.size))
+    for (const auto& [destination, box] : targets_of(into, job.size))
       for (const SavedPiece& piece : saved.pieces) {
         const auto part = intersect(piece.box, box);
         if (!part) continue;

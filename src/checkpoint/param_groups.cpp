@@ -46,8 +46,9 @@ class GroupEntries {
     std::vector<c10::IValue> two;
     if (v.isTuple()) two = v.toTupleRef().elements().vec();
     if (v.isList()) two = v.toListRef().vec();
-    if (two.size() != 2 || !two[0].isDouble() || !two[1].isDouble()) fail(name, "is not two floats");
-    return {two[0].toDouble(), two[1].toDouble()};
+    const auto is_number = [](const c10::IValue& x) { return x.isDouble() || x.isInt(); };  // (0, 0.99) holds an int
+    if (two.size() != 2 || !is_number(two[0]) || !is_number(two[1])) fail(name, "is not two numbers");
+    return {two[0].toScalar().toDouble(), two[1].toScalar().toDouble()};
   }
   std::vector<std::string> strings(const std::string& name) {
     const c10::IValue& v = at(name);
@@ -59,7 +60,8 @@ class GroupEntries {
     }
     return out;
   }
-  // PyTorch's implementation switches, which change how the step runs, not what it computes.
+  // What the step does not read: PyTorch's implementation switches, which change how the step runs,
+  // not what it computes, and an LR scheduler's initial_lr.
   void ignore(std::initializer_list<const char*> names) {
     for (const char* name : names)
       if (entries_.count(prefix_ + name)) read_.insert(name);
@@ -91,7 +93,7 @@ void set_adam(Options& options, GroupEntries& group, bool adamw) {
   if (group.boolean("decoupled_weight_decay") != adamw)
     group.fail("decoupled_weight_decay", adamw ? "is False (an Adam was saved), but this optimizer is AdamW"
                                                : "is True (an AdamW was saved), but this optimizer is Adam");
-  group.ignore({"foreach", "capturable", "differentiable", "fused"});
+  group.ignore({"foreach", "capturable", "differentiable", "fused", "initial_lr"});
 }
 
 void set_sgd(torch::optim::SGDOptions& options, GroupEntries& group) {
@@ -101,7 +103,7 @@ void set_sgd(torch::optim::SGDOptions& options, GroupEntries& group) {
   options.weight_decay(group.number("weight_decay"));
   options.nesterov(group.boolean("nesterov"));
   if (group.boolean("maximize")) group.fail("maximize", "is True, which LibTorch's SGD cannot do");
-  group.ignore({"foreach", "differentiable", "fused"});
+  group.ignore({"foreach", "differentiable", "fused", "initial_lr"});
 }
 
 }  // namespace
@@ -112,8 +114,12 @@ void set_param_groups(torch::nn::Module& module, torch::optim::Optimizer& optimi
   for (const auto& item : module.named_parameters()) path_of.emplace(item.value().unsafeGetTensorImpl(), item.key());
   auto& groups = optimizer.param_groups();
   for (auto it = entries.lower_bound(prefix); it != entries.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it) {
-    const std::string index = it->first.substr(prefix.size(), it->first.find('.', prefix.size()) - prefix.size());
-    const bool number = !index.empty() && index.size() < 10 && std::all_of(index.begin(), index.end(), ::isdigit);
+    // "<prefix><i>.<option>", i written as Python writes it (no leading zeros).
+    const size_t dot = it->first.find('.', prefix.size());
+    const std::string index = it->first.substr(prefix.size(), dot == std::string::npos ? std::string::npos : dot - prefix.size());
+    const bool number = dot != std::string::npos && !index.empty() && index.size() < 10 &&
+                        std::all_of(index.begin(), index.end(), [](unsigned char c) { return std::isdigit(c); }) &&
+                        (index == "0" || index[0] != '0');
     if (!number || std::stoul(index) >= groups.size())
       throw DTensorError("set_param_groups: '" + it->first + "' belongs to no group of this optimizer (it has " +
                          std::to_string(groups.size()) + ")");

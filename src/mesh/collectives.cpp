@@ -44,10 +44,7 @@ void run(const DeviceMesh& mesh, int64_t dim, const char* operation, int64_t byt
   }
 }
 
-// Complex tensors travel as their real and imaginary parts: Gloo has no complex types, and moving data
-// or summing is the same done componentwise. A maximum or minimum of complex numbers does not exist.
-at::Tensor as_real(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t) : t; }
-
+// A maximum or minimum of complex numbers does not exist (they travel as_real, packing.h).
 void require_reducible(const at::Tensor& t, ReduceOp op, const char* operation) {
   if (t.is_complex() && (op == ReduceOp::Max || op == ReduceOp::Min))
     throw DTensorError(std::string(operation) + " with " + (op == ReduceOp::Max ? "max" : "min") +

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <algorithm>
+#include <optional>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "comm_failure.h"
@@ -16,37 +17,36 @@
 namespace dtensor {
 namespace detail {
 
-// One started transfer: what it is (for errors), the buffers it reads or writes (kept alive until it
-// completes), and its work (shared by a coalesced batch's transfers).
+// One started transfer (or, coalesced, a whole batch): what it is, for errors, and its work.
 struct P2PTransfer {
-  std::string operation;  // "send to coordinate 1 (rank 3) [label]"
-  int64_t peer = 0;
-  at::Tensor buffer;
+  std::string operation;        // "send to coordinate 1 (rank 3) [label]"
+  std::optional<int64_t> peer;  // none for a coalesced batch (any member may be its cause)
   c10::intrusive_ptr<c10d::Work> work;
 };
 
 struct P2PInFlight {
   MeshPtr mesh;
   int64_t dim = 0;
-  std::chrono::steady_clock::time_point start;
   std::vector<P2PTransfer> transfers;
+  std::vector<at::Tensor> buffers;  // what the transfers read or write, alive until they complete
   bool complete = false;
+  std::optional<DTensorError> error;  // the first failure, raised again by every later wait
 
-  // Waits for every transfer; returns the first failure (the rest are waited for all the same).
-  std::optional<DTensorError> wait_all() {
-    std::optional<DTensorError> first;
+  // Waits for every transfer; keeps the first failure (the rest are waited for all the same). Timed from
+  // here, not from the post: a receive posted long before its wait is not "past the time limit" at once.
+  void wait_all() {
+    const auto start = std::chrono::steady_clock::now();
     for (P2PTransfer& t : transfers) {
       if (!t.work) continue;
       try {
         t.work->wait();
       } catch (const std::exception& e) {
-        if (!first) first = failure(*mesh, dim, t.operation, start, e, t.peer);
+        if (!error) error = failure(*mesh, dim, t.operation, start, e, t.peer);
       }
       t.work.reset();
-      t.buffer = at::Tensor();
     }
+    buffers.clear();
     complete = true;
-    return first;
   }
 
   ~P2PInFlight() {
@@ -83,20 +83,26 @@ void check(const MeshPtr& mesh, int64_t dim, const std::vector<P2POp>& ops) {
                          std::to_string(self) + " along " + mesh->dim_label(dim) + ")");
     if (!op.tensor.defined())
       throw DTensorError("rank " + std::to_string(mesh->world()->rank()) + ": " + what + ": the tensor is undefined");
-    if (op.kind == P2POp::Kind::Recv && !op.tensor.is_contiguous())
+    if (op.kind == P2POp::Kind::Recv && (!op.tensor.is_contiguous() || op.tensor.is_conj() || op.tensor.is_neg()))
       throw DTensorError("rank " + std::to_string(mesh->world()->rank()) + ": " + what +
-                         ": the receiving tensor is not contiguous; receive into a contiguous one and copy");
+                         ": the receiving tensor is not contiguous (or is a conjugate or negative view); receive into a "
+                         "contiguous one and copy");
   }
 }
 
-// Complex tensors travel as their real and imaginary parts (Gloo has no complex types).
-at::Tensor as_real(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t) : t; }
+// What travels for `op`: a send's values in a contiguous tensor of their own (conjugate and negative
+// views resolved), a receive's buffer itself; complex ones as real pairs.
+at::Tensor buffer_of(const P2POp& op) {
+  if (op.kind == P2POp::Kind::Recv) return detail::as_real(op.tensor);
+  return detail::as_real(op.tensor.resolve_conj().resolve_neg().contiguous());
+}
 
 }  // namespace
 
 void P2PWork::wait() {
-  if (!in_flight_ || in_flight_->complete) return;
-  if (auto error = in_flight_->wait_all()) throw *error;
+  if (!in_flight_) return;
+  if (!in_flight_->complete) in_flight_->wait_all();
+  if (in_flight_->error) throw *in_flight_->error;
 }
 
 P2PWork batch_isend_irecv(const MeshPtr& mesh, int64_t dim, std::vector<P2POp> ops) {
@@ -113,27 +119,35 @@ P2PWork batch_isend_irecv(const MeshPtr& mesh, int64_t dim, std::vector<P2POp> o
   // NCCL must launch a batch's sends and receives as one group call, or two ranks sending to each
   // other first would wait forever; MPI and Gloo post each at once.
   const bool coalesce = group->getBackendName() == "nccl";
-  f->start = std::chrono::steady_clock::now();
+  // Every buffer made before anything is posted: what fails below is the transfer, not a copy.
+  std::vector<at::Tensor>& buffers = f->buffers;
+  for (const P2POp& op : ops) buffers.push_back(buffer_of(op));
+  const auto start = std::chrono::steady_clock::now();
   size_t launching = 0;
   try {
     if (coalesce) group->startCoalescing();
     for (; launching < ops.size(); ++launching) {
       const P2POp& op = ops[launching];
       const bool sending = op.kind == P2POp::Kind::Send;
-      detail::P2PTransfer t{describe(op, *mesh, dim), op.peer, as_real(sending ? op.tensor.contiguous() : op.tensor), {}};
-      if (auto* debug = CommDebugMode::active()) debug->record_collective(sending ? "send" : "recv", dim, t.buffer.nbytes());
-      std::vector<at::Tensor> buffers{t.buffer};
-      t.work = sending ? group->send(buffers, static_cast<int>(op.peer), /*tag=*/0) : group->recv(buffers, static_cast<int>(op.peer), /*tag=*/0);
-      f->transfers.push_back(std::move(t));
+      if (auto* debug = CommDebugMode::active()) debug->record_collective(sending ? "send" : "recv", dim, buffers[launching].nbytes());
+      std::vector<at::Tensor> one{buffers[launching]};
+      const int peer = static_cast<int>(op.peer);
+      auto work = sending ? group->send(one, peer, /*tag=*/0) : group->recv(one, peer, /*tag=*/0);
+      f->transfers.push_back({describe(op, *mesh, dim), op.peer, std::move(work)});
     }
-    if (coalesce) {  // one work for the batch: the last transfer waits for it
-      for (detail::P2PTransfer& t : f->transfers) t.work.reset();
-      f->transfers.back().work = group->endCoalescing();
-    }
+    if (coalesce)  // one work for the whole batch, named as such: a failure cannot tell which transfer
+      f->transfers = {{"batch_isend_irecv of " + std::to_string(ops.size()) + " transfers (the first: " + describe(ops.front(), *mesh, dim) + ")",
+                       std::nullopt, group->endCoalescing()}};
   } catch (const std::exception& e) {
+    if (coalesce) {  // leave the group's coalescing mode, or its next collectives would only be queued
+      try {
+        if (auto batch = group->endCoalescing()) f->transfers.push_back({"", std::nullopt, batch});
+      } catch (const std::exception&) {
+      }
+    }
     const P2POp& failed = ops[std::min(launching, ops.size() - 1)];
     f->wait_all();  // what started must finish before its buffers go
-    throw detail::failure(*mesh, dim, describe(failed, *mesh, dim), f->start, e, failed.peer);
+    throw detail::failure(*mesh, dim, describe(failed, *mesh, dim), start, e, failed.peer);
   }
   return P2PWork(f);
 }

@@ -6,6 +6,8 @@
 
 namespace dtensor::detail {
 
+at::Tensor as_real(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t) : t; }
+
 namespace {
 
 // Shorter rows go through ATen's loop, which beats a memcpy call per row of a few elements.

@@ -1,5 +1,5 @@
 #pragma once
-// Packing the pieces of an all-to-all into contiguous bytes: the one send buffer c10d's
+// How tensors travel through c10d: complex ones as real pairs, and the pieces of an all-to-all packed into contiguous bytes: the one send buffer c10d's
 // all_to_all_single takes (Gloo's only all-to-all, and MPI's when its members do not share memory),
 // or the slots of a shared-memory all-to-all.
 
@@ -9,6 +9,10 @@
 #include <vector>
 
 namespace dtensor::detail {
+
+// Complex tensors travel as their real and imaginary parts: Gloo has no complex types, and moving data
+// or summing is the same done componentwise.
+at::Tensor as_real(const at::Tensor& t);
 
 // Copies `src` (any strides) into `dst`, which holds src.nbytes() bytes, in src's logical order.
 // A tensor whose elements form evenly spaced contiguous rows (a block cut along any dim of a

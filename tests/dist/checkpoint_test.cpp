@@ -153,6 +153,19 @@ TEST_F(CheckpointTest, PartialTensorsAreSavedReduced) {
   }
 }
 
+// Optimizer steps were 1-element tensors before they became 0-d (as PyTorch's): such a checkpoint still
+// loads into today's 0-d step, through TrainingState and node-local loading alike.
+TEST_F(CheckpointTest, AStepSavedWithShapeOneLoadsIntoAZeroDimStep) {
+  const fs::path dir = shared_directory("old_step");
+  ckpt::save({{"optim.w.step", at::tensor({int64_t{7}})}}, dir.string(), {.world = world()});
+  for (bool node_local : {false, true}) {
+    ckpt::State target = {{"optim.w.step", at::scalar_tensor(0, at::kLong)}};
+    ckpt::load(target, dir.string(), {.world = world(), .node_local = node_local});
+    EXPECT_EQ(target.at("optim.w.step").dim(), 0);
+    EXPECT_EQ(target.at("optim.w.step").item<int64_t>(), 7);
+  }
+}
+
 // An asynchronous save writes the values the state held when it was called: the state is changed
 // (in place, as an optimizer step would) while the files are written, before the future is waited on.
 TEST_F(CheckpointTest, AsynchronousSaveWritesTheValuesOfTheMomentItWasCalled) {

@@ -95,7 +95,16 @@ TEST_F(DcpTrainingLoadTest, ResumesATpFsdpTrainersCheckpointOnOtherMeshesBitForB
   for (TrainerLayout layout : {TrainerLayout::Tp4, TrainerLayout::Fsdp4, TrainerLayout::TpThenFsdp2x2, TrainerLayout::OneProcess}) {
     SCOPED_TRACE("layout " + std::to_string(static_cast<int>(layout)));
     TrainNet net = trainer_net_laid_out(layout);
-    torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1.0).weight_decay(0).betas({0.5, 0.5}));
+    torch::optim::AdamW optimizer(net->parameters(), torch::optim::AdamWOptions(1.0).weight_decay(0).betas({0.5, 0.5}).eps(1e-3).amsgrad(true));
+
+    // The options first: amsgrad decides which state entries the optimizer has.
+    ckpt::set_param_groups(*net, optimizer, dcp::read_objects((kTrainerCheckpoint / "checkpoint").string(), "optim.param_groups."));
+    const auto& set = static_cast<const torch::optim::AdamWOptions&>(optimizer.param_groups()[0].options());
+    EXPECT_EQ(set.lr(), 0.05);
+    EXPECT_EQ(set.weight_decay(), 0.1);
+    EXPECT_EQ(set.betas(), std::make_tuple(0.9, 0.999));
+    EXPECT_EQ(set.eps(), 1e-8);
+    EXPECT_FALSE(set.amsgrad());
 
     auto [model_sd, optim_sd] = ckpt::get_state_dict(*net, optimizer);
     ckpt::LoadOptions options;
@@ -103,12 +112,6 @@ TEST_F(DcpTrainingLoadTest, ResumesATpFsdpTrainersCheckpointOnOtherMeshesBitForB
     const ckpt::LoadResult result = dcp::load(dcp::pytorch_training_state(model_sd, optim_sd), (kTrainerCheckpoint / "checkpoint").string(), options);
     EXPECT_EQ(result.skipped.size(), 12u);  // AdamW's param_groups entries: lr, betas, eps, ...
     ckpt::set_state_dict(*net, optimizer, model_sd, optim_sd);
-    ckpt::set_param_groups(*net, optimizer, dcp::read_objects((kTrainerCheckpoint / "checkpoint").string(), "optim.param_groups."));
-    const auto& set = static_cast<const torch::optim::AdamWOptions&>(optimizer.param_groups()[0].options());
-    EXPECT_EQ(set.lr(), 0.05);
-    EXPECT_EQ(set.weight_decay(), 0.1);
-    EXPECT_EQ(set.betas(), std::make_tuple(0.9, 0.999));
-    EXPECT_EQ(set.eps(), 1e-8);
 
     const auto [full_model, full_optim] = ckpt::get_state_dict(*net, optimizer, {.full_state_dict = true});
     const ckpt::State full = dcp::pytorch_training_state(full_model, full_optim);
@@ -145,9 +148,17 @@ TEST_F(DcpTrainingLoadTest, RefusesParamGroupsThatDoNotFitTheOptimizer) {
   groups["optim.param_groups.0.lookahead"] = true;
   EXPECT_THAT(error_of([&] { ckpt::set_param_groups(*net, adamw, groups); }), ::testing::HasSubstr("'optim.param_groups.0.lookahead' is an option"));
   groups.erase("optim.param_groups.0.lookahead");
-  groups["optim.param_groups.1.lr"] = 0.05;
-  EXPECT_THAT(error_of([&] { ckpt::set_param_groups(*net, adamw, groups); }), ::testing::HasSubstr("belongs to no group of this optimizer"));
+  for (const char* stray : {"optim.param_groups.1.lr", "optim.param_groups.00.lr", "optim.param_groups.0"}) {
+    groups[stray] = 0.05;
+    EXPECT_THAT(error_of([&] { ckpt::set_param_groups(*net, adamw, groups); }), ::testing::HasSubstr("belongs to no group of this optimizer"))
+        << stray;
+    groups.erase(stray);
+  }
   EXPECT_EQ(adamw.param_groups()[0].options().get_lr(), 1.0);
+  // What an LR scheduler adds to each group is not an option of the step: accepted.
+  groups["optim.param_groups.0.initial_lr"] = 0.05;
+  ckpt::set_param_groups(*net, adamw, groups);
+  EXPECT_EQ(adamw.param_groups()[0].options().get_lr(), 0.05);
 }
 
 }  // namespace

@@ -76,11 +76,21 @@ TEST_F(P2pTest, RefusesBadInputBeforeSendingAnything) {
               HasSubstr(me + "recv [grads]: the receiving tensor is not contiguous"));
   EXPECT_THAT(error_of([&] { recv(at::Tensor(), (r + 1) % 4, m, 0); }), HasSubstr("the tensor is undefined"));
   EXPECT_THAT(error_of([&] { send(at::ones({2}), 1, m, 1); }), HasSubstr("dim 1 is not a dim of"));
-  // A batch is checked whole: its good first op is not started either (else a peer would wait for it).
+  // A batch is checked whole: its good first op is not started either. Were it sent, the ring below would
+  // receive its ones instead of the neighbour's rank.
   EXPECT_THAT(error_of([&] {
                 batch_isend_irecv(m, 0, {{P2POp::Kind::Send, at::ones({1}), (r + 1) % 4, ""}, {P2POp::Kind::Recv, at::Tensor(), (r + 3) % 4, ""}});
               }),
               HasSubstr("the tensor is undefined"));
+  at::Tensor from_previous = at::empty({1});
+  batch_isend_irecv(m, 0, {{P2POp::Kind::Send, at::full({1}, 10.0 + r), (r + 1) % 4, ""}, {P2POp::Kind::Recv, from_previous, (r + 3) % 4, ""}})
+      .wait();
+  EXPECT_EQ(from_previous.item<double>(), 10.0 + (r + 3) % 4);
+  // A conjugate view's values are sent, resolved (the receiver sees the conjugate).
+  const at::Tensor z = at::complex(at::full({2}, 1.0), at::full({2}, 2.0 + r));
+  at::Tensor got = at::empty({2}, z.options());
+  batch_isend_irecv(m, 0, {{P2POp::Kind::Send, z.conj(), (r + 1) % 4, ""}, {P2POp::Kind::Recv, got, (r + 3) % 4, ""}}).wait();
+  EXPECT_TRUE(tensors_equal(got, at::complex(at::full({2}, 1.0), at::full({2}, -2.0 - (r + 3) % 4))));
 }
 
 // Rank 1 waits for a transfer rank 0 never posts: after the mesh's time limit it names the peer and the

@@ -153,6 +153,16 @@ TEST(DcpObjects, ReadsEveryBuiltinKindAsAnIValue) {
   EXPECT_TRUE(keyed.at(int64_t{2}).isNone());
 }
 
+// A value the pickle refers to many times is made once and shared (as Python shares it): 200000
+// references to one 400 KB string cost one string, not 80 GB of copies.
+TEST(DcpObjects, SharesAValueThePickleRefersToAgain) {
+  const c10::IValue value = dcp::read_object_item(written_dir("dcp_bad_items"), whole_file("shared_string.item"), "shared");
+  const auto& list = value.toListRef();
+  ASSERT_EQ(list.size(), 200000u);
+  EXPECT_EQ(list.front().toStringRef().size(), 400000u);
+  EXPECT_EQ(&list.front().toStringRef(), &list.back().toStringRef());
+}
+
 TEST(DcpObjects, RefusesObjectsOfClassesAndTensors) {
   const std::string dir = written_dir("dcp_objects");
   EXPECT_THAT(error_of([&] { dcp::read_objects(dir, "when"); }), AllOf(HasSubstr("bytes entry 'when'"), HasSubstr("datetime")));
