@@ -36,6 +36,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,17 @@ SaveResult save(const State& state, const std::string& dir, const SaveOptions& o
 // most one asynchronous save may be in flight, so wait for one before starting the next.
 std::future<SaveResult> save_async(const State& state, const std::string& dir, const SaveOptions& options = {});
 
+// PyTorch's QuantizedHuggingFaceStorageReader for LoadOptions::dequantize: Hugging Face checkpoints
+// whose 2-d weights are stored block-quantized (DeepSeek-V3's FP8: "X.weight" in float8 and
+// "X.weight_scale_inv", one float per block_size x block_size block, edge blocks partial). Each such
+// weight loads dequantized, as PyTorch computes it: the stored value in float32 times its block's
+// scale, then cast to the state tensor's dtype (PyTorch's target_dtype). The scale tensors are consumed
+// (not state entries); other tensors load as usual. Not read: MXFP4's "_blocks" / "_scales" (gpt-oss),
+// refused with an error that says so.
+struct DequantizeOptions {
+  int64_t block_size = 128;
+};
+
 struct LoadOptions {
   // Every state tensor must be in the checkpoint and every checkpoint tensor in the state; otherwise the
   // error lists what is missing and unexpected. Non-strict: missing tensors are left as they are and
@@ -97,6 +109,8 @@ struct LoadOptions {
   // world. Every element crosses the network at most once per node that needs it (ranks of a node that
   // need the same part get it from the first of them), and only when that node lacks it.
   bool node_local = false;
+  // Dequantize block-quantized weights while loading (DequantizeOptions). Not with node_local.
+  std::optional<DequantizeOptions> dequantize;
 };
 
 struct LoadResult {

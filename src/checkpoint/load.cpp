@@ -107,10 +107,23 @@ int64_t read_part(const std::string& name, const SavedPiece& piece, const Box& p
                    [&](char* out) { read_into(name, piece, part, element_size, out); });
 }
 
+int64_t load_tensor(const std::string& name, const at::Tensor& tensor, const SavedTensor& saved) {
+  const at::Tensor into = as_saved(tensor, saved);
+  check_matches(name, into, saved);
+  auto target = target_of(name, into);
+  if (!target) return 0;
+  auto& [box, destination] = *target;
+  int64_t bytes = 0;
+  for (const SavedPiece& piece : saved.pieces)
+    if (const auto part = intersect(piece.box, box)) bytes += read_part(name, piece, *part, box, destination);
+  return bytes;
+}
+
 }  // namespace detail
 
 LoadResult load(const State& state, const std::string& dir, const LoadOptions& options) {
   const detail::Job job = detail::Job::of(state, options.world, "load");
+  if (options.dequantize) return detail::load_dequantizing(state, dir, options, job);
   if (options.node_local) return detail::load_node_local(state, dir, options.strict, job);
   LoadResult result;
   std::exception_ptr error;
@@ -120,15 +133,7 @@ LoadResult load(const State& state, const std::string& dir, const LoadOptions& o
     at::NoGradGuard no_grad;
     for (const auto& [name, tensor] : state) {
       const auto found = catalog.tensors().find(name);
-      if (found == catalog.tensors().end()) continue;
-      const at::Tensor into = detail::as_saved(tensor, found->second);
-      detail::check_matches(name, into, found->second);
-      auto target = detail::target_of(name, into);
-      if (!target) continue;
-      auto& [box, destination] = *target;
-      for (const detail::SavedPiece& piece : found->second.pieces)
-        if (const auto part = intersect(piece.box, box))
-          result.bytes_read += detail::read_part(name, piece, *part, box, destination);
+      if (found != catalog.tensors().end()) result.bytes_read += detail::load_tensor(name, tensor, found->second);
     }
   } catch (...) {
     error = std::current_exception();

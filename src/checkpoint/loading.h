@@ -50,8 +50,13 @@ int64_t fill_part(const Box& part, const Box& target, at::Tensor& destination, c
 // Copies `part` of `piece` into `destination` (which holds `target`), reading only its bytes; returns them.
 int64_t read_part(const std::string& name, const SavedPiece& piece, const Box& part, const Box& target, at::Tensor& destination);
 
+// This rank's part of the state tensor `name` read from `saved` (shape and dtype checked); returns the bytes.
+int64_t load_tensor(const std::string& name, const at::Tensor& tensor, const SavedTensor& saved);
+
 struct Job;
 // LoadOptions::node_local's load (load.cpp checks nothing before it).
 LoadResult load_node_local(const State& state, const std::string& dir, bool strict, const Job& job);
+// LoadOptions::dequantize's load (dequantizing_load.cpp).
+LoadResult load_dequantizing(const State& state, const std::string& dir, const LoadOptions& options, const Job& job);
 
 }  // namespace dtensor::checkpoint::detail
