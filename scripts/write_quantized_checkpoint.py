@@ -5,9 +5,10 @@ QuantizedHuggingFaceStorageReader loads from it, for dtensor's dequantizing load
 
   write_quantized_checkpoint.py OUT
 writes:
-  OUT/checkpoint/   model.safetensors and model.safetensors.index.json: two quantized weights whose
-                    shapes are not multiples of the block ([300, 200]: edge blocks of 44 and 72; and
-                    [100, 50] in one partial block), an unquantized float32 bias and a bfloat16 norm
+  OUT/checkpoint/   model.safetensors and model.safetensors.index.json: quantized weights whose shapes
+                    are not multiples of the block ([300, 200]: edge blocks of 44 and 72; [100, 50] in
+                    one partial block; [3, 200], fewer rows than ranks), an unquantized float32 bias, a
+                    bfloat16 norm, and an MXFP4 pair (experts.w_blocks, experts.w_scales)
   OUT/expected/     model.safetensors: the state PyTorch's reader filled (dcp.load, one process), the
                     weights dequantized into float32 and bfloat16 targets
 """
@@ -28,7 +29,8 @@ warnings.filterwarnings("ignore")
 
 BLOCK = 128
 # name -> (shape, target dtype of the state tensor it loads into)
-QUANTIZED = {"layers.0.mlp.weight": ([300, 200], torch.float32), "head.weight": ([100, 50], torch.bfloat16)}
+QUANTIZED = {"layers.0.mlp.weight": ([300, 200], torch.float32), "head.weight": ([100, 50], torch.bfloat16),
+             "tiny.weight": ([3, 200], torch.float32)}
 
 
 def blocks(n):
@@ -43,6 +45,9 @@ def main(out):
         tensors[name + "_scale_inv"] = torch.rand([blocks(shape[0]), blocks(shape[1])], generator=g) * 0.01 + 0.001
     tensors["layers.0.mlp.bias"] = torch.randn([300], generator=g)
     tensors["norm.weight"] = torch.randn([64], generator=g).to(torch.bfloat16)
+    # An MXFP4 pair (gpt-oss's layout), which dtensor refuses to dequantize; not in PyTorch's state here.
+    tensors["experts.w_blocks"] = torch.randint(0, 256, [2, 4, 16], generator=g, dtype=torch.uint8)
+    tensors["experts.w_scales"] = torch.randint(120, 130, [2, 4], generator=g, dtype=torch.uint8)
     checkpoint = fresh(os.path.join(out, "checkpoint"))
     save_file(tensors, os.path.join(checkpoint, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(checkpoint, "model.safetensors.index.json"), "w") as f:

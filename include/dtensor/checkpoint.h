@@ -89,10 +89,10 @@ std::future<SaveResult> save_async(const State& state, const std::string& dir, c
 // PyTorch's QuantizedHuggingFaceStorageReader for LoadOptions::dequantize: Hugging Face checkpoints
 // whose 2-d weights are stored block-quantized (DeepSeek-V3's FP8: "X.weight" in float8 and
 // "X.weight_scale_inv", one float per block_size x block_size block, edge blocks partial). Each such
-// weight loads dequantized, as PyTorch computes it: the stored value in float32 times its block's
-// scale, then cast to the state tensor's dtype (PyTorch's target_dtype). The scale tensors are consumed
-// (not state entries); other tensors load as usual. Not read: MXFP4's "_blocks" / "_scales" (gpt-oss),
-// refused with an error that says so.
+// weight loads dequantized, as PyTorch computes it with its default target_dtype (float32): the stored
+// value in float32 times its block's scale, cast once to the state tensor's dtype. The scales are part
+// of their weights, not state entries (a state that names one gets it as stored); other tensors load as
+// usual. Not read: MXFP4's "X_blocks" with "X_scales" (gpt-oss), refused when the state asks for it.
 struct DequantizeOptions {
   int64_t block_size = 128;
 };

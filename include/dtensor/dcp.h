@@ -117,7 +117,9 @@ at::Tensor read_tensor_item(const std::string& dir, const DcpStorage& storage, c
 // values FileSystemWriter torch.save'd for them, read by the restricted unpickler, which runs nothing:
 // None, bool, int, float, str, and tuples, lists and dicts of them, as c10::IValue (None, Bool, Int,
 // Double, String, Tuple, GenericList, GenericDict). Anything else (an object of a class, bytes, a set, a
-// tensor inside) is a DTensorError naming the entry and the field. Read by the calling rank alone.
+// tensor inside) is a DTensorError naming the entry and the field. Read by the calling rank alone. A
+// value the pickle refers to twice is one shared IValue, as in Python: walk the result by its meaning
+// (the keys you expect), not recursively without a bound.
 // What a PyTorch trainer's optimizer keeps there ("optim.param_groups.0.lr", ".betas", ".params") sets
 // a LibTorch optimizer's options through checkpoint::set_param_groups (dtensor/state_dict.h).
 std::map<std::string, c10::IValue> read_objects(const std::string& dir, const std::string& prefix = "");

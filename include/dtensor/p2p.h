@@ -42,8 +42,10 @@ struct P2PInFlight;
 
 // Transfers started together (batch_isend_irecv, isend, irecv). wait() completes every one, raising the
 // first failure as a DTensorError (after waiting for the rest, so that no transfer still writes into a
-// buffer the caller frees), and raises it again at every later wait. The time limit counts from the
+// buffer the caller frees), and raises it again at every later wait. The time limit counts from each
 // wait, not from the post. A handle never waited for waits when its last copy goes, dropping any error.
+// On NCCL a batch whose launch fails midway is still closed (its started part sent), and the wait for
+// that part can take up to the time limit, while the peers wait for what was never posted.
 class P2PWork {
  public:
   P2PWork() = default;

@@ -23,7 +23,14 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-int64_t blocks_for(int64_t n, int64_t block) { return (n + block - 1) / block; }
+// Blocks of `block` covering n elements (no overflow: block is at most 2^31, n a checked dim).
+int64_t blocks_for(int64_t n, int64_t block) { return n == 0 ? 0 : 1 + (n - 1) / block; }
+
+// Whether the checkpoint's `name` is stored block-quantized: a weight with its scales, as PyTorch's reader
+// pairs them (only ".weight" tensors).
+bool quantized(const Catalog& catalog, const std::string& name) {
+  return ends_with(name, ".weight") && catalog.tensors().count(name + kScaleSuffix) > 0;
+}
 
 // The part `box` of the saved tensor, as a tensor of its stored dtype (only the bytes of the box read).
 at::Tensor read_box(const std::string& name, const SavedTensor& saved, const Box& box) {
@@ -63,45 +70,59 @@ int64_t dequantize_into(const std::string& name, const SavedTensor& weight, cons
                       {blocks_for(r0 + box.shape[0], block) - r0 / block, blocks_for(c0 + box.shape[1], block) - c0 / block}};
   const at::Tensor values = read_box(name, weight, box);
   const at::Tensor scale = read_box(name + kScaleSuffix, scales, scale_box);
-  // Each block's scale over its elements, cut to the box (which need not start on a block).
+  // Each element's block scale, indexed at the box's own size (a grid of whole blocks would grow with
+  // block_size, not with the box): row i of the box is in block (r0 + i) / b, counted from the scale box.
+  const auto block_of = [&](int64_t first, int64_t n, int64_t first_block) {
+    return at::arange(first, first + n, at::kLong).div(block, "floor").sub(first_block);
+  };
   const at::Tensor spread = scale.to(at::kFloat)
-                                .repeat_interleave(block, 0)
-                                .repeat_interleave(block, 1)
-                                .narrow(0, r0 - scale_box.offset[0] * block, box.shape[0])
-                                .narrow(1, c0 - scale_box.offset[1] * block, box.shape[1]);
-  destination.copy_(values.to(at::kFloat).mul(spread).to(destination.scalar_type()));
+                                .index_select(0, block_of(r0, box.shape[0], scale_box.offset[0]))
+                                .index_select(1, block_of(c0, box.shape[1], scale_box.offset[1]));
+  at::Tensor product = values.to(at::kFloat);
+  product.mul_(spread);
+  destination.copy_(product);  // cast once to the state tensor's dtype
   return static_cast<int64_t>(values.nbytes() + scale.nbytes());
+}
+
+// An MXFP4 tensor (gpt-oss: "X_blocks" with "X_scales"), which PyTorch's reader dequantizes and this one
+// does not yet: refused when the state asks for it.
+void refuse_mxfp4(const Catalog& catalog, const std::string& name) {
+  if (!ends_with(name, "_blocks")) return;
+  const std::string scales = name.substr(0, name.size() - std::string("_blocks").size()) + "_scales";
+  if (catalog.tensors().count(scales))
+    throw DTensorError("checkpoint::load (dequantize): '" + name + "' with '" + scales +
+                       "' is an MXFP4 tensor (gpt-oss's layout), which dtensor does not dequantize yet");
 }
 
 }  // namespace
 
 LoadResult load_dequantizing(const State& state, const std::string& dir, const LoadOptions& options, const Job& job) {
   const int64_t block = options.dequantize->block_size;
-  if (block <= 0) throw DTensorError("checkpoint::load: DequantizeOptions::block_size must be positive, not " + std::to_string(block));
+  if (block <= 0 || block > (int64_t{1} << 31))
+    throw DTensorError("checkpoint::load: DequantizeOptions::block_size must be in [1, 2^31], not " + std::to_string(block));
   if (options.node_local) throw DTensorError("checkpoint::load: dequantize and node_local together are not supported; load from a shared directory");
   LoadResult result;
   std::exception_ptr error;
   try {
     const Catalog catalog(dir);
-    std::set<std::string> saved;  // the checkpoint's entries: the scales of quantized weights are not
+    // The checkpoint's entries: a quantized weight's scales are part of it, unless the state asks for
+    // them by name (a model keeping them as buffers), which loads them as they are.
+    std::set<std::string> saved;
     for (const auto& [name, tensor] : catalog.tensors()) {
-      if (ends_with(name, "_blocks") || ends_with(name, "_scales"))
-        throw DTensorError("checkpoint::load (dequantize): " + dir + " holds '" + name +
-                           "', an MXFP4 tensor (gpt-oss's _blocks / _scales), which dtensor does not dequantize yet");
-      const bool scale_of_weight = ends_with(name, std::string(".weight") + kScaleSuffix) &&
-                                   catalog.tensors().count(name.substr(0, name.size() - std::string(kScaleSuffix).size()));
-      if (!scale_of_weight) saved.insert(name);
+      const bool scale_of_weight = ends_with(name, kScaleSuffix) && quantized(catalog, name.substr(0, name.size() - std::string(kScaleSuffix).size()));
+      if (!scale_of_weight || state.count(name)) saved.insert(name);
     }
     match_names(state, saved, "checkpoint::load", dir, options.strict, result);
     at::NoGradGuard no_grad;
     for (const auto& [name, tensor] : state) {
       const auto found = catalog.tensors().find(name);
       if (found == catalog.tensors().end()) continue;
-      const auto scales = catalog.tensors().find(name + kScaleSuffix);
-      if (scales == catalog.tensors().end()) {  // not quantized: as load reads it
+      refuse_mxfp4(catalog, name);
+      if (!quantized(catalog, name)) {  // as load reads it
         result.bytes_read += load_tensor(name, tensor, found->second);
         continue;
       }
+      const auto scales = catalog.tensors().find(name + kScaleSuffix);
       check_scales(name, tensor, found->second, scales->second, block);
       auto target = target_of(name, tensor);
       if (!target) continue;

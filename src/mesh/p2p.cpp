@@ -32,12 +32,13 @@ struct P2PInFlight {
   bool complete = false;
   std::optional<DTensorError> error;  // the first failure, raised again by every later wait
 
-  // Waits for every transfer; keeps the first failure (the rest are waited for all the same). Timed from
-  // here, not from the post: a receive posted long before its wait is not "past the time limit" at once.
+  // Waits for every transfer; keeps the first failure (the rest are waited for all the same). Each wait is
+  // timed from its own start, not from the post: a receive posted long before is not "past the time
+  // limit" at once, nor a quick failure after a slow transfer.
   void wait_all() {
-    const auto start = std::chrono::steady_clock::now();
     for (P2PTransfer& t : transfers) {
       if (!t.work) continue;
+      const auto start = std::chrono::steady_clock::now();
       try {
         t.work->wait();
       } catch (const std::exception& e) {

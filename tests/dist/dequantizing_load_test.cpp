@@ -20,6 +20,7 @@ const std::string kQuantized = std::string(build_paths::checkpoint_interop) + "/
 const std::vector<std::tuple<std::string, Shape, at::ScalarType>> kQuantizedState = {
     {"layers.0.mlp.weight", {300, 200}, at::kFloat},
     {"head.weight", {100, 50}, at::kBFloat16},
+    {"tiny.weight", {3, 200}, at::kFloat},  // Shard(0) over 4: one rank holds no row
     {"layers.0.mlp.bias", {300}, at::kFloat},
     {"norm.weight", {64}, at::kBFloat16}};
 
@@ -50,7 +51,10 @@ TEST_F(DequantizingLoadTest, LoadsWhatPyTorchsQuantizedReaderLoadsOnAnyLayout) {
     ckpt::LoadOptions options;
     options.world = world();
     options.dequantize = ckpt::DequantizeOptions{};
-    ckpt::load(state, kQuantized + "/checkpoint", options);
+    options.strict = false;  // the MXFP4 pair is not asked for: listed, not refused
+    const ckpt::LoadResult result = ckpt::load(state, kQuantized + "/checkpoint", options);
+    EXPECT_TRUE(result.missing.empty());
+    EXPECT_EQ(result.unexpected, (std::vector<std::string>{"experts.w_blocks", "experts.w_scales"}));
     for (const auto& [name, shape, dtype] : kQuantizedState) {
       const at::Tensor& t = state.at(name);
       EXPECT_TRUE(tensors_equal(is_dtensor(t) ? full_tensor(t) : t, expected.at(name))) << name;
@@ -63,9 +67,11 @@ TEST_F(DequantizingLoadTest, RefusesWhatDoesNotFit) {
   for (const auto& [name, shape, dtype] : kQuantizedState) state[name] = at::zeros(shape, dtype);
   ckpt::LoadOptions options;
   options.world = world();
-  // Without dequantize the scales are tensors of the checkpoint like any other, and the float8 weights
-  // are not the state's dtype.
-  EXPECT_THAT(error_of([&] { ckpt::load(state, kQuantized + "/checkpoint", options); }), HasSubstr("layers.0.mlp.weight_scale_inv"));
+  options.strict = false;
+  // Without dequantize the float8 weights are not the state's dtype.
+  EXPECT_THAT(error_of([&] { ckpt::load(state, kQuantized + "/checkpoint", options); }), HasSubstr("as Float8_e4m3fn"));
+  options.dequantize = ckpt::DequantizeOptions{.block_size = 0};
+  EXPECT_THAT(error_of([&] { ckpt::load(state, kQuantized + "/checkpoint", options); }), HasSubstr("block_size must be in [1, 2^31], not 0"));
   options.dequantize = ckpt::DequantizeOptions{.block_size = 64};
   EXPECT_THAT(error_of([&] { ckpt::load(state, kQuantized + "/checkpoint", options); }),
               HasSubstr("in blocks of 64 needs [2, 1]; is block_size the checkpoint's?"));
@@ -76,6 +82,10 @@ TEST_F(DequantizingLoadTest, RefusesWhatDoesNotFit) {
   state["head.weight"] = at::zeros({50, 100}, at::kFloat);
   EXPECT_THAT(error_of([&] { ckpt::load(state, kQuantized + "/checkpoint", options); }),
               HasSubstr("'head.weight' is stored with shape [100, 50] for a state tensor of shape [50, 100]"));
+  state["head.weight"] = at::zeros({100, 50}, at::kFloat);
+  state["experts.w_blocks"] = at::zeros({2, 4, 16}, at::kByte);
+  EXPECT_THAT(error_of([&] { ckpt::load(state, kQuantized + "/checkpoint", options); }),
+              HasSubstr("'experts.w_blocks' with 'experts.w_scales' is an MXFP4 tensor"));
 }
 
 }  // namespace
