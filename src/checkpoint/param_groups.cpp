@@ -89,11 +89,10 @@ void set_adam(Options& options, GroupEntries& group, bool adamw) {
   options.eps(group.number("eps"));
   options.weight_decay(group.number("weight_decay"));
   options.amsgrad(group.boolean("amsgrad"));
-  if (group.boolean("maximize")) group.fail("maximize", "is True, which LibTorch's Adam cannot do");
   if (group.boolean("decoupled_weight_decay") != adamw)
     group.fail("decoupled_weight_decay", adamw ? "is False (an Adam was saved), but this optimizer is AdamW"
                                                : "is True (an AdamW was saved), but this optimizer is Adam");
-  group.ignore({"foreach", "capturable", "differentiable", "fused", "initial_lr"});
+  group.ignore({"capturable"});
 }
 
 void set_sgd(torch::optim::SGDOptions& options, GroupEntries& group) {
@@ -102,8 +101,6 @@ void set_sgd(torch::optim::SGDOptions& options, GroupEntries& group) {
   options.dampening(group.number("dampening"));
   options.weight_decay(group.number("weight_decay"));
   options.nesterov(group.boolean("nesterov"));
-  if (group.boolean("maximize")) group.fail("maximize", "is True, which LibTorch's SGD cannot do");
-  group.ignore({"foreach", "differentiable", "fused", "initial_lr"});
 }
 
 }  // namespace
@@ -142,6 +139,10 @@ void set_param_groups(torch::nn::Module& module, torch::optim::Optimizer& optimi
     else if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(options.get())) set_adam(*adam, group, false);
     else if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(options.get())) set_sgd(*sgd, group);
     else throw DTensorError("set_param_groups: supports Adam, AdamW and SGD, as TrainingState does");
+    // What every kind shares: no maximize in LibTorch; switches of how the step runs, and an LR
+    // scheduler's initial_lr, which the step does not read.
+    if (group.boolean("maximize")) group.fail("maximize", "is True, which LibTorch's optimizers cannot do");
+    group.ignore({"foreach", "differentiable", "fused", "initial_lr"});
     group.check_all_read();
     read.push_back(std::move(options));
   }
