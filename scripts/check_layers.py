@@ -51,6 +51,7 @@ INTERNAL_DOORS = {
     "io/checked_int.h": "integers read from untrusted files",
     "io/json.h": "nlohmann with the project's warnings silenced",
     "io/untrusted_json.h": "JSON from untrusted files, checked",
+    "io/json_pull.h": "untrusted JSON read without a document, for typed decoders",
     "io/restricted_pickle.h": "Python pickles from untrusted files (DCP's .metadata), executing nothing",
     "io/pickle_writer.h": "Python pickles written (DCP's .metadata)",
     "io/zip_archive.h": "zip archives (.pt2, checkpoints)",

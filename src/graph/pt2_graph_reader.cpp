@@ -20,26 +20,15 @@ int64_t non_negative(int64_t value, const RecordField& field) {
 // A SymInt (sizes, strides, offsets: never negative): its example value, and its sympy expression when
 // dynamic ("" when static).
 std::pair<int64_t, std::string> sym_int(const ex::SymInt& s, const RecordField& field) {
-  require_member(s, field);
   if (s.tag() == ex::SymInt::Tag::AS_INT) return {non_negative(s.get_as_int(), field / "as_int"), ""};
   const ex::SymExpr& expr = s.get_as_expr();
   const RecordField at = field / "as_expr";
   if (expr.get_expr_str().empty()) (at / "expr_str").fail("an empty expression");
   const auto& hint = expr.get_hint();
   if (!hint) at.fail("a dynamic size without an example value (hint)");
-  require_member(*hint, at / "hint");
   if (hint->tag() != ex::SymExprHint::Tag::AS_INT)
     (at / "hint").fail("expected an integer example value (as_int), found '" + kind_name(ex::printEnum(hint->tag())) + "'");
   return {non_negative(hint->get_as_int(), at / "hint" / "as_int"), expr.get_expr_str()};
-}
-
-// TensorMeta keeps its dtype and layout as int64 but hands them out as enums, which keep 32 bits: the
-// record's own number, so that 2^32 + 7 is not read as 7 (FLOAT).
-int64_t stored_code(int64_t decoded, const RecordField& field) {
-  const io::Json& stored = field.json();
-  if (stored.is_number_unsigned()) return stored.get<uint64_t>() > INT64_MAX ? -1 : static_cast<int64_t>(stored.get<uint64_t>());
-  if (stored.is_number_integer()) return stored.get<int64_t>();
-  return decoded;
 }
 
 c10::ScalarType dtype_of(int64_t code, const RecordField& field) {
@@ -77,13 +66,15 @@ class GraphReader {
     for (size_t i = 0; i < graph_.get_inputs().size(); ++i) {
       const ex::Argument& in = graph_.get_inputs()[i];
       const RecordField at = inputs / i;
-      require_member(in, at);
       if (in.tag() == ex::Argument::Tag::AS_TENSOR) define(in.get_as_tensor().get_name(), at / "as_tensor" / "name", Value::Kind::Tensor, true);
       else if (in.tag() == ex::Argument::Tag::AS_SYM_INT) sym_int_input(in.get_as_sym_int(), at / "as_sym_int");
       else at.fail("unsupported input kind '" + kind_name(ex::printEnum(in.tag())) + "'");
     }
     const RecordField nodes = field_ / "nodes";
-    for (size_t i = 0; i < graph_.get_nodes().size(); ++i) node(graph_.get_nodes()[i], nodes / i);
+    for (size_t i = 0; i < graph_.get_nodes().size(); ++i) {
+      const ex::Node& n = graph_.get_nodes()[i];
+      node(n, nodes.node(i, n.get_name().value_or("")));
+    }
     const RecordField outputs = field_ / "outputs";
     for (size_t i = 0; i < graph_.get_outputs().size(); ++i)
       program_.graph.add_output(argument(graph_.get_outputs()[i], outputs / i, nullptr));
@@ -91,7 +82,6 @@ class GraphReader {
 
  private:
   void sym_int_input(const ex::SymIntArgument& s, const RecordField& at) {
-    require_member(s, at);
     if (s.tag() != ex::SymIntArgument::Tag::AS_NAME) at.fail("a symbolic integer input must be named (as_name)");
     define(s.get_as_name(), at / "as_name", Value::Kind::SymInt, true);
   }
@@ -115,12 +105,10 @@ class GraphReader {
   }
 
   Value* optional_tensor(const ex::OptionalTensorArgument& t, const RecordField& at) {
-    require_member(t, at);
     return t.tag() == ex::OptionalTensorArgument::Tag::AS_NONE ? nullptr : tensor_ref(t.get_as_tensor(), at / "as_tensor");
   }
 
   SymSize sym_size(const ex::SymIntArgument& s, const RecordField& at) {
-    require_member(s, at);
     if (s.tag() == ex::SymIntArgument::Tag::AS_INT) return {s.get_as_int(), nullptr};
     return {0, symbol_named(s.get_as_name(), at / "as_name")};
   }
@@ -129,7 +117,6 @@ class GraphReader {
   // outputs).
   Arg argument(const ex::Argument& a, const RecordField& at, const c10::Argument* schema) {
     using Tag = ex::Argument::Tag;
-    require_member(a, at);
     const bool tensor_arg = schema && takes_tensor(*schema);
     const RecordField value = at / kind_name(ex::printEnum(a.tag()));
     switch (a.tag()) {
@@ -331,12 +318,10 @@ class GraphReader {
     for (size_t i = 0; i < n.get_outputs().size(); ++i) {
       const ex::Argument& o = n.get_outputs()[i];
       const RecordField out = at / "outputs" / i;
-      require_member(o, out);
       if (o.tag() == Tag::AS_TENSOR) {
         node.outputs.push_back(define(o.get_as_tensor().get_name(), out / "as_tensor" / "name", Value::Kind::Tensor));
       } else if (o.tag() == Tag::AS_SYM_INT) {
         const ex::SymIntArgument& s = o.get_as_sym_int();
-        require_member(s, out / "as_sym_int");
         if (s.tag() != ex::SymIntArgument::Tag::AS_NAME) (out / "as_sym_int").fail("a symbolic integer output must be named (as_name)");
         node.outputs.push_back(define(s.get_as_name(), out / "as_sym_int" / "as_name", Value::Kind::SymInt));
       } else if (o.tag() == Tag::AS_TENSORS) {
@@ -366,16 +351,13 @@ class GraphReader {
 
   Program& program_;
   const ex::Graph& graph_;
-  const RecordField& field_;
+  const RecordField field_;
 };
 
 }  // namespace
 
 void read_tensor_meta(const ex::TensorMeta& meta, const RecordField& field, Value& v) {
-  v.meta.dtype = dtype_of(stored_code(static_cast<int64_t>(meta.get_dtype()), field / "dtype"), field / "dtype");
-  // Absent sizes or strides would decode as a 0-d tensor's.
-  if (!(field / "sizes").present()) (field / "sizes").fail("");
-  if (!(field / "strides").present()) (field / "strides").fail("");
+  v.meta.dtype = dtype_of(static_cast<int64_t>(meta.get_dtype()), field / "dtype");
   for (size_t i = 0; i < meta.get_sizes().size(); ++i) {
     auto [size, expr] = sym_int(meta.get_sizes()[i], field / "sizes" / i);
     v.meta.shape.push_back(size);
@@ -393,13 +375,10 @@ void read_tensor_meta(const ex::TensorMeta& meta, const RecordField& field, Valu
   if (!io::checked_numel(v.meta.shape) || !extent || !io::checked_add(*extent, v.storage_offset))
     field.fail("its sizes, strides and storage offset overflow a 64-bit element count");
   v.requires_grad = meta.get_requires_grad();
-  if ((field / "layout").present() &&
-      layout_from_serialized(stored_code(static_cast<int64_t>(meta.get_layout()), field / "layout")) != c10::kStrided)
+  if (layout_from_serialized(static_cast<int64_t>(meta.get_layout())) != c10::kStrided)
     (field / "layout").fail("only strided tensors are supported");
 }
 
-void read_graph(const RecordField& field, Program& program) {
-  read_record<ex::Graph>(field, [&](const ex::Graph& graph) { GraphReader(program, graph, field).read(); });
-}
+void read_graph(const ex::Graph& graph, const RecordField& field, Program& program) { GraphReader(program, graph, field).read(); }
 
 }  // namespace dtensor::graph::detail

@@ -1,11 +1,12 @@
 #pragma once
 // Reads the graph of a .pt2's models/model.json (torch/_export/serde/schema.yaml, schema 8.x) into a
-// Program: graph inputs, nodes with their arguments, graph outputs, and tensor metas. The record is
-// decoded with torch's generated types and checked both ways (pt2_records.h); here its meaning is
-// checked, every refusal naming the file, the node and the field. Arguments left at their schema
-// default are absent from the file.
+// Program: graph inputs, nodes with their arguments, graph outputs, and tensor metas. The record has
+// been decoded into torch's generated types (pt2_decoding.h); here its meaning is checked, every
+// refusal naming the file, the node and the field. Arguments left at their schema default are absent
+// from the file.
 
 #include "dtensor/graph/program.h"
+#include "pt2_decoding.h"
 #include "pt2_records.h"
 
 namespace dtensor::graph::detail {
@@ -15,7 +16,7 @@ namespace dtensor::graph::detail {
 // element count and extent must fit int64.
 void read_tensor_meta(const torch::_export::TensorMeta& meta, const RecordField& field, Value& v);
 
-// Decodes graph_module.graph (`graph`) and reads it into `program.graph`.
-void read_graph(const RecordField& graph, Program& program);
+// Reads the decoded graph_module.graph (`field` is where it sits) into `program.graph`.
+void read_graph(const torch::_export::Graph& graph, const RecordField& field, Program& program);
 
 }  // namespace dtensor::graph::detail

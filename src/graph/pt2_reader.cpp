@@ -1,6 +1,6 @@
 // Reads torch.export's .pt2 archives (torch 2.15: schema 8.x). The archive is untrusted: io::ZipArchive
-// validates its directory and checks CRC-32s, JSON records are parsed with limits, decoded with torch's
-// generated serialization types and checked both ways (pt2_records.h; the graph itself in
+// validates its directory and checks CRC-32s, JSON records are decoded in one strict pass into torch's
+// generated serialization types (pt2_decoding.h), their meaning is checked (the graph itself in
 // pt2_graph_reader.cpp), and every weight's view must lie within its record. Weights stay in the
 // archive (StateTensor reads them on demand).
 
@@ -37,8 +37,12 @@ const io::ZipEntry& record(const io::ZipArchive& archive, const std::string& nam
   return *entry;
 }
 
-io::Json record_json(const io::ZipArchive& archive, const std::string& name) {
-  return io::parse_untrusted_json(archive.read_text(record(archive, name), kMaxJsonRecordBytes), archive.path() + ": " + name);
+// A JSON record, decoded as T.
+template <class T>
+T decoded_record(const io::ZipArchive& archive, const std::string& name) {
+  T out;
+  detail::decode_record(archive.read_text(record(archive, name), kMaxJsonRecordBytes), archive.path() + ": " + name, out);
+  return out;
 }
 
 // ---- the state: weights and constants -----------------------------------------------------------------
@@ -71,15 +75,14 @@ StateTensor state_tensor(const std::shared_ptr<const io::ZipArchive>& archive, c
 
 void read_state(const std::shared_ptr<const io::ZipArchive>& archive, const std::string& dir, const std::string& config_name,
                 Program& program) {
-  const io::Json config_json = record_json(*archive, dir + config_name);
+  const auto payload = decoded_record<ex::PayloadConfig>(*archive, dir + config_name);
   const std::string where = archive->path() + ": " + dir + config_name;
-  const RecordField config = RecordField(config_json, where) / "config";
-  detail::read_record<std::unordered_map<std::string, ex::PayloadMeta>>(config, [&](const auto& entries) {
-    for (const auto& [fqn, entry] : entries) {
-      if (program.state.count(fqn)) (config / fqn).fail("'" + fqn.substr(0, 200) + "' is both a weight and a constant");
-      program.state.emplace(fqn, state_tensor(archive, dir, entry, config / fqn));
-    }
-  });
+  detail::RecordSteps steps;
+  const RecordField config = RecordField(steps, where) / "config";
+  for (const auto& [fqn, entry] : payload.get_config()) {
+    if (program.state.count(fqn)) (config / fqn).fail("'" + fqn.substr(0, 200) + "' is both a weight and a constant");
+    program.state.emplace(fqn, state_tensor(archive, dir, entry, config / fqn));
+  }
 }
 
 // ---- the signature ------------------------------------------------------------------------------------------
@@ -92,27 +95,22 @@ Value* graph_input_named(const std::string& name, const RecordField& field, Grap
 
 InputSpec input_spec(const ex::InputSpec& spec, const RecordField& field, Graph& graph) {
   using Tag = ex::InputSpec::Tag;
-  detail::require_member(spec, field);
   const RecordField at = field / detail::kind_name(ex::printEnum(spec.tag()));
   auto named = [&](const ex::TensorArgument& arg) { return graph_input_named(arg.get_name(), at / "arg" / "name", graph); };
   switch (spec.tag()) {
     case Tag::PARAMETER: return {InputSpec::Kind::Parameter, named(spec.get_parameter().get_arg()), spec.get_parameter().get_parameter_name()};
     case Tag::BUFFER: {
-      // An absent "persistent" is a persistent buffer (the generated default would say otherwise).
-      const bool persistent = !(at / "persistent").present() || spec.get_buffer().get_persistent();
-      return {InputSpec::Kind::Buffer, named(spec.get_buffer().get_arg()), spec.get_buffer().get_buffer_name(), persistent};
+      return {InputSpec::Kind::Buffer, named(spec.get_buffer().get_arg()), spec.get_buffer().get_buffer_name(), spec.get_buffer().get_persistent()};
     }
     case Tag::TENSOR_CONSTANT:
       return {InputSpec::Kind::TensorConstant, named(spec.get_tensor_constant().get_arg()), spec.get_tensor_constant().get_tensor_constant_name()};
     case Tag::USER_INPUT: {
       const ex::Argument& arg = spec.get_user_input().get_arg();
       const RecordField arg_at = at / "arg";
-      detail::require_member(arg, arg_at);
       if (arg.tag() == ex::Argument::Tag::AS_TENSOR)
         return {InputSpec::Kind::UserInput, graph_input_named(arg.get_as_tensor().get_name(), arg_at / "as_tensor" / "name", graph), ""};
       if (arg.tag() == ex::Argument::Tag::AS_SYM_INT) {
         const ex::SymIntArgument& s = arg.get_as_sym_int();
-        detail::require_member(s, arg_at / "as_sym_int");
         if (s.tag() == ex::SymIntArgument::Tag::AS_NAME)
           return {InputSpec::Kind::UserInput, graph_input_named(s.get_as_name(), arg_at / "as_sym_int" / "as_name", graph), ""};
       }
@@ -124,7 +122,6 @@ InputSpec input_spec(const ex::InputSpec& spec, const RecordField& field, Graph&
 
 OutputSpec output_spec(const ex::OutputSpec& spec, const RecordField& field) {
   using Tag = ex::OutputSpec::Tag;
-  detail::require_member(spec, field);
   switch (spec.tag()) {
     case Tag::USER_OUTPUT: return {OutputSpec::Kind::UserOutput, ""};
     case Tag::BUFFER_MUTATION: return {OutputSpec::Kind::BufferMutation, spec.get_buffer_mutation().get_buffer_name()};
@@ -191,13 +188,10 @@ void check_state_feeds_graph(const std::string& where, const Program& program) {
 }
 
 // A part of model.json dtensor keeps as text to write back (module_call_graph, range_constraints,
-// verifiers): decoded as type T and round-tripped all the same, so that what the writer decodes
-// later is known good. `absent` is the text of an absent part.
+// verifiers): decoded all the same, so that what the writer decodes later is known good.
 template <class T>
-std::string kept_as_text(const RecordField& field, const char* absent) {
-  if (!field.present()) return absent;
-  detail::read_record<T>(field, [](const T&) {});
-  return field.json().dump();
+std::string kept_as_text(const T& decoded) {
+  return nlohmann::json(decoded).dump();
 }
 
 }  // namespace
@@ -208,26 +202,25 @@ Program load_program(const std::string& path) {
     throw DTensorError(path + ": archive_format: not a pt2 archive");
   if (const io::ZipEntry* order = archive->find("byteorder"); order && archive->read_text(*order, 64) != "little")
     throw DTensorError(path + ": byteorder: the weights are not little-endian, which this machine is");
-  const io::Json model_json = record_json(*archive, "models/model.json");
+  const auto exported = decoded_record<ex::ExportedProgram>(*archive, "models/model.json");
   const std::string where = path + ": models/model.json";
-  const RecordField model(model_json, where);
+  detail::RecordSteps steps;
+  const RecordField model(steps, where);
   Program program;
   program.source = path;
-  const RecordField version_field = model / "schema_version";
-  detail::read_record<ex::SchemaVersion>(version_field, [&](const ex::SchemaVersion& version) {
-    program.schema_major = version.get_major();
-    program.schema_minor = version.get_minor();
-  });
+  program.schema_major = exported.get_schema_version().get_major();
+  program.schema_minor = exported.get_schema_version().get_minor();
   if (program.schema_major != 8)
-    version_field.fail("schema version " + std::to_string(program.schema_major) + "." + std::to_string(program.schema_minor) +
-                       " is not supported (dtensor reads 8.x, torch 2.15's)");
-  program.range_constraints = kept_as_text<std::unordered_map<std::string, ex::RangeConstraint>>(model / "range_constraints", "{}");
-  program.verifiers = kept_as_text<std::vector<std::string>>(model / "verifiers", "[]");
+    (model / "schema_version")
+        .fail("schema version " + std::to_string(program.schema_major) + "." + std::to_string(program.schema_minor) +
+              " is not supported (dtensor reads 8.x, torch 2.15's)");
+  program.range_constraints = kept_as_text(exported.get_range_constraints());
+  program.verifiers = kept_as_text(exported.get_verifiers());
+  const ex::GraphModule& graph_module = exported.get_graph_module();
   const RecordField module = model / "graph_module";
-  program.module_call_graph = kept_as_text<std::vector<ex::ModuleCallEntry>>(module / "module_call_graph", "[]");
-  detail::read_graph(module / "graph", program);
-  detail::read_record<ex::GraphSignature>(module / "signature",
-                                          [&](const ex::GraphSignature& s) { read_signature(s, module / "signature", program); });
+  program.module_call_graph = kept_as_text(graph_module.get_module_call_graph());
+  detail::read_graph(graph_module.get_graph(), module / "graph", program);
+  read_signature(graph_module.get_signature(), module / "signature", program);
 
   read_state(archive, "data/weights/", "model_weights_config.json", program);
   read_state(archive, "data/constants/", "model_constants_config.json", program);

@@ -1,5 +1,6 @@
-#include "../io/json.h"  // first: see json.h
 #include "sample_inputs.h"
+
+#include "../io/json.h"
 
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>

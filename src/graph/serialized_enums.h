@@ -7,7 +7,7 @@
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/ScalarType.h>
 
-#include "../io/json.h"  // first: it sets up nlohmann for the generated types
+#include "../io/json.h"
 #include <torch/csrc/utils/generated_serialization_types.h>
 
 #include <cstdint>

@@ -7,9 +7,8 @@ namespace {
 
 // A DOM builder for nlohmann's SAX parser (what its json_sax_dom_parser does), with a depth limit and
 // duplicate keys refused: a key is known twice from its insertion into the object, so no key is copied
-// or kept aside, and keys and strings move into the document. It builds through the public API, which
-// keeps JSON_DIAGNOSTICS' parent pointers right. The first problem stops the parse (a handler
-// returning false) and is kept as the error.
+// or kept aside, and keys and strings move into the document. The first problem stops the parse (a
+// handler returning false) and is kept as the error.
 class LimitedDomBuilder {
  public:
   using number_integer_t = Json::number_integer_t;

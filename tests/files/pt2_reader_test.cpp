@@ -186,7 +186,8 @@ TEST(Pt2ZipStructure, RecordOfPartialElements) {
 // ---- model.json ------------------------------------------------------------------------------------------
 
 TEST(Pt2Json, DeepNestingIsRefused) {
-  // Nested 100,000 deep anywhere: the parse stops at its depth limit (no recursion runs on it).
+  // Nested 100,000 deep anywhere: the decoder refuses it where its type is wrong, and the description of
+  // what it found stops at the depth limit (no recursion runs on it).
   const std::vector<std::pair<std::string, std::string>> places = {
       {"\"range_constraints\": {}", "\"range_constraints\": @"},
       {"\"verifiers\": [", "\"verifiers\": [@, "},
@@ -231,36 +232,36 @@ TEST(Pt2Json, MissingAndMistypedFieldsAreNamed) {
       {"arg", [](json& m) { node_named(m, "gelu")["inputs"][0].erase("arg"); },
        "node 'gelu': field 'inputs[0].arg'", "the member is missing"},
       {"fraction", [](json& m) { m["graph_module"]["graph"]["tensor_values"]["x"]["sizes"][1] = {{"as_int", 16.5}}; },
-       "field 'graph_module.graph.tensor_values.x.sizes[1].as_int'", "holds a fractional number 16.5, which torch's export schema reads as an integer 16"},
+       "field 'graph_module.graph.tensor_values.x.sizes[1].as_int'", "expected an integer, found a fractional number 16.5"},
       {"string", [](json& m) { node_named(m, "gelu")["target"] = 7; }, "node 'gelu': field 'target'",
-       "does not fit torch's export schema (type must be string, but is number): found an integer 7"},
+       "does not fit torch's export schema (expected a string): found an integer 7"},
       {"not_a_union", [](json& m) { node_named(m, "gelu")["inputs"][0]["arg"] = {{"as_tensor", {{"name", "linear"}}}, {"as_int", 1}}; },
-       "node 'gelu': field 'inputs[0].arg'", "has the member 'as_int', which torch 2.15's export schema does not have here (or a union with more than one member)"},
+       "node 'gelu': field 'inputs[0].arg'", "has a second member 'as_tensor', but a union holds exactly one"},
       {"unknown_member", [](json& m) { node_named(m, "gelu")["targte"] = "x"; }, "node 'gelu'",
        "has the member 'targte', which torch 2.15's export schema does not have here"},
       {"unknown_union_member", [](json& m) { node_named(m, "gelu")["inputs"][0]["arg"] = {{"as_tensr", {{"name", "linear"}}}}; },
        "node 'gelu': field 'inputs[0].arg'", "none of its members ('as_tensr', ...) is one torch's export schema allows here"},
       {"bool_as_int", [](json& m) { m["graph_module"]["graph"]["tensor_values"]["x"]["sizes"][1] = {{"as_int", true}}; },
-       "field 'graph_module.graph.tensor_values.x.sizes[1].as_int'", "does not fit torch's export schema (type must be number, but is boolean): found a boolean true"},
+       "field 'graph_module.graph.tensor_values.x.sizes[1].as_int'", "does not fit torch's export schema (expected an integer): found a boolean true"},
       {"unsigned_wraps", [](json& m) { m["graph_module"]["graph"]["tensor_values"]["x"]["sizes"][1] = {{"as_int", UINT64_MAX}}; },
-       "field 'graph_module.graph.tensor_values.x.sizes[1].as_int'", "holds an integer 18446744073709551615, which torch's export schema reads as an integer -1"},
+       "field 'graph_module.graph.tensor_values.x.sizes[1].as_int'", "expected an integer, found an integer 18446744073709551615, beyond any 64-bit integer"},
       {"huge_float", [](json& m) { m["graph_module"]["graph"]["tensor_values"]["x"]["sizes"][1] = {{"as_int", 1e300}}; },
        "field 'graph_module.graph.tensor_values.x.sizes[1].as_int'", "beyond any 64-bit integer"},
       {"sizes_missing", [](json& m) { m["graph_module"]["graph"]["tensor_values"]["x"].erase("sizes"); },
        "field 'graph_module.graph.tensor_values.x.sizes'", "the member is missing"},
       {"dtype_wraps", [](json& m) { m["graph_module"]["graph"]["tensor_values"]["x"]["dtype"] = (int64_t{1} << 32) + 7; },
-       "field 'graph_module.graph.tensor_values.x.dtype'", "unsupported dtype code 4294967303"},
+       "field 'graph_module.graph.tensor_values.x.dtype'", "expected a ScalarType code of torch's export schema, found an integer 4294967303"},
       {"unknown_value", [](json& m) { node_named(m, "gelu")["inputs"][0]["arg"]["as_tensor"]["name"] = "nowhere"; },
        "node 'gelu': field 'inputs[0].arg.as_tensor.name'", "refers to 'nowhere', which no earlier node or input defines"},
       {"signature", [](json& m) { m["graph_module"]["signature"]["input_specs"][0]["parameter"]["arg"]["name"] = "linear"; },
        "field 'graph_module.signature.input_specs[0].parameter.arg.name'", "no graph input named 'linear'"},
       {"argument_twice", [](json& m) { node_named(m, "gelu")["inputs"].push_back(node_named(m, "gelu")["inputs"][0]); },
        "node 'gelu': field 'inputs[1].name'", "the argument 'self' is given twice"},
-      // The graph's round trip runs in pieces (nodes, tensor metas, the rest): each piece refuses.
+      // Unknown members and second union members are refused at every level.
       {"graph_unknown_member", [](json& m) { m["graph_module"]["graph"]["nodez"] = json::array(); }, "field 'graph_module.graph'",
        "has the member 'nodez', which torch 2.15's export schema does not have here"},
       {"graph_input_two_members", [](json& m) { m["graph_module"]["graph"]["inputs"][0]["as_int"] = 1; },
-       "field 'graph_module.graph.inputs[0]'", "has the member 'as_int', which torch 2.15's export schema does not have here"},
+       "field 'graph_module.graph.inputs[0]'", "has a second member 'as_tensor', but a union holds exactly one"},
       {"tensor_meta_unknown_member", [](json& m) { m["graph_module"]["graph"]["tensor_values"]["x"]["sizez"] = json::array(); },
        "field 'graph_module.graph.tensor_values.x'", "has the member 'sizez', which torch 2.15's export schema does not have here"},
   };
