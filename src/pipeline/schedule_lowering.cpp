@@ -1,8 +1,9 @@
 // Lowering a compute-only schedule for execution (PyTorch's _add_send_recv): the ranks' lists are
 // walked together, one action per rank per round, in rank order. A compute runs once its input is on
 // its rank; one whose result another rank needs is followed by its SEND, and the RECV is appended to
-// the receiving rank's list right then. A rank never places its own RECVs, so each RECV lands after
-// its SEND was placed: the lowered lists pair up without waiting on each other in a cycle.
+// the receiving rank's list right then. A rank never places its own RECVs, so each RECV is placed
+// after its SEND: with buffered sends the lowered lists always finish (running the actions in the
+// order they were placed is one way). A compute-only order that stops the walk cannot finish at all.
 
 #include "dtensor/errors.h"
 #include "dtensor/pipeline_schedule.h"

@@ -37,20 +37,24 @@ struct Simulation {
   bool step(size_t rank) {
     const Action* action = at(rank);
     if (action == nullptr) return false;
-    if (is_send(*action) && sends == SendCompletion::Rendezvous) return false;  // its RECV moves it
-    if (!is_send(*action) && is_communication(action->kind)) {
-      const Action send = matching_send(*action);
-      const size_t peer = static_cast<size_t>(schedule.rank_of(send.stage));
-      const Action* peer_at = at(peer);
-      const bool peer_sending = peer_at != nullptr && *peer_at == send;
-      if (sends == SendCompletion::Buffered && !posted.contains(send)) return false;
-      if (sends == SendCompletion::Rendezvous) {
-        if (!peer_sending) return false;
-        next[peer] = position(peer) + 1;
-      }
+    if (is_send(*action)) {
+      if (sends == SendCompletion::Rendezvous) return false;  // its RECV moves it
+      posted.insert(*action);
+    } else if (is_communication(action->kind) && !receive(*action)) {
+      return false;
     }
-    if (is_send(*action)) posted.insert(*action);
     next[rank] = position(rank) + 1;
+    return true;
+  }
+
+  // Whether `recv` can complete now; a rendezvous completes its SEND with it.
+  bool receive(const Action& recv) {
+    const Action send = matching_send(recv);
+    if (sends == SendCompletion::Buffered) return posted.contains(send);
+    const size_t peer = static_cast<size_t>(schedule.rank_of(send.stage));
+    const Action* peer_at = at(peer);
+    if (peer_at == nullptr || *peer_at != send) return false;
+    next[peer] = position(peer) + 1;
     return true;
   }
 
