@@ -26,10 +26,11 @@ LAYERS = {
     "module": {"sharding", "tensor", "redistribute", "mesh", "layout"},  # nn modules, TP styles
     "checkpoint": {"module", "tensor", "redistribute", "mesh", "layout", "io"},
     "graph": {"sharding", "tensor", "redistribute", "mesh", "layout", "io"},
+    "pipeline": {"mesh", "layout"},     # schedules as data, and their runtime on a pp mesh dim
 }
 
 PUBLIC_HEADERS = {
-    "errors.h": "layout", "placement.h": "layout", "layout.h": "layout", "pieces.h": "layout",
+    "errors.h": "layout", "pipeline_schedule.h": "pipeline", "pipeline.h": "pipeline", "placement.h": "layout", "layout.h": "layout", "pieces.h": "layout",
     "parallel_style.h": "layout",  # plans as data (placements per module path), for module and graph
     "comm_backend.h": "mesh", "comm_debug.h": "mesh", "device_mesh.h": "mesh", "launch.h": "mesh",
     "world.h": "mesh", "spec.h": "mesh", "p2p.h": "mesh",

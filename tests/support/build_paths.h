@@ -10,5 +10,6 @@ extern const char* const checkpoint_interop;  // checkpoints PyTorch wrote, and 
 extern const char* const goldens;             // tests/goldens in the source tree (dtensor_unit_tests)
 extern const char* const census_pytorch_ops;  // the aten overloads PyTorch's DTensor shards (scripts/pytorch_dtensor_ops.py)
 extern const char* const census_exclusions;   // tests/op_census_exclusions.txt
+extern const char* const pipeline_orders;     // PyTorch's pipeline orders (scripts/write_pipeline_orders.py)
 
 }  // namespace dtensor::build_paths

@@ -3,21 +3,21 @@
 // SENDs and RECVs, validation refusing each kind of bad schedule, and schedules read from a CSV table.
 //
 // The PyTorch orders (compute-only, and lowered by _add_send_recv) are files
-// scripts/write_pipeline_orders.py writes with the venv's torch into the directory named by
-// DTENSOR_PIPELINE_ORDERS_DIR; that script documents where PyTorch's text is
+// scripts/write_pipeline_orders.py writes with the venv's torch at build time (build_paths::
+// pipeline_orders); that script documents where PyTorch's text is
 // normalised (GPipe and 1F1B without FSDP's REDUCE_GRAD actions and bubbles; 1F1B's last rank's
 // forwards renumbered from 0, a PyTorch bug).
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "../support/build_paths.h"
 #include "../support/error_of.h"
 #include "dtensor/errors.h"
 #include "dtensor/pipeline_schedule.h"
@@ -93,7 +93,7 @@ TEST(PipelineScheduleAction, RefusesBadText) {
 // ---- Goldens from PyTorch ------------------------------------------------------------------------
 
 struct PipelineOrderGolden {
-  std::string file;                  // under DTENSOR_PIPELINE_ORDERS_DIR
+  std::string file;                  // under build_paths::pipeline_orders
   std::function<Schedule()> build;
   // Compared without bubbles: PyTorch 2.15 keeps none in GPipe's and 1F1B's order, and times
   // Interleaved Zero Bubble's wrongly with fewer microbatches than ranks (see the script).
@@ -118,12 +118,8 @@ std::vector<PipelineOrderGolden> pipeline_order_goldens() {
 }
 
 TEST(PipelineScheduleGoldens, MatchPyTorchsPipelineOrder) {
-  const char* dir = std::getenv("DTENSOR_PIPELINE_ORDERS_DIR");
-  if (dir == nullptr || *dir == '\0')
-    GTEST_SKIP() << "DTENSOR_PIPELINE_ORDERS_DIR is not set: run scripts/write_pipeline_orders.py DIR with the "
-                    "venv's python and set it to DIR";
   auto read = [&](const std::string& file) {
-    const std::string path = std::string(dir) + "/" + file;
+    const std::string path = std::string(build_paths::pipeline_orders) + "/" + file;
     std::ifstream in(path);
     EXPECT_TRUE(in) << "missing " << path << " (scripts/write_pipeline_orders.py writes it)";
     std::stringstream text;

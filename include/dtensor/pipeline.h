@@ -1,0 +1,61 @@
+#pragma once
+// Running a pipeline schedule (dtensor/pipeline_schedule.h) along a mesh dim, as PyTorch's
+// torch.distributed.pipelining runs its schedules: each rank of the `pp` dim holds its stages, splits
+// the batch into the schedule's microbatches, and runs its list of actions; activations and their
+// gradients travel between stages by point-to-point transfers on that dim (dtensor/p2p.h).
+//
+// Gradients are PyTorch's: each microbatch's loss is computed on the last stage and weighs
+// 1 / microbatches (PyTorch's scale_grads), gradients accumulate into the stages' parameters across
+// microbatches. With microbatches of uneven size (a batch of 10 in 4: 3, 3, 2, 2, torch.tensor_split's
+// sizes, as PyTorch splits) that is the mean of the microbatches' losses, not the batch's mean.
+//
+// A backward split in two (I, then W: the zero-bubble schedules) runs torch::autograd::grad on the
+// stage's input first, keeping the graph, and the parameters' backward later.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "dtensor/device_mesh.h"
+#include "dtensor/pipeline_schedule.h"
+
+namespace dtensor::pipeline {
+
+// One stage of the model, held by the rank the schedule places it on.
+struct PipelineStage {
+  int index = 0;                                          // the stage's global index
+  std::function<at::Tensor(const at::Tensor&)> forward;  // its part of the model: input -> output
+  std::vector<at::Tensor> parameters;                     // what its gradients accumulate into
+};
+
+// The loss of one microbatch: the last stage's output against the microbatch's targets.
+using LossFunction = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& targets)>;
+
+class PipelineRunner {
+ public:
+  // `stages`: the stages `schedule` places on this rank (this rank's coordinate along `pp_dim`), each
+  // once. The schedule is validated and, when compute-only, lowered with with_communication.
+  PipelineRunner(const Schedule& schedule, std::vector<PipelineStage> stages, MeshPtr mesh, int64_t pp_dim, LossFunction loss);
+  ~PipelineRunner();
+  PipelineRunner(const PipelineRunner&) = delete;
+  PipelineRunner& operator=(const PipelineRunner&) = delete;
+
+  // One step's forwards and backwards. `inputs` (read by the first stage) and `targets` (by the last)
+  // are split into the schedule's microbatches along dim 0; every rank passes both. Gradients
+  // accumulate into the parameters' .grad (zero them between steps, as with any optimizer). Returns
+  // the mean of the microbatches' losses on the rank holding the last stage, an undefined tensor on
+  // the others.
+  at::Tensor step(const at::Tensor& inputs, const at::Tensor& targets);
+
+  // This rank's coordinate along the pp dim.
+  int rank() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dtensor::pipeline

@@ -1,0 +1,172 @@
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <algorithm>
+#include <map>
+
+#include "dtensor/errors.h"
+#include "dtensor/pipeline.h"
+#include "microbatches.h"
+#include "stage_mailbox.h"
+
+namespace dtensor::pipeline {
+namespace detail {
+
+// What a stage keeps of one microbatch from its forward to its backward.
+struct MicrobatchState {
+  at::Tensor input;        // the stage's input: a leaf that requires grad, but on the first stage
+  at::Tensor output;       // its output; on the last stage its loss, scaled by 1 / microbatches
+  at::Tensor output_grad;  // the gradient of the output, from the next stage (undefined on the last)
+  at::Tensor input_grad;   // the gradient of the input, for the previous stage
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::TransferId;
+
+std::vector<at::Tensor> requiring_grad(const std::vector<at::Tensor>& parameters) {
+  std::vector<at::Tensor> out;
+  std::copy_if(parameters.begin(), parameters.end(), std::back_inserter(out), [](const at::Tensor& p) { return p.requires_grad(); });
+  return out;
+}
+
+}  // namespace
+
+struct PipelineRunner::Impl {
+  Schedule schedule;  // with communication
+  std::map<int, PipelineStage> stages;
+  MeshPtr mesh;
+  int64_t pp_dim;
+  LossFunction loss;
+  int rank;
+  detail::StageMailbox mailbox;
+  // The step in flight.
+  std::vector<at::Tensor> inputs, targets, losses;
+  std::map<std::pair<int, int>, detail::MicrobatchState> states;  // (stage, microbatch)
+
+  Impl(Schedule lowered, MeshPtr m, int64_t dim, LossFunction l)
+      : schedule(std::move(lowered)), mesh(m), pp_dim(dim), loss(std::move(l)), rank(static_cast<int>(m->local_rank(dim))), mailbox(m, dim) {}
+
+  bool local(int stage) const { return schedule.rank_of(stage) == rank; }
+  int last_stage() const { return schedule.num_stages - 1; }
+  detail::MicrobatchState& state(int stage, int microbatch) { return states[{stage, microbatch}]; }
+
+  void run(const Action& action) {
+    switch (action.kind) {
+      case ActionKind::Forward: return forward(action.stage, action.microbatch);
+      case ActionKind::FullBackward: return backward_input(action.stage, action.microbatch, true);
+      case ActionKind::BackwardInput: return backward_input(action.stage, action.microbatch, false);
+      case ActionKind::BackwardWeight: return backward_weight(action.stage, action.microbatch);
+      case ActionKind::SendForward:
+        return mailbox.send(state(action.stage, action.microbatch).output, schedule.rank_of(action.stage + 1),
+                            {TransferId::Kind::Activation, action.stage, action.microbatch});
+      case ActionKind::RecvForward:
+        state(action.stage, action.microbatch).input =
+            mailbox.take(schedule.rank_of(action.stage - 1), {TransferId::Kind::Activation, action.stage - 1, action.microbatch});
+        return;
+      case ActionKind::SendBackward:
+        return mailbox.send(state(action.stage, action.microbatch).input_grad, schedule.rank_of(action.stage - 1),
+                            {TransferId::Kind::Gradient, action.stage, action.microbatch});
+      case ActionKind::RecvBackward:
+        state(action.stage, action.microbatch).output_grad =
+            mailbox.take(schedule.rank_of(action.stage + 1), {TransferId::Kind::Gradient, action.stage + 1, action.microbatch});
+        return;
+    }
+  }
+
+  void forward(int stage, int microbatch) {
+    detail::MicrobatchState& s = state(stage, microbatch);
+    if (stage == 0) s.input = inputs.at(microbatch);
+    else if (local(stage - 1)) s.input = state(stage - 1, microbatch).output;  // the turn of a V: no transfer
+    // A stage's input is a leaf of its own graph: its backward stops there and hands the gradient on.
+    if (stage != 0) s.input = s.input.detach().requires_grad_(true);
+    at::AutoGradMode grad_mode(true);
+    const at::Tensor output = stages.at(stage).forward(s.input);
+    if (stage != last_stage()) {
+      s.output = output;
+      return;
+    }
+    const at::Tensor microbatch_loss = loss(output, targets.at(microbatch));
+    losses.at(microbatch) = microbatch_loss.detach();
+    s.output = microbatch_loss / schedule.num_microbatches;
+  }
+
+  // The gradient flowing into `stage`'s output for `microbatch`.
+  at::Tensor output_grad(int stage, int microbatch) {
+    detail::MicrobatchState& s = state(stage, microbatch);
+    if (stage != last_stage() && !s.output_grad.defined() && local(stage + 1)) s.output_grad = state(stage + 1, microbatch).input_grad;
+    return s.output_grad;
+  }
+
+  // B (`full`: the parameters' gradients too) or I (the input's alone, keeping the graph for W).
+  void backward_input(int stage, int microbatch, bool full) {
+    detail::MicrobatchState& s = state(stage, microbatch);
+    const at::Tensor grad = output_grad(stage, microbatch);
+    if (full) {
+      torch::autograd::backward({s.output}, {grad});
+      if (stage != 0) s.input_grad = s.input.grad();
+      s.output = at::Tensor();
+    } else if (stage != 0) {
+      s.input_grad = torch::autograd::grad({s.output}, {s.input}, {grad}, /*retain_graph=*/true)[0];
+    }
+  }
+
+  void backward_weight(int stage, int microbatch) {
+    detail::MicrobatchState& s = state(stage, microbatch);
+    const std::vector<at::Tensor> parameters = requiring_grad(stages.at(stage).parameters);
+    if (!parameters.empty())
+      torch::autograd::backward({s.output}, {output_grad(stage, microbatch)}, /*retain_graph=*/false, /*create_graph=*/false, parameters);
+    s.output = at::Tensor();
+  }
+};
+
+PipelineRunner::PipelineRunner(const Schedule& schedule, std::vector<PipelineStage> stages, MeshPtr mesh, int64_t pp_dim, LossFunction loss) {
+  if (!mesh || !mesh->contains_this_rank()) throw DTensorError("PipelineRunner: this rank is not in the mesh");
+  if (schedule.num_ranks != mesh->size(pp_dim))
+    throw DTensorError("PipelineRunner: the schedule is for " + std::to_string(schedule.num_ranks) + " ranks, but the pp dim " +
+                       std::to_string(pp_dim) + " of the mesh has " + std::to_string(mesh->size(pp_dim)));
+  if (!loss) throw DTensorError("PipelineRunner: no loss function");
+  validate(schedule);
+  impl_ = std::make_unique<Impl>(schedule.has_communication() ? schedule : with_communication(schedule), mesh, pp_dim, std::move(loss));
+  for (PipelineStage& stage : stages) {
+    const int index = stage.index;
+    if (index < 0 || index >= schedule.num_stages || !impl_->local(index))
+      throw DTensorError("PipelineRunner: stage " + std::to_string(index) + " is not one the schedule places on pp rank " + std::to_string(impl_->rank));
+    if (!stage.forward) throw DTensorError("PipelineRunner: stage " + std::to_string(index) + " has no forward");
+    if (!impl_->stages.emplace(index, std::move(stage)).second) throw DTensorError("PipelineRunner: stage " + std::to_string(index) + " is given twice");
+  }
+  for (int s = 0; s < schedule.num_stages; ++s)
+    if (impl_->local(s) && !impl_->stages.count(s))
+      throw DTensorError("PipelineRunner: the schedule places stage " + std::to_string(s) + " on pp rank " + std::to_string(impl_->rank) +
+                         ", which was not given it");
+}
+
+PipelineRunner::~PipelineRunner() = default;
+
+int PipelineRunner::rank() const { return impl_->rank; }
+
+at::Tensor PipelineRunner::step(const at::Tensor& inputs, const at::Tensor& targets) {
+  Impl& impl = *impl_;
+  const int microbatches = impl.schedule.num_microbatches;
+  impl.inputs = detail::split_microbatches(inputs, microbatches, "batch of inputs");
+  impl.targets = detail::split_microbatches(targets, microbatches, "batch of targets");
+  impl.losses.assign(static_cast<size_t>(microbatches), at::Tensor());
+  impl.states.clear();
+  for (const Slot& slot : impl.schedule.ranks.at(static_cast<size_t>(impl.rank))) {
+    if (!slot) continue;
+    try {
+      impl.run(*slot);
+    } catch (const std::exception& e) {
+      throw DTensorError("pipeline rank " + std::to_string(impl.rank) + ", action " + to_string(*slot) + " (stage " + std::to_string(slot->stage) +
+                         ", microbatch " + std::to_string(slot->microbatch) + "): " + e.what());
+    }
+  }
+  impl.mailbox.finish_sends();
+  impl.states.clear();
+  if (!impl.local(impl.last_stage())) return at::Tensor();
+  return at::stack(impl.losses).mean();
+}
+
+}  // namespace dtensor::pipeline
