@@ -30,7 +30,7 @@ LAYERS = {
 }
 
 PUBLIC_HEADERS = {
-    "errors.h": "layout", "pipeline_schedule.h": "pipeline", "pipeline.h": "pipeline", "placement.h": "layout", "layout.h": "layout", "pieces.h": "layout",
+    "errors.h": "layout", "pipeline_schedule.h": "pipeline", "pipeline.h": "pipeline", "pipeline_split.h": "pipeline", "placement.h": "layout", "layout.h": "layout", "pieces.h": "layout",
     "parallel_style.h": "layout",  # plans as data (placements per module path), for module and graph
     "comm_backend.h": "mesh", "comm_debug.h": "mesh", "device_mesh.h": "mesh", "launch.h": "mesh",
     "world.h": "mesh", "spec.h": "mesh", "p2p.h": "mesh",

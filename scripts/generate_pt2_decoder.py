@@ -39,6 +39,8 @@ FOOTER = """\
 
 
 def struct_decoder(name, fields):
+    if len(fields) > 64:
+        sys.exit(f"generate_pt2_decoder.py: {name} has {len(fields)} members; StructMembers keeps a 64-bit mask")
     names = ", ".join(f'"{f}"' for f in fields)
     required = 0
     for i, spec in enumerate(fields.values()):
@@ -102,16 +104,17 @@ def generate(schema_path):
 def main():
     if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] != "--check"):
         sys.exit(__doc__)
-    import torch
+    import importlib.util
 
-    schema = os.path.join(os.path.dirname(torch.__file__), "_export", "serde", "schema.yaml")
+    torch_dir = os.path.dirname(importlib.util.find_spec("torch").origin)  # no import of torch itself
+    schema = os.path.join(torch_dir, "_export", "serde", "schema.yaml")
     text = generate(schema)
     out = sys.argv[1]
     if len(sys.argv) == 3:
         with open(out) as f:
             if f.read() != text:
                 sys.exit(f"{out} is not what scripts/generate_pt2_decoder.py makes from {schema}: torch's export "
-                         "schema changed; run `scripts/generate_pt2_decoder.py {out}` with the venv's python and review the diff")
+                         f"schema changed; run `scripts/generate_pt2_decoder.py {out}` with the venv's python and review the diff")
         return
     with open(out, "w") as f:
         f.write(text)

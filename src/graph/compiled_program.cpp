@@ -1,4 +1,4 @@
-#include "../io/untrusted_json.h"  // first: see json.h
+#include "../io/untrusted_json.h"
 
 #include "dtensor/graph/compiled_program.h"
 

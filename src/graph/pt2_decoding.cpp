@@ -19,12 +19,10 @@ void decode(Reader& in, int64_t& out) {
     out = n.signed_value;
     return;
   }
+  // torch's writer spells integers as integers: a float here (2.0 included) is refused, not rounded.
   constexpr double kTwoTo63 = 9223372036854775808.0;
-  if (n.type == JsonPull::Number::Type::Unsigned || std::fabs(n.float_value) >= kTwoTo63)
-    JsonPull::fail(at, "expected an integer, found " + in.describe_at(at) + ", beyond any 64-bit integer");
-  // A whole number written as a float (2.0) is that integer, as Python's deserializer reads it.
-  if (std::floor(n.float_value) != n.float_value) JsonPull::fail(at, "expected an integer, found " + in.describe_at(at));
-  out = static_cast<int64_t>(n.float_value);
+  const bool beyond = n.type == JsonPull::Number::Type::Unsigned || std::fabs(n.float_value) >= kTwoTo63;
+  JsonPull::fail(at, "expected an integer, found " + in.describe_at(at) + (beyond ? ", beyond any 64-bit integer" : ""));
 }
 
 void decode(Reader& in, bool& out) { out = in.read_bool(); }

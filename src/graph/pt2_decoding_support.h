@@ -17,6 +17,8 @@
 
 namespace dtensor::graph::detail::decoding {
 
+using io::JsonPull;
+
 class Reader : public io::JsonPull {
  public:
   using JsonPull::JsonPull;

@@ -64,6 +64,7 @@ class GraphReader {
   void read() {
     const RecordField inputs = field_ / "inputs";
     for (size_t i = 0; i < graph_.get_inputs().size(); ++i) {
+      const RecordScope scope(field_);
       const ex::Argument& in = graph_.get_inputs()[i];
       const RecordField at = inputs / i;
       if (in.tag() == ex::Argument::Tag::AS_TENSOR) define(in.get_as_tensor().get_name(), at / "as_tensor" / "name", Value::Kind::Tensor, true);
@@ -72,12 +73,15 @@ class GraphReader {
     }
     const RecordField nodes = field_ / "nodes";
     for (size_t i = 0; i < graph_.get_nodes().size(); ++i) {
+      const RecordScope scope(field_);
       const ex::Node& n = graph_.get_nodes()[i];
       node(n, nodes.node(i, n.get_name().value_or("")));
     }
     const RecordField outputs = field_ / "outputs";
-    for (size_t i = 0; i < graph_.get_outputs().size(); ++i)
+    for (size_t i = 0; i < graph_.get_outputs().size(); ++i) {
+      const RecordScope scope(field_);
       program_.graph.add_output(argument(graph_.get_outputs()[i], outputs / i, nullptr));
+    }
   }
 
  private:

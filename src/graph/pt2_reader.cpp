@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "../io/checked_int.h"
+#include "../io/json_pull.h"
 #include "../io/zip_archive.h"
 #include "dtensor/errors.h"
 #include "dtensor/graph/program.h"
@@ -16,6 +17,7 @@ namespace dtensor::graph {
 namespace {
 
 using detail::RecordField;
+using detail::RecordScope;
 namespace ex = torch::_export;
 
 // JSON records are small next to the weights (a 32-layer model's model.json is a few MiB).
@@ -37,12 +39,48 @@ const io::ZipEntry& record(const io::ZipArchive& archive, const std::string& nam
   return *entry;
 }
 
+std::string record_text(const io::ZipArchive& archive, const std::string& name) {
+  return archive.read_text(record(archive, name), kMaxJsonRecordBytes);
+}
+
 // A JSON record, decoded as T.
 template <class T>
-T decoded_record(const io::ZipArchive& archive, const std::string& name) {
+T decoded_record(const std::string& text, const std::string& where) {
   T out;
-  detail::decode_record(archive.read_text(record(archive, name), kMaxJsonRecordBytes), archive.path() + ": " + name, out);
+  detail::decode_record(text, where, out);
   return out;
+}
+
+void check_schema_version(int64_t major, int64_t minor, const RecordField& model) {
+  if (major != 8)
+    (model / "schema_version")
+        .fail("schema version " + std::to_string(major) + "." + std::to_string(minor) + " is not supported (dtensor reads 8.x, torch 2.15's)");
+}
+
+// The integer member `key` of the object at `object`, read apart from the decode (errors only).
+std::optional<int64_t> stored_integer(const std::string& text, std::optional<size_t> object, std::string_view key) {
+  const auto at = object ? io::json_member_offset(text, *object, key) : std::nullopt;
+  if (!at) return std::nullopt;
+  try {
+    io::JsonPull in(text, io::kMaxJsonDepth, *at);
+    if (in.peek() != io::JsonPull::Kind::Number) return std::nullopt;
+    const io::JsonPull::Number n = in.read_number();
+    return n.type == io::JsonPull::Number::Type::Signed ? std::optional(n.signed_value) : std::nullopt;
+  } catch (const io::JsonPull::Problem&) {
+    return std::nullopt;
+  }
+}
+
+// models/model.json, decoded. A record another schema major wrote fails to decode somewhere inside
+// its graph; its version is the better error.
+ex::ExportedProgram decoded_model(const std::string& text, const RecordField& model, const std::string& where) {
+  try {
+    return decoded_record<ex::ExportedProgram>(text, where);
+  } catch (const DTensorError&) {
+    const auto version = io::json_member_offset(text, 0, "schema_version");
+    if (const auto major = stored_integer(text, version, "major")) check_schema_version(*major, stored_integer(text, version, "minor").value_or(0), model);
+    throw;
+  }
 }
 
 // ---- the state: weights and constants -----------------------------------------------------------------
@@ -75,11 +113,12 @@ StateTensor state_tensor(const std::shared_ptr<const io::ZipArchive>& archive, c
 
 void read_state(const std::shared_ptr<const io::ZipArchive>& archive, const std::string& dir, const std::string& config_name,
                 Program& program) {
-  const auto payload = decoded_record<ex::PayloadConfig>(*archive, dir + config_name);
   const std::string where = archive->path() + ": " + dir + config_name;
+  const auto payload = decoded_record<ex::PayloadConfig>(record_text(*archive, dir + config_name), where);
   detail::RecordSteps steps;
   const RecordField config = RecordField(steps, where) / "config";
   for (const auto& [fqn, entry] : payload.get_config()) {
+    const RecordScope scope(config);
     if (program.state.count(fqn)) (config / fqn).fail("'" + fqn.substr(0, 200) + "' is both a weight and a constant");
     program.state.emplace(fqn, state_tensor(archive, dir, entry, config / fqn));
   }
@@ -188,7 +227,9 @@ void check_state_feeds_graph(const std::string& where, const Program& program) {
 }
 
 // A part of model.json dtensor keeps as text to write back (module_call_graph, range_constraints,
-// verifiers): decoded all the same, so that what the writer decodes later is known good.
+// verifiers): decoded all the same, so that what the writer decodes later is known good, and written
+// again by torch's to_json (which, as torch's own C++ writer, spells a -inf there "Infinity"; the
+// writer respells those of nodes only).
 template <class T>
 std::string kept_as_text(const T& decoded) {
   return nlohmann::json(decoded).dump();
@@ -202,18 +243,15 @@ Program load_program(const std::string& path) {
     throw DTensorError(path + ": archive_format: not a pt2 archive");
   if (const io::ZipEntry* order = archive->find("byteorder"); order && archive->read_text(*order, 64) != "little")
     throw DTensorError(path + ": byteorder: the weights are not little-endian, which this machine is");
-  const auto exported = decoded_record<ex::ExportedProgram>(*archive, "models/model.json");
   const std::string where = path + ": models/model.json";
   detail::RecordSteps steps;
   const RecordField model(steps, where);
+  const auto exported = decoded_model(record_text(*archive, "models/model.json"), model, where);
   Program program;
   program.source = path;
   program.schema_major = exported.get_schema_version().get_major();
   program.schema_minor = exported.get_schema_version().get_minor();
-  if (program.schema_major != 8)
-    (model / "schema_version")
-        .fail("schema version " + std::to_string(program.schema_major) + "." + std::to_string(program.schema_minor) +
-              " is not supported (dtensor reads 8.x, torch 2.15's)");
+  check_schema_version(program.schema_major, program.schema_minor, model);
   program.range_constraints = kept_as_text(exported.get_range_constraints());
   program.verifiers = kept_as_text(exported.get_verifiers());
   const ex::GraphModule& graph_module = exported.get_graph_module();

@@ -33,6 +33,8 @@ struct RecordStep {
 };
 using RecordSteps = std::deque<RecordStep>;
 
+class RecordScope;
+
 // A place in a record. A view: `steps` and `where` must outlive it.
 class RecordField {
  public:
@@ -46,14 +48,30 @@ class RecordField {
 
   // "<where>: <place>: <what>".
   [[noreturn]] void fail(const std::string& what) const;
-  std::string place() const;
 
  private:
+  friend class RecordScope;
   RecordField step(std::string key, size_t index, RecordStep::Kind kind) const;
+  std::string place() const;
 
   RecordSteps* steps_;
   const std::string* where_;
   const RecordStep* step_ = nullptr;  // nullptr at the root
+};
+
+// Drops, when it ends, the steps made while it lived: a reader names places per node or per tensor
+// meta, and none of those fields outlives the node's reading. Without it the steps of a whole record
+// would pile up (several times the record's size).
+class RecordScope {
+ public:
+  explicit RecordScope(const RecordField& field) : steps_(field.steps_), mark_(field.steps_->size()) {}
+  ~RecordScope() { steps_->resize(mark_); }
+  RecordScope(const RecordScope&) = delete;
+  RecordScope& operator=(const RecordScope&) = delete;
+
+ private:
+  RecordSteps* steps_;
+  size_t mark_;
 };
 
 // The lower-case name of a union's kind, as the record spells it ("as_sym_bool").

@@ -1,6 +1,7 @@
 #include "json_pull.h"
 
 #include <charconv>
+#include <algorithm>
 #include <cmath>
 
 namespace dtensor::io {
@@ -8,6 +9,14 @@ namespace {
 
 bool is_whitespace(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+// A byte of the text for an error message: itself in quotes where printable, else \xNN.
+std::string printable(char c) {
+  static const char* const kHex = "0123456789abcdef";
+  const auto u = static_cast<unsigned char>(c);
+  if (u >= 0x20 && u < 0x7F) return std::string("'") + c + "'";
+  return std::string("\\x") + kHex[u >> 4] + kHex[u & 15];
+}
 
 int hex_value(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -47,18 +56,33 @@ void JsonPull::fail_expected(const char* expected) {
   fail(at, "does not fit torch's export schema (expected " + std::string(expected) + "): found " + describe_at(at));
 }
 
+// Kind, size or excerpt, without building the value: it may be large, and this runs only for errors.
+// A syntax error inside it is the problem reported instead (the file is corrupted).
 std::string JsonPull::describe_at(size_t at) const {
-  JsonPull value(text_.substr(at), max_depth_);
-  try {
-    value.skip_value();
-  } catch (const Problem& problem) {
-    return problem.what;
+  JsonPull value(text_, max_depth_, at);
+  std::string_view key;
+  size_t count = 0;
+  switch (value.peek()) {
+    case Kind::Object:
+      value.begin_object();
+      for (; value.next_member(key); ++count) value.skip_value();
+      return "an object of " + std::to_string(count) + " members";
+    case Kind::Array:
+      value.begin_array();
+      for (; value.next_element(); ++count) value.skip_value();
+      return "an array of " + std::to_string(count) + " elements";
+    case Kind::Null: return "null";
+    default: break;
   }
-  try {
-    return describe_json_value(parse_untrusted_json(text_.substr(at, value.pos_), "", max_depth_));
-  } catch (const std::exception&) {
-    return "invalid JSON";
-  }
+  const Kind kind = value.peek();
+  value.skip_value();
+  const std::string_view raw = text_.substr(at, value.pos_ - at);
+  size_t cut = std::min<size_t>(raw.size(), 60);
+  while (cut < raw.size() && cut > 0 && (static_cast<unsigned char>(raw[cut]) & 0xC0) == 0x80) --cut;  // not inside a UTF-8 sequence
+  const std::string excerpt = std::string(raw.substr(0, cut)) + (cut < raw.size() ? "..." : "");
+  if (kind == Kind::Boolean) return "a boolean " + excerpt;
+  if (kind == Kind::String) return "a string " + excerpt;
+  return (raw.find_first_of(".eE") == std::string_view::npos ? "an integer " : "a fractional number ") + excerpt;
 }
 
 void JsonPull::skip_whitespace() {
@@ -82,7 +106,7 @@ JsonPull::Kind JsonPull::peek() {
     case 'n': return Kind::Null;
     default:
       if (text_[pos_] == '-' || is_digit(text_[pos_])) return Kind::Number;
-      fail_syntax("unexpected character '" + std::string(1, text_[pos_]) + "'");
+      fail_syntax("unexpected character " + printable(text_[pos_]));
   }
 }
 
@@ -206,7 +230,7 @@ void JsonPull::append_escape(std::string& out) {
     case 'r': out += '\r'; return;
     case 't': out += '\t'; return;
     case 'u': break;
-    default: fail_syntax("an invalid escape '\\" + std::string(1, c) + "'");
+    default: fail_syntax("an invalid escape, a backslash before " + printable(c));
   }
   auto code_unit = [&]() -> uint32_t {
     uint32_t value = 0;
@@ -281,9 +305,15 @@ JsonPull::Number JsonPull::read_number() {
     if (text[0] != '-' && std::from_chars(begin, end, n.unsigned_value).ec == std::errc()) return n;
   }
   n.type = Number::Type::Float;
-  if (std::from_chars(begin, end, n.float_value).ec != std::errc() || !std::isfinite(n.float_value))
-    fail(start, "a number beyond the range of a double: " + std::string(text.substr(0, 60)));
-  return n;
+  if (std::from_chars(begin, end, n.float_value).ec == std::errc() && std::isfinite(n.float_value)) return n;
+  // Out of a double's range: too close to zero reads as zero, as nlohmann and Python read it (1e-400);
+  // too large is refused (nlohmann would read infinity, which JSON has no number for).
+  const size_t exponent = text.find_first_of("eE");
+  if (exponent != std::string_view::npos && text.substr(exponent + 1, 1) == "-") {
+    n.float_value = text[0] == '-' ? -0.0 : 0.0;
+    return n;
+  }
+  fail(start, "a number beyond the range of a double: " + std::string(text.substr(0, 60)));
 }
 
 void JsonPull::skip_value() {
@@ -347,22 +377,31 @@ std::vector<JsonPathStep> json_path_to(std::string_view text, size_t offset) {
   return steps;
 }
 
-std::optional<std::string> json_string_member(std::string_view text, size_t offset, std::string_view key) {
-  JsonPull in(text.substr(offset));
+std::optional<size_t> json_member_offset(std::string_view text, size_t offset, std::string_view key) {
+  JsonPull in(text, kMaxJsonDepth, offset);
   try {
     in.begin_object();
     std::string_view member;
     while (in.next_member(member)) {
-      if (member == key && in.peek() == JsonPull::Kind::String) {
-        std::string value;
-        in.read_string(value);
-        return value;
-      }
+      if (member == key) return in.offset();
       in.skip_value();
     }
   } catch (const JsonPull::Problem&) {
   }
   return std::nullopt;
+}
+
+std::optional<std::string> json_string_member(std::string_view text, size_t offset, std::string_view key) {
+  const std::optional<size_t> at = json_member_offset(text, offset, key);
+  JsonPull in(text, kMaxJsonDepth, at.value_or(0));
+  std::string value;
+  try {
+    if (!at || in.peek() != JsonPull::Kind::String) return std::nullopt;
+    in.read_string(value);
+  } catch (const JsonPull::Problem&) {
+    return std::nullopt;
+  }
+  return value;
 }
 
 }  // namespace dtensor::io

@@ -42,7 +42,8 @@ class JsonPull {
     double float_value = 0;
   };
 
-  explicit JsonPull(std::string_view text, int max_depth = kMaxJsonDepth) : text_(text), max_depth_(max_depth) {}
+  // Reads `text` from byte `start` (a value inside it, for errors' second looks).
+  explicit JsonPull(std::string_view text, int max_depth = kMaxJsonDepth, size_t start = 0) : text_(text), pos_(start), max_depth_(max_depth) {}
 
   // The kind of the next value, and the byte offset where it starts.
   Kind peek();
@@ -66,7 +67,8 @@ class JsonPull {
 
   // Stops the read with a problem about the value at `at`.
   [[noreturn]] static void fail(size_t at, std::string what, std::string member = {});
-  // "... found <a description of the value at `at`>": the value's kind and a short excerpt.
+  // "... found <a description of the value at `at`>": its kind and a short excerpt, or its size ("an
+  // object of 3 members"). A syntax error inside the value is thrown instead, as the problem.
   std::string describe_at(size_t at) const;
   // `kind` for "expected an object, found ..." texts.
   [[noreturn]] void fail_expected(const char* expected);
@@ -100,7 +102,9 @@ struct JsonPathStep {
 // `offset`; fewer where the text goes wrong before it. For errors only: it rescans the text.
 std::vector<JsonPathStep> json_path_to(std::string_view text, size_t offset);
 
-// The string member `key` of the object starting at `offset`, if it has one. For errors only.
+// Where the value of member `key` of the object starting at `offset` starts, if it has one; and that
+// value, where it is a string. For errors only.
+std::optional<size_t> json_member_offset(std::string_view text, size_t offset, std::string_view key);
 std::optional<std::string> json_string_member(std::string_view text, size_t offset, std::string_view key);
 
 }  // namespace dtensor::io

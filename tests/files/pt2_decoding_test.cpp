@@ -2,7 +2,7 @@
 // torch's own generated from_json as the oracle: on every record of the suite's archives, PyTorch's
 // and the Hugging Face models' exports included, both decode the same values.
 
-#include "../../src/graph/pt2_decoding.h"  // first: nlohmann as the library sets it up
+#include "../../src/graph/pt2_decoding.h"
 
 #include <gmock/gmock.h>
 

@@ -76,6 +76,15 @@ TEST(Pt2Reader, UnsupportedSchemaVersion) {
   expect_load_error(path, "field 'schema_version'", "schema version 9.20 is not supported");
 }
 
+TEST(Pt2Reader, AnotherSchemaMajorIsNamedEvenWhereItsGraphDoesNotDecode) {
+  // Another major's graph fails the 8.x decode (here a member 8.x lacks); the version is the error.
+  const auto path = with_model_json("mlp.pt2", "v7.pt2", [](json& m) {
+    m["schema_version"]["major"] = 7;
+    m["graph_module"]["graph"]["nodes"][0]["member_of_v7"] = 1;
+  });
+  expect_load_error(path, "field 'schema_version'", "schema version 7.20 is not supported");
+}
+
 TEST(Pt2Reader, OpUnknownToTheDispatcher) {
   const auto path = with_model_json("mlp.pt2", "unknown_op.pt2", [](json& m) {
     m["graph_module"]["graph"]["nodes"][1]["target"] = "torch.ops.aten.no_such_op.default";

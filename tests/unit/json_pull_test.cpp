@@ -134,6 +134,28 @@ TEST(JsonPull, NumbersKeepTheirType) {
   EXPECT_EQ(number("-9223372036854775809").type, JsonPull::Number::Type::Float);
   EXPECT_EQ(number("2.0").type, JsonPull::Number::Type::Float);
   EXPECT_EQ(number("1E2").float_value, 100.0);
+  EXPECT_EQ(number("1e-400").float_value, 0.0);  // below a double's range: zero, as nlohmann and Python read it
+  EXPECT_EQ(number("-1e-400").float_value, Json::parse("-1e-400").get<double>());
+}
+
+TEST(JsonPull, DescribesAValueWithoutBuildingIt) {
+  const std::string text = R"({"a": [1, 2, 3], "b": {"c": null}, "d": 16.5, "e": "xy", "f": true, "g": 18446744073709551615, "h": [1,)";
+  JsonPull in(text);
+  auto at = [&](const char* key) { return text.find(key) + 5; };
+  EXPECT_EQ(in.describe_at(at("\"a\"")), "an array of 3 elements");
+  EXPECT_EQ(in.describe_at(at("\"b\"")), "an object of 1 members");
+  EXPECT_EQ(in.describe_at(at("\"d\"")), "a fractional number 16.5");
+  EXPECT_EQ(in.describe_at(at("\"e\"")), "a string \"xy\"");
+  EXPECT_EQ(in.describe_at(at("\"f\"")), "a boolean true");
+  EXPECT_EQ(in.describe_at(at("\"g\"")), "an integer 18446744073709551615");
+  // A value cut short is the syntax error it is, at its offset in the whole text.
+  try {
+    in.describe_at(at("\"h\""));
+    FAIL() << "no problem";
+  } catch (const JsonPull::Problem& problem) {
+    EXPECT_EQ(problem.offset, text.size());
+    EXPECT_NE(problem.what.find("invalid JSON at byte " + std::to_string(text.size())), std::string::npos) << problem.what;
+  }
 }
 
 TEST(JsonPull, DepthIsLimited) {
