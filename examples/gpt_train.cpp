@@ -2,11 +2,12 @@
 // first tensor parallel over all 4 (TP=4), then data parallel x tensor parallel (DP=2 x TP=2), then
 // fully sharded data parallel over all 4 (FSDP=4: each rank keeps a quarter of the parameters and
 // optimizer state and trains on a quarter of each batch), then FSDP=2 x TP=2, then hybrid sharded data
-// parallel (HSDP: 2 replicas x FSDP=2, each rank on a quarter of each batch). Rank 0
+// parallel (HSDP: 2 replicas x FSDP=2, each rank on a quarter of each batch), then pipeline parallel
+// (PP=4 with 1F1B, and PP=2 x DP=2 with the ZBV zero-bubble schedule). Rank 0
 // then trains the same model on the same batches from the same seed in one process and compares the
 // loss trajectories: PASS when every step's loss is within a relative 1e-4.
 //
-//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp] [--corpus PATH] [--save DIR] [--resume DIR]
+//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp,pp,pp-dp] [--corpus PATH] [--save DIR] [--resume DIR]
 //             [--checkpoint-every N DIR] [--blocking-checkpoints 1]
 //
 // --save DIR writes the first mode's model and optimizer state after its last step (a dtensor
@@ -31,14 +32,16 @@
 #include <iostream>
 
 #include "build_paths.h"
+#include "dtensor/pipeline.h"
 #include "dtensor/training_state.h"
+#include "gpt/pipeline.h"
 #include "gpt/training.h"
 
 namespace {
 
 struct Args {
   int steps = 50;
-  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp"};
+  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp", "pp", "pp-dp"};
   std::string corpus = dtensor::build_paths::gpt_corpus;
   std::string save, resume;
   int checkpoint_every = 0;
@@ -223,6 +226,55 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
   return run;
 }
 
+// Pipeline parallel: the model cut into four stages (embeddings | block 0 | block 1 | head), placed
+// along the mesh's "pp" dim by `schedule`. With a "dp" dim each pipeline trains on its own rows of each
+// batch and the gradients are averaged over dp. The whole model's gradient norm is clipped across
+// the stages, then AdamW steps each rank's stages.
+Run train_pipeline(const gpt::Corpus& corpus, const dtensor::MeshPtr& mesh, const dtensor::pipeline::Schedule& schedule, int steps,
+                   const std::string& label, bool print) {
+  torch::manual_seed(kSeed);
+  gpt::Gpt model(gpt::demo_config(corpus));
+  const int64_t pp = mesh->dim_index("pp");
+  const dtensor::MeshPtr dp = mesh->ndim() == 2 ? (*mesh)["dp"] : nullptr;
+  const int64_t dp_rank = dp ? dp->local_rank(0) : 0, dp_size = dp ? dp->size(0) : 1;
+  std::vector<dtensor::pipeline::PipelineStage> mine;
+  std::vector<at::Tensor> parameters;
+  for (auto& stage : dtensor::pipeline::split_at(gpt::pipeline_pieces(model), {"blocks.0", "blocks.1", "lm_head"})) {
+    if (schedule.rank_of(stage.index) != mesh->local_rank(pp)) continue;
+    parameters.insert(parameters.end(), stage.parameters.begin(), stage.parameters.end());
+    mine.push_back(std::move(stage));
+  }
+  dtensor::pipeline::PipelineRunner runner(schedule, std::move(mine), mesh, pp, gpt::pipeline_loss);
+  const gpt::TrainOptions options;
+  torch::optim::AdamW optimizer(parameters, torch::optim::AdamWOptions(options.lr).weight_decay(options.weight_decay));
+  gpt::Batches batches(corpus, kBatch, model->pos_emb.size(0), kSeed);
+  const dtensor::Placements summed{dtensor::Partial()}, averaged{dtensor::Partial(dtensor::ReduceOp::Avg)};
+  if (print) std::cout << "\n== " << label << " ==\n";
+  Run run;
+  const auto start = std::chrono::steady_clock::now();
+  for (int step = 1; step <= steps; ++step) {
+    gpt::Batch batch = batches.next();
+    const int64_t rows = kBatch / dp_size;
+    optimizer.zero_grad();
+    const at::Tensor loss = runner.step(batch.tokens.slice(0, dp_rank * rows, (dp_rank + 1) * rows),
+                                        batch.targets.slice(0, dp_rank * rows, (dp_rank + 1) * rows));
+    for (const at::Tensor& p : parameters)
+      if (dp && p.grad().defined()) p.grad().copy_(dtensor::full_tensor(dtensor::from_local(p.grad(), dp, averaged)));
+    dtensor::pipeline::clip_grad_norm_(parameters, options.max_grad_norm, mesh, pp);
+    dtensor::step_on_local_shards(optimizer, {.fused = true});
+    // The loss lives on the last stage's rank: summed along pp, every rank has it.
+    const at::Tensor held = loss.defined() ? loss.detach().reshape({1}) : at::zeros({1});
+    const double whole = dtensor::full_tensor(dtensor::from_local(held, (*mesh)["pp"], summed)).item<double>();
+    run.losses.push_back(dp ? gpt::mean_over(dp, whole) : whole);
+    if (print && (step == 1 || step % 5 == 0 || step == steps))
+      std::cout << "  step " << std::setw(3) << step << "  loss " << std::fixed << std::setprecision(5) << run.losses.back() << "\n";
+  }
+  if (print)
+    std::cout << "  " << steps << " steps in " << std::setprecision(2)
+              << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s\n";
+  return run;
+}
+
 double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(b[i]));
@@ -268,8 +320,24 @@ int main(int argc, char** argv) {
         mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"replicate", "dp"}});
         parallelism.fully_sharded = true;
         label = "hybrid sharded data parallel, 2 replicas x FSDP=" + std::to_string(world->size() / 2);
+      } else if (mode == "pp" || mode == "pp-dp") {
+        if (world->size() != 4) throw std::invalid_argument(mode + " runs on 4 ranks");
+        if (!resume.empty() || (runs.empty() && (!args.save.empty() || args.checkpoint_every > 0))) {
+          if (print) std::cout << "\n== " << mode << ": skipped, the pipeline modes do not save or resume checkpoints yet ==\n";
+          continue;
+        }
+        const bool with_dp = mode == "pp-dp";
+        const auto pipeline_mesh = with_dp ? dtensor::DeviceMesh::create(world, {2, 2}, {.dim_names = {"pp", "dp"}})
+                                           : dtensor::DeviceMesh::create(world, {4}, {.dim_names = {"pp"}});
+        // PP=4: 1F1B, a stage per rank, 4 microbatches of 2 rows. PP=2 x DP=2: zero bubble (ZBV: two
+        // stages per rank in V, backward split into input and weight gradients), 4 microbatches of 1 row.
+        const auto schedule = with_dp ? dtensor::pipeline::zbv_zero_bubble(2, 4) : dtensor::pipeline::one_f_one_b(4, 4);
+        label = (with_dp ? "pipeline parallel x data parallel, PP=2 (ZBV zero bubble) x DP=2" : "pipeline parallel, PP=4 (1F1B)") +
+                std::string(" (") + dtensor::to_string(pipeline_mesh->backend()) + ")";
+        runs.emplace_back(label, train_pipeline(corpus, pipeline_mesh, schedule, args.steps, label, print));
+        continue;
       } else {
-        throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp, fsdp, fsdp-tp, hsdp)");
+        throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, pp, pp-dp)");
       }
       label += " (" + dtensor::to_string(mesh->backend()) + ")";
       // The first mode saves; every mode resumes (from the latest periodic checkpoint when restarted).

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include "dtensor/optim.h"
 #include "dtensor/pipeline.h"
 #include "harness.h"
 
@@ -115,6 +116,30 @@ TEST_F(PipelineTest, EveryScheduleTrainsAsOneProcess) {
 TEST_F(PipelineTest, OneFOneBOnThePpDimOfA2dMesh) {
   const MeshPtr m = mesh({2, 2}, {}, {"pp", "dp"});
   expect_trains_as_one_process(pp::one_f_one_b(2, 4), m, 0);
+}
+
+TEST_F(PipelineTest, ClipsByTheWholeModelsNormAcrossStages) {
+  // Each pp rank holds its stages' gradients; the oracle clips all of them together in one process.
+  const MeshPtr m = mesh({2, 2}, {}, {"pp", "dp"});
+  auto gradients_of = [](int64_t rank) {
+    std::vector<at::Tensor> params;
+    for (int64_t k = 0; k <= rank; ++k) {
+      at::Tensor p = at::zeros({3 + k}, at::kDouble).requires_grad_(true);
+      p.mutable_grad() = at::arange(3 + k, at::kDouble).add(rank - k).mul(0.7);
+      params.push_back(p);
+    }
+    return params;
+  };
+  const int64_t rank = m->local_rank(0);
+  const std::vector<at::Tensor> mine = gradients_of(rank);
+  const double norm = pp::clip_grad_norm_(mine, 1.5, m, 0);
+  std::vector<at::Tensor> all = gradients_of(0), other = gradients_of(1);
+  all.insert(all.end(), other.begin(), other.end());
+  const double expected = dtensor::clip_grad_norm_(all, 1.5);
+  EXPECT_NEAR(norm, expected, 1e-12);
+  const std::vector<at::Tensor> clipped_here = rank == 0 ? std::vector<at::Tensor>(all.begin(), all.begin() + 1) : other;
+  ASSERT_EQ(mine.size(), clipped_here.size());
+  for (size_t i = 0; i < mine.size(); ++i) EXPECT_TRUE(at::allclose(mine[i].grad(), clipped_here[i].grad(), 1e-14, 1e-14)) << i;
 }
 
 TEST_F(PipelineTest, RefusesStagesAndBatchesThatDoNotFit) {

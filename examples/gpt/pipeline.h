@@ -1,0 +1,38 @@
+#pragma once
+// The GPT as pipeline pieces (dtensor/pipeline_split.h), in the order its forward runs them: the
+// embeddings (tokens -> hidden states), each block, and the head (final norm and LM head -> logits).
+// The loss is the next-token cross-entropy of the last stage's logits.
+
+#include <torch/nn/functional/loss.h>
+
+#include "dtensor/pipeline_split.h"
+#include "gpt_model.h"
+
+namespace gpt {
+
+inline std::vector<dtensor::pipeline::ModelPiece> pipeline_pieces(Gpt& model) {
+  GptImpl* m = model.get();
+  std::vector<dtensor::pipeline::ModelPiece> pieces;
+  pieces.push_back({"tok_emb",
+                    [m](const at::Tensor& tokens) { return m->tok_emb(tokens) + m->pos_emb.slice(0, 0, tokens.size(1)); },
+                    {m->tok_emb->weight, m->pos_emb}});
+  for (size_t i = 0; i < m->blocks->size(); ++i) {
+    BlockImpl* block = m->blocks[i]->as<BlockImpl>();
+    pieces.push_back({"blocks." + std::to_string(i),
+                      [m, block](const at::Tensor& x) {
+                        const int64_t t = x.size(1);
+                        return block->forward(x, m->causal_mask.slice(0, 0, t).slice(1, 0, t));
+                      },
+                      block->parameters()});
+  }
+  std::vector<at::Tensor> head = m->ln_f->parameters();
+  head.push_back(m->lm_head->weight);
+  pieces.push_back({"lm_head", [m](const at::Tensor& x) { return m->lm_head(m->ln_f(x)); }, head});
+  return pieces;
+}
+
+inline at::Tensor pipeline_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(logits.flatten(0, 1), targets.flatten(0, 1));
+}
+
+}  // namespace gpt
