@@ -134,9 +134,11 @@ void JsonPull::begin_array() {
   ++pos_;
 }
 
-bool JsonPull::next_member(std::string_view& key) {
+// At an open container's next entry: false, having closed the container, at `close`; else true, past
+// the comma that separates entries.
+bool JsonPull::next_entry(char close) {
   skip_whitespace();
-  if (pos_ < text_.size() && text_[pos_] == '}') {
+  if (pos_ < text_.size() && text_[pos_] == close) {
     ++pos_;
     --depth_;
     first_.pop_back();
@@ -144,6 +146,11 @@ bool JsonPull::next_member(std::string_view& key) {
   }
   if (!first_.back()) expect(',');
   first_.back() = false;
+  return true;
+}
+
+bool JsonPull::next_member(std::string_view& key) {
+  if (!next_entry('}')) return false;
   skip_whitespace();
   if (pos_ >= text_.size() || text_[pos_] != '"') fail_syntax("expected a member's key or '}'");
   key = read_string_view(key_scratch_);
@@ -151,18 +158,7 @@ bool JsonPull::next_member(std::string_view& key) {
   return true;
 }
 
-bool JsonPull::next_element() {
-  skip_whitespace();
-  if (pos_ < text_.size() && text_[pos_] == ']') {
-    ++pos_;
-    --depth_;
-    first_.pop_back();
-    return false;
-  }
-  if (!first_.back()) expect(',');
-  first_.back() = false;
-  return true;
-}
+bool JsonPull::next_element() { return next_entry(']'); }
 
 bool JsonPull::read_bool() {
   if (peek() != Kind::Boolean) fail_expected("true or false");

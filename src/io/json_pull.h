@@ -78,6 +78,7 @@ class JsonPull {
   [[noreturn]] void fail_syntax(const std::string& what) const;
   void expect(char c);
   void enter();
+  bool next_entry(char close);
   std::string_view read_string_view(std::string& scratch);
   void append_escape(std::string& out);
   void check_utf8_sequence();
