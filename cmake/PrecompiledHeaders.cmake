@@ -9,8 +9,10 @@
 # word (-Winvalid-pch only warns). Hence the owners of the headers are targets with no macros of
 # their own; every program compiles as position-independent code (-fPIC, as the libraries do, rather
 # than the executables' usual -fPIE); and -Werror=invalid-pch makes a header that cannot be used an
-# error instead of a silent slowdown. Clang refuses a header made with other macros outright, so under
-# clang (./dev fuzz) each target compiles its own copy.
+# error instead of a silent slowdown. Under clang (./dev fuzz) the headers are included as text
+# (-include) instead: clang's precompiled header records the absolute paths it was made from, so a
+# fresh clone elsewhere made different bytes and ccache missed every object that used it (the fuzz
+# build recompiled in full in each CI run).
 
 # dtensor_add_precompiled_header(name HEADERS header... LINK target...): the target `name` compiles
 # `header...` with the include directories and macros of `target...`.
@@ -28,7 +30,10 @@ endfunction()
 function(dtensor_use_precompiled_header target name)
   if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
     get_target_property(headers ${name} DTENSOR_PCH_HEADERS)
-    target_precompile_headers(${target} PRIVATE ${headers})
+    foreach(header IN LISTS headers)
+      string(REGEX REPLACE "^<(.*)>$" "\\1" header "${header}")
+      target_compile_options(${target} PRIVATE "SHELL:-include ${header}")
+    endforeach()
     return()
   endif()
   target_precompile_headers(${target} REUSE_FROM ${name})
