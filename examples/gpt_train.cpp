@@ -3,11 +3,11 @@
 // fully sharded data parallel over all 4 (FSDP=4: each rank keeps a quarter of the parameters and
 // optimizer state and trains on a quarter of each batch), then FSDP=2 x TP=2, then hybrid sharded data
 // parallel (HSDP: 2 replicas x FSDP=2, each rank on a quarter of each batch), then pipeline parallel
-// (PP=4 with 1F1B, and PP=2 x DP=2 with the ZBV zero-bubble schedule). Rank 0
+// (PP=4 with 1F1B, PP=2 x DP=2 with the ZBV zero-bubble schedule, PP=2 x TP=2 with 1F1B). Rank 0
 // then trains the same model on the same batches from the same seed in one process and compares the
 // loss trajectories: PASS when every step's loss is within a relative 1e-4.
 //
-//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp,pp,pp-dp] [--corpus PATH] [--save DIR] [--resume DIR]
+//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp,pp,pp-dp,pp-tp] [--corpus PATH] [--save DIR] [--resume DIR]
 //             [--checkpoint-every N DIR] [--blocking-checkpoints 1]
 //
 // --save DIR writes the first mode's model and optimizer state after its last step (a dtensor
@@ -41,7 +41,7 @@ namespace {
 
 struct Args {
   int steps = 50;
-  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp", "pp", "pp-dp"};
+  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp", "pp", "pp-dp", "pp-tp"};
   std::string corpus = dtensor::build_paths::gpt_corpus;
   std::string save, resume;
   int checkpoint_every = 0;
@@ -226,25 +226,35 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
   return run;
 }
 
-// Pipeline parallel: the model cut into four stages (embeddings | block 0 | block 1 | head), placed
-// along the mesh's "pp" dim by `schedule`. With a "dp" dim each pipeline trains on its own rows of each
-// batch and the gradients are averaged over dp. The whole model's gradient norm is clipped across
-// the stages, then AdamW steps each rank's stages.
-Run train_pipeline(const gpt::Corpus& corpus, const dtensor::MeshPtr& mesh, const dtensor::pipeline::Schedule& schedule, int steps,
-                   const std::string& label, bool print) {
+// How a pipeline mode lays the model out: a mesh with a "pp" dim, and a "dp" dim (each pipeline
+// trains on its own rows of each batch, gradients averaged over dp) or a "tp" dim (each stage tensor
+// parallel over it, with the TP plan of the tp mode); the schedule; where the model is cut.
+struct PipelineLayout {
+  dtensor::MeshPtr mesh;
+  dtensor::pipeline::Schedule schedule;
+  std::vector<std::string> split_points;
+};
+
+// Pipeline parallel: the model cut into stages, placed along the mesh's "pp" dim by the layout's
+// schedule. The whole model's gradient norm is clipped across the stages, then AdamW steps each rank's
+// stages.
+Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int steps, const std::string& label, bool print) {
   torch::manual_seed(kSeed);
   gpt::Gpt model(gpt::demo_config(corpus));
+  const dtensor::MeshPtr& mesh = layout.mesh;
   const int64_t pp = mesh->dim_index("pp");
-  const dtensor::MeshPtr dp = mesh->ndim() == 2 ? (*mesh)["dp"] : nullptr;
+  const auto& names = mesh->dim_names();
+  const dtensor::MeshPtr dp = std::count(names.begin(), names.end(), "dp") ? (*mesh)["dp"] : nullptr;
+  if (std::count(names.begin(), names.end(), "tp")) gpt::parallelize(model, (*mesh)["tp"]);
   const int64_t dp_rank = dp ? dp->local_rank(0) : 0, dp_size = dp ? dp->size(0) : 1;
   std::vector<dtensor::pipeline::PipelineStage> mine;
   std::vector<at::Tensor> parameters;
-  for (auto& stage : dtensor::pipeline::split_at(gpt::pipeline_pieces(model), {"blocks.0", "blocks.1", "lm_head"})) {
-    if (schedule.rank_of(stage.index) != mesh->local_rank(pp)) continue;
+  for (auto& stage : dtensor::pipeline::split_at(gpt::pipeline_pieces(model), layout.split_points)) {
+    if (layout.schedule.rank_of(stage.index) != mesh->local_rank(pp)) continue;
     parameters.insert(parameters.end(), stage.parameters.begin(), stage.parameters.end());
     mine.push_back(std::move(stage));
   }
-  dtensor::pipeline::PipelineRunner runner(schedule, std::move(mine), mesh, pp, gpt::pipeline_loss);
+  dtensor::pipeline::PipelineRunner runner(layout.schedule, std::move(mine), mesh, pp, gpt::pipeline_loss);
   const gpt::TrainOptions options;
   torch::optim::AdamW optimizer(parameters, torch::optim::AdamWOptions(options.lr).weight_decay(options.weight_decay));
   gpt::Batches batches(corpus, kBatch, model->pos_emb.size(0), kSeed);
@@ -260,10 +270,10 @@ Run train_pipeline(const gpt::Corpus& corpus, const dtensor::MeshPtr& mesh, cons
                                         batch.targets.slice(0, dp_rank * rows, (dp_rank + 1) * rows));
     for (const at::Tensor& p : parameters)
       if (dp && p.grad().defined()) p.grad().copy_(dtensor::full_tensor(dtensor::from_local(p.grad(), dp, averaged)));
-    dtensor::pipeline::clip_grad_norm_(parameters, options.max_grad_norm, mesh, pp);
+    dtensor::clip_grad_norm_(parameters, options.max_grad_norm, 2.0, mesh, pp);
     dtensor::step_on_local_shards(optimizer, {.fused = true});
-    // The loss lives on the last stage's rank: summed along pp, every rank has it.
-    const at::Tensor held = loss.defined() ? loss.detach().reshape({1}) : at::zeros({1});
+    // The loss lives on the last stage's ranks (a DTensor under TP): summed along pp, every rank has it.
+    const at::Tensor held = at::full({1}, loss.defined() ? gpt::value_of(loss) : 0.0, at::kDouble);
     const double whole = dtensor::full_tensor(dtensor::from_local(held, (*mesh)["pp"], summed)).item<double>();
     run.losses.push_back(dp ? gpt::mean_over(dp, whole) : whole);
     if (print && (step == 1 || step % 5 == 0 || step == steps))
@@ -273,6 +283,24 @@ Run train_pipeline(const gpt::Corpus& corpus, const dtensor::MeshPtr& mesh, cons
     std::cout << "  " << steps << " steps in " << std::setprecision(2)
               << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s\n";
   return run;
+}
+
+// The pipeline modes, on 4 ranks: PP=4 with 1F1B, a stage per rank, 4 microbatches of 2 rows; PP=2 x
+// DP=2 zero bubble (ZBV: two stages per rank in V, backward split into input and weight gradients), 4
+// microbatches of 1 row; PP=2 x TP=2 with 1F1B, two stages of a block each, 4 microbatches of 2 rows.
+PipelineLayout pipeline_layout(const std::string& mode, const std::shared_ptr<dtensor::World>& world, std::string& label) {
+  namespace pp = dtensor::pipeline;
+  if (mode == "pp") {
+    label = "pipeline parallel, PP=4 (1F1B)";
+    return {dtensor::DeviceMesh::create(world, {4}, {.dim_names = {"pp"}}), pp::one_f_one_b(4, 4), {"blocks.0", "blocks.1", "lm_head"}};
+  }
+  if (mode == "pp-dp") {
+    label = "pipeline parallel x data parallel, PP=2 (ZBV zero bubble) x DP=2";
+    return {dtensor::DeviceMesh::create(world, {2, 2}, {.dim_names = {"pp", "dp"}}), pp::zbv_zero_bubble(2, 4),
+            {"blocks.0", "blocks.1", "lm_head"}};
+  }
+  label = "pipeline parallel x tensor parallel, PP=2 (1F1B) x TP=2";
+  return {dtensor::DeviceMesh::create(world, {2, 2}, {.dim_names = {"pp", "tp"}}), pp::one_f_one_b(2, 4), {"blocks.1"}};
 }
 
 double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
@@ -320,24 +348,18 @@ int main(int argc, char** argv) {
         mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"replicate", "dp"}});
         parallelism.fully_sharded = true;
         label = "hybrid sharded data parallel, 2 replicas x FSDP=" + std::to_string(world->size() / 2);
-      } else if (mode == "pp" || mode == "pp-dp") {
+      } else if (mode == "pp" || mode == "pp-dp" || mode == "pp-tp") {
         if (world->size() != 4) throw std::invalid_argument(mode + " runs on 4 ranks");
         if (!resume.empty() || (runs.empty() && (!args.save.empty() || args.checkpoint_every > 0))) {
           if (print) std::cout << "\n== " << mode << ": skipped, the pipeline modes do not save or resume checkpoints yet ==\n";
           continue;
         }
-        const bool with_dp = mode == "pp-dp";
-        const auto pipeline_mesh = with_dp ? dtensor::DeviceMesh::create(world, {2, 2}, {.dim_names = {"pp", "dp"}})
-                                           : dtensor::DeviceMesh::create(world, {4}, {.dim_names = {"pp"}});
-        // PP=4: 1F1B, a stage per rank, 4 microbatches of 2 rows. PP=2 x DP=2: zero bubble (ZBV: two
-        // stages per rank in V, backward split into input and weight gradients), 4 microbatches of 1 row.
-        const auto schedule = with_dp ? dtensor::pipeline::zbv_zero_bubble(2, 4) : dtensor::pipeline::one_f_one_b(4, 4);
-        label = (with_dp ? "pipeline parallel x data parallel, PP=2 (ZBV zero bubble) x DP=2" : "pipeline parallel, PP=4 (1F1B)") +
-                std::string(" (") + dtensor::to_string(pipeline_mesh->backend()) + ")";
-        runs.emplace_back(label, train_pipeline(corpus, pipeline_mesh, schedule, args.steps, label, print));
+        const PipelineLayout layout = pipeline_layout(mode, world, label);
+        label += " (" + dtensor::to_string(layout.mesh->backend()) + ")";
+        runs.emplace_back(label, train_pipeline(corpus, layout, args.steps, label, print));
         continue;
       } else {
-        throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, pp, pp-dp)");
+        throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, pp, pp-dp, pp-tp)");
       }
       label += " (" + dtensor::to_string(mesh->backend()) + ")";
       // The first mode saves; every mode resumes (from the latest periodic checkpoint when restarted).

@@ -1,10 +1,12 @@
 #pragma once
 // The GPT as pipeline pieces (dtensor/pipeline_split.h), in the order its forward runs them: the
 // embeddings (tokens -> hidden states), each block, and the head (final norm and LM head -> logits).
-// The loss is the next-token cross-entropy of the last stage's logits.
+// The loss is the next-token cross-entropy of the last stage's logits. Modules are called as
+// GptImpl::logits calls them (dtensor::call), so that a tensor-parallel plan's hooks run in each stage.
 
 #include <torch/nn/functional/loss.h>
 
+#include "dtensor/api.h"
 #include "dtensor/pipeline_split.h"
 #include "gpt_model.h"
 
@@ -14,25 +16,31 @@ inline std::vector<dtensor::pipeline::ModelPiece> pipeline_pieces(Gpt& model) {
   GptImpl* m = model.get();
   std::vector<dtensor::pipeline::ModelPiece> pieces;
   pieces.push_back({"tok_emb",
-                    [m](const at::Tensor& tokens) { return m->tok_emb(tokens) + m->pos_emb.slice(0, 0, tokens.size(1)); },
+                    [m](const at::Tensor& tokens) { return dtensor::call(m->tok_emb, tokens) + m->pos_emb.slice(0, 0, tokens.size(1)); },
                     {m->tok_emb->weight, m->pos_emb}});
   for (size_t i = 0; i < m->blocks->size(); ++i) {
     BlockImpl* block = m->blocks[i]->as<BlockImpl>();
     pieces.push_back({"blocks." + std::to_string(i),
                       [m, block](const at::Tensor& x) {
                         const int64_t t = x.size(1);
-                        return block->forward(x, m->causal_mask.slice(0, 0, t).slice(1, 0, t));
+                        return dtensor::call(*block, x, m->causal_mask.slice(0, 0, t).slice(1, 0, t));
                       },
                       block->parameters()});
   }
   std::vector<at::Tensor> head = m->ln_f->parameters();
   head.push_back(m->lm_head->weight);
-  pieces.push_back({"lm_head", [m](const at::Tensor& x) { return m->lm_head(m->ln_f(x)); }, head});
+  pieces.push_back({"lm_head", [m](const at::Tensor& x) { return dtensor::call(m->lm_head, dtensor::call(m->ln_f, x)); }, head});
   return pieces;
 }
 
+// Under TP the logits are a DTensor sharded by class (loss parallel); the targets then join them as
+// Replicate, as the TP plan's root input does in the whole model.
 inline at::Tensor pipeline_loss(const at::Tensor& logits, const at::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(logits.flatten(0, 1), targets.flatten(0, 1));
+  const at::Tensor aligned =
+      dtensor::is_dtensor(logits)
+          ? dtensor::from_local(targets, dtensor::mesh_of(logits), dtensor::Placements(dtensor::placements_of(logits).size(), dtensor::Replicate()))
+          : targets;
+  return torch::nn::functional::cross_entropy(logits.flatten(0, 1), aligned.flatten(0, 1));
 }
 
 }  // namespace gpt

@@ -42,4 +42,11 @@ void step_on_local_shards(torch::optim::Optimizer& optimizer, const LocalStepOpt
 // one per parameter. Partial gradients are reduced first.
 double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0);
 
+// The same for a model split into disjoint parts along dim `split_dim` of `split_mesh` (pipeline
+// stages: each rank of the pp dim passes the parameters of its own stages), as torchtitan clips with
+// its pp_mesh: the parts' norms combine across that dim (one more scalar all-reduce) before any
+// gradient is scaled, so that every part is clipped by the whole model's norm, which is returned.
+double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type, const MeshPtr& split_mesh,
+                       int64_t split_dim);
+
 }  // namespace dtensor

@@ -58,10 +58,4 @@ class PipelineRunner {
   std::unique_ptr<Impl> impl_;
 };
 
-// clip_grad_norm_ (dtensor/optim.h) over a pipeline: each rank holds its stages' gradients, so the
-// whole model's norm sums every rank's along the pp dim before any is scaled. Plain (local) gradients;
-// a DTensor one (a stage under TP or FSDP) is refused, as its norm needs its own reduction. Returns
-// the total norm; scales every gradient by min(1, max_norm / (norm + 1e-6)), as PyTorch does.
-double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, const MeshPtr& mesh, int64_t pp_dim);
-
 }  // namespace dtensor::pipeline

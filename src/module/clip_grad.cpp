@@ -35,6 +35,11 @@ void scale_gradients(const std::vector<at::Tensor>& parameters, const at::Tensor
 }  // namespace
 
 double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
+  return clip_grad_norm_(parameters, max_norm, norm_type, nullptr, 0);
+}
+
+double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type, const MeshPtr& split_mesh,
+                       int64_t split_dim) {
   const bool infinity = std::isinf(norm_type);
   auto combine = [&](const at::Tensor& acc, const at::Tensor& term) {
     if (!acc.defined()) return term;
@@ -86,6 +91,14 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
     if (pool.mesh->contains_this_rank())
       for (int64_t d : pool.sharded_dims) detail::all_reduce_(*pool.mesh, d, value, infinity ? ReduceOp::Max : ReduceOp::Sum);
     total = combine(total, value.reshape({}));
+  }
+  if (split_mesh) {
+    // This rank's part of the model meets the other parts: every rank of the dim joins, with a zero
+    // when it holds no gradient (the identity of the sum, and of the maximum of absolute values).
+    at::Tensor value = total.defined() ? total.reshape({1}).to(at::Device(split_mesh->device_type()))
+                                       : at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(split_mesh->device_type()));
+    detail::all_reduce_(*split_mesh, split_dim, value, infinity ? ReduceOp::Max : ReduceOp::Sum);
+    total = value.reshape({});
   }
   if (!total.defined()) return 0;
   const at::Tensor norm = infinity ? total : total.pow(1.0 / norm_type);

@@ -1,10 +1,13 @@
 // Pipeline schedules run between real processes (dtensor/pipeline.h), on MPI and Gloo: a stack of
 // layers split into uneven stages trains with every schedule (GPipe, 1F1B, Interleaved 1F1B,
-// LoopedBFS, Interleaved Zero Bubble, ZBV) on 4 ranks, and 1F1B on the pp dim of a 2x2 mesh, over a
-// batch the microbatches do not divide evenly. The oracle is the whole model in one process on the same
+// LoopedBFS, Interleaved Zero Bubble, ZBV) on 4 ranks, 1F1B on the pp dim of a 2x2 mesh, and 1F1B
+// and ZBV with tensor-parallel stages on a (pp, tp) 2x2 mesh, over a batch the microbatches do not
+// divide evenly. The oracle is the whole model in one process on the same
 // microbatches: every stage's gradients and the last stage's loss equal it.
 
 #include <ATen/ATen.h>
+
+#include <limits>
 
 #include "dtensor/optim.h"
 #include "dtensor/pipeline.h"
@@ -41,15 +44,27 @@ std::vector<int> stage_bounds(int stages) {
   return {0, 1, 2, 3, 4, 5, 6, 7, 8};
 }
 
+// The layers, whole; or, given a `tp` mesh, tensor parallel inside each stage: every weight and bias
+// Shard(0) over tp (each rank computes its rows of a layer's output; DTensor gathers them where the
+// next layer needs them), the activations between stages plain tensors, whole on every tp rank.
 struct PipeModel {
   std::vector<std::vector<at::Tensor>> layers;
-  PipeModel() {
-    for (int l = 0; l < kPipeLayers; ++l) layers.push_back(pipe_layer_parameters(l));
+  MeshPtr tp;
+  explicit PipeModel(MeshPtr tp_mesh = nullptr) : tp(std::move(tp_mesh)) {
+    for (int l = 0; l < kPipeLayers; ++l) {
+      std::vector<at::Tensor> p = pipe_layer_parameters(l);
+      if (tp)
+        for (at::Tensor& t : p) t = distribute_tensor(t.detach(), tp, Placements{Shard(0)}).requires_grad_(true);
+      layers.push_back(std::move(p));
+    }
   }
   at::Tensor forward(int from, int to, at::Tensor x) const {
+    if (tp) x = from_local(x, tp, {Replicate()});
     for (int l = from; l < to; ++l) x = pipe_layer(layers[l], l, x);
-    return x;
+    return tp ? full_tensor(x) : x;
   }
+  // A gradient as a whole tensor (a collective over tp for a DTensor one).
+  static at::Tensor whole(const at::Tensor& grad) { return is_dtensor(grad) ? full_tensor(grad) : grad; }
 };
 
 at::Tensor pipe_inputs() { return at::cos(at::arange(kPipeBatch * kPipeWidth, at::kDouble).mul(0.11)).reshape({kPipeBatch, kPipeWidth}); }
@@ -59,9 +74,10 @@ class PipelineTest : public DistTest {
  protected:
   // Runs `schedule` over `model`'s stages on `m`'s dim `dim` and checks gradients and loss against one
   // process running the whole model on the same microbatches (each microbatch's loss weighing 1/M).
-  void expect_trains_as_one_process(const pp::Schedule& schedule, const MeshPtr& m, int64_t dim) {
+  // With `tp`, each stage is tensor parallel over it (PipeModel).
+  void expect_trains_as_one_process(const pp::Schedule& schedule, const MeshPtr& m, int64_t dim, const MeshPtr& tp = nullptr) {
     const std::vector<int> bounds = stage_bounds(schedule.num_stages);
-    PipeModel model, oracle;
+    PipeModel model(tp), oracle;
     const int rank = static_cast<int>(m->local_rank(dim));
     std::vector<pp::PipelineStage> stages;
     for (int s = 0; s < schedule.num_stages; ++s) {
@@ -90,7 +106,9 @@ class PipelineTest : public DistTest {
             continue;
           }
           ASSERT_TRUE(grad.defined()) << "stage " << s << " layer " << l;
-          EXPECT_TRUE(at::allclose(grad, oracle.layers[l][p].grad(), 1e-10, 1e-12)) << "stage " << s << " layer " << l << " parameter " << p;
+          EXPECT_EQ(is_dtensor(grad), tp != nullptr) << "stage " << s << " layer " << l;
+          EXPECT_TRUE(at::allclose(PipeModel::whole(grad), oracle.layers[l][p].grad(), 1e-10, 1e-12))
+              << "stage " << s << " layer " << l << " parameter " << p;
         }
       }
     }
@@ -118,28 +136,50 @@ TEST_F(PipelineTest, OneFOneBOnThePpDimOfA2dMesh) {
   expect_trains_as_one_process(pp::one_f_one_b(2, 4), m, 0);
 }
 
+TEST_F(PipelineTest, OneFOneBWithTensorParallelStagesOnA2x2Mesh) {
+  // PP=2 x TP=2: each stage's layers sharded over tp, the stages' activations passed along pp.
+  const MeshPtr m = mesh({2, 2}, {}, {"pp", "tp"});
+  expect_trains_as_one_process(pp::one_f_one_b(2, 8), m, 0, (*m)["tp"]);
+}
+
+TEST_F(PipelineTest, ZeroBubbleWithTensorParallelStagesOnA2x2Mesh) {
+  // The backward split in two (input gradients, then the DTensor parameters' gradients) under TP.
+  const MeshPtr m = mesh({2, 2}, {}, {"pp", "tp"});
+  expect_trains_as_one_process(pp::zbv_zero_bubble(2, 4), m, 0, (*m)["tp"]);
+}
+
 TEST_F(PipelineTest, ClipsByTheWholeModelsNormAcrossStages) {
-  // Each pp rank holds its stages' gradients; the oracle clips all of them together in one process.
-  const MeshPtr m = mesh({2, 2}, {}, {"pp", "dp"});
-  auto gradients_of = [](int64_t rank) {
+  // Each pp rank holds its stages' gradients, plain and DTensors sharded over tp (uneven: 5 rows on 2
+  // ranks); the oracle clips all of them, whole, together in one process. Both norms, 2 and infinity.
+  const MeshPtr m = mesh({2, 2}, {}, {"pp", "tp"});
+  const MeshPtr tp = (*m)["tp"];
+  auto gradients_of = [&](int64_t rank, bool sharded) {
     std::vector<at::Tensor> params;
-    for (int64_t k = 0; k <= rank; ++k) {
-      at::Tensor p = at::zeros({3 + k}, at::kDouble).requires_grad_(true);
-      p.mutable_grad() = at::arange(3 + k, at::kDouble).add(rank - k).mul(0.7);
+    for (int64_t k = 0; k <= rank + 1; ++k) {
+      const at::Tensor grad = at::arange(3 + 2 * k, at::kDouble).add(rank - k).mul(0.7 - 0.4 * k);
+      const bool distribute = sharded && k == 1;
+      at::Tensor p = distribute ? distribute_tensor(at::zeros_like(grad), tp, Placements{Shard(0)}) : at::zeros_like(grad);
+      p.requires_grad_(true);
+      p.mutable_grad() = distribute ? distribute_tensor(grad, tp, Placements{Shard(0)}) : grad;
       params.push_back(p);
     }
     return params;
   };
   const int64_t rank = m->local_rank(0);
-  const std::vector<at::Tensor> mine = gradients_of(rank);
-  const double norm = pp::clip_grad_norm_(mine, 1.5, m, 0);
-  std::vector<at::Tensor> all = gradients_of(0), other = gradients_of(1);
-  all.insert(all.end(), other.begin(), other.end());
-  const double expected = dtensor::clip_grad_norm_(all, 1.5);
-  EXPECT_NEAR(norm, expected, 1e-12);
-  const std::vector<at::Tensor> clipped_here = rank == 0 ? std::vector<at::Tensor>(all.begin(), all.begin() + 1) : other;
-  ASSERT_EQ(mine.size(), clipped_here.size());
-  for (size_t i = 0; i < mine.size(); ++i) EXPECT_TRUE(at::allclose(mine[i].grad(), clipped_here[i].grad(), 1e-14, 1e-14)) << i;
+  for (const double norm_type : {2.0, std::numeric_limits<double>::infinity()}) {
+    SCOPED_TRACE(norm_type);
+    const std::vector<at::Tensor> mine = gradients_of(rank, true);
+    const double norm = dtensor::clip_grad_norm_(mine, 1.5, norm_type, m, 0);
+    std::vector<at::Tensor> all = gradients_of(0, false), other = gradients_of(1, false);
+    const size_t first = all.size();
+    all.insert(all.end(), other.begin(), other.end());
+    const double expected = dtensor::clip_grad_norm_(all, 1.5, norm_type);
+    EXPECT_NEAR(norm, expected, 1e-12);
+    const std::vector<at::Tensor> clipped_here(all.begin() + (rank == 0 ? 0 : first), rank == 0 ? all.begin() + first : all.end());
+    ASSERT_EQ(mine.size(), clipped_here.size());
+    for (size_t i = 0; i < mine.size(); ++i)
+      EXPECT_TRUE(at::allclose(PipeModel::whole(mine[i].grad()), clipped_here[i].grad(), 1e-14, 1e-14)) << i;
+  }
 }
 
 TEST_F(PipelineTest, RefusesStagesAndBatchesThatDoNotFit) {
