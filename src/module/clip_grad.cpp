@@ -32,14 +32,17 @@ void scale_gradients(const std::vector<at::Tensor>& parameters, const at::Tensor
   }
 }
 
-}  // namespace
-
-double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
-  return clip_grad_norm_(parameters, max_norm, norm_type, nullptr, 0);
+// `value` (0-d, or undefined for nothing held) as the 1-element tensor a scalar all-reduce on `mesh`
+// takes, on the mesh's device: zero where undefined, the identity of the sum and of the maximum of
+// absolute values (gradients offloaded to host memory from a CUDA mesh give host values).
+at::Tensor reducible_on(const DeviceMesh& mesh, const at::Tensor& value) {
+  const at::Device device(mesh.device_type());
+  return value.defined() ? value.reshape({1}).to(device) : at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(device));
 }
 
-double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type, const MeshPtr& split_mesh,
-                       int64_t split_dim) {
+// The sum of |g|^norm_type over every element of every gradient (their maximum |g| for the infinity
+// norm), each element counted once however the gradients are sharded; undefined without gradients.
+at::Tensor gradient_norm_power(const std::vector<at::Tensor>& parameters, double norm_type) {
   const bool infinity = std::isinf(norm_type);
   auto combine = [&](const at::Tensor& acc, const at::Tensor& term) {
     if (!acc.defined()) return term;
@@ -83,20 +86,29 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
 
   at::Tensor total = plain;
   for (Pool& pool : pools) {
-    // Every member of a pool's mesh joins its all-reduces, holding a value or not, on the mesh's device
-    // (gradients offloaded to host memory from a CUDA mesh give host values).
-    at::Tensor value = pool.local.defined()
-                           ? pool.local.reshape({1}).to(at::Device(pool.mesh->device_type()))
-                           : at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(pool.mesh->device_type()));
+    // Every member of a pool's mesh joins its all-reduces, holding a value or not.
+    at::Tensor value = reducible_on(*pool.mesh, pool.local);
     if (pool.mesh->contains_this_rank())
       for (int64_t d : pool.sharded_dims) detail::all_reduce_(*pool.mesh, d, value, infinity ? ReduceOp::Max : ReduceOp::Sum);
     total = combine(total, value.reshape({}));
   }
+  return total;
+}
+
+}  // namespace
+
+double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type) {
+  return clip_grad_norm_(parameters, max_norm, norm_type, nullptr, 0);
+}
+
+double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type, const MeshPtr& split_mesh,
+                       int64_t split_dim) {
+  const bool infinity = std::isinf(norm_type);
+  at::Tensor total = gradient_norm_power(parameters, norm_type);
   if (split_mesh) {
-    // This rank's part of the model meets the other parts: every rank of the dim joins, with a zero
-    // when it holds no gradient (the identity of the sum, and of the maximum of absolute values).
-    at::Tensor value = total.defined() ? total.reshape({1}).to(at::Device(split_mesh->device_type()))
-                                       : at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(split_mesh->device_type()));
+    // This rank's part of the model meets the other parts: every rank of the dim joins, holding a
+    // gradient or not.
+    at::Tensor value = reducible_on(*split_mesh, total);
     detail::all_reduce_(*split_mesh, split_dim, value, infinity ? ReduceOp::Max : ReduceOp::Sum);
     total = value.reshape({});
   }
