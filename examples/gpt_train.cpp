@@ -3,11 +3,12 @@
 // fully sharded data parallel over all 4 (FSDP=4: each rank keeps a quarter of the parameters and
 // optimizer state and trains on a quarter of each batch), then FSDP=2 x TP=2, then hybrid sharded data
 // parallel (HSDP: 2 replicas x FSDP=2, each rank on a quarter of each batch), then pipeline parallel
-// (PP=4 with 1F1B, PP=2 x DP=2 with the ZBV zero-bubble schedule, PP=2 x TP=2 with 1F1B). Rank 0
+// (PP=4 with 1F1B, PP=2 x DP=2 with the ZBV zero-bubble schedule, PP=2 x TP=2 with Interleaved 1F1B,
+// PP=2 x FSDP=2 with 1F1B; --modes pp-fsdp-tp adds PP=2 x FSDP=2 x TP=1). Rank 0
 // then trains the same model on the same batches from the same seed in one process and compares the
 // loss trajectories: PASS when every step's loss is within a relative 1e-4.
 //
-//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp,pp,pp-dp,pp-tp] [--corpus PATH] [--save DIR] [--resume DIR]
+//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp,pp,pp-dp,pp-tp,pp-fsdp] [--corpus PATH] [--save DIR] [--resume DIR]
 //             [--checkpoint-every N DIR] [--blocking-checkpoints 1]
 //
 // --save DIR writes the first mode's model and optimizer state after its last step (a dtensor
@@ -41,7 +42,7 @@ namespace {
 
 struct Args {
   int steps = 50;
-  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp", "pp", "pp-dp", "pp-tp"};
+  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp", "pp", "pp-dp", "pp-tp", "pp-fsdp"};
   std::string corpus = dtensor::build_paths::gpt_corpus;
   std::string save, resume;
   int checkpoint_every = 0;
@@ -226,13 +227,16 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
   return run;
 }
 
-// How a pipeline mode lays the model out: a mesh with a "pp" dim, and a "dp" dim (each pipeline
-// trains on its own rows of each batch, gradients averaged over dp) or a "tp" dim (each stage tensor
-// parallel over it, with the TP plan of the tp mode); the schedule; where the model is cut.
+// How a pipeline mode lays the model out: a mesh with a "pp" dim and any of "dp" (each pipeline trains
+// on its own rows of each batch) and "tp" (each stage tensor parallel over it, with the TP plan of the
+// tp mode); the schedule; where the model is cut. Over dp the gradients are averaged after the step's
+// backwards, or, fully sharded, reduce-scattered by FSDP inside each stage (over the ("dp", "tp")
+// mesh with a tp dim, as the fsdp-tp mode does).
 struct PipelineLayout {
   dtensor::MeshPtr mesh;
   dtensor::pipeline::Schedule schedule;
   std::vector<std::string> split_points;
+  bool fully_sharded = false;
 };
 
 // Pipeline parallel: the model cut into stages, placed along the mesh's "pp" dim by the layout's
@@ -244,8 +248,10 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
   const dtensor::MeshPtr& mesh = layout.mesh;
   const int64_t pp = mesh->dim_index("pp");
   const auto& names = mesh->dim_names();
+  const bool with_tp = std::count(names.begin(), names.end(), "tp") > 0;
   const dtensor::MeshPtr dp = std::count(names.begin(), names.end(), "dp") ? (*mesh)["dp"] : nullptr;
-  if (std::count(names.begin(), names.end(), "tp")) gpt::parallelize(model, (*mesh)["tp"]);
+  if (with_tp) gpt::parallelize(model, (*mesh)["tp"]);
+  if (layout.fully_sharded) gpt::fully_shard(model, with_tp ? mesh->slice({"dp", "tp"}) : dp);
   const int64_t dp_rank = dp ? dp->local_rank(0) : 0, dp_size = dp ? dp->size(0) : 1;
   std::vector<dtensor::pipeline::PipelineStage> mine;
   std::vector<at::Tensor> parameters;
@@ -269,7 +275,7 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
     const at::Tensor loss = runner.step(batch.tokens.slice(0, dp_rank * rows, (dp_rank + 1) * rows),
                                         batch.targets.slice(0, dp_rank * rows, (dp_rank + 1) * rows));
     for (const at::Tensor& p : parameters)
-      if (dp && p.grad().defined()) p.grad().copy_(dtensor::full_tensor(dtensor::from_local(p.grad(), dp, averaged)));
+      if (dp && !layout.fully_sharded && p.grad().defined()) p.grad().copy_(dtensor::full_tensor(dtensor::from_local(p.grad(), dp, averaged)));
     dtensor::clip_grad_norm_(parameters, options.max_grad_norm, 2.0, mesh, pp);
     dtensor::step_on_local_shards(optimizer, {.fused = true});
     // The loss lives on the last stage's ranks (a DTensor under TP): summed along pp, every rank has it.
@@ -285,22 +291,38 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
   return run;
 }
 
-// The pipeline modes, on 4 ranks: PP=4 with 1F1B, a stage per rank, 4 microbatches of 2 rows; PP=2 x
-// DP=2 zero bubble (ZBV: two stages per rank in V, backward split into input and weight gradients), 4
-// microbatches of 1 row; PP=2 x TP=2 with 1F1B, two stages of a block each, 4 microbatches of 2 rows.
+// The pipeline modes, on 4 ranks, 4 microbatches each: PP=4 with 1F1B, a stage per rank; PP=2 x DP=2
+// zero bubble (ZBV: two stages per rank in V, backward split into input and weight gradients); PP=2 x
+// TP=2 with Interleaved 1F1B (two stages per rank); PP=2 x FSDP=2 with 1F1B, a block per stage; and
+// (not among the defaults: its TP is of one rank) PP=2 x FSDP=2 x TP=1 with 1F1B.
 PipelineLayout pipeline_layout(const std::string& mode, const std::shared_ptr<dtensor::World>& world, std::string& label) {
   namespace pp = dtensor::pipeline;
+  auto mesh = [&](std::vector<int64_t> shape, std::vector<std::string> names) {
+    return dtensor::DeviceMesh::create(world, shape, {.dim_names = std::move(names)});
+  };
+  const std::vector<std::string> four_stages = {"blocks.0", "blocks.1", "lm_head"}, two_stages = {"blocks.1"};
   if (mode == "pp") {
     label = "pipeline parallel, PP=4 (1F1B)";
-    return {dtensor::DeviceMesh::create(world, {4}, {.dim_names = {"pp"}}), pp::one_f_one_b(4, 4), {"blocks.0", "blocks.1", "lm_head"}};
+    return {mesh({4}, {"pp"}), pp::one_f_one_b(4, 4), four_stages};
   }
   if (mode == "pp-dp") {
     label = "pipeline parallel x data parallel, PP=2 (ZBV zero bubble) x DP=2";
-    return {dtensor::DeviceMesh::create(world, {2, 2}, {.dim_names = {"pp", "dp"}}), pp::zbv_zero_bubble(2, 4),
-            {"blocks.0", "blocks.1", "lm_head"}};
+    return {mesh({2, 2}, {"pp", "dp"}), pp::zbv_zero_bubble(2, 4), four_stages};
   }
-  label = "pipeline parallel x tensor parallel, PP=2 (1F1B) x TP=2";
-  return {dtensor::DeviceMesh::create(world, {2, 2}, {.dim_names = {"pp", "tp"}}), pp::one_f_one_b(2, 4), {"blocks.1"}};
+  if (mode == "pp-tp") {
+    label = "pipeline parallel x tensor parallel, PP=2 (Interleaved 1F1B, 2 stages per rank) x TP=2";
+    return {mesh({2, 2}, {"pp", "tp"}), pp::interleaved_1f1b(2, 2, 4), four_stages};
+  }
+  if (mode == "pp-fsdp") {
+    label = "pipeline parallel x fully sharded, PP=2 (1F1B) x FSDP=2";
+    return {mesh({2, 2}, {"pp", "dp"}), pp::one_f_one_b(2, 4), two_stages, true};
+  }
+  label = "pipeline parallel x fully sharded x tensor parallel, PP=2 (1F1B) x FSDP=2 x TP=1";
+  return {mesh({2, 2, 1}, {"pp", "dp", "tp"}), pp::one_f_one_b(2, 4), two_stages, true};
+}
+
+bool is_pipeline_mode(const std::string& mode) {
+  return mode == "pp" || mode == "pp-dp" || mode == "pp-tp" || mode == "pp-fsdp" || mode == "pp-fsdp-tp";
 }
 
 double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
@@ -348,7 +370,7 @@ int main(int argc, char** argv) {
         mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"replicate", "dp"}});
         parallelism.fully_sharded = true;
         label = "hybrid sharded data parallel, 2 replicas x FSDP=" + std::to_string(world->size() / 2);
-      } else if (mode == "pp" || mode == "pp-dp" || mode == "pp-tp") {
+      } else if (is_pipeline_mode(mode)) {
         if (world->size() != 4) throw std::invalid_argument(mode + " runs on 4 ranks");
         if (!resume.empty() || (runs.empty() && (!args.save.empty() || args.checkpoint_every > 0))) {
           if (print) std::cout << "\n== " << mode << ": skipped, the pipeline modes do not save or resume checkpoints yet ==\n";
@@ -359,7 +381,7 @@ int main(int argc, char** argv) {
         runs.emplace_back(label, train_pipeline(corpus, layout, args.steps, label, print));
         continue;
       } else {
-        throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, pp, pp-dp, pp-tp)");
+        throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, pp, pp-dp, pp-tp, pp-fsdp, pp-fsdp-tp)");
       }
       label += " (" + dtensor::to_string(mesh->backend()) + ")";
       // The first mode saves; every mode resumes (from the latest periodic checkpoint when restarted).

@@ -7,6 +7,7 @@
 #include <torch/nn/functional/loss.h>
 
 #include "dtensor/api.h"
+#include "dtensor/fsdp.h"
 #include "dtensor/pipeline_split.h"
 #include "gpt_model.h"
 
@@ -16,7 +17,10 @@ inline std::vector<dtensor::pipeline::ModelPiece> pipeline_pieces(Gpt& model) {
   GptImpl* m = model.get();
   std::vector<dtensor::pipeline::ModelPiece> pieces;
   pieces.push_back({"tok_emb",
-                    [m](const at::Tensor& tokens) { return dtensor::call(m->tok_emb, tokens) + m->pos_emb.slice(0, 0, tokens.size(1)); },
+                    [m](const at::Tensor& tokens) {
+                      return dtensor::call_as_forward(
+                          *m, [m](const at::Tensor& t) { return dtensor::call(m->tok_emb, t) + m->pos_emb.slice(0, 0, t.size(1)); }, tokens);
+                    },
                     {m->tok_emb->weight, m->pos_emb}});
   for (size_t i = 0; i < m->blocks->size(); ++i) {
     BlockImpl* block = m->blocks[i]->as<BlockImpl>();
@@ -29,7 +33,12 @@ inline std::vector<dtensor::pipeline::ModelPiece> pipeline_pieces(Gpt& model) {
   }
   std::vector<at::Tensor> head = m->ln_f->parameters();
   head.push_back(m->lm_head->weight);
-  pieces.push_back({"lm_head", [m](const at::Tensor& x) { return dtensor::call(m->lm_head, dtensor::call(m->ln_f, x)); }, head});
+  pieces.push_back({"lm_head",
+                    [m](const at::Tensor& x) {
+                      return dtensor::call_as_forward(
+                          *m, [m](const at::Tensor& h) { return dtensor::call(m->lm_head, dtensor::call(m->ln_f, h)); }, x);
+                    },
+                    head});
   return pieces;
 }
 
