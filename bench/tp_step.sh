@@ -39,12 +39,13 @@ at TP>1 rank 0 runs it alone, with one intra-op thread and with one per core, wh
 sleep in a store wait (they take no core), in the same rounds as the parallel runs.
 Before timing, both parallel runs' first-step losses must equal the single process's (relative 1e-5)
 and their warm-up losses after updates each other's (1e-4). After 5 warm-up steps each, the
-implementations alternate in rounds of 5 steps each, 20 rounds by default: dtensor and hand-written back to back (which goes first alternating), then the single-process runs, so that each parallel run follows each single-process run equally often (the step after one pays for it: the other ranks wake from a wait). Every step
+implementations alternate in rounds of 5 steps each, 20 rounds by default: dtensor and hand-written step by step in turn (which goes first alternating), then the single-process runs, so that each parallel run follows each single-process run equally often (the step after one pays for it: the other ranks wake from a wait). Every step
 starts after a barrier; a step's time is the maximum over ranks, and each column is the median over
 steps of that phase's time (maximum over ranks), so phases need not add up to the step. Under each table, the
 ratio of dtensor's to hand-written's step within each round (medians of the round's 5 steps; the two
-run back to back, so load that moves whole rounds cancels out): its median and middle half over rounds,
-the spread to read the table's ratio with. Collectives
+take turns, so load that drifts over seconds cancels out): its median with the median's 95% confidence
+interval (order statistics, no distribution assumed) and its middle half over rounds, the spread to
+read the table's ratio with; a goal inside the interval is not resolved by the run. Collectives
 are counted over one step on rank 0 (dtensor's with CommDebugMode). Goals: dtensor's step
 <= 1.02x the hand-written one on the same backend at TP=2 and TP=4; on MPI at TP=2, at least 1.2x the
 tokens/s of one process using every core.

@@ -244,8 +244,10 @@ void print_collectives(Contender& dtensor_run, Contender& hand, const std::vecto
 }
 
 // Rounds of kStepsPerRound steps per contender. Each round runs the two parallel contenders (the last
-// two) back to back, which one goes first alternating, then the single-process ones, their order
-// turning every two rounds. The step after a single-process run pays for it (at TP > 1 the other ranks
+// two) step by step in turn, which one goes first alternating, then the single-process ones, their
+// order turning every two rounds. In turn, not one's steps after the other's: the machine's pace
+// (Gloo's wake-ups on oversubscribed cores above all) drifts over seconds, which five steps of one
+// followed by five of the other took into their ratio. The step after a single-process run pays for it (at TP > 1 the other ranks
 // wake from a store wait and the scheduler places them anew; rank 0's intra-op threads may still
 // spin), so the parallel contenders must each follow every single-process one equally often. A plain
 // rotation of all four let dtensor follow the 2-thread run in three rounds of four and hand-written
@@ -256,13 +258,17 @@ at::Tensor time_rounds(std::vector<Contender>& contenders, const std::vector<gpt
   at::Tensor times = at::zeros({n, static_cast<int64_t>(rounds) * kStepsPerRound, kPhases}, at::kDouble);
   auto t = times.accessor<double, 3>();
   for (int round = 0; round < rounds; ++round) {
-    std::vector<int64_t> order = {n - 2 + round % 2, n - 1 - round % 2};
-    for (int64_t k = 0; k < n - 2; ++k) order.push_back((round / 2 + k) % (n - 2));
-    for (const int64_t c : order)
-      for (int s = 0; s < kStepsPerRound; ++s) {
-        const StepResult r = step(contenders[c], batches);
-        for (int p = 0; p < kPhases; ++p) t[c][round * kStepsPerRound + s][p] = r.seconds[p] * 1e3;
-      }
+    auto timed_step = [&](int64_t c, int s) {
+      const StepResult r = step(contenders[c], batches);
+      for (int p = 0; p < kPhases; ++p) t[c][round * kStepsPerRound + s][p] = r.seconds[p] * 1e3;
+    };
+    const int64_t first = n - 2 + round % 2, second = n - 1 - round % 2;
+    for (int s = 0; s < kStepsPerRound; ++s) {
+      timed_step(first, s);
+      timed_step(second, s);
+    }
+    for (int64_t k = 0; k < n - 2; ++k)
+      for (int s = 0; s < kStepsPerRound; ++s) timed_step((round / 2 + k) % (n - 2), s);
   }
   all_reduce_(times, c10d::ReduceOp::MAX, "step times (max over ranks)");
   return times;
@@ -299,8 +305,13 @@ void print_table(const std::vector<Contender>& contenders, const at::Tensor& tim
   }
   std::sort(ratios.begin(), ratios.end());
   auto quantile = [&](double q) { return ratios[static_cast<size_t>(q * static_cast<double>(ratios.size() - 1) + 0.5)]; };
-  std::printf("\ndtensor / hand-written within each round (paired): median %.3f, middle half %.3f-%.3f, over %lld rounds\n",
-              quantile(0.5), quantile(0.25), quantile(0.75), static_cast<long long>(rounds));
+  // The median's 95% confidence interval, free of any assumed distribution: the order statistics
+  // n/2 -+ 0.98 sqrt(n) (the binomial's normal approximation). A goal inside it is not resolved.
+  const double n = static_cast<double>(ratios.size()), half_width = 0.98 * std::sqrt(n);
+  const auto low = static_cast<size_t>(std::max(0.0, std::floor(n / 2 - half_width)));
+  const auto high = static_cast<size_t>(std::min(n - 1, std::ceil(n / 2 + half_width)));
+  std::printf("\ndtensor / hand-written within each round (paired): median %.3f (95%% confidence %.3f-%.3f), middle half %.3f-%.3f, over %lld rounds\n",
+              quantile(0.5), ratios[low], ratios[high], quantile(0.25), quantile(0.75), static_cast<long long>(rounds));
   if (tp == 1) return;
   const double single_ms = median_ms(fastest_single, kStep);
   std::printf("\nTokens/s over the fastest single process (%s): dtensor %.2fx, hand-written %.2fx\n",
