@@ -31,6 +31,7 @@
 #include <future>
 #include <iomanip>
 #include <iostream>
+#include <set>
 
 #include "build_paths.h"
 #include "dtensor/pipeline.h"
@@ -239,10 +240,22 @@ struct PipelineLayout {
   bool fully_sharded = false;
 };
 
+// This rank's part of the training state: its stages' parameters (with their optimizer state), the
+// buffers every stage holds, and whatever the job adds. Saved and loaded partitioned, under the whole
+// model's names, so that another cut (another PP degree, or no pipeline at all) loads it.
+void keep_only_own_stages(dtensor::checkpoint::TrainingState& state, gpt::Gpt& model, const std::vector<at::Tensor>& parameters) {
+  std::set<const c10::TensorImpl*> own;
+  for (const at::Tensor& p : parameters) own.insert(p.unsafeGetTensorImpl());
+  for (const auto& named : model->named_parameters())
+    if (!own.count(named.value().unsafeGetTensorImpl())) state.tensors().erase("model." + named.key());
+}
+
 // Pipeline parallel: the model cut into stages, placed along the mesh's "pp" dim by the layout's
 // schedule. The whole model's gradient norm is clipped across the stages, then AdamW steps each rank's
-// stages.
-Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int steps, const std::string& label, bool print) {
+// stages. Resumes from and saves partitioned checkpoints (checkpointing.resume and .save; not
+// periodically).
+Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int steps, const std::string& label, bool print,
+                   const Checkpointing& checkpointing) {
   torch::manual_seed(kSeed);
   gpt::Gpt model(gpt::demo_config(corpus));
   const dtensor::MeshPtr& mesh = layout.mesh;
@@ -263,12 +276,22 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
   dtensor::pipeline::PipelineRunner runner(layout.schedule, std::move(mine), mesh, pp, gpt::pipeline_loss);
   const gpt::TrainOptions options;
   torch::optim::AdamW optimizer(parameters, torch::optim::AdamWOptions(options.lr).weight_decay(options.weight_decay));
+  dtensor::checkpoint::TrainingState state(*model, &optimizer);
+  keep_only_own_stages(state, model, parameters);
+  state.tensors()["train.step"] = at::zeros({}, at::kLong);
   gpt::Batches batches(corpus, kBatch, model->pos_emb.size(0), kSeed);
+  Run run;
+  if (!checkpointing.resume.empty()) {
+    state.load(checkpointing.resume, {.world = mesh->world(), .partitioned = true});
+    run.first_step = static_cast<int>(state.tensors()["train.step"].item<int64_t>()) + 1;
+    for (int step = 1; step < run.first_step; ++step) batches.next();  // the batches those steps used
+  }
   const dtensor::Placements summed{dtensor::Partial()}, averaged{dtensor::Partial(dtensor::ReduceOp::Avg)};
   if (print) std::cout << "\n== " << label << " ==\n";
-  Run run;
+  if (print && run.first_step > 1) std::cout << "  resumed from " << checkpointing.resume << " at step " << run.first_step << "\n";
   const auto start = std::chrono::steady_clock::now();
-  for (int step = 1; step <= steps; ++step) {
+  const int last_step = run.first_step + steps - 1;
+  for (int step = run.first_step; step <= last_step; ++step) {
     gpt::Batch batch = batches.next();
     const int64_t rows = kBatch / dp_size;
     optimizer.zero_grad();
@@ -282,12 +305,17 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
     const at::Tensor held = at::full({1}, loss.defined() ? gpt::value_of(loss) : 0.0, at::kDouble);
     const double whole = dtensor::full_tensor(dtensor::from_local(held, (*mesh)["pp"], summed)).item<double>();
     run.losses.push_back(dp ? gpt::mean_over(dp, whole) : whole);
-    if (print && (step == 1 || step % 5 == 0 || step == steps))
+    if (print && (step == run.first_step || step % 5 == 0 || step == last_step))
       std::cout << "  step " << std::setw(3) << step << "  loss " << std::fixed << std::setprecision(5) << run.losses.back() << "\n";
   }
   if (print)
     std::cout << "  " << steps << " steps in " << std::setprecision(2)
               << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s\n";
+  if (!checkpointing.save.empty()) {
+    state.tensors()["train.step"].fill_(last_step);
+    state.save(checkpointing.save, {.overwrite = true, .world = mesh->world(), .partitioned = true});
+    if (print) std::cout << "  saved step " << last_step << " to " << checkpointing.save << " (partitioned: each stage its own tensors)\n";
+  }
   return run;
 }
 
@@ -372,13 +400,14 @@ int main(int argc, char** argv) {
         label = "hybrid sharded data parallel, 2 replicas x FSDP=" + std::to_string(world->size() / 2);
       } else if (is_pipeline_mode(mode)) {
         if (world->size() != 4) throw std::invalid_argument(mode + " runs on 4 ranks");
-        if (!resume.empty() || (runs.empty() && (!args.save.empty() || args.checkpoint_every > 0))) {
-          if (print) std::cout << "\n== " << mode << ": skipped, the pipeline modes do not save or resume checkpoints yet ==\n";
+        if (runs.empty() && args.checkpoint_every > 0) {
+          if (print) std::cout << "\n== " << mode << ": skipped, the pipeline modes do not save periodically yet ==\n";
           continue;
         }
         const PipelineLayout layout = pipeline_layout(mode, world, label);
         label += " (" + dtensor::to_string(layout.mesh->backend()) + ")";
-        runs.emplace_back(label, train_pipeline(corpus, layout, args.steps, label, print));
+        const Checkpointing checkpointing{resume, runs.empty() ? args.save : std::string()};
+        runs.emplace_back(label, train_pipeline(corpus, layout, args.steps, label, print, checkpointing));
         continue;
       } else {
         throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, pp, pp-dp, pp-tp, pp-fsdp, pp-fsdp-tp)");

@@ -24,8 +24,8 @@
 // Both are collective over the world of the state's DTensors: every rank calls them with the same
 // names, shapes, dtypes and placements (plain tensors are taken to hold the same value on every rank),
 // and every rank sees the directory (a local or shared file system), unless the save and the load are
-// node-local (each node its own directory). Pipeline stages holding different
-// tensors save into one directory per stage.
+// node-local (each node its own directory), or partitioned (pipeline stages holding different tensors:
+// SaveOptions::partitioned).
 //
 // The index's weight_map names only the tensors saved whole (plain, or Replicate on every mesh dim):
 // Hugging Face's loaders take an entry for the whole tensor, and a sharded one is in several files.
@@ -68,6 +68,13 @@ struct SaveOptions {
   // writes that node's copy of the index (which names the host holding every file) and of the commit
   // marker. Load it with LoadOptions::node_local. On a shared directory it saves as usual.
   bool node_local = false;
+  // Ranks hold different tensors under names global to the model (pipeline stages: each rank its
+  // stages' parameters and optimizer state), as PyTorch's DCP allows: every rank saves what it holds,
+  // the index names them all, a plain tensor is written by the first rank that holds it, and a tensor
+  // held by several ranks must have the same dtype, shape and (a DTensor) mesh and placements on each.
+  // Load it into another partition with LoadOptions::partitioned, or whole as any checkpoint. Not with
+  // whole_tensors.
+  bool partitioned = false;
 };
 
 struct SaveResult {
@@ -111,6 +118,9 @@ struct LoadOptions {
   bool node_local = false;
   // Dequantize block-quantized weights while loading (DequantizeOptions). Not with node_local.
   std::optional<DequantizeOptions> dequantize;
+  // This rank's state is its part of the checkpoint (pipeline stages, SaveOptions::partitioned): every
+  // state tensor must be in the checkpoint (with strict), the checkpoint's others are other ranks'.
+  bool partitioned = false;
 };
 
 struct LoadResult {

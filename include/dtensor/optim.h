@@ -6,6 +6,8 @@
 
 #include <vector>
 
+#include "dtensor/device_mesh.h"
+
 namespace torch::optim {
 class Optimizer;
 }

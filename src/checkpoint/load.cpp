@@ -26,11 +26,11 @@ std::string list(const std::vector<std::string>& names) {
 }  // namespace
 
 void match_names(const State& state, const std::set<std::string>& saved, const std::string& who, const std::string& dir, bool strict,
-                 LoadResult& result) {
+                 LoadResult& result, bool partitioned) {
   for (const auto& [name, tensor] : state)
     if (!saved.count(name)) result.missing.push_back(name);
   for (const std::string& name : saved)
-    if (!state.count(name)) result.unexpected.push_back(name);
+    if (!partitioned && !state.count(name)) result.unexpected.push_back(name);
   if (strict && (!result.missing.empty() || !result.unexpected.empty()))
     throw DTensorError(who + ": " + dir + " does not match the state (strict): " +
                        (result.missing.empty() ? "" : "missing from the checkpoint: " + list(result.missing)) +
@@ -39,10 +39,10 @@ void match_names(const State& state, const std::set<std::string>& saved, const s
                        "; load with strict = false to load the rest and get both lists");
 }
 
-void match_names(const State& state, const Catalog& catalog, const std::string& dir, bool strict, LoadResult& result) {
+void match_names(const State& state, const Catalog& catalog, const std::string& dir, bool strict, LoadResult& result, bool partitioned) {
   std::set<std::string> saved;
   for (const auto& [name, tensor] : catalog.tensors()) saved.insert(name);
-  match_names(state, saved, "checkpoint::load", dir, strict, result);
+  match_names(state, saved, "checkpoint::load", dir, strict, result, partitioned);
 }
 
 std::optional<std::pair<Box, at::Tensor>> target_of(const std::string& name, const at::Tensor& tensor) {
@@ -129,7 +129,7 @@ LoadResult load(const State& state, const std::string& dir, const LoadOptions& o
   std::exception_ptr error;
   try {
     const detail::Catalog catalog(dir);
-    detail::match_names(state, catalog, dir, options.strict, result);
+    detail::match_names(state, catalog, dir, options.strict, result, options.partitioned);
     at::NoGradGuard no_grad;
     for (const auto& [name, tensor] : state) {
       const auto found = catalog.tensors().find(name);

@@ -17,11 +17,13 @@
 
 namespace dtensor::checkpoint::detail {
 
-// Fills result.missing and result.unexpected; with `strict`, either being non-empty is an error.
-void match_names(const State& state, const Catalog& catalog, const std::string& dir, bool strict, LoadResult& result);
+// Fills result.missing and result.unexpected (not for a `partitioned` state: the checkpoint's other
+// tensors are other ranks'); with `strict`, either being non-empty is an error.
+void match_names(const State& state, const Catalog& catalog, const std::string& dir, bool strict, LoadResult& result,
+                 bool partitioned = false);
 // The same against the names `saved` of a checkpoint; errors start with `who` ("dcp::load").
 void match_names(const State& state, const std::set<std::string>& saved, const std::string& who, const std::string& dir, bool strict,
-                 LoadResult& result);
+                 LoadResult& result, bool partitioned = false);
 
 // `tensor` as the saved tensor's shape asks: itself, or, for a 0-d plain tensor saved with shape [1], a
 // [1] view of it: an optimizer step written by dtensor before steps became 0-d (as PyTorch keeps them).

@@ -8,6 +8,7 @@
 #include "dtensor/api.h"
 #include "dtensor/errors.h"
 #include "dtensor/world.h"
+#include "../io/json.h"
 #include "dtypes.h"
 
 namespace dtensor::checkpoint::detail {
@@ -50,6 +51,58 @@ std::vector<Saved> plan(const State& state, const Job& job, bool whole_tensors, 
   return out;
 }
 
+// A tensor as a partitioned save tells the other ranks of it: its layout ("plain", or a DTensor's mesh
+// and placements) and its pieces.
+nlohmann::json describe(const Saved& s, const at::Tensor& tensor) {
+  nlohmann::json pieces = nlohmann::json::array();
+  for (const Piece& p : s.pieces) pieces.push_back({p.box.offset, p.box.shape, p.holders});
+  const std::string layout = is_dtensor(tensor) ? mesh_of(tensor)->str() + " " + to_string(placements_of(tensor)) : "plain";
+  return {{"name", s.name}, {"dtype", s.dtype}, {"shape", s.global_shape}, {"layout", layout}, {"pieces", pieces}};
+}
+
+Saved described(const nlohmann::json& d) {
+  Saved s;
+  s.name = d.at("name").get<std::string>();
+  s.dtype = d.at("dtype").get<std::string>();
+  s.scalar_type = scalar_type_of(s.dtype, s.name, "a partitioned save");
+  s.global_shape = d.at("shape").get<Shape>();
+  for (const auto& p : d.at("pieces")) s.pieces.push_back(Piece{Box{p.at(0).get<Shape>(), p.at(1).get<Shape>()}, p.at(2).get<std::vector<int64_t>>()});
+  return s;
+}
+
+// A partitioned save's plan: every rank's tensors (gathered from what each planned for its own), in
+// the order of their names. A tensor several ranks hold is the first one's: a plain one is written by
+// it; the others must describe it the same.
+std::vector<Saved> merge_partitions(std::vector<Saved> mine, const State& state, const Job& job) {
+  nlohmann::json own = nlohmann::json::array();
+  for (Saved& s : mine) {
+    const at::Tensor& tensor = state.at(s.name);
+    if (!is_dtensor(tensor)) s.pieces.front().holders = {job.rank};
+    own.push_back(describe(s, tensor));
+  }
+  const std::vector<std::string> all = job.gather(own.dump());
+  std::map<std::string, std::pair<int, nlohmann::json>> first;  // name -> (rank, its description)
+  std::map<std::string, Saved> merged;
+  for (int rank = 0; rank < job.size; ++rank)
+    for (nlohmann::json& d : nlohmann::json::parse(all[static_cast<size_t>(rank)])) {
+      const std::string name = d.at("name").get<std::string>();
+      const auto [it, inserted] = first.emplace(name, std::make_pair(rank, d));
+      if (inserted) {
+        merged.emplace(name, described(d));
+        continue;
+      }
+      const nlohmann::json& other = it->second.second;
+      for (const char* key : {"dtype", "shape", "layout"})
+        if (d.at(key) != other.at(key))
+          throw DTensorError("checkpoint::save (partitioned): ranks " + std::to_string(it->second.first) + " and " + std::to_string(rank) +
+                             " both hold '" + name + "' but with " + key + " " + other.at(key).dump() + " and " + d.at(key).dump() +
+                             "; a tensor held by several ranks must be the same tensor on each");
+    }
+  std::vector<Saved> out;
+  for (auto& [name, s] : merged) out.push_back(std::move(s));
+  return out;
+}
+
 }  // namespace
 
 Prepared prepare(const State& state, const SaveOptions& options, bool staged) {
@@ -58,13 +111,22 @@ Prepared prepare(const State& state, const SaveOptions& options, bool staged) {
   std::string fingerprint;
   std::exception_ptr error;
   try {
+    if (options.partitioned && options.whole_tensors)
+      throw DTensorError("checkpoint::save: a partitioned save writes each rank's tensors as they are; it cannot also write them whole");
     out.saved = plan(state, job, options.whole_tensors, fingerprint);
     fingerprint += options.whole_tensors ? "whole" : "shards";
   } catch (...) {
     error = std::current_exception();
   }
   job.agree(error, "planning the save");
-  job.check_same(fingerprint + (options.node_local ? "node-local" : ""), "save");
+  const std::string mode = std::string(options.node_local ? "node-local" : "") + (options.partitioned ? "partitioned" : "");
+  if (options.partitioned) {
+    job.check_same(mode, "save");
+    // Every rank gathers the same descriptions, so a disagreement throws on every rank alike.
+    out.saved = merge_partitions(std::move(out.saved), state, job);
+  } else {
+    job.check_same(fingerprint + mode, "save");
+  }
   out.leads_directory = job.rank == 0;
   if (options.node_local) {
     out.hosts = job.gather(host_name());
@@ -76,6 +138,7 @@ Prepared prepare(const State& state, const SaveOptions& options, bool staged) {
   // rank runs in the same order.
   std::map<int64_t, MeshPtr> writer_meshes;  // a mesh of one rank per writer, made in the order of use
   for (Saved& s : out.saved) {
+    if (!state.count(s.name)) continue;  // another rank's (partitioned)
     const at::Tensor& tensor = state.at(s.name);
     at::Tensor placed = tensor.detach();
     if (is_dtensor(tensor)) {
