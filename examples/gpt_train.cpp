@@ -4,7 +4,8 @@
 // optimizer state and trains on a quarter of each batch), then FSDP=2 x TP=2, then hybrid sharded data
 // parallel (HSDP: 2 replicas x FSDP=2, each rank on a quarter of each batch), then pipeline parallel
 // (PP=4 with 1F1B, PP=2 x DP=2 with the ZBV zero-bubble schedule, PP=2 x TP=2 with Interleaved 1F1B,
-// PP=2 x FSDP=2 with 1F1B; --modes pp-fsdp-tp adds PP=2 x FSDP=2 x TP=1). Rank 0
+// PP=2 x FSDP=2 with 1F1B; --modes pp-fsdp-tp and pp-hsdp add PP=2 x FSDP=2 x TP=1 and PP=2 x
+// HSDP). Rank 0
 // then trains the same model on the same batches from the same seed in one process and compares the
 // loss trajectories: PASS when every step's loss is within a relative 1e-4.
 //
@@ -229,10 +230,10 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
 }
 
 // How a pipeline mode lays the model out: a mesh with a "pp" dim and any of "dp" (each pipeline trains
-// on its own rows of each batch) and "tp" (each stage tensor parallel over it, with the TP plan of the
-// tp mode); the schedule; where the model is cut. Over dp the gradients are averaged after the step's
-// backwards, or, fully sharded, reduce-scattered by FSDP inside each stage (over the ("dp", "tp")
-// mesh with a tp dim, as the fsdp-tp mode does).
+// on its own rows of each batch; "replicate" before it too, for HSDP) and "tp" (each stage tensor
+// parallel over it, with the TP plan of the tp mode); the schedule; where the model is cut. Over the
+// data dims the gradients are averaged after the step's backwards, or, fully sharded, reduced by FSDP
+// inside each stage (over ("dp", "tp") with a tp dim, as the fsdp-tp mode does).
 struct PipelineLayout {
   dtensor::MeshPtr mesh;
   dtensor::pipeline::Schedule schedule;
@@ -261,11 +262,16 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
   const dtensor::MeshPtr& mesh = layout.mesh;
   const int64_t pp = mesh->dim_index("pp");
   const auto& names = mesh->dim_names();
-  const bool with_tp = std::count(names.begin(), names.end(), "tp") > 0;
-  const dtensor::MeshPtr dp = std::count(names.begin(), names.end(), "dp") ? (*mesh)["dp"] : nullptr;
-  if (with_tp) gpt::parallelize(model, (*mesh)["tp"]);
-  if (layout.fully_sharded) gpt::fully_shard(model, with_tp ? mesh->slice({"dp", "tp"}) : dp);
-  const int64_t dp_rank = dp ? dp->local_rank(0) : 0, dp_size = dp ? dp->size(0) : 1;
+  auto has = [&](const std::string& name) { return std::count(names.begin(), names.end(), name) > 0; };
+  // The data-parallel dims: "dp", and "replicate" before it for HSDP.
+  std::vector<std::string> data_dims;
+  for (const char* name : {"replicate", "dp"})
+    if (has(name)) data_dims.push_back(name);
+  const dtensor::MeshPtr dp = data_dims.empty() ? nullptr : mesh->slice(data_dims);
+  if (has("tp")) gpt::parallelize(model, (*mesh)["tp"]);
+  if (layout.fully_sharded) gpt::fully_shard(model, has("tp") ? mesh->slice({"dp", "tp"}) : dp);
+  int64_t dp_rank = 0, dp_size = 1;  // this pipeline's rank among the data-parallel ones
+  for (int64_t d = 0; dp && d < dp->ndim(); ++d) dp_rank = dp_rank * dp->size(d) + dp->local_rank(d), dp_size *= dp->size(d);
   std::vector<dtensor::pipeline::PipelineStage> mine;
   std::vector<at::Tensor> parameters;
   for (auto& stage : dtensor::pipeline::split_at(gpt::pipeline_pieces(model), layout.split_points)) {
@@ -286,7 +292,8 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
     run.first_step = static_cast<int>(state.tensors()["train.step"].item<int64_t>()) + 1;
     for (int step = 1; step < run.first_step; ++step) batches.next();  // the batches those steps used
   }
-  const dtensor::Placements summed{dtensor::Partial()}, averaged{dtensor::Partial(dtensor::ReduceOp::Avg)};
+  const dtensor::Placements summed{dtensor::Partial()};
+  const dtensor::Placements averaged(static_cast<size_t>(dp ? dp->ndim() : 0), dtensor::Partial(dtensor::ReduceOp::Avg));
   if (print) std::cout << "\n== " << label << " ==\n";
   if (print && run.first_step > 1) std::cout << "  resumed from " << checkpointing.resume << " at step " << run.first_step << "\n";
   const auto start = std::chrono::steady_clock::now();
@@ -321,8 +328,9 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
 
 // The pipeline modes, on 4 ranks, 4 microbatches each: PP=4 with 1F1B, a stage per rank; PP=2 x DP=2
 // zero bubble (ZBV: two stages per rank in V, backward split into input and weight gradients); PP=2 x
-// TP=2 with Interleaved 1F1B (two stages per rank); PP=2 x FSDP=2 with 1F1B, a block per stage; and
-// (not among the defaults: its TP is of one rank) PP=2 x FSDP=2 x TP=1 with 1F1B.
+// TP=2 with Interleaved 1F1B (two stages per rank); PP=2 x FSDP=2 with 1F1B, a block per stage; and,
+// not among the defaults (on 4 ranks one of their dims is of one rank), PP=2 x FSDP=2 x TP=1 and
+// PP=2 x HSDP (2 replicas x FSDP=1) with 1F1B.
 PipelineLayout pipeline_layout(const std::string& mode, const std::shared_ptr<dtensor::World>& world, std::string& label) {
   namespace pp = dtensor::pipeline;
   auto mesh = [&](std::vector<int64_t> shape, std::vector<std::string> names) {
@@ -345,12 +353,16 @@ PipelineLayout pipeline_layout(const std::string& mode, const std::shared_ptr<dt
     label = "pipeline parallel x fully sharded, PP=2 (1F1B) x FSDP=2";
     return {mesh({2, 2}, {"pp", "dp"}), pp::one_f_one_b(2, 4), two_stages, true};
   }
+  if (mode == "pp-hsdp") {
+    label = "pipeline parallel x hybrid sharded, PP=2 (1F1B) x 2 replicas x FSDP=1";
+    return {mesh({2, 2, 1}, {"pp", "replicate", "dp"}), pp::one_f_one_b(2, 4), two_stages, true};
+  }
   label = "pipeline parallel x fully sharded x tensor parallel, PP=2 (1F1B) x FSDP=2 x TP=1";
   return {mesh({2, 2, 1}, {"pp", "dp", "tp"}), pp::one_f_one_b(2, 4), two_stages, true};
 }
 
 bool is_pipeline_mode(const std::string& mode) {
-  return mode == "pp" || mode == "pp-dp" || mode == "pp-tp" || mode == "pp-fsdp" || mode == "pp-fsdp-tp";
+  return mode == "pp" || mode == "pp-dp" || mode == "pp-tp" || mode == "pp-fsdp" || mode == "pp-fsdp-tp" || mode == "pp-hsdp";
 }
 
 double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
@@ -410,7 +422,7 @@ int main(int argc, char** argv) {
         runs.emplace_back(label, train_pipeline(corpus, layout, args.steps, label, print, checkpointing));
         continue;
       } else {
-        throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, pp, pp-dp, pp-tp, pp-fsdp, pp-fsdp-tp)");
+        throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, pp, pp-dp, pp-tp, pp-fsdp, pp-fsdp-tp, pp-hsdp)");
       }
       label += " (" + dtensor::to_string(mesh->backend()) + ")";
       // The first mode saves; every mode resumes (from the latest periodic checkpoint when restarted).
