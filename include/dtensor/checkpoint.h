@@ -72,8 +72,8 @@ struct SaveOptions {
   // stages' parameters and optimizer state), as PyTorch's DCP allows: every rank saves what it holds,
   // the index names them all, a plain tensor is written by the first rank that holds it, and a tensor
   // held by several ranks must have the same dtype, shape and (a DTensor) mesh and placements on each.
-  // Load it into another partition with LoadOptions::partitioned, or whole as any checkpoint. Not with
-  // whole_tensors.
+  // Load it into another partition with LoadOptions::partitioned, or whole as any checkpoint. Needs
+  // `world` on every rank; not with whole_tensors or node_local.
   bool partitioned = false;
 };
 
@@ -120,6 +120,7 @@ struct LoadOptions {
   std::optional<DequantizeOptions> dequantize;
   // This rank's state is its part of the checkpoint (pipeline stages, SaveOptions::partitioned): every
   // state tensor must be in the checkpoint (with strict), the checkpoint's others are other ranks'.
+  // Needs `world` on every rank; not with node_local.
   bool partitioned = false;
 };
 

@@ -193,6 +193,7 @@ at::Tensor read_tensor_item(const std::string& dir, const DcpStorage& storage, c
 LoadResult load(const State& state, const std::string& dir, const LoadOptions& options) {
   if (options.node_local)
     throw DTensorError("dcp::load: node_local loading is for dtensor's own checkpoints; every rank must see " + dir);
+  checkpoint::detail::check_partitioned(options.partitioned, options.node_local, options.world, "load");
   const checkpoint::detail::Job job = checkpoint::detail::Job::of(state, options.world, "dcp::load");
   LoadResult result;
   std::exception_ptr error;
@@ -209,7 +210,7 @@ LoadResult load(const State& state, const std::string& dir, const LoadOptions& o
         result.skipped.push_back(fqn);
       }
     }
-    checkpoint::detail::match_names(state, tensors, "dcp::load", dir, options.strict, result);
+    checkpoint::detail::match_names(state, tensors, "dcp::load", dir, options.strict, result, options.partitioned);
     std::map<std::pair<std::string, std::vector<int64_t>>, const DcpStorage*> storage_of;
     for (const auto& [index, storage] : md.storage)
       if (index.offset) storage_of[{index.fqn, *index.offset}] = &storage;

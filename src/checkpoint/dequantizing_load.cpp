@@ -112,7 +112,7 @@ LoadResult load_dequantizing(const State& state, const std::string& dir, const L
       const bool scale_of_weight = ends_with(name, kScaleSuffix) && quantized(catalog, name.substr(0, name.size() - std::string(kScaleSuffix).size()));
       if (!scale_of_weight || state.count(name)) saved.insert(name);
     }
-    match_names(state, saved, "checkpoint::load", dir, options.strict, result);
+    match_names(state, saved, "checkpoint::load", dir, options.strict, result, options.partitioned);
     at::NoGradGuard no_grad;
     for (const auto& [name, tensor] : state) {
       const auto found = catalog.tensors().find(name);

@@ -56,6 +56,14 @@ Job Job::of(const State& state, const std::shared_ptr<World>& given, const char*
   return job;
 }
 
+void check_partitioned(bool partitioned, bool node_local, const std::shared_ptr<World>& world, const char* what) {
+  if (!partitioned) return;
+  if (node_local)
+    throw DTensorError(std::string("checkpoint::") + what + ": a partitioned " + what + " cannot be node-local yet; use a directory every rank sees");
+  if (!world && launched_ranks() > 1)
+    throw DTensorError(std::string("checkpoint::") + what + ": a partitioned " + what + " needs the job's world (options.world) on every rank");
+}
+
 void Job::agree(const std::exception_ptr& mine, const std::string& step) const {
   if (!world) {
     if (mine) std::rethrow_exception(mine);

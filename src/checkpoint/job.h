@@ -33,4 +33,9 @@ struct Job {
   void check_same(const std::string& fingerprint, const char* what) const;
 };
 
+// Refuses a partitioned save or load (each rank its own tensors) made without the job's world, where a
+// rank holding only plain tensors would take itself for the only one while the others wait for it, or
+// made node-local, whose transfers assume every rank holds the same state.
+void check_partitioned(bool partitioned, bool node_local, const std::shared_ptr<World>& world, const char* what);
+
 }  // namespace dtensor::checkpoint::detail

@@ -122,6 +122,7 @@ int64_t load_tensor(const std::string& name, const at::Tensor& tensor, const Sav
 }  // namespace detail
 
 LoadResult load(const State& state, const std::string& dir, const LoadOptions& options) {
+  detail::check_partitioned(options.partitioned, options.node_local, options.world, "load");
   const detail::Job job = detail::Job::of(state, options.world, "load");
   if (options.dequantize) return detail::load_dequantizing(state, dir, options, job);
   if (options.node_local) return detail::load_node_local(state, dir, options.strict, job);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "dtensor/api.h"
 #include "dtensor/errors.h"
@@ -70,22 +71,34 @@ Saved described(const nlohmann::json& d) {
   return s;
 }
 
+// Refuses a DTensor piece whose writer did not pass the tensor: every rank of its mesh must save it
+// (the writer would have no data, and a Partial one's reduction would wait for it).
+void require_holders_listed(const Saved& s, const std::set<int64_t>& listed_by) {
+  for (const Piece& p : s.pieces)
+    for (const int64_t holder : p.holders)
+      if (!listed_by.count(holder))
+        throw DTensorError("checkpoint::save (partitioned): rank " + std::to_string(holder) + " holds a shard of '" + s.name +
+                           "' but did not pass it; every rank of a DTensor's mesh must save it");
+}
+
 // A partitioned save's plan: every rank's tensors (gathered from what each planned for its own), in
-// the order of their names. A tensor several ranks hold is the first one's: a plain one is written by
-// it; the others must describe it the same.
+// the order of their names. A tensor several ranks hold is the first one's: a plain one (or one with no
+// elements) is written by it; the others must describe it the same.
 std::vector<Saved> merge_partitions(std::vector<Saved> mine, const State& state, const Job& job) {
   nlohmann::json own = nlohmann::json::array();
   for (Saved& s : mine) {
     const at::Tensor& tensor = state.at(s.name);
-    if (!is_dtensor(tensor)) s.pieces.front().holders = {job.rank};
+    if (!is_dtensor(tensor) || tensor.numel() == 0) s.pieces = {Piece{Box{Shape(s.global_shape.size(), 0), s.global_shape}, {job.rank}}};
     own.push_back(describe(s, tensor));
   }
   const std::vector<std::string> all = job.gather(own.dump());
   std::map<std::string, std::pair<int, nlohmann::json>> first;  // name -> (rank, its description)
+  std::map<std::string, std::set<int64_t>> listed_by;
   std::map<std::string, Saved> merged;
   for (int rank = 0; rank < job.size; ++rank)
     for (nlohmann::json& d : nlohmann::json::parse(all[static_cast<size_t>(rank)])) {
       const std::string name = d.at("name").get<std::string>();
+      listed_by[name].insert(rank);
       const auto [it, inserted] = first.emplace(name, std::make_pair(rank, d));
       if (inserted) {
         merged.emplace(name, described(d));
@@ -99,13 +112,17 @@ std::vector<Saved> merge_partitions(std::vector<Saved> mine, const State& state,
                              "; a tensor held by several ranks must be the same tensor on each");
     }
   std::vector<Saved> out;
-  for (auto& [name, s] : merged) out.push_back(std::move(s));
+  for (auto& [name, s] : merged) {
+    require_holders_listed(s, listed_by.at(name));
+    out.push_back(std::move(s));
+  }
   return out;
 }
 
 }  // namespace
 
 Prepared prepare(const State& state, const SaveOptions& options, bool staged) {
+  check_partitioned(options.partitioned, options.node_local, options.world, "save");
   Prepared out{Job::of(state, options.world, "save"), {}};
   const Job& job = out.job;
   std::string fingerprint;

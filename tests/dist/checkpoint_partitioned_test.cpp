@@ -2,11 +2,12 @@
 // global to the model, as pipeline stages do. Saved from two stages of a (pp, tp) 2x2 mesh (DTensors
 // sharded over tp, uneven; plain tensors; one tensor both stages hold), then loaded into one process
 // and into four other stages on 4 ranks, against the whole tensors bit for bit; and the errors for
-// stages that disagree on a tensor, for a tensor no stage saved, and for ranks of which some save
-// partitioned and some do not.
+// stages that disagree on a tensor, for a DTensor shard its rank leaves out, for a tensor no stage
+// saved, for a save without the world, and for ranks of which some save partitioned and some do not.
 
 #include <filesystem>
-#include <set>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "dtensor/checkpoint.h"
 #include "dtensor/world.h"
@@ -51,6 +52,13 @@ TEST_F(PartitionedCheckpointTest, TwoStagesLoadIntoOneProcessAndIntoFourOtherSta
   const MeshPtr m = mesh({2, 2}, {}, {"pp", "tp"});
   const std::string dir = shared_directory("two_stages").string();
   ckpt::save(stage_state(m->local_rank(0), m, false), dir, {.world = world(), .partitioned = true});
+  // Every element written once, "mask" (which every rank holds) by rank 0 alone.
+  std::ifstream in(std::filesystem::path(dir) / "model.safetensors.index.json");
+  const auto index = nlohmann::json::parse(in);
+  int64_t model_bytes = 0;
+  for (const auto& [name, t] : stage_model()) model_bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  EXPECT_EQ(index["metadata"]["total_size"].get<int64_t>(), model_bytes);
+  EXPECT_EQ(index["weight_map"]["mask"], "model-00001-of-00004.safetensors");
 
   // The whole model, as one process would load it (on every rank).
   ckpt::State whole;
@@ -88,6 +96,14 @@ TEST_F(PartitionedCheckpointTest, RefusesStagesThatDisagreeAndTensorsNoStageSave
   ckpt::State asks_more = {{"layers.2.w", at::zeros({2})}};
   EXPECT_THAT(error_of([&] { ckpt::load(asks_more, dir, {.world = world(), .partitioned = true}); }),
               HasSubstr("missing from the checkpoint: layers.2.w"));
+
+  // Rank 3 leaves out its shard of layer 1's weight, which rank 2 passes: refused on every rank.
+  ckpt::State without = stage_state(m->local_rank(0), m, false);
+  if (rank == 3) without.erase("layers.1.w");
+  EXPECT_THAT(error_of([&] { ckpt::save(without, shared_directory("without").string(), {.world = world(), .partitioned = true}); }),
+              HasSubstr("rank 3 holds a shard of 'layers.1.w' but did not pass it"));
+  EXPECT_THAT(error_of([&] { ckpt::save(stage_state(m->local_rank(0), m, false), shared_directory("no_world").string(), {.partitioned = true}); }),
+              HasSubstr("a partitioned save needs the job's world"));
 
   // Some ranks partitioned, some not: refused on every rank, with no hang.
   EXPECT_THAT(error_of([&] {
