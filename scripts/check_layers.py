@@ -25,8 +25,8 @@ LAYERS = {
     "sharding": {"tensor", "redistribute", "mesh", "layout"},  # rules, propagation, dispatch
     "module": {"sharding", "tensor", "redistribute", "mesh", "layout"},  # nn modules, TP styles
     "checkpoint": {"module", "tensor", "redistribute", "mesh", "layout", "io"},
-    "graph": {"sharding", "tensor", "redistribute", "mesh", "layout", "io"},
     "pipeline": {"mesh", "layout"},     # schedules as data, and their runtime on a pp mesh dim
+    "graph": {"sharding", "tensor", "redistribute", "mesh", "layout", "io", "pipeline"},  # programs' stages run as pipeline stages
 }
 
 PUBLIC_HEADERS = {
@@ -42,7 +42,7 @@ PUBLIC_HEADERS = {
     "checkpoint.h": "checkpoint", "training_state.h": "checkpoint", "state_dict.h": "checkpoint", "dcp.h": "checkpoint",
     "graph/ir.h": "graph", "graph/annotations.h": "graph", "graph/program.h": "graph", "graph/spmd.h": "graph",
     "graph/tensor_parallel.h": "graph", "graph/hugging_face.h": "graph", "graph/training.h": "graph",
-    "graph/compiled_program.h": "graph",
+    "graph/compiled_program.h": "graph", "graph/program_stages.h": "graph",
     "dtensor.h": None,  # the umbrella header, for users only
 }
 

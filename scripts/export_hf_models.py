@@ -20,6 +20,8 @@ Per family NAME, in OUT_DIR:
                       the config's base_model_tp_plan under the base model's prefix, plus the
                       model's, e.g. lm_head); not for GPT-2, which has none (no transformers style
                       fits its Conv1D layers).
+  NAME_pp_plan.json   its pipeline plan as transformers writes it (model.pp_plan: the config's
+                      base_model_pp_plan under the base model's prefix, plus lm_head), where it has one
   NAME_config.json    the config, as save_pretrained writes it
   NAME_joint.pt2      the joint forward+backward graph of forward(input_ids, labels) -> Hugging Face's
                       own causal-LM loss (ForCausalLMLoss: labels shifted with constant_pad_nd, mean
@@ -87,7 +89,10 @@ def export_joint(out_dir, name, config):
 
     model.__class__ = LossOnly
     ids = torch.randint(0, VOCAB, (JOINT_BATCH, SEQ))
-    args = (ids, ids)
+    # Labels of their own, another tensor: given the same tensor twice, torch.export makes one input of
+    # both, and the program reads the labels where it embeds the tokens.
+    labels = torch.randint(0, VOCAB, (JOINT_BATCH, SEQ))
+    args = (ids, labels)
     with sdpa_kernel(SDPBackend.MATH):
         joint = torch.export.experimental._export_forward_backward(torch.export.export(model, args), joint_loss_index=0)
     for node in joint.graph.nodes:
@@ -144,9 +149,10 @@ def main():
                 err = (got - want).abs().max().item()
                 assert err <= 1e-5, f"{archive}: loaded archive differs from eager by {err}"
         write_set(out_dir, f"{name}_io", io_tensors((ids,), (want,)))
-        if model.tp_plan:
-            with open(os.path.join(out_dir, f"{name}_tp_plan.json"), "w") as f:
-                json.dump(model.tp_plan, f, indent=1)
+        for kind, plan in (("tp", model.tp_plan), ("pp", model.pp_plan)):
+            if plan:
+                with open(os.path.join(out_dir, f"{name}_{kind}_plan.json"), "w") as f:
+                    json.dump(plan, f, indent=1)
         config.to_json_file(os.path.join(out_dir, f"{name}_config.json"))
         joint_config = config
         if name == "gpt2":  # untied for the joint export (see the module docstring)

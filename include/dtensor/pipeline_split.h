@@ -32,6 +32,8 @@ std::vector<PipelineStage> split_at(const std::vector<ModelPiece>& pieces, const
 // the pieces before them joining the first stage and those after the last: base_model_pp_plan's
 // `layers` split evenly.
 std::vector<std::string> even_split_points(const std::vector<ModelPiece>& pieces, const std::string& layers_prefix, int num_stages);
+// The same over the pieces' paths alone, in forward order.
+std::vector<std::string> even_split_points(const std::vector<std::string>& paths, const std::string& layers_prefix, int num_stages);
 
 // Split points from stages written as ranges of layers, "layers.0-3 | layers.4-7": each stage after
 // the first starts at its first layer. Refuses text of another form, and ranges that do not follow one

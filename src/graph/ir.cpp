@@ -261,12 +261,7 @@ void Graph::erase(Node* node) {
   nodes_.erase(it);
 }
 
-std::vector<Value*> Graph::insert_subgraph(Node* before, const Graph& sub, const std::vector<Value*>& inputs) {
-  if (inputs.size() != sub.inputs().size())
-    throw DTensorError("graph: the subgraph takes " + std::to_string(sub.inputs().size()) + " inputs, not " +
-                       std::to_string(inputs.size()));
-  std::map<const Value*, Value*> mapped;
-  for (size_t i = 0; i < inputs.size(); ++i) mapped[sub.inputs()[i]] = inputs[i];
+std::unique_ptr<Node> Graph::copy_of(const Node& node, std::map<const Value*, Value*>& mapped) {
   auto map_arg = [&](Arg a) {
     for (Value*& v : a.values)
       if (v) v = mapped.at(v);
@@ -274,32 +269,55 @@ std::vector<Value*> Graph::insert_subgraph(Node* before, const Graph& sub, const
       if (s.symbol) s.symbol = mapped.at(s.symbol);
     return a;
   };
-  const auto at = position(before);
-  for (const auto& n : sub.nodes_) {
-    auto copy = std::make_unique<Node>();
-    copy->name = unique_name(n->name);
-    copy->target = n->target;
-    copy->op = n->op;
-    copy_provenance(*n, *copy);
-    for (const Arg& a : n->args_) copy->args_.push_back(map_arg(a));
-    for (const Value* out : n->outputs) {
-      Value* v = new_value(out->name, out->kind);
-      const std::string name = v->name;
-      const size_t id = v->id;
-      *v = *out;
-      v->name = name;
-      v->id = id;
-      v->uses_.clear();  // the sub-graph's readers are not this graph's
-      v->producer_ = nullptr;
-      by_name_[name] = v;
-      mapped[out] = v;
-      copy->outputs.push_back(v);
-    }
-    place(at, std::move(copy));
+  auto copy = std::make_unique<Node>();
+  copy->name = unique_name(node.name);
+  copy->target = node.target;
+  copy->op = node.op;
+  copy_provenance(node, *copy);
+  for (const Arg& a : node.args_) copy->args_.push_back(map_arg(a));
+  for (const Value* out : node.outputs) {
+    Value* v = new_value_like(*out);
+    mapped[out] = v;
+    copy->outputs.push_back(v);
   }
+  return copy;
+}
+
+Value* Graph::new_value_like(const Value& from) {
+  Value* v = new_value(from.name, from.kind);
+  const std::string name = v->name;
+  const size_t id = v->id;
+  *v = from;
+  v->name = name;
+  v->id = id;
+  v->uses_.clear();  // the other graph's readers are not this graph's
+  v->producer_ = nullptr;
+  return v;
+}
+
+Value* Graph::add_input_like(const Value& from) {
+  Value* v = new_value_like(from);
+  inputs_.push_back(v);
+  return v;
+}
+
+Node* Graph::append_copy(const Node& node, std::map<const Value*, Value*>& mapped) {
+  for (const Value* v : node.inputs())
+    if (!mapped.count(v)) throw DTensorError("graph: copying node " + node.name + ", which reads %" + v->name + ", not mapped into this graph");
+  return place(nodes_.end(), copy_of(node, mapped));
+}
+
+std::vector<Value*> Graph::insert_subgraph(Node* before, const Graph& sub, const std::vector<Value*>& inputs) {
+  if (inputs.size() != sub.inputs().size())
+    throw DTensorError("graph: the subgraph takes " + std::to_string(sub.inputs().size()) + " inputs, not " +
+                       std::to_string(inputs.size()));
+  std::map<const Value*, Value*> mapped;
+  for (size_t i = 0; i < inputs.size(); ++i) mapped[sub.inputs()[i]] = inputs[i];
+  const auto at = position(before);
+  for (const auto& n : sub.nodes_) place(at, copy_of(*n, mapped));
   std::vector<Value*> out;
   for (const Arg& a : sub.outputs())
-    for (Value* v : map_arg(a).values) out.push_back(v);
+    for (const Value* v : a.values) out.push_back(v ? mapped.at(v) : nullptr);
   return out;
 }
 

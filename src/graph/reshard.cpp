@@ -5,15 +5,12 @@
 #include <numeric>
 
 #include "dtensor/errors.h"
+#include "meta_tensor.h"
 #include "dtensor/redistribute_plan.h"
 #include "process_groups.h"
 
 namespace dtensor::graph::detail {
 namespace {
-
-at::Tensor meta_tensor(const Value& v) {
-  return at::empty_strided(v.meta.shape, v.meta.stride, at::TensorOptions().dtype(v.meta.dtype).device(at::kMeta));
-}
 
 // Builds the nodes of one reshard on this rank, keeping track of the current (local) value.
 struct Emitter {

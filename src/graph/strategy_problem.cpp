@@ -8,14 +8,11 @@
 
 #include "../sharding/for_graph.h"
 #include "dtensor/errors.h"
+#include "meta_tensor.h"
 #include "strategy_key.h"
 
 namespace dtensor::graph::detail {
 namespace {
-
-at::Tensor meta_tensor(const Value& v) {
-  return at::empty_strided(v.meta.shape, v.meta.stride, at::TensorOptions().dtype(v.meta.dtype).device(at::kMeta));
-}
 
 SpecPtr spec_of(const Value& v, const Placements& placements, const MeshPtr& mesh) {
   return std::make_shared<const DTensorSpec>(DTensorSpec{mesh, placements, v.meta});

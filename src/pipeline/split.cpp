@@ -55,9 +55,15 @@ std::vector<PipelineStage> split_at(const std::vector<ModelPiece>& pieces, const
 }
 
 std::vector<std::string> even_split_points(const std::vector<ModelPiece>& pieces, const std::string& layers_prefix, int num_stages) {
+  std::vector<std::string> paths;
+  for (const ModelPiece& piece : pieces) paths.push_back(piece.path);
+  return even_split_points(paths, layers_prefix, num_stages);
+}
+
+std::vector<std::string> even_split_points(const std::vector<std::string>& paths, const std::string& layers_prefix, int num_stages) {
   std::vector<std::string> layers;
-  for (const ModelPiece& piece : pieces)
-    if (piece.path.rfind(layers_prefix, 0) == 0) layers.push_back(piece.path);
+  for (const std::string& path : paths)
+    if (path.rfind(layers_prefix, 0) == 0) layers.push_back(path);
   if (num_stages < 1 || static_cast<int>(layers.size()) < num_stages)
     throw DTensorError("pipeline split: " + std::to_string(layers.size()) + " pieces start with '" + layers_prefix + "', too few for " +
                        std::to_string(num_stages) + " stages");

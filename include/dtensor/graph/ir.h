@@ -145,6 +145,8 @@ class Graph {
   // A new value named `name` (made unique by a suffix if taken), owned by the graph.
   Value* new_value(const std::string& name, Value::Kind kind = Value::Kind::Tensor);
   Value* add_input(const std::string& name, Value::Kind kind = Value::Kind::Tensor);
+  // A new input with `from`'s name (made unique), kind and metas: `from` may be another graph's.
+  Value* add_input_like(const Value& from);
   Value* find_value(const std::string& name) const;
 
   const std::vector<Value*>& inputs() const { return inputs_; }
@@ -188,6 +190,9 @@ class Graph {
   // Copies `sub`'s nodes before `before`, its inputs bound to `inputs`; returns what its outputs
   // became (values of this graph).
   std::vector<Value*> insert_subgraph(Node* before, const Graph& sub, const std::vector<Value*>& inputs);
+  // Appends a copy of `node`, another graph's, its reads mapped through `mapped` (which must hold
+  // them all); its outputs are new values with the same metas, added to `mapped`.
+  Node* append_copy(const Node& node, std::map<const Value*, Value*>& mapped);
 
   // One line per node: "%y = aten::mm(%x, %w)  [4, 8] S(0)  # blocks.0.mlp.fc1; note", the
   // placements and notes from `annotations` where given.
@@ -195,6 +200,10 @@ class Graph {
 
  private:
   std::string unique_name(const std::string& name);
+  // A copy of another graph's `node` (not placed yet), as append_copy describes.
+  std::unique_ptr<Node> copy_of(const Node& node, std::map<const Value*, Value*>& mapped);
+  // A new value with `from`'s name (made unique), kind and metas, read by nothing yet.
+  Value* new_value_like(const Value& from);
   std::list<std::unique_ptr<Node>>::iterator position(const Node* node);
   // Puts `node` into the list before `at`, its reads into its inputs' use-lists.
   Node* place(std::list<std::unique_ptr<Node>>::iterator at, std::unique_ptr<Node> node);
