@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "build_paths.h"
+#include "ratio_summary.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/optim.h"
@@ -303,16 +304,7 @@ void print_table(const std::vector<Contender>& contenders, const at::Tensor& tim
     };
     ratios.push_back(round_ms(contenders.size() - 2) / round_ms(contenders.size() - 1));
   }
-  std::sort(ratios.begin(), ratios.end());
-  auto quantile = [&](double q) { return ratios[static_cast<size_t>(q * static_cast<double>(ratios.size() - 1) + 0.5)]; };
-  // The median's 95% confidence interval, free of any assumed distribution: the order statistics
-  // j = floor(n/2 - 0.98 sqrt(n)) and n + 1 - j, counted from 1 (the binomial's normal approximation).
-  // A goal inside it is not resolved.
-  const double n = static_cast<double>(ratios.size());
-  const auto low = static_cast<size_t>(std::max(0.0, std::floor(n / 2 - 0.98 * std::sqrt(n)) - 1));
-  const size_t high = ratios.size() - 1 - low;
-  std::printf("\ndtensor / hand-written within each round (paired): median %.3f (95%% confidence %.3f-%.3f), middle half %.3f-%.3f, over %lld rounds\n",
-              quantile(0.5), ratios[low], ratios[high], quantile(0.25), quantile(0.75), static_cast<long long>(rounds));
+  std::printf("\ndtensor / hand-written within each round (paired): %s\n", bench::ratio_summary(ratios).c_str());
   if (tp == 1) return;
   const double single_ms = median_ms(fastest_single, kStep);
   std::printf("\nTokens/s over the fastest single process (%s): dtensor %.2fx, hand-written %.2fx\n",

@@ -53,6 +53,10 @@ class PipelineRunner {
   // This rank's coordinate along the pp dim.
   int rank() const;
 
+  // The seconds this rank spent computing in the last step: its forwards (the loss included) and
+  // backwards (B, I, W). The rest of the step is its bubble: waiting for peers and transfers.
+  double compute_seconds() const;
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -2,6 +2,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 
 #include "dtensor/errors.h"
@@ -45,6 +46,7 @@ struct PipelineRunner::Impl {
   // The step in flight.
   std::vector<at::Tensor> inputs, targets, losses;
   std::map<std::pair<int, int>, detail::MicrobatchState> states;  // (stage, microbatch)
+  double compute_seconds = 0, receive_seconds = 0;
 
   Impl(Schedule lowered, MeshPtr m, int64_t dim, LossFunction l)
       : schedule(std::move(lowered)), mesh(m), pp_dim(dim), loss(std::move(l)), rank(static_cast<int>(m->local_rank(dim))), mailbox(m, dim) {}
@@ -62,24 +64,30 @@ struct PipelineRunner::Impl {
       case ActionKind::SendForward:
         return mailbox.send(state(action.stage, action.microbatch).output, schedule.rank_of(action.stage + 1),
                             {TransferId::Kind::Activation, action.stage, action.microbatch});
-      case ActionKind::RecvForward:
-        state(action.stage, action.microbatch).input =
-            mailbox.take(schedule.rank_of(action.stage - 1), {TransferId::Kind::Activation, action.stage - 1, action.microbatch});
-        return;
       case ActionKind::SendBackward:
         return mailbox.send(state(action.stage, action.microbatch).input_grad, schedule.rank_of(action.stage - 1),
                             {TransferId::Kind::Gradient, action.stage, action.microbatch});
-      case ActionKind::RecvBackward:
-        state(action.stage, action.microbatch).output_grad =
-            mailbox.take(schedule.rank_of(action.stage + 1), {TransferId::Kind::Gradient, action.stage + 1, action.microbatch});
-        return;
+      // A receive is taken where its compute needs it, as PyTorch's runtime waits on an irecv posted
+      // here: blocking at the RECV would hold back the compute between it and its use (a RECV_F placed
+      // before the B of an earlier microbatch would make that B wait for the next activation).
+      case ActionKind::RecvForward:
+      case ActionKind::RecvBackward: return;
     }
+  }
+
+  // The transfer `id` from the rank holding `stage`, waiting for it (not counted as computing).
+  at::Tensor take(int stage, const TransferId& id) {
+    const auto start = std::chrono::steady_clock::now();
+    at::Tensor out = mailbox.take(schedule.rank_of(stage), id);
+    receive_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return out;
   }
 
   void forward(int stage, int microbatch) {
     detail::MicrobatchState& s = state(stage, microbatch);
     if (stage == 0) s.input = inputs.at(microbatch);
     else if (local(stage - 1)) s.input = state(stage - 1, microbatch).output;  // the turn of a V: no transfer
+    else s.input = take(stage - 1, {TransferId::Kind::Activation, stage - 1, microbatch});
     // A stage's input is a leaf of its own graph: its backward stops there and hands the gradient on.
     if (stage != 0) s.input = s.input.detach().requires_grad_(true);
     at::AutoGradMode grad_mode(true);
@@ -96,7 +104,9 @@ struct PipelineRunner::Impl {
   // The gradient flowing into `stage`'s output for `microbatch`.
   at::Tensor output_grad(int stage, int microbatch) {
     detail::MicrobatchState& s = state(stage, microbatch);
-    if (stage != last_stage() && !s.output_grad.defined() && local(stage + 1)) s.output_grad = state(stage + 1, microbatch).input_grad;
+    if (stage == last_stage() || s.output_grad.defined()) return s.output_grad;
+    s.output_grad = local(stage + 1) ? state(stage + 1, microbatch).input_grad
+                                     : take(stage + 1, {TransferId::Kind::Gradient, stage + 1, microbatch});
     return s.output_grad;
   }
 
@@ -147,6 +157,8 @@ PipelineRunner::~PipelineRunner() = default;
 
 int PipelineRunner::rank() const { return impl_->rank; }
 
+double PipelineRunner::compute_seconds() const { return impl_->compute_seconds - impl_->receive_seconds; }
+
 at::Tensor PipelineRunner::step(const at::Tensor& inputs, const at::Tensor& targets) {
   Impl& impl = *impl_;
   const int microbatches = impl.schedule.num_microbatches;
@@ -154,10 +166,13 @@ at::Tensor PipelineRunner::step(const at::Tensor& inputs, const at::Tensor& targ
   impl.targets = detail::split_microbatches(targets, microbatches, "batch of targets");
   impl.losses.assign(static_cast<size_t>(microbatches), at::Tensor());
   impl.states.clear();
+  impl.compute_seconds = impl.receive_seconds = 0;
   for (const Slot& slot : impl.schedule.ranks.at(static_cast<size_t>(impl.rank))) {
     if (!slot) continue;
     try {
+      const auto start = std::chrono::steady_clock::now();
       impl.run(*slot);
+      if (is_compute(slot->kind)) impl.compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     } catch (const std::exception& e) {
       throw DTensorError("pipeline rank " + std::to_string(impl.rank) + ", action " + to_string(*slot) + " (stage " + std::to_string(slot->stage) +
                          ", microbatch " + std::to_string(slot->microbatch) + "): " + e.what());
