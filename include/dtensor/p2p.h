@@ -34,6 +34,9 @@ struct P2POp {
   at::Tensor tensor;
   int64_t peer = 0;   // the other rank's coordinate along the dim
   std::string label;  // names the transfer in errors (may be empty)
+  // Transfers between two ranks arrive in the order they were sent, per tag: a receive matches the
+  // oldest send of its tag. 0 by default; keep 1..32000 free (the MPI backend's collectives use them).
+  int tag = 0;
 };
 
 namespace detail {

@@ -70,6 +70,20 @@ std::shared_ptr<Program> part_program(const Program& program, const StageAssignm
   return out;
 }
 
+// Refuses a tensor that is not what `program`'s user input `index` was exported with (a static dim of
+// another size, another dtype), naming the stage: an exported program runs only the shapes it was
+// traced at, so the microbatches must be those.
+void check_input(const Program& program, size_t index, const at::Tensor& input, const std::string& what) {
+  const Value& v = *program.user_inputs().at(index);
+  bool fits = input.defined() && input.dim() == static_cast<int64_t>(v.meta.shape.size()) && input.scalar_type() == v.meta.dtype;
+  for (size_t d = 0; fits && d < v.meta.shape.size(); ++d)
+    fits = (d < v.symbolic_sizes.size() && !v.symbolic_sizes[d].empty()) || input.size(static_cast<int64_t>(d)) == v.meta.shape[d];
+  if (!fits)
+    throw DTensorError(program.source + ": " + what + " is " + (input.defined() ? shape_str(input.sizes().vec()) + " " + std::string(c10::toString(input.scalar_type())) : "undefined") +
+                       ", but the program was exported for " + shape_str(v.meta.shape) + " " + c10::toString(v.meta.dtype) +
+                       ": give microbatches of the exported size (split the batch into batch / exported rows), or export with dynamic shapes");
+}
+
 }  // namespace
 
 ProgramStages split_program(const Program& program, const std::vector<std::string>& split_points) {
@@ -90,12 +104,20 @@ std::vector<at::Tensor> stage_parameters(Program& program) {
 pipeline::PipelineStage pipeline_stage(std::shared_ptr<Program> stage, int index) {
   if (!stage) throw DTensorError("pipeline_stage: no program for stage " + std::to_string(index));
   std::vector<at::Tensor> parameters = stage_parameters(*stage);
-  return {index, [stage](const at::Tensor& input) { return run(*stage, {input}).at(0).toTensor(); }, std::move(parameters)};
+  return {index,
+          [stage, index](const at::Tensor& input) {
+            check_input(*stage, 0, input, "stage " + std::to_string(index) + "'s input");
+            return run(*stage, {input}).at(0).toTensor();
+          },
+          std::move(parameters)};
 }
 
 pipeline::LossFunction pipeline_loss(std::shared_ptr<Program> loss) {
   if (!loss) throw DTensorError("pipeline_loss: no loss program (a forward program's stages have none: give the runner a loss of your own)");
-  return [loss](const at::Tensor& output, const at::Tensor& targets) { return run(*loss, {output, targets}).at(0).toTensor(); };
+  return [loss](const at::Tensor& output, const at::Tensor& targets) {
+    check_input(*loss, 1, targets, "the loss's labels");
+    return run(*loss, {output, targets}).at(0).toTensor();
+  };
 }
 
 }  // namespace dtensor::graph

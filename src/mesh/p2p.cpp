@@ -133,7 +133,7 @@ P2PWork batch_isend_irecv(const MeshPtr& mesh, int64_t dim, std::vector<P2POp> o
       if (auto* debug = CommDebugMode::active()) debug->record_collective(sending ? "send" : "recv", dim, buffers[launching].nbytes());
       std::vector<at::Tensor> one{buffers[launching]};
       const int peer = static_cast<int>(op.peer);
-      auto work = sending ? group->send(one, peer, /*tag=*/0) : group->recv(one, peer, /*tag=*/0);
+      auto work = sending ? group->send(one, peer, op.tag) : group->recv(one, peer, op.tag);
       f->transfers.push_back({describe(op, *mesh, dim), op.peer, std::move(work)});
     }
     if (coalesce)  // one work for the whole batch, named as such: a failure cannot tell which transfer

@@ -75,6 +75,15 @@ struct PipelineRunner::Impl {
     }
   }
 
+  // Posts the receives of the headers of every transfer this rank's actions take in a step, by peer.
+  void expect_receives() {
+    std::map<int64_t, int> receives;
+    for (const Slot& slot : schedule.ranks.at(static_cast<size_t>(rank)))
+      if (slot && (slot->kind == ActionKind::RecvForward || slot->kind == ActionKind::RecvBackward))
+        ++receives[schedule.rank_of(slot->kind == ActionKind::RecvForward ? slot->stage - 1 : slot->stage + 1)];
+    for (const auto& [peer, count] : receives) mailbox.expect(peer, count);
+  }
+
   // The transfer `id` from the rank holding `stage`, waiting for it (not counted as computing).
   at::Tensor take(int stage, const TransferId& id) {
     const auto start = std::chrono::steady_clock::now();
@@ -167,6 +176,7 @@ at::Tensor PipelineRunner::step(const at::Tensor& inputs, const at::Tensor& targ
   impl.losses.assign(static_cast<size_t>(microbatches), at::Tensor());
   impl.states.clear();
   impl.compute_seconds = impl.receive_seconds = 0;
+  impl.expect_receives();
   for (const Slot& slot : impl.schedule.ranks.at(static_cast<size_t>(impl.rank))) {
     if (!slot) continue;
     try {
@@ -174,6 +184,7 @@ at::Tensor PipelineRunner::step(const at::Tensor& inputs, const at::Tensor& targ
       impl.run(*slot);
       if (is_compute(slot->kind)) impl.compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     } catch (const std::exception& e) {
+      impl.mailbox.abandon_receives();
       throw DTensorError("pipeline rank " + std::to_string(impl.rank) + ", action " + to_string(*slot) + " (stage " + std::to_string(slot->stage) +
                          ", microbatch " + std::to_string(slot->microbatch) + "): " + e.what());
     }

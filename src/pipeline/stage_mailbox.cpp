@@ -13,6 +13,8 @@ namespace {
 constexpr int64_t kTag = 0x5050'7472'616e'7366;  // "PPtransf"
 constexpr int64_t kMaxDims = 8;
 constexpr int64_t kHeaderSize = 6 + kMaxDims;
+// Headers' tag: not the data's (0), nor the MPI backend's collectives' (1..32000).
+constexpr int kHeaderTag = 32100;
 
 at::Tensor header_of(const at::Tensor& tensor, const TransferId& id) {
   if (tensor.dim() > kMaxDims)
@@ -42,10 +44,18 @@ void StageMailbox::send(const at::Tensor& tensor, int64_t peer, const TransferId
   const at::Tensor data = tensor.detach().contiguous();
   const at::Tensor header = header_of(data, id);
   const std::string label = id.label();
-  sends_.push_back(batch_isend_irecv(mesh_, dim_,
-                                     {P2POp{P2POp::Kind::Send, header, peer, label + " (header)"}, P2POp{P2POp::Kind::Send, data, peer, label}}));
+  sends_.push_back(batch_isend_irecv(
+      mesh_, dim_, {P2POp{P2POp::Kind::Send, header, peer, label + " (header)", kHeaderTag}, P2POp{P2POp::Kind::Send, data, peer, label}}));
   in_flight_.push_back(header);
   in_flight_.push_back(data);
+}
+
+void StageMailbox::expect(int64_t peer, int count) {
+  for (int i = 0; i < count; ++i) {
+    at::Tensor header = at::empty({kHeaderSize}, at::kLong);
+    P2PWork work = batch_isend_irecv(mesh_, dim_, {P2POp{P2POp::Kind::Recv, header, peer, "a stage transfer's header", kHeaderTag}});
+    posted_headers_[peer].push_back({header, std::move(work)});
+  }
 }
 
 at::Tensor StageMailbox::take(int64_t peer, const TransferId& id) {
@@ -56,8 +66,11 @@ at::Tensor StageMailbox::take(int64_t peer, const TransferId& id) {
   }
   const std::string label = id.label();
   while (true) {
-    const at::Tensor header = at::empty({kHeaderSize}, at::kLong);
-    recv(header, peer, mesh_, dim_, label + " (header)");
+    if (posted_headers_[peer].empty()) expect(peer, 1);
+    PostedHeader posted = std::move(posted_headers_[peer].front());
+    posted_headers_[peer].pop_front();
+    posted.work.wait();
+    const at::Tensor& header = posted.header;
     const auto h = header.accessor<int64_t, 1>();
     const bool valid = h[0] == kTag && (h[1] == 1 || h[1] == 2) && h[4] >= 0 &&
                        h[4] < static_cast<int64_t>(at::ScalarType::NumOptions) && h[5] >= 0 && h[5] <= kMaxDims;
@@ -74,6 +87,13 @@ at::Tensor StageMailbox::take(int64_t peer, const TransferId& id) {
   }
 }
 
+void StageMailbox::abandon_receives() {
+  static auto* abandoned = new std::vector<PostedHeader>();  // never destroyed: nothing waits on them
+  for (auto& [peer, headers] : posted_headers_)
+    for (PostedHeader& posted : headers) abandoned->push_back(std::move(posted));
+  posted_headers_.clear();
+}
+
 void StageMailbox::finish_sends() {
   for (P2PWork& work : sends_) work.wait();
   sends_.clear();
@@ -81,6 +101,10 @@ void StageMailbox::finish_sends() {
   if (!arrived_early_.empty())
     throw DTensorError("pipeline: the step ended with " + std::to_string(arrived_early_.size()) + " transfer(s) received and never used, first " +
                        std::get<1>(arrived_early_.begin()->first).label() + ": the schedule and the peer's disagree");
+  for (const auto& [peer, headers] : posted_headers_)
+    if (!headers.empty())
+      throw DTensorError("pipeline: the step ended waiting for " + std::to_string(headers.size()) + " more transfer(s) from pp rank " +
+                         std::to_string(peer) + ": the schedule and the peer's disagree");
 }
 
 }  // namespace dtensor::pipeline::detail

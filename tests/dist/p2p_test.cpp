@@ -65,6 +65,25 @@ TEST_F(P2pTest, BlockingPairsAndSeveralTransfersToOnePeerArriveInOrder) {
   }
 }
 
+// Order holds per tag: a receive on one tag passes over a transfer sent earlier on another.
+TEST_F(P2pTest, TransfersOnAnotherTagKeepTheirOwnOrder) {
+  const MeshPtr m = mesh({2, 2}, {}, {"pp", "dp"});
+  const int64_t stage = (*m->coordinate())[0];
+  constexpr int kHeaders = 32100;
+  if (stage == 0) {
+    batch_isend_irecv(m, 0, {P2POp{P2POp::Kind::Send, at::full({3}, 1.0), 1, "header", kHeaders}, P2POp{P2POp::Kind::Send, at::full({5}, 2.0), 1, "data"},
+                             P2POp{P2POp::Kind::Send, at::full({3}, 3.0), 1, "header", kHeaders}})
+        .wait();
+  } else {
+    at::Tensor data = at::empty({5}), first = at::empty({3}), second = at::empty({3});
+    recv(data, 0, m, 0, "data");  // posted first, yet it takes the second send: the only one on tag 0
+    batch_isend_irecv(m, 0, {P2POp{P2POp::Kind::Recv, first, 0, "header", kHeaders}, P2POp{P2POp::Kind::Recv, second, 0, "header", kHeaders}}).wait();
+    EXPECT_TRUE(tensors_equal(data, at::full({5}, 2.0)));
+    EXPECT_TRUE(tensors_equal(first, at::full({3}, 1.0)));
+    EXPECT_TRUE(tensors_equal(second, at::full({3}, 3.0)));
+  }
+}
+
 TEST_F(P2pTest, RefusesBadInputBeforeSendingAnything) {
   const MeshPtr m = mesh({4}, {}, {"pp"});
   const int64_t r = world()->rank();

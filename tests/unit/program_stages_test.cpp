@@ -136,6 +136,14 @@ TEST(ProgramStagesTest, CutsThatCannotWorkAreRefused) {
   EXPECT_THAT(error_of([&] { g::split_program(llama, {"model.embed_tokens"}); }), HasSubstr("leaves stage 0 empty"));
   EXPECT_THAT(error_of([&] { g::split_program(skipping_program(), {"l1"}); }),
               HasSubstr("stage 0 would hand stage 1 2 tensors (%a, %x); a stage hands the next one tensor"));
+  // Microbatches of another size than the program was exported with.
+  const g::ProgramStages parts = g::split_program(llama, {"model.layers.1"});
+  const dtensor::pipeline::PipelineStage second = g::pipeline_stage(parts.stages[1], 1);
+  EXPECT_THAT(error_of([&] { second.forward(at::zeros({1, 16, 32})); }),
+              HasSubstr("stage 1's input is [1, 16, 32] Float, but the program was exported for [2, 16, 32] Float: give microbatches of the exported size"));
+  const g::Program joint = g::load_program(graph_model("hf/llama_joint.pt2"));
+  const auto loss = g::pipeline_loss(g::split_program(joint, {"model.layers.1"}).loss);
+  EXPECT_THAT(error_of([&] { loss(at::zeros({4, 16, 62}), at::zeros({4, 15}, at::kLong)); }), HasSubstr("the loss's labels is [4, 15] Long"));
   EXPECT_THAT(error_of([&] { g::pp_plan_split_points(llama, "[1]", 2); }), HasSubstr("a pipeline plan is a JSON object"));
   EXPECT_THAT(error_of([&] { g::pp_plan_split_points(llama, R"({"model.layers": ["hidden_states"]})", 2); }),
               HasSubstr("entry 'model.layers' is not [[input names], [output names]]"));
