@@ -61,9 +61,10 @@ the mesh's c10d process group (isend, blocking recv, shapes known in advance; be
 The dtensor runs and the hand-written one run in the same processes, taking turns round by round; every
 one starts from the same seed and must give the same first loss. *PyTorch*: \`torch.distributed.pipelining\`
 (\`PipelineStage\`, \`Schedule1F1B\`, \`ScheduleInterleaved1F1B\`) on the same model and split
-(\`scripts/export_test_models.py\` mirrors the C++ GPT), its own processes. *Bubble*: per rank, the step's
-time not spent computing (forwards with the loss, backwards: the runner's \`compute_seconds()\`; timed
-the same way in the hand-written loop) over the step, averaged over ranks, against (p-1)/(vm+p-1) for v
+(\`scripts/export_test_models.py\` mirrors the C++ GPT), its own processes. *Bubble*: per rank, the time of the
+schedule's part of the step (forwards, backwards and transfers, without the optimizer; the slowest
+rank's) not spent computing (forwards with the loss, backwards: the runner's \`compute_seconds()\`; timed
+the same way in the hand-written loop), over that part, averaged over ranks, against (p-1)/(vm+p-1) for v
 stages per rank, which assumes equal stages and free transfers. *Peak activations*: the most bytes the
 step's forward and backward hold beyond what the rank held before it (a counting wrapper around
 LibTorch's CPU allocator), the maximum over ranks; 1F1B keeps at most p microbatches' activations where

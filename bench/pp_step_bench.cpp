@@ -6,7 +6,8 @@
 //   dtensor_pp_step_bench [--config deep|small] [--ranks P] [--microbatches M] [--rounds R]
 //
 // Per implementation: the step time (maximum over ranks, after a barrier: forward, backward, AdamW,
-// zero_grad), the bubble (each rank's time not spent computing, over the step, averaged over ranks;
+// zero_grad), the bubble (each rank's time not spent computing, over the schedule's part of the step
+// (forwards, backwards and transfers; the slowest rank's), averaged over ranks;
 // computing is what the runner's compute_seconds() counts: forwards, the loss and backwards, and the
 // same for the hand-written run), and the peak activation memory (the most bytes the step's forward and
 // backward hold beyond what the rank held before it, counted by a CPU allocator that wraps LibTorch's,
@@ -101,11 +102,10 @@ class CountingAllocator final : public c10::Allocator {
     void* data = inner.get();
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      held_[data] = {bytes, inner.get_deleter()};
       live_ += static_cast<int64_t>(bytes);
       peak_ = std::max(peak_, live_);
+      held_.emplace(data, Held{bytes, std::move(inner)});  // frees itself, through the base's deleter, when dropped
     }
-    inner.release_context();
     return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
@@ -127,7 +127,7 @@ class CountingAllocator final : public c10::Allocator {
  private:
   struct Held {
     size_t bytes;
-    c10::DeleterFnPtr deleter;
+    c10::DataPtr inner;
   };
   static void release(void* data);
   c10::Allocator* base_;
@@ -147,20 +147,21 @@ CountingAllocator& counting_allocator() {
 
 void CountingAllocator::release(void* data) {
   CountingAllocator& self = counting_allocator();
-  Held held;
+  c10::DataPtr inner;  // freed when this returns, outside the lock
   {
     std::lock_guard<std::mutex> lock(self.mutex_);
     const auto it = self.held_.find(data);
-    held = it->second;
+    if (it == self.held_.end()) throw std::logic_error("CountingAllocator: freeing a pointer it did not hand out");
+    self.live_ -= static_cast<int64_t>(it->second.bytes);
+    inner = std::move(it->second.inner);
     self.held_.erase(it);
-    self.live_ -= static_cast<int64_t>(held.bytes);
   }
-  held.deleter(data);
 }
 
 // What one step of an implementation measured on this rank.
 struct StepSample {
   double seconds = 0, compute_seconds = 0, loss = 0;  // loss: on the rank holding the last stage, else 0
+  double pipeline_seconds = 0;                        // the schedule's part: forwards, backwards, transfers
   int64_t activation_bytes = 0;
 };
 
@@ -213,6 +214,7 @@ Contender dtensor_contender(const std::string& schedule_name, const pp::Schedule
     memory.start_peak();
     const auto start = Clock::now();
     const at::Tensor loss = runner->step(batch.tokens, batch.targets);
+    sample.pipeline_seconds = std::chrono::duration<double>(Clock::now() - start).count();
     sample.activation_bytes = memory.peak_above(before);
     optimizer->step();
     zero_grads(parameters);
@@ -256,6 +258,7 @@ class HandWritten1F1B {
     for (auto& work : sends_) work->wait();
     sends_.clear();
     in_flight_.clear();
+    sample.pipeline_seconds = std::chrono::duration<double>(Clock::now() - start).count();
     sample.activation_bytes = memory.peak_above(before);
     optimizer_->step();
     zero_grads(stage_.parameters);
@@ -335,7 +338,9 @@ Measured measure(const dtensor::MeshPtr& mesh, Contender& contender, const gpt::
   const StepSample s = contender.step(batch);
   Measured m;
   const double step = all_reduce(mesh, s.seconds, c10d::ReduceOp::MAX);
-  const double idle = all_reduce(mesh, (step - s.compute_seconds) / step, c10d::ReduceOp::SUM) / static_cast<double>(mesh->size(0));
+  // The bubble is the schedule's: the optimizer step after it is no pipeline idle time.
+  const double pipeline = all_reduce(mesh, s.pipeline_seconds, c10d::ReduceOp::MAX);
+  const double idle = all_reduce(mesh, (pipeline - s.compute_seconds) / pipeline, c10d::ReduceOp::SUM) / static_cast<double>(mesh->size(0));
   m.step_ms = {step * 1e3};
   m.bubble = {idle};
   m.activation_mib = {all_reduce(mesh, static_cast<double>(s.activation_bytes), c10d::ReduceOp::MAX) / (1 << 20)};

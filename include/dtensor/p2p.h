@@ -35,9 +35,13 @@ struct P2POp {
   int64_t peer = 0;   // the other rank's coordinate along the dim
   std::string label;  // names the transfer in errors (may be empty)
   // Transfers between two ranks arrive in the order they were sent, per tag: a receive matches the
-  // oldest send of its tag. 0 by default; keep 1..32000 free (the MPI backend's collectives use them).
+  // oldest send of its tag (MPI and Gloo; NCCL keeps one order for all and refuses tags). 0 by default;
+  // 1..32000 are refused (the MPI backend's collectives use them), kPipelineHeaderTag is the pipeline
+  // runner's.
   int tag = 0;
 };
+
+constexpr int kPipelineHeaderTag = 32100;
 
 namespace detail {
 struct P2PInFlight;

@@ -57,7 +57,8 @@ std::shared_ptr<Program> part_program(const Program& program, const StageAssignm
     if (!read.count(spec.value)) continue;
     mapped[spec.value] = out->graph.add_input_like(*spec.value);
     out->inputs.push_back({spec.kind, mapped[spec.value], spec.target, spec.persistent});
-    if (spec.kind != InputSpec::Kind::UserInput) out->state.emplace(spec.target, program.state.at(spec.target));
+    // The program's own tensors (read now): training the stages trains the program.
+    if (spec.kind != InputSpec::Kind::UserInput) out->state.emplace(spec.target, StateTensor(program.state.at(spec.target).tensor()));
   }
   add_handed_in();
   for (const Node* n : nodes) out->graph.append_copy(*n, mapped);
@@ -74,14 +75,16 @@ std::shared_ptr<Program> part_program(const Program& program, const StageAssignm
 // another size, another dtype), naming the stage: an exported program runs only the shapes it was
 // traced at, so the microbatches must be those.
 void check_input(const Program& program, size_t index, const at::Tensor& input, const std::string& what) {
-  const Value& v = *program.user_inputs().at(index);
+  const std::vector<Value*> inputs = program.user_inputs();
+  if (index >= inputs.size()) throw DTensorError(program.source + ": " + what + " is given, but the program takes no such input");
+  const Value& v = *inputs[index];
   bool fits = input.defined() && input.dim() == static_cast<int64_t>(v.meta.shape.size()) && input.scalar_type() == v.meta.dtype;
   for (size_t d = 0; fits && d < v.meta.shape.size(); ++d)
     fits = (d < v.symbolic_sizes.size() && !v.symbolic_sizes[d].empty()) || input.size(static_cast<int64_t>(d)) == v.meta.shape[d];
   if (!fits)
     throw DTensorError(program.source + ": " + what + " is " + (input.defined() ? shape_str(input.sizes().vec()) + " " + std::string(c10::toString(input.scalar_type())) : "undefined") +
                        ", but the program was exported for " + shape_str(v.meta.shape) + " " + c10::toString(v.meta.dtype) +
-                       ": give microbatches of the exported size (split the batch into batch / exported rows), or export with dynamic shapes");
+                       ": give microbatches of the exported size (split the batch into batch / exported rows)");
 }
 
 }  // namespace
@@ -94,16 +97,17 @@ ProgramStages split_program(const Program& program, const std::vector<std::strin
   return out;
 }
 
-std::vector<at::Tensor> stage_parameters(Program& program) {
-  std::vector<at::Tensor> out;
+std::vector<std::pair<std::string, at::Tensor>> stage_parameters(Program& program) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
   for (const InputSpec& spec : program.inputs)
-    if (spec.kind == InputSpec::Kind::Parameter) out.push_back(program.state.at(spec.target).tensor().requires_grad_(true));
+    if (spec.kind == InputSpec::Kind::Parameter) out.emplace_back(spec.target, program.state.at(spec.target).tensor().requires_grad_(true));
   return out;
 }
 
 pipeline::PipelineStage pipeline_stage(std::shared_ptr<Program> stage, int index) {
   if (!stage) throw DTensorError("pipeline_stage: no program for stage " + std::to_string(index));
-  std::vector<at::Tensor> parameters = stage_parameters(*stage);
+  std::vector<at::Tensor> parameters;
+  for (auto& [name, tensor] : stage_parameters(*stage)) parameters.push_back(tensor);
   return {index,
           [stage, index](const at::Tensor& input) {
             check_input(*stage, 0, input, "stage " + std::to_string(index) + "'s input");

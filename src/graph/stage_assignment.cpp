@@ -1,6 +1,7 @@
 #include "stage_assignment.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "dtensor/errors.h"
@@ -36,9 +37,13 @@ class Assigner {
     find_result();
     stage_inputs();
     mark_forward_part();
-    for (const Node* n : out_.forward_part) set_stage(n, latest_input_stage(*n));
+    for (const Node* n : out_.forward_part) {
+      const int from_inputs = latest_input_stage(*n);
+      set_stage(n, from_inputs == kEveryStage ? kEveryStage : std::max(from_inputs, module_stage(n->module_path)));
+    }
     check_parameters_stay();
     move_late_ops();
+    check_parameters_in_their_stage();
     find_handed();
     return std::move(out_);
   }
@@ -79,7 +84,10 @@ class Assigner {
         throw DTensorError(where() + ": split point '" + point + "' names no module with parameters; the program's modules: " + parameter_modules(program_));
       const size_t at = static_cast<size_t>(first - parameters.begin());
       if (at == 0) throw DTensorError(where() + ": split point '" + point + "' starts at the first parameter, which leaves stage 0 empty");
-      if (!starts.empty() && at <= starts.back())
+      if (!starts.empty() && at == starts.back())
+        throw DTensorError(where() + ": split points '" + points_[starts.size() - 1] + "' and '" + point +
+                           "' start at the same parameter, which leaves a stage empty");
+      if (!starts.empty() && at < starts.back())
         throw DTensorError(where() + ": split point '" + point + "' comes before the one ahead of it ('" + points_[starts.size() - 1] +
                            "') in the order the program takes its parameters; give split points in forward order");
       starts.push_back(at);
@@ -87,6 +95,10 @@ class Assigner {
     for (size_t i = 0; i < parameters.size(); ++i)
       stage_[parameters[i]->value->id] = static_cast<int>(std::upper_bound(starts.begin(), starts.end(), i) - starts.begin());
     int user = 0;
+    const size_t user_inputs = program_.user_inputs().size();
+    if (out_.has_loss && user_inputs != 2)
+      throw DTensorError(where() + ": a joint program's stages take the model's input and its loss the labels; the program takes " +
+                         std::to_string(user_inputs) + " user inputs");
     for (const InputSpec& spec : program_.inputs) {
       if (spec.kind == InputSpec::Kind::Buffer || spec.kind == InputSpec::Kind::TensorConstant) stage_[spec.value->id] = kEveryStage;
       if (spec.kind != InputSpec::Kind::UserInput) continue;
@@ -107,6 +119,22 @@ class Assigner {
     }
     for (const Node* n : program_.graph.nodes())
       if (seen.count(n)) out_.forward_part.push_back(n);
+  }
+
+  // The stage of the innermost module around `path` that holds parameters (its first one's stage), where
+  // the program records module paths: a parameter-free op of a later module (a norm's statistics)
+  // runs with it. kEveryStage where none is known.
+  int module_stage(const std::string& path) {
+    if (auto known = module_stages_.find(path); known != module_stages_.end()) return known->second;
+    int stage = kEveryStage;
+    for (std::string prefix = path; !prefix.empty() && stage == kEveryStage;
+         prefix = prefix.rfind('.') == std::string::npos ? "" : prefix.substr(0, prefix.rfind('.')))
+      for (const InputSpec& spec : program_.inputs)
+        if (spec.kind == InputSpec::Kind::Parameter && under(spec.target, prefix)) {
+          stage = stage_[spec.value->id];
+          break;
+        }
+    return module_stages_[path] = stage;
   }
 
   int latest_input_stage(const Node& n) const {
@@ -153,14 +181,29 @@ class Assigner {
     }
   }
 
-  // Ops whose readers all run later move to the next stage where that hands it no more tensors: the
-  // parameter-free start of a layer joins the layer (see program_stages.h). In reverse order, so that
-  // a chain moves as one.
+  // A parameter's readers run in the stage its place among the parameters gives it: the model
+  // registers its modules in forward order there (Llama's layers register attention, MLP, then the
+  // norms: a split point inside a layer is not at a boundary of the forward order).
+  void check_parameters_in_their_stage() const {
+    for (const InputSpec& spec : program_.inputs) {
+      if (spec.kind != InputSpec::Kind::Parameter) continue;
+      for (const Node* user : spec.value->uses())
+        if (auto it = out_.node_stage.find(user); it != out_.node_stage.end() && it->second != stage_[spec.value->id])
+          throw DTensorError(where() + ": parameter '" + spec.target + "' comes in stage " + std::to_string(stage_[spec.value->id]) +
+                             " by the program's order of parameters, but " + part_name(it->second) +
+                             " reads it: the model registers its modules in another order than its forward runs them there; put the split "
+                             "points at whole layers");
+    }
+  }
+
+  // Ops of no known module whose readers all run later move to the next stage where that hands it no
+  // more tensors: the parameter-free start of a layer joins the layer (see program_stages.h). In
+  // reverse order, so that a chain moves as one.
   void move_late_ops() {
     for (auto it = out_.forward_part.rbegin(); it != out_.forward_part.rend(); ++it) {
       const Node* n = *it;
       const int stage = out_.node_stage.at(n);
-      if (stage == kEveryStage || stage >= last_part() || reads_parameter(*n)) continue;
+      if (stage == kEveryStage || stage >= last_part() || reads_parameter(*n) || module_stage(n->module_path) != kEveryStage) continue;
       bool later = true;
       for (const Value* v : n->outputs) later = later && first_reader_stage(v) > stage;
       if (later && handed_after_move(*n, stage) <= 0) set_stage(n, stage + 1);
@@ -203,6 +246,10 @@ class Assigner {
       if (empty[static_cast<size_t>(part)]) throw DTensorError(where() + ": " + part_name(part) + " has no ops; move or drop a split point");
     for (int boundary = 0; boundary + 1 < out_.num_parts(); ++boundary) {
       const auto& values = crossing[static_cast<size_t>(boundary)];
+      for (const Value* v : values)
+        if (!v->is_tensor())
+          throw DTensorError(where() + ": " + part_name(boundary) + " would hand " + part_name(boundary + 1) + " the symbolic size %" + v->name +
+                             "; programs with dynamic shapes are not split into stages yet: export with static shapes");
       if (values.size() != 1) throw DTensorError(where() + ": " + part_name(boundary) + " would hand " + part_name(boundary + 1) + " " +
                                                  std::to_string(values.size()) + " tensors (" + names(values) +
                                                  "); a stage hands the next one tensor: put the split point where one tensor flows (between layers)");
@@ -224,6 +271,7 @@ class Assigner {
   const Program& program_;
   const std::vector<std::string>& points_;
   std::vector<int> stage_;  // by value id
+  std::map<std::string, int> module_stages_;
   StageAssignment out_;
 };
 

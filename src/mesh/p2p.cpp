@@ -84,6 +84,10 @@ void check(const MeshPtr& mesh, int64_t dim, const std::vector<P2POp>& ops) {
                          std::to_string(self) + " along " + mesh->dim_label(dim) + ")");
     if (!op.tensor.defined())
       throw DTensorError("rank " + std::to_string(mesh->world()->rank()) + ": " + what + ": the tensor is undefined");
+    if (op.tag < 0 || (op.tag >= 1 && op.tag <= 32000) || (op.tag != 0 && mesh->backend() == CommBackend::Nccl))
+      throw DTensorError("rank " + std::to_string(mesh->world()->rank()) + ": " + what + ": tag " + std::to_string(op.tag) +
+                         (op.tag != 0 && mesh->backend() == CommBackend::Nccl ? " on NCCL, which keeps one order for every tag: use 0"
+                                                                               : " is negative or among the MPI backend's collectives' (1..32000): use 0 or above 32000"));
     if (op.kind == P2POp::Kind::Recv && (!op.tensor.is_contiguous() || op.tensor.is_conj() || op.tensor.is_neg()))
       throw DTensorError("rank " + std::to_string(mesh->world()->rank()) + ": " + what +
                          ": the receiving tensor is not contiguous (or is a conjugate or negative view); receive into a "

@@ -47,6 +47,7 @@ struct PipelineRunner::Impl {
   std::vector<at::Tensor> inputs, targets, losses;
   std::map<std::pair<int, int>, detail::MicrobatchState> states;  // (stage, microbatch)
   double compute_seconds = 0, receive_seconds = 0;
+  bool failed = false;  // a step threw: what it left posted would meet the next step's transfers
 
   Impl(Schedule lowered, MeshPtr m, int64_t dim, LossFunction l)
       : schedule(std::move(lowered)), mesh(m), pp_dim(dim), loss(std::move(l)), rank(static_cast<int>(m->local_rank(dim))), mailbox(m, dim) {}
@@ -170,12 +171,17 @@ double PipelineRunner::compute_seconds() const { return impl_->compute_seconds -
 
 at::Tensor PipelineRunner::step(const at::Tensor& inputs, const at::Tensor& targets) {
   Impl& impl = *impl_;
+  if (impl.failed)
+    throw DTensorError("PipelineRunner on pp rank " + std::to_string(impl.rank) +
+                       ": an earlier step failed, and transfers it left posted may still match its peers' next ones: make a new mesh and "
+                       "runner (after reset_iter_state on fully-sharded stages)");
   const int microbatches = impl.schedule.num_microbatches;
   impl.inputs = detail::split_microbatches(inputs, microbatches, "batch of inputs");
   impl.targets = detail::split_microbatches(targets, microbatches, "batch of targets");
   impl.losses.assign(static_cast<size_t>(microbatches), at::Tensor());
   impl.states.clear();
   impl.compute_seconds = impl.receive_seconds = 0;
+  impl.failed = true;  // until the step ends well
   impl.expect_receives();
   for (const Slot& slot : impl.schedule.ranks.at(static_cast<size_t>(impl.rank))) {
     if (!slot) continue;
@@ -191,6 +197,7 @@ at::Tensor PipelineRunner::step(const at::Tensor& inputs, const at::Tensor& targ
   }
   impl.mailbox.finish_sends();
   impl.states.clear();
+  impl.failed = false;
   if (!impl.local(impl.last_stage())) return at::Tensor();
   return at::stack(impl.losses).mean();
 }

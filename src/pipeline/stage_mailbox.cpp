@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <mutex>
 
 #include "dtensor/errors.h"
 
@@ -13,8 +14,6 @@ namespace {
 constexpr int64_t kTag = 0x5050'7472'616e'7366;  // "PPtransf"
 constexpr int64_t kMaxDims = 8;
 constexpr int64_t kHeaderSize = 6 + kMaxDims;
-// Headers' tag: not the data's (0), nor the MPI backend's collectives' (1..32000).
-constexpr int kHeaderTag = 32100;
 
 at::Tensor header_of(const at::Tensor& tensor, const TransferId& id) {
   if (tensor.dim() > kMaxDims)
@@ -45,17 +44,24 @@ void StageMailbox::send(const at::Tensor& tensor, int64_t peer, const TransferId
   const at::Tensor header = header_of(data, id);
   const std::string label = id.label();
   sends_.push_back(batch_isend_irecv(
-      mesh_, dim_, {P2POp{P2POp::Kind::Send, header, peer, label + " (header)", kHeaderTag}, P2POp{P2POp::Kind::Send, data, peer, label}}));
+      mesh_, dim_, {P2POp{P2POp::Kind::Send, header, peer, label + " (header)", header_tag()}, P2POp{P2POp::Kind::Send, data, peer, label}}));
   in_flight_.push_back(header);
   in_flight_.push_back(data);
 }
 
+// NCCL matches transfers in order whatever their tag: there headers share the data's order and are
+// received when taken.
+bool StageMailbox::tags_kept_apart() const { return mesh_->backend() != CommBackend::Nccl; }
+
 void StageMailbox::expect(int64_t peer, int count) {
-  for (int i = 0; i < count; ++i) {
-    at::Tensor header = at::empty({kHeaderSize}, at::kLong);
-    P2PWork work = batch_isend_irecv(mesh_, dim_, {P2POp{P2POp::Kind::Recv, header, peer, "a stage transfer's header", kHeaderTag}});
-    posted_headers_[peer].push_back({header, std::move(work)});
-  }
+  if (!tags_kept_apart()) return;
+  for (int i = 0; i < count; ++i) post_header(peer);
+}
+
+void StageMailbox::post_header(int64_t peer) {
+  at::Tensor header = at::empty({kHeaderSize}, at::kLong);
+  P2PWork work = batch_isend_irecv(mesh_, dim_, {P2POp{P2POp::Kind::Recv, header, peer, "a stage transfer's header", header_tag()}});
+  posted_headers_[peer].push_back({header, std::move(work)});
 }
 
 at::Tensor StageMailbox::take(int64_t peer, const TransferId& id) {
@@ -66,7 +72,7 @@ at::Tensor StageMailbox::take(int64_t peer, const TransferId& id) {
   }
   const std::string label = id.label();
   while (true) {
-    if (posted_headers_[peer].empty()) expect(peer, 1);
+    if (posted_headers_[peer].empty()) post_header(peer);
     PostedHeader posted = std::move(posted_headers_[peer].front());
     posted_headers_[peer].pop_front();
     posted.work.wait();
@@ -88,23 +94,32 @@ at::Tensor StageMailbox::take(int64_t peer, const TransferId& id) {
 }
 
 void StageMailbox::abandon_receives() {
+  static std::mutex mutex;
   static auto* abandoned = new std::vector<PostedHeader>();  // never destroyed: nothing waits on them
+  const std::lock_guard<std::mutex> lock(mutex);
   for (auto& [peer, headers] : posted_headers_)
     for (PostedHeader& posted : headers) abandoned->push_back(std::move(posted));
   posted_headers_.clear();
+  arrived_early_.clear();
 }
 
 void StageMailbox::finish_sends() {
   for (P2PWork& work : sends_) work.wait();
   sends_.clear();
   in_flight_.clear();
-  if (!arrived_early_.empty())
-    throw DTensorError("pipeline: the step ended with " + std::to_string(arrived_early_.size()) + " transfer(s) received and never used, first " +
-                       std::get<1>(arrived_early_.begin()->first).label() + ": the schedule and the peer's disagree");
+  if (!arrived_early_.empty()) {
+    const std::string error = "pipeline: the step ended with " + std::to_string(arrived_early_.size()) + " transfer(s) received and never used, first " +
+                              std::get<1>(arrived_early_.begin()->first).label() + ": the schedule and the peer's disagree";
+    abandon_receives();
+    throw DTensorError(error);
+  }
   for (const auto& [peer, headers] : posted_headers_)
-    if (!headers.empty())
-      throw DTensorError("pipeline: the step ended waiting for " + std::to_string(headers.size()) + " more transfer(s) from pp rank " +
-                         std::to_string(peer) + ": the schedule and the peer's disagree");
+    if (!headers.empty()) {
+      const std::string error = "pipeline: the step ended waiting for " + std::to_string(headers.size()) + " more transfer(s) from pp rank " +
+                                std::to_string(peer) + ": the schedule and the peer's disagree";
+      abandon_receives();
+      throw DTensorError(error);
+    }
 }
 
 }  // namespace dtensor::pipeline::detail

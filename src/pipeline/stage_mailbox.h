@@ -44,7 +44,8 @@ class StageMailbox {
   void send(const at::Tensor& tensor, int64_t peer, const TransferId& id);
   // The transfer `id` from `peer`, waiting for it.
   at::Tensor take(int64_t peer, const TransferId& id);
-  // Waits for every send started (the step's end: their buffers may go).
+  // Waits for every send started (the step's end: their buffers may go); refuses a step that left a
+  // transfer received and unused, or expected and never received (abandoning the receives).
   void finish_sends();
   // After a failed step: drops the header receives still posted without waiting for them (their
   // buffers are kept for as long as the process lives), so that this rank does not wait on peers
@@ -52,6 +53,11 @@ class StageMailbox {
   void abandon_receives();
 
  private:
+  bool tags_kept_apart() const;
+  // Headers' tag: kPipelineHeaderTag where the backend keeps tags apart, else the data's.
+  int header_tag() const { return tags_kept_apart() ? kPipelineHeaderTag : 0; }
+  void post_header(int64_t peer);
+
   MeshPtr mesh_;
   int64_t dim_;
   std::vector<P2PWork> sends_;

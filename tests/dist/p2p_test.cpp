@@ -94,6 +94,8 @@ TEST_F(P2pTest, RefusesBadInputBeforeSendingAnything) {
   EXPECT_THAT(error_of([&] { recv(at::ones({2, 3}).t(), (r + 1) % 4, m, 0, "grads"); }),
               HasSubstr(me + "recv [grads]: the receiving tensor is not contiguous"));
   EXPECT_THAT(error_of([&] { recv(at::Tensor(), (r + 1) % 4, m, 0); }), HasSubstr("the tensor is undefined"));
+  EXPECT_THAT(error_of([&] { batch_isend_irecv(m, 0, {P2POp{P2POp::Kind::Send, at::ones({2}), (r + 1) % 4, "x", 5}}); }),
+              HasSubstr(me + "send [x]: tag 5 is negative or among the MPI backend's collectives' (1..32000)"));
   EXPECT_THAT(error_of([&] { send(at::ones({2}), 1, m, 1); }), HasSubstr("dim 1 is not a dim of"));
   // A batch is checked whole: its good first op is not started either. Were it sent, the ring below would
   // receive its ones instead of the neighbour's rank.

@@ -182,6 +182,23 @@ TEST_F(PipelineTest, ClipsByTheWholeModelsNormAcrossStages) {
   }
 }
 
+// A failed step leaves transfers posted that would meet the next step's: the runner refuses to go on.
+TEST_F(PipelineTest, AStepAfterAFailedOneIsRefused) {
+  const MeshPtr m = mesh({1}, {world()->rank()}, {"pp"});
+  bool fail = true;
+  pp::PipelineStage stage{0, [&fail](const at::Tensor& x) {
+                            if (fail) throw std::runtime_error("the stage's own error");
+                            return x * 2;
+                          },
+                          {}};
+  pp::PipelineRunner runner(pp::gpipe(1, 2), {stage}, m, 0, pipe_loss);
+  EXPECT_THAT(error_of([&] { runner.step(pipe_inputs(), at::zeros({kPipeBatch, kPipeWidth}, at::kDouble)); }),
+              HasSubstr("action 0F0 (stage 0, microbatch 0): the stage's own error"));
+  fail = false;
+  EXPECT_THAT(error_of([&] { runner.step(pipe_inputs(), at::zeros({kPipeBatch, kPipeWidth}, at::kDouble)); }),
+              HasSubstr("an earlier step failed"));
+}
+
 TEST_F(PipelineTest, RefusesStagesAndBatchesThatDoNotFit) {
   const MeshPtr m = mesh({4}, {}, {"pp"});
   const int rank = static_cast<int>(m->local_rank(0));

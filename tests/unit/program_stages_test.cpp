@@ -58,6 +58,20 @@ TEST(ProgramStagesTest, ForwardStagesComputeTheWholeProgramsLogits) {
   }
 }
 
+// The training IR carries module paths: each stage holds its own modules' ops, and ops of no stage's
+// modules (the root's, the rotary embedding's) only where they are computed from buffers and constants or
+// between the stages' modules.
+TEST(ProgramStagesTest, StagesHoldTheirModulesOps) {
+  const g::Program whole = g::load_program(graph_model("hf/llama_train_ir.pt2"));
+  const g::ProgramStages parts = g::split_program(whole, kEveryLayer);
+  const std::vector<std::vector<std::string>> owned = {{"model.embed_tokens"}, {"model.layers.0"}, {"model.layers.1"}, {"model.norm", "lm_head"}};
+  for (size_t s = 0; s < parts.stages.size(); ++s)
+    for (const g::Node* n : parts.stages[s]->graph.nodes())
+      for (size_t other = 0; other < owned.size(); ++other)
+        for (const std::string& module : owned[other])
+          if (other != s) EXPECT_NE(n->module_path.rfind(module, 0), 0u) << "stage " << s << " runs " << n->name << " of " << n->module_path;
+}
+
 TEST(ProgramStagesTest, EachStageSavesAndRunsTheSameLoadedBack) {
   const g::Program whole = g::load_program(graph_model("hf/llama_train_ir.pt2"));
   const g::ProgramStages parts = g::split_program(whole, kEveryLayer);
@@ -78,12 +92,8 @@ TEST(ProgramStagesTest, EachStageSavesAndRunsTheSameLoadedBack) {
 // Every stage's parameters by name, set to require grad.
 std::map<std::string, at::Tensor> parameters_by_name(const g::ProgramStages& parts) {
   std::map<std::string, at::Tensor> out;
-  for (const auto& stage : parts.stages) {
-    const std::vector<at::Tensor> tensors = g::stage_parameters(*stage);
-    size_t k = 0;
-    for (const g::InputSpec& spec : stage->inputs)
-      if (spec.kind == g::InputSpec::Kind::Parameter) EXPECT_TRUE(out.emplace(spec.target, tensors.at(k++)).second) << spec.target << " in two stages";
-  }
+  for (const auto& stage : parts.stages)
+    for (const auto& [name, tensor] : g::stage_parameters(*stage)) EXPECT_TRUE(out.emplace(name, tensor).second) << name << " in two stages";
   return out;
 }
 
@@ -134,6 +144,11 @@ TEST(ProgramStagesTest, CutsThatCannotWorkAreRefused) {
   EXPECT_THAT(error_of([&] { g::split_program(llama, {"model.norm", "model.layers.1"}); }),
               HasSubstr("split point 'model.layers.1' comes before the one ahead of it ('model.norm')"));
   EXPECT_THAT(error_of([&] { g::split_program(llama, {"model.embed_tokens"}); }), HasSubstr("leaves stage 0 empty"));
+  EXPECT_THAT(error_of([&] { g::split_program(llama, {"model.layers.1", "model.layers.1.self_attn"}); }),
+              HasSubstr("split points 'model.layers.1' and 'model.layers.1.self_attn' start at the same parameter"));
+  // Llama's layers register attention, MLP, then the norms: a cut at the MLP is no forward boundary.
+  EXPECT_THAT(error_of([&] { g::split_program(llama, {"model.layers.1.mlp"}); }),
+              HasSubstr("parameter 'model.layers.1.self_attn.q_proj.weight' comes in stage 0 by the program's order of parameters, but stage 1 reads it"));
   EXPECT_THAT(error_of([&] { g::split_program(skipping_program(), {"l1"}); }),
               HasSubstr("stage 0 would hand stage 1 2 tensors (%a, %x); a stage hands the next one tensor"));
   // Microbatches of another size than the program was exported with.

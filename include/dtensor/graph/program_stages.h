@@ -11,12 +11,14 @@
 //
 // What goes where. A split point is a module path ("model.layers.1"): its stage starts with the first
 // parameter under it, in the order the program takes its parameters (the model's registration order,
-// which is its forward order in transformers and torchtitan models). Each op runs in the latest stage
-// of what it reads (its parameters', its inputs'), then ops a later stage alone reads move there where
-// that passes no more tensors: the parameter-free start of a layer (its norm's statistics) joins the
-// layer, so that a stage hands the next one tensor, the residual stream. This reads no module_path:
-// the joint programs torch 2.15 writes (_export_forward_backward) carry none, and on the training IR
-// programs that do it gives the stages their module paths give. Ops that read only buffers and
+// which is its forward order at layer boundaries in transformers and torchtitan models, and must be:
+// a parameter read in another stage than that order gives it is refused). Each op runs in the latest stage
+// of what it reads (its parameters', its inputs') and, where the program records module paths (the
+// training IR does), of its module (the innermost one holding parameters): a norm's parameter-free
+// statistics run with the norm. Where it records none (the joint programs torch 2.15 writes carry
+// none), ops a later stage alone reads move there where that passes no more tensors: the
+// parameter-free start of a layer joins the layer. Either way a stage hands the next one tensor, the
+// residual stream. Ops that read only buffers and
 // constants (rotary tables, masks built from positions) run in every stage that reads them, not sent.
 //
 // A joint program (forward and backward) is split as pipeline() splits a model: its forward part,
@@ -28,6 +30,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtensor/graph/program.h"
@@ -46,10 +49,14 @@ struct ProgramStages {
 };
 
 // Cuts `program` before each of `split_points` (module paths, in forward order): split_points.size() + 1
-// stages. Refuses, naming the stage and what to change: a split point under which no parameter lies
-// (listing the program's modules), split points out of order or at the first parameter, a forward
-// program with several user inputs or outputs, a stage left empty, and stages that would pass the next
-// one more than one tensor (naming them: a value skipping a stage, or a cut inside a block).
+// stages, which share the program's state tensors. Refuses, naming the stage and what to change: a
+// split point under which no parameter lies (listing the program's modules), split points out of order,
+// doubled or at the first parameter, a forward program with several user inputs or outputs, a joint
+// one with other than (input, labels), a parameter read outside the stage its place among the
+// parameters gives it (a split point inside a layer whose modules register in another order than they
+// run), a stage left empty, stages that would pass the next one more than one tensor (naming them: a
+// value skipping a stage, or a cut inside a block), and a symbolic size crossing stages (dynamic shapes
+// are not split yet).
 ProgramStages split_program(const Program& program, const std::vector<std::string>& split_points);
 
 // The split points of a Hugging Face pipeline plan as transformers writes it (`model.pp_plan`, or a
@@ -63,10 +70,10 @@ ProgramStages split_program(const Program& program, const std::vector<std::strin
 std::vector<std::string> pp_plan_split_points(const Program& program, const std::string& json_text, int num_stages,
                                               const std::string& base_model_prefix = "", const std::string& source = "the pipeline plan");
 
-// The tensors behind the program's parameters, set to require grad: running the program under
+// The program's parameters by name, their tensors set to require grad: running the program under
 // autograd (run(), grad mode on) accumulates their gradients; an optimizer over them updates the
-// program.
-std::vector<at::Tensor> stage_parameters(Program& program);
+// program (and the program the stages were cut from: they share its tensors).
+std::vector<std::pair<std::string, at::Tensor>> stage_parameters(Program& program);
 
 // `stage` as the pipeline runner's stage `index`: its forward runs the program (under autograd),
 // its parameters are stage_parameters(*stage).

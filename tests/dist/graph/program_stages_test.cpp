@@ -80,7 +80,10 @@ struct OneProcess {
     return loss;
   }
   void train(int microbatches) {
-    std::vector<at::Tensor> trained = kind.joint() ? g::joint_parameters(whole) : g::stage_parameters(whole);
+    std::vector<at::Tensor> trained;
+    if (kind.joint()) trained = g::joint_parameters(whole);
+    else
+      for (const auto& [name, tensor] : g::stage_parameters(whole)) trained.push_back(tensor);
     torch::optim::AdamW adamw(trained, torch::optim::AdamWOptions(kLearningRate));
     for (int step = 0; step < kSteps; ++step) {
       for (auto& [name, p] : parameters) p.mutable_grad() = at::Tensor();
@@ -111,9 +114,7 @@ class ProgramStagesPipelineTest : public DistTest {
     for (int s = 0; s < schedule.num_stages; ++s) {
       if (schedule.rank_of(s) != m->local_rank(pp_dim)) continue;
       mine.push_back(g::pipeline_stage(parts.stages[s], s));
-      size_t k = 0;
-      for (const g::InputSpec& spec : parts.stages[s]->inputs)
-        if (spec.kind == g::InputSpec::Kind::Parameter) parameters[spec.target] = mine.back().parameters.at(k++);
+      for (const auto& [name, tensor] : g::stage_parameters(*parts.stages[s])) parameters[name] = tensor;
     }
     std::vector<at::Tensor> to_step;
     for (const auto& [name, p] : parameters) to_step.push_back(p);
