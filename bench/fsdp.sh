@@ -22,7 +22,7 @@ trap 'rm -f "$RATIOS"' EXIT
 dtensor_rows() {
   local label=$1 backend=$2 out
   shift 2
-  if [[ $backend == gloo ]]; then out=$(DTENSOR_BACKEND=gloo "$BENCH" "$@"); else out=$("$BENCH" "$@"); fi
+  out=$(on_backend "$backend" "$BENCH" "$@")
   grep '^|' <<<"$out" | sed "s/| dtensor fully_shard |/| dtensor fully_shard$label |/"
   grep '^Ratio' <<<"$out" >>"$RATIOS" || true
 }

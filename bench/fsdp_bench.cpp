@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "build_paths.h"
+#include "flags.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/fsdp.h"
 #include "dtensor/optim.h"
@@ -68,21 +69,16 @@ struct Args {
 };
 
 Args parse(int argc, char** argv) {
+  const bench::Flags flags(argc, argv, {"--config", "--tp", "--replicas", "--impl", "--reshard", "--overlap", "--rounds", "--ranks"});
   Args args;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) throw std::invalid_argument("missing value after " + flag);
-    const std::string value = argv[i + 1];
-    if (flag == "--config") args.config = value;
-    else if (flag == "--tp") args.tp = std::stoi(value);
-    else if (flag == "--replicas") args.replicas = std::stoi(value);
-    else if (flag == "--impl") args.impl = value;
-    else if (flag == "--reshard") args.reshard = value != "0";
-    else if (flag == "--overlap") args.overlap = value != "0";
-    else if (flag == "--rounds") args.rounds = std::stoi(value);
-    else if (flag == "--ranks") args.ranks = std::stoi(value);
-    else throw std::invalid_argument("unknown flag " + flag + " (use --config, --tp, --replicas, --impl, --reshard, --overlap, --rounds, --ranks)");
-  }
+  args.config = flags.text("--config", args.config);
+  args.tp = flags.number("--tp", args.tp);
+  args.replicas = flags.number("--replicas", args.replicas);
+  args.impl = flags.text("--impl", args.impl);
+  args.reshard = flags.text("--reshard", "1") != "0";
+  args.overlap = flags.text("--overlap", "1") != "0";
+  args.rounds = flags.number("--rounds", args.rounds);
+  args.ranks = flags.number("--ranks", args.ranks);
   if ((args.config != "demo" && args.config != "large") || (args.tp != 1 && args.tp != 2) ||
       (args.replicas != 1 && args.replicas != 2) || (args.tp == 2 && args.replicas == 2) ||
       (args.impl != "both" && args.impl != "dtensor" && args.impl != "floor") || args.rounds < 1 || args.ranks < 2 ||

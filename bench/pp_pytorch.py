@@ -14,16 +14,16 @@ exposes neither).
 """
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
+
+from local_ranks import spawn  # noqa: E402  (bench/, this script's directory)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -133,10 +133,7 @@ def main():
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(run, args=(args.ranks, args, port), nprocs=args.ranks)
+    spawn(run, args.ranks, args)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ trap 'rm -f "$NOTES"' EXIT
 bench_rows() {
   local backend=$1 out
   shift
-  if [[ $backend == gloo ]]; then out=$(DTENSOR_BACKEND=gloo "$BENCH" "$@"); else out=$("$BENCH" "$@"); fi
+  out=$(on_backend "$backend" "$BENCH" "$@")
   grep '^|' <<<"$out"
   grep -v '^|' <<<"$out" | grep -v '^$' >>"$NOTES" || true
 }

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "build_paths.h"
+#include "flags.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/pipeline.h"
 #include "dtensor/pipeline_split.h"
@@ -59,20 +60,12 @@ struct Args {
 };
 
 Args parse(int argc, char** argv) {
+  const bench::Flags flags(argc, argv, {"--config", "--ranks", "--microbatches", "--rounds"});
   Args args;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) throw std::invalid_argument("missing value after " + flag);
-    if (flag == "--config") {
-      args.config = argv[i + 1];
-      continue;
-    }
-    const int value = std::stoi(argv[i + 1]);
-    if (flag == "--ranks") args.ranks = value;
-    else if (flag == "--microbatches") args.microbatches = value;
-    else if (flag == "--rounds") args.rounds = value;
-    else throw std::invalid_argument("unknown flag " + flag + " (use --config, --ranks, --microbatches, --rounds)");
-  }
+  args.config = flags.text("--config", args.config);
+  args.ranks = flags.number("--ranks", args.ranks);
+  args.microbatches = flags.number("--microbatches", args.microbatches);
+  args.rounds = flags.number("--rounds", args.rounds);
   if ((args.config != "deep" && args.config != "small") || args.ranks < 2 || args.microbatches < args.ranks || args.rounds < 1)
     throw std::invalid_argument("--config deep|small, --ranks P >= 2, --microbatches M >= P, --rounds R >= 1");
   return args;

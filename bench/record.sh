@@ -10,3 +10,11 @@ bench_record() {
   echo "- LibTorch: $(sed -n "s/^__version__ = '\(.*\)'.*/\1/p" "$torch_dir/version.py")$(mpirun --version 2>/dev/null | head -1 | sed 's/^/; /')"
   echo "- Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo) RAM, Linux $(uname -r); load average before the run $(cut -d' ' -f1-3 /proc/loadavg)"
 }
+
+# Sourced by the bench scripts too: runs a benchmark on a backend.
+#   on_backend gloo|default COMMAND...   (gloo: with DTENSOR_BACKEND=gloo; default: the launcher's choice)
+on_backend() {
+  local backend=$1
+  shift
+  if [[ $backend == gloo ]]; then DTENSOR_BACKEND=gloo "$@"; else "$@"; fi
+}

@@ -59,8 +59,7 @@ EOF
     for backend in default gloo; do
       if [[ $backend == gloo ]]; then echo "## TP=$tp, Gloo"; else echo "## TP=$tp, launcher's default backend"; fi
       echo
-      if [[ $backend == gloo ]]; then DTENSOR_BACKEND=gloo "$BUILD/bench/dtensor_tp_step_bench" --tp "$tp" "$@"
-      else "$BUILD/bench/dtensor_tp_step_bench" --tp "$tp" "$@"; fi
+      on_backend "$backend" "$BUILD/bench/dtensor_tp_step_bench" --tp "$tp" "$@"
       echo
     done
   done

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "build_paths.h"
+#include "flags.h"
 #include "ratio_summary.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/dtensor.h"
@@ -70,18 +71,10 @@ struct Args {
 };
 
 Args parse(int argc, char** argv) {
+  const bench::Flags flags(argc, argv, {"--tp", "--rounds"});
   Args args;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) throw std::invalid_argument("missing value after " + flag);
-    const int value = std::stoi(argv[i + 1]);
-    if (flag == "--tp")
-      args.tp = value;
-    else if (flag == "--rounds")
-      args.rounds = value;
-    else
-      throw std::invalid_argument("unknown flag " + flag + " (use --tp, --rounds)");
-  }
+  args.tp = flags.number("--tp", args.tp);
+  args.rounds = flags.number("--rounds", args.rounds);
   if (args.tp < 1 || args.rounds < 1) throw std::invalid_argument("--tp and --rounds must be positive");
   return args;
 }

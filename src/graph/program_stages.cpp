@@ -109,8 +109,8 @@ pipeline::PipelineStage pipeline_stage(std::shared_ptr<Program> stage, int index
   std::vector<at::Tensor> parameters;
   for (auto& [name, tensor] : stage_parameters(*stage)) parameters.push_back(tensor);
   return {index,
-          [stage, index](const at::Tensor& input) {
-            check_input(*stage, 0, input, "stage " + std::to_string(index) + "'s input");
+          [stage, what = "stage " + std::to_string(index) + "'s input"](const at::Tensor& input) {
+            check_input(*stage, 0, input, what);
             return run(*stage, {input}).at(0).toTensor();
           },
           std::move(parameters)};

@@ -29,7 +29,7 @@ std::string parameter_modules(const Program& program) {
 class Assigner {
  public:
   Assigner(const Program& program, const std::vector<std::string>& split_points)
-      : program_(program), points_(split_points), stage_(program.graph.num_values(), kNotForward) {
+      : program_(program), points_(split_points), stage_(program.graph.num_values(), kNotForward), is_parameter_(program.graph.num_values(), false) {
     out_.num_stages = static_cast<int>(split_points.size()) + 1;
   }
 
@@ -41,7 +41,6 @@ class Assigner {
       const int from_inputs = latest_input_stage(*n);
       set_stage(n, from_inputs == kEveryStage ? kEveryStage : std::max(from_inputs, module_stage(n->module_path)));
     }
-    check_parameters_stay();
     move_late_ops();
     check_parameters_in_their_stage();
     find_handed();
@@ -92,8 +91,10 @@ class Assigner {
                            "') in the order the program takes its parameters; give split points in forward order");
       starts.push_back(at);
     }
-    for (size_t i = 0; i < parameters.size(); ++i)
+    for (size_t i = 0; i < parameters.size(); ++i) {
       stage_[parameters[i]->value->id] = static_cast<int>(std::upper_bound(starts.begin(), starts.end(), i) - starts.begin());
+      is_parameter_[parameters[i]->value->id] = true;
+    }
     int user = 0;
     const size_t user_inputs = program_.user_inputs().size();
     if (out_.has_loss && user_inputs != 2)
@@ -167,9 +168,11 @@ class Assigner {
     return last;
   }
 
-  // A parameter is read in one stage: its gradient accumulates there (tied weights across stages are
-  // not supported, as PyTorch's pipeline() does not support them).
-  void check_parameters_stay() const {
+  // A parameter is read in one stage, the one its place among the parameters gives it: its gradient
+  // accumulates there, and the model registers its modules in forward order there (Llama's layers
+  // register attention, MLP, then the norms: a split point inside a layer is no boundary of the
+  // forward order). Tied weights across stages are not supported, as PyTorch's pipeline() does not.
+  void check_parameters_in_their_stage() const {
     for (const InputSpec& spec : program_.inputs) {
       if (spec.kind != InputSpec::Kind::Parameter) continue;
       std::set<int> stages;
@@ -178,21 +181,11 @@ class Assigner {
       if (stages.size() > 1)
         throw DTensorError(where() + ": parameter '" + spec.target + "' is read by stages " + std::to_string(*stages.begin()) + " and " +
                            std::to_string(*stages.rbegin()) + " (a tied weight); each parameter belongs to one stage: untie it, or keep its readers in one stage");
-    }
-  }
-
-  // A parameter's readers run in the stage its place among the parameters gives it: the model
-  // registers its modules in forward order there (Llama's layers register attention, MLP, then the
-  // norms: a split point inside a layer is not at a boundary of the forward order).
-  void check_parameters_in_their_stage() const {
-    for (const InputSpec& spec : program_.inputs) {
-      if (spec.kind != InputSpec::Kind::Parameter) continue;
-      for (const Node* user : spec.value->uses())
-        if (auto it = out_.node_stage.find(user); it != out_.node_stage.end() && it->second != stage_[spec.value->id])
-          throw DTensorError(where() + ": parameter '" + spec.target + "' comes in stage " + std::to_string(stage_[spec.value->id]) +
-                             " by the program's order of parameters, but " + part_name(it->second) +
-                             " reads it: the model registers its modules in another order than its forward runs them there; put the split "
-                             "points at whole layers");
+      if (!stages.empty() && *stages.begin() != stage_[spec.value->id])
+        throw DTensorError(where() + ": parameter '" + spec.target + "' comes in stage " + std::to_string(stage_[spec.value->id]) +
+                           " by the program's order of parameters, but " + part_name(*stages.begin()) +
+                           " reads it: the model registers its modules in another order than its forward runs them there; put the split "
+                           "points at whole layers");
     }
   }
 
@@ -211,12 +204,8 @@ class Assigner {
   }
 
   bool reads_parameter(const Node& n) const {
-    for (const Value* v : n.inputs())
-      if (!v->producer() && stage_[v->id] >= 0 && std::any_of(program_.inputs.begin(), program_.inputs.end(), [&](const InputSpec& s) {
-            return s.value == v && s.kind == InputSpec::Kind::Parameter;
-          }))
-        return true;
-    return false;
+    const auto inputs = n.inputs();
+    return std::any_of(inputs.begin(), inputs.end(), [&](const Value* v) { return is_parameter_[v->id]; });
   }
 
   // How many more tensors cross after `stage` once `n` runs in the next stage: its inputs from this
@@ -271,6 +260,7 @@ class Assigner {
   const Program& program_;
   const std::vector<std::string>& points_;
   std::vector<int> stage_;  // by value id
+  std::vector<bool> is_parameter_;  // by value id
   std::map<std::string, int> module_stages_;
   StageAssignment out_;
 };

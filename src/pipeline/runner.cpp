@@ -48,9 +48,11 @@ struct PipelineRunner::Impl {
   std::map<std::pair<int, int>, detail::MicrobatchState> states;  // (stage, microbatch)
   double compute_seconds = 0, receive_seconds = 0;
   bool failed = false;  // a step threw: what it left posted would meet the next step's transfers
+  std::map<int64_t, int> receives;  // receives_per_peer(), for the headers each step posts
 
   Impl(Schedule lowered, MeshPtr m, int64_t dim, LossFunction l)
-      : schedule(std::move(lowered)), mesh(m), pp_dim(dim), loss(std::move(l)), rank(static_cast<int>(m->local_rank(dim))), mailbox(m, dim) {}
+      : schedule(std::move(lowered)), mesh(m), pp_dim(dim), loss(std::move(l)), rank(static_cast<int>(m->local_rank(dim))), mailbox(m, dim),
+        receives(receives_per_peer()) {}
 
   bool local(int stage) const { return schedule.rank_of(stage) == rank; }
   int last_stage() const { return schedule.num_stages - 1; }
@@ -76,13 +78,13 @@ struct PipelineRunner::Impl {
     }
   }
 
-  // Posts the receives of the headers of every transfer this rank's actions take in a step, by peer.
-  void expect_receives() {
+  // How many transfers this rank's actions take from each peer in a step.
+  std::map<int64_t, int> receives_per_peer() const {
     std::map<int64_t, int> receives;
     for (const Slot& slot : schedule.ranks.at(static_cast<size_t>(rank)))
       if (slot && (slot->kind == ActionKind::RecvForward || slot->kind == ActionKind::RecvBackward))
         ++receives[schedule.rank_of(slot->kind == ActionKind::RecvForward ? slot->stage - 1 : slot->stage + 1)];
-    for (const auto& [peer, count] : receives) mailbox.expect(peer, count);
+    return receives;
   }
 
   // The transfer `id` from the rank holding `stage`, waiting for it (not counted as computing).
@@ -182,7 +184,7 @@ at::Tensor PipelineRunner::step(const at::Tensor& inputs, const at::Tensor& targ
   impl.states.clear();
   impl.compute_seconds = impl.receive_seconds = 0;
   impl.failed = true;  // until the step ends well
-  impl.expect_receives();
+  for (const auto& [peer, count] : impl.receives) impl.mailbox.expect(peer, count);
   for (const Slot& slot : impl.schedule.ranks.at(static_cast<size_t>(impl.rank))) {
     if (!slot) continue;
     try {
