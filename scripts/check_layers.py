@@ -25,7 +25,7 @@ LAYERS = {
     "sharding": {"tensor", "redistribute", "mesh", "layout"},  # rules, propagation, dispatch
     "module": {"sharding", "tensor", "redistribute", "mesh", "layout"},  # nn modules, TP styles
     "checkpoint": {"module", "tensor", "redistribute", "mesh", "layout", "io"},
-    "pipeline": {"mesh", "layout"},     # schedules as data, and their runtime on a pp mesh dim
+    "pipeline": {"module", "mesh", "layout"},  # schedules as data, their runtime on a pp mesh dim (FSDP's controls)
     "graph": {"sharding", "tensor", "redistribute", "mesh", "layout", "io", "pipeline"},  # programs' stages run as pipeline stages
 }
 

@@ -154,8 +154,9 @@ UnshardHandle unshard(torch::nn::Module& module, bool async_op);
 
 // With false, backward accumulates each group's whole gradients on this rank instead of
 // reduce-scattering them (gradient accumulation over micro-batches without communication); the next
-// backward with true reduces the sum once. Applies to `module` and every fully-sharded module in it.
-void set_requires_gradient_sync(torch::nn::Module& module, bool requires_sync);
+// backward with true reduces the sum once. Applies to `module` and every fully-sharded module in it;
+// with recurse false, to `module`'s own group alone (it must be fully sharded: else DTensorError).
+void set_requires_gradient_sync(torch::nn::Module& module, bool requires_sync, bool recurse = true);
 
 // FSDP2's set_reshard_after_backward: with false, a group's gathered parameters are not freed after its
 // backward: they stay in the module (plain whole tensors, as after unshard) and the next forward uses

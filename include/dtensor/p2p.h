@@ -36,12 +36,12 @@ struct P2POp {
   std::string label;  // names the transfer in errors (may be empty)
   // Transfers between two ranks arrive in the order they were sent, per tag: a receive matches the
   // oldest send of its tag (MPI and Gloo; NCCL keeps one order for all and refuses tags). 0 by default;
-  // 1..32000 are refused (the MPI backend's collectives use them), kPipelineHeaderTag is the pipeline
+  // 1..32000 are refused (the MPI backend's collectives use them), kPipelineTransferTag is the pipeline
   // runner's.
   int tag = 0;
 };
 
-constexpr int kPipelineHeaderTag = 32100;
+constexpr int kPipelineTransferTag = 32100;
 
 namespace detail {
 struct P2PInFlight;

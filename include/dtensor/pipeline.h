@@ -22,6 +22,10 @@
 #include "dtensor/device_mesh.h"
 #include "dtensor/pipeline_schedule.h"
 
+namespace torch::nn {
+class Module;
+}
+
 namespace dtensor::pipeline {
 
 // One stage of the model, held by the rank the schedule places it on.
@@ -29,6 +33,12 @@ struct PipelineStage {
   int index = 0;                                          // the stage's global index
   std::function<at::Tensor(const at::Tensor&)> forward;  // its part of the model: input -> output
   std::vector<at::Tensor> parameters;                     // what its gradients accumulate into
+  // The modules whose parameters it holds, at the granularity fully_shard was applied (a GPT's: the
+  // root for its embeddings and head, each block). Those fully sharded reduce their gradients once a
+  // step, as FSDP2 under PyTorch's schedules: their backwards of the step accumulate the whole
+  // gradients and keep the parameters gathered, and the last one on this rank (of any of its stages
+  // holding the module) reduces the sum (set_requires_gradient_sync, set_reshard_after_backward).
+  std::vector<std::shared_ptr<torch::nn::Module>> modules;
 };
 
 // The loss of one microbatch: the last stage's output against the microbatch's targets.

@@ -45,6 +45,8 @@ Action parse_action(std::string_view text);
 
 bool is_compute(ActionKind kind);
 bool is_communication(ActionKind kind);
+// B and W: the actions that compute the parameters' gradients.
+bool computes_weight_gradients(ActionKind kind);
 
 // One slot of a rank's list: an action, or nothing (a bubble: the rank waits).
 using Slot = std::optional<Action>;

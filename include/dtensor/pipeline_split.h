@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,11 +15,13 @@
 
 namespace dtensor::pipeline {
 
-// One piece of a model: a module path, what it computes, and its parameters.
+// One piece of a model: a module path, what it computes, its parameters, and the modules holding them
+// (PipelineStage::modules).
 struct ModelPiece {
   std::string path;
   std::function<at::Tensor(const at::Tensor&)> forward;
   std::vector<at::Tensor> parameters;
+  std::vector<std::shared_ptr<torch::nn::Module>> modules;
 };
 
 // The stages of `pieces` cut before each piece named in `split_points` (in the pieces' order; a

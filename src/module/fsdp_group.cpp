@@ -294,6 +294,7 @@ void FsdpGroup::reset_iter_state() {
   recording_.clear();
   recorded_.clear();
   pending_grads_ = pending_replicated_ = partial_grads_ = partial_replicated_ = at::Tensor();
+  grads_held_.clear();
 }
 
 void FsdpGroup::point_slots(const std::vector<at::Tensor>& values) {
@@ -355,9 +356,12 @@ std::vector<at::Tensor> FsdpGroup::reduce_gradients(const std::vector<at::Tensor
   const at::Tensor flat = fresh ? fsdp_buffer(dp_size_ * shard_numel_, options_of(reduce_dtype())) : pending_grads_;
   const at::Tensor replicated = fresh ? at::empty({replicated_numel_}, options_of(reduce_dtype())) : pending_replicated_;
   pack_gradients(whole_grads, flat, replicated, fresh);
+  std::vector<bool> has_grad(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) has_grad[i] = whole_grads[i].defined() || (i < grads_held_.size() && grads_held_[i]);
   if (!requires_sync_) {
     pending_grads_ = flat;
     pending_replicated_ = replicated;
+    grads_held_ = std::move(has_grad);
     return std::vector<at::Tensor>(params_.size());
   }
   pending_grads_ = pending_replicated_ = at::Tensor();
@@ -365,7 +369,7 @@ std::vector<at::Tensor> FsdpGroup::reduce_gradients(const std::vector<at::Tensor
     flat.div_(*divide_factor_);
     replicated.div_(*divide_factor_);
   }
-  return start_reductions(whole_grads, flat, replicated);
+  return start_reductions(std::move(has_grad), flat, replicated);
 }
 
 void FsdpGroup::pack_gradients(const std::vector<at::Tensor>& whole_grads, const at::Tensor& flat,
@@ -416,8 +420,7 @@ void FsdpGroup::pack_gradients(const std::vector<at::Tensor>& whole_grads, const
   }
 }
 
-std::vector<at::Tensor> FsdpGroup::start_reductions(const std::vector<at::Tensor>& whole_grads, const at::Tensor& flat,
-                                                    const at::Tensor& replicated) {
+std::vector<at::Tensor> FsdpGroup::start_reductions(std::vector<bool> has_grad, const at::Tensor& flat, const at::Tensor& replicated) {
   const CommContext context(label_.c_str());
   StartedCollective mine = over_replicas(
       shard_numel_ > 0 ? start_reduce_scatter(mesh_, dp_dim_, flat, reduce_op()) : StartedCollective(flat), partial_grads_);
@@ -425,7 +428,11 @@ std::vector<at::Tensor> FsdpGroup::start_reductions(const std::vector<at::Tensor
       replicated_numel_ > 0 ? start_all_reduce(mesh_, dp_dim_, replicated, reduce_op()) : StartedCollective(replicated),
       partial_replicated_);
   // HSDP without the all-reduce: the reduced shards wait in the partial buffers, the gradients unchanged.
-  if (replicate_dim_ >= 0 && !all_reduce_) return std::vector<at::Tensor>(params_.size());
+  if (replicate_dim_ >= 0 && !all_reduce_) {
+    grads_held_ = std::move(has_grad);
+    return std::vector<at::Tensor>(params_.size());
+  }
+  grads_held_.clear();
   if (all_reduce_hook_) {  // called with the reduced shards, which it may change in place: before anything reads them
     for (StartedCollective* reduced : {&mine, &averaged})
       if (reduced->wait().numel() > 0) all_reduce_hook_(reduced->wait());
@@ -433,7 +440,7 @@ std::vector<at::Tensor> FsdpGroup::start_reductions(const std::vector<at::Tensor
   if (const auto root = root_.lock(); root && options_.overlap) root->reducing_ = std::vector<StartedCollective>{mine, averaged};
   std::vector<at::Tensor> grads(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!whole_grads[i].defined()) continue;
+    if (!has_grad[i]) continue;
     // The gradient as this rank's piece of the reduced buffers, made once they arrive.
     auto finish = [this, self = shared_from_this(), i, mine, averaged]() mutable {
       return shard_gradient(params_[i], mine.wait(), averaged.wait());

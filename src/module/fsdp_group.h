@@ -180,9 +180,9 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   // The whole gradients packed (or, accumulating, added) into the flat buffers the reductions take.
   void pack_gradients(const std::vector<at::Tensor>& whole_grads, const at::Tensor& flat, const at::Tensor& replicated,
                       bool fresh) const;
-  // Starts the reductions of the packed buffers; the shards' gradients, pending with overlap.
-  std::vector<at::Tensor> start_reductions(const std::vector<at::Tensor>& whole_grads, const at::Tensor& flat,
-                                           const at::Tensor& replicated);
+  // Starts the reductions of the packed buffers; the shards' gradients (of the parameters `has_grad`
+  // marks), pending with overlap.
+  std::vector<at::Tensor> start_reductions(std::vector<bool> has_grad, const at::Tensor& flat, const at::Tensor& replicated);
 
   FsdpBufferUse buffer_use_;  // first, so destroyed last: the group's own buffers are back in the cache by then
   std::string name_;
@@ -222,6 +222,10 @@ class FsdpGroup : public std::enable_shared_from_this<FsdpGroup> {
   // Reduced over dp but not yet over the replicas (set_requires_all_reduce(false)): [shard_numel_] and
   // [replicated_numel_].
   at::Tensor partial_grads_, partial_replicated_;
+  // The parameters with a gradient in the pending or partial buffers (a backward without sync may have
+  // used parameters the reducing one does not: a root whose head and embeddings run in two pipeline
+  // stages). Empty: none.
+  std::vector<bool> grads_held_;
   bool reshard_after_forward_set_ = false;  // set_reshard_after_forward was called: the root obeys it too
   std::optional<double> divide_factor_;
   bool unshard_in_backward_ = true;

@@ -344,7 +344,8 @@ void unshard(torch::nn::Module& module) { require_group(module, "unshard")->unsh
 
 void reshard(torch::nn::Module& module) { require_group(module, "reshard")->reshard(); }
 
-void set_requires_gradient_sync(torch::nn::Module& module, bool requires_sync) {
+void set_requires_gradient_sync(torch::nn::Module& module, bool requires_sync, bool recurse) {
+  if (!recurse) return require_group(module, "set_requires_gradient_sync")->set_requires_gradient_sync(requires_sync);
   for (const auto& item : module.named_modules())
     if (auto group = group_of(*item.value())) group->set_requires_gradient_sync(requires_sync);
 }
@@ -365,13 +366,6 @@ void UnshardHandle::wait() {
   group_.reset();
 }
 
-void set_reshard_after_backward(torch::nn::Module& module, bool reshard_after_backward, bool recurse) {
-  require_group(module, "set_reshard_after_backward")->set_reshard_after_backward(reshard_after_backward);
-  if (recurse)
-    for (const auto& item : module.named_modules())
-      if (auto group = group_of(*item.value())) group->set_reshard_after_backward(reshard_after_backward);
-}
-
 namespace {
 
 // The groups a setter applies to: `module`'s (which must be fully sharded) and, with recurse, those of
@@ -385,6 +379,10 @@ std::vector<std::shared_ptr<FsdpGroup>> groups_in(torch::nn::Module& module, con
 }
 
 }  // namespace
+
+void set_reshard_after_backward(torch::nn::Module& module, bool reshard_after_backward, bool recurse) {
+  for (const auto& group : groups_in(module, "set_reshard_after_backward", recurse)) group->set_reshard_after_backward(reshard_after_backward);
+}
 
 void set_reshard_after_forward(torch::nn::Module& module, bool reshard_after_forward, bool recurse) {
   for (const auto& group : groups_in(module, "set_reshard_after_forward", recurse))

@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 
 #include "dtensor/errors.h"
+#include "dtensor/fsdp.h"
 #include "dtensor/pipeline.h"
 #include "microbatches.h"
 #include "stage_mailbox.h"
@@ -48,7 +50,12 @@ struct PipelineRunner::Impl {
   std::map<std::pair<int, int>, detail::MicrobatchState> states;  // (stage, microbatch)
   double compute_seconds = 0, receive_seconds = 0;
   bool failed = false;  // a step threw: what it left posted would meet the next step's transfers
-  std::map<int64_t, int> receives;  // receives_per_peer(), for the headers each step posts
+  std::map<int64_t, int> receives;  // receives_per_peer(), for the receives each step posts
+  // Each fully-sharded module of this rank's stages: the slot of its last weight backward in a step.
+  std::map<const torch::nn::Module*, size_t> last_weight_backward;
+  // The W slots that reduce a module other stages of this rank hold too: those stages, whose parameters
+  // get their gradients from that reduction (a W computes its own stage's alone).
+  std::map<size_t, std::set<int>> sharing_stages;
 
   Impl(Schedule lowered, MeshPtr m, int64_t dim, LossFunction l)
       : schedule(std::move(lowered)), mesh(m), pp_dim(dim), loss(std::move(l)), rank(static_cast<int>(m->local_rank(dim))), mailbox(m, dim),
@@ -58,12 +65,13 @@ struct PipelineRunner::Impl {
   int last_stage() const { return schedule.num_stages - 1; }
   detail::MicrobatchState& state(int stage, int microbatch) { return states[{stage, microbatch}]; }
 
-  void run(const Action& action) {
+  // The action in `slot` of this rank's list.
+  void run(const Action& action, size_t slot) {
     switch (action.kind) {
       case ActionKind::Forward: return forward(action.stage, action.microbatch);
       case ActionKind::FullBackward: return backward_input(action.stage, action.microbatch, true);
       case ActionKind::BackwardInput: return backward_input(action.stage, action.microbatch, false);
-      case ActionKind::BackwardWeight: return backward_weight(action.stage, action.microbatch);
+      case ActionKind::BackwardWeight: return backward_weight(action.stage, action.microbatch, slot);
       case ActionKind::SendForward:
         return mailbox.send(state(action.stage, action.microbatch).output, schedule.rank_of(action.stage + 1),
                             {TransferId::Kind::Activation, action.stage, action.microbatch});
@@ -85,6 +93,31 @@ struct PipelineRunner::Impl {
       if (slot && (slot->kind == ActionKind::RecvForward || slot->kind == ActionKind::RecvBackward))
         ++receives[schedule.rank_of(slot->kind == ActionKind::RecvForward ? slot->stage - 1 : slot->stage + 1)];
     return receives;
+  }
+
+  void find_last_weight_backwards() {
+    const std::vector<Slot>& slots = schedule.ranks.at(static_cast<size_t>(rank));
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (slots[i] && computes_weight_gradients(slots[i]->kind))
+        for (const auto& module : stages.at(slots[i]->stage).modules)
+          if (is_fully_sharded(*module)) last_weight_backward[module.get()] = i;
+    for (const auto& [module, slot] : last_weight_backward)
+      for (const auto& [index, stage] : stages)
+        if (index != slots[slot]->stage &&
+            std::any_of(stage.modules.begin(), stage.modules.end(), [m = module](const auto& held) { return held.get() == m; }))
+          sharing_stages[slot].insert(index);
+  }
+
+  // Before the weight backward in `slot` (of `stage`): its fully-sharded modules accumulate their whole
+  // gradients and stay gathered, or, at their last weight backward of the step, reduce the sum.
+  void set_gradient_sync(size_t slot, int stage) {
+    for (const auto& module : stages.at(stage).modules) {
+      const auto last = last_weight_backward.find(module.get());
+      if (last == last_weight_backward.end()) continue;
+      const bool reduce = slot == last->second;
+      set_requires_gradient_sync(*module, reduce, /*recurse=*/false);
+      set_reshard_after_backward(*module, reduce, /*recurse=*/false);
+    }
   }
 
   // The transfer `id` from the rank holding `stage`, waiting for it (not counted as computing).
@@ -135,9 +168,12 @@ struct PipelineRunner::Impl {
     }
   }
 
-  void backward_weight(int stage, int microbatch) {
+  void backward_weight(int stage, int microbatch, size_t slot) {
     detail::MicrobatchState& s = state(stage, microbatch);
-    const std::vector<at::Tensor> parameters = requiring_grad(stages.at(stage).parameters);
+    std::vector<at::Tensor> held = stages.at(stage).parameters;
+    if (const auto sharing = sharing_stages.find(slot); sharing != sharing_stages.end())
+      for (const int other : sharing->second) held.insert(held.end(), stages.at(other).parameters.begin(), stages.at(other).parameters.end());
+    const std::vector<at::Tensor> parameters = requiring_grad(held);
     if (!parameters.empty())
       torch::autograd::backward({s.output}, {output_grad(stage, microbatch)}, /*retain_graph=*/false, /*create_graph=*/false, parameters);
     s.output = at::Tensor();
@@ -157,12 +193,15 @@ PipelineRunner::PipelineRunner(const Schedule& schedule, std::vector<PipelineSta
     if (index < 0 || index >= schedule.num_stages || !impl_->local(index))
       throw DTensorError("PipelineRunner: stage " + std::to_string(index) + " is not one the schedule places on pp rank " + std::to_string(impl_->rank));
     if (!stage.forward) throw DTensorError("PipelineRunner: stage " + std::to_string(index) + " has no forward");
+    if (std::find(stage.modules.begin(), stage.modules.end(), nullptr) != stage.modules.end())
+      throw DTensorError("PipelineRunner: stage " + std::to_string(index) + " lists a null module among its modules");
     if (!impl_->stages.emplace(index, std::move(stage)).second) throw DTensorError("PipelineRunner: stage " + std::to_string(index) + " is given twice");
   }
   for (int s = 0; s < schedule.num_stages; ++s)
     if (impl_->local(s) && !impl_->stages.count(s))
       throw DTensorError("PipelineRunner: the schedule places stage " + std::to_string(s) + " on pp rank " + std::to_string(impl_->rank) +
                          ", which was not given it");
+  impl_->find_last_weight_backwards();
 }
 
 PipelineRunner::~PipelineRunner() = default;
@@ -184,12 +223,15 @@ at::Tensor PipelineRunner::step(const at::Tensor& inputs, const at::Tensor& targ
   impl.states.clear();
   impl.compute_seconds = impl.receive_seconds = 0;
   impl.failed = true;  // until the step ends well
-  for (const auto& [peer, count] : impl.receives) impl.mailbox.expect(peer, count);
-  for (const Slot& slot : impl.schedule.ranks.at(static_cast<size_t>(impl.rank))) {
+  impl.mailbox.start_step(impl.receives);
+  const std::vector<Slot>& slots = impl.schedule.ranks.at(static_cast<size_t>(impl.rank));
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const Slot& slot = slots[i];
     if (!slot) continue;
     try {
       const auto start = std::chrono::steady_clock::now();
-      impl.run(*slot);
+      if (computes_weight_gradients(slot->kind)) impl.set_gradient_sync(i, slot->stage);
+      impl.run(*slot, i);
       if (is_compute(slot->kind)) impl.compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     } catch (const std::exception& e) {
       impl.mailbox.abandon_receives();

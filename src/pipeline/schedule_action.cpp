@@ -86,4 +86,6 @@ bool is_compute(ActionKind kind) {
 
 bool is_communication(ActionKind kind) { return !is_compute(kind); }
 
+bool computes_weight_gradients(ActionKind kind) { return kind == ActionKind::FullBackward || kind == ActionKind::BackwardWeight; }
+
 }  // namespace dtensor::pipeline

@@ -14,8 +14,12 @@ std::string paths_of(const std::vector<ModelPiece>& pieces) {
 }
 
 PipelineStage stage_of(int index, std::vector<ModelPiece> pieces) {
-  PipelineStage stage{index, nullptr, {}};
-  for (const ModelPiece& piece : pieces) stage.parameters.insert(stage.parameters.end(), piece.parameters.begin(), piece.parameters.end());
+  PipelineStage stage{index, nullptr, {}, {}};
+  for (const ModelPiece& piece : pieces) {
+    stage.parameters.insert(stage.parameters.end(), piece.parameters.begin(), piece.parameters.end());
+    for (const auto& module : piece.modules)  // each once: a root's pieces (embeddings, head) share it
+      if (std::find(stage.modules.begin(), stage.modules.end(), module) == stage.modules.end()) stage.modules.push_back(module);
+  }
   stage.forward = [pieces = std::move(pieces)](const at::Tensor& input) {
     at::Tensor x = input;
     for (const ModelPiece& piece : pieces) x = piece.forward(x);

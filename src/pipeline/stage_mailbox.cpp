@@ -2,7 +2,8 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
+#include <array>
+#include <cstring>
 #include <mutex>
 
 #include "dtensor/errors.h"
@@ -10,25 +11,54 @@
 namespace dtensor::pipeline::detail {
 namespace {
 
-// The header: a tag, the id, the dtype and the shape (at most kMaxDims dims).
+// The header: a tag, the id, the dtype, the dims, whether the data follows in the same message, and the
+// shape (at most kMaxDims dims); 16 int64 so that the data after it is aligned for every dtype.
 constexpr int64_t kTag = 0x5050'7472'616e'7366;  // "PPtransf"
 constexpr int64_t kMaxDims = 8;
-constexpr int64_t kHeaderSize = 6 + kMaxDims;
+constexpr int64_t kHeaderFields = 7;
+constexpr int64_t kHeaderBytes = 16 * static_cast<int64_t>(sizeof(int64_t));
+static_assert(kHeaderFields + kMaxDims <= kHeaderBytes / static_cast<int64_t>(sizeof(int64_t)));
+// Receives posted ahead per peer: enough that the next transfer's is posted while this one is taken,
+// few enough that their buffers add little to a schedule's activations.
+constexpr size_t kWindow = 4;
 
-at::Tensor header_of(const at::Tensor& tensor, const TransferId& id) {
-  if (tensor.dim() > kMaxDims)
-    throw DTensorError("pipeline: " + id.label() + " has " + std::to_string(tensor.dim()) + " dims; at most " +
-                       std::to_string(kMaxDims) + " travel between stages");
-  at::Tensor header = at::zeros({kHeaderSize}, at::kLong);
-  auto h = header.accessor<int64_t, 1>();
+using Header = std::array<int64_t, kHeaderBytes / sizeof(int64_t)>;
+
+at::Tensor data_of(const at::Tensor& message, at::ScalarType dtype, at::IntArrayRef shape, int64_t bytes) {
+  return message.narrow(0, kHeaderBytes, bytes).view(dtype).view(shape);
+}
+
+void write_header(const at::Tensor& message, const at::Tensor& data, const TransferId& id, bool data_inline) {
+  if (data.dim() > kMaxDims)
+    throw DTensorError("pipeline: " + id.label() + " has " + std::to_string(data.dim()) + " dims; at most " + std::to_string(kMaxDims) +
+                       " travel between stages");
+  Header h{};
   h[0] = kTag;
   h[1] = static_cast<int64_t>(id.kind);
   h[2] = id.stage;
   h[3] = id.microbatch;
-  h[4] = static_cast<int64_t>(tensor.scalar_type());
-  h[5] = tensor.dim();
-  for (int64_t d = 0; d < tensor.dim(); ++d) h[6 + d] = tensor.size(d);
-  return header;
+  h[4] = static_cast<int64_t>(data.scalar_type());
+  h[5] = data.dim();
+  h[6] = data_inline ? 1 : 0;
+  for (int64_t d = 0; d < data.dim(); ++d) h[kHeaderFields + d] = data.size(d);
+  std::memcpy(message.data_ptr(), h.data(), kHeaderBytes);
+}
+
+Header read_header(const at::Tensor& message) {
+  Header h;
+  std::memcpy(h.data(), message.data_ptr(), kHeaderBytes);
+  return h;
+}
+
+// The data's bytes for a header's dtype and shape, or -1 where the header is no stage transfer's.
+int64_t data_bytes_of(const Header& h) {
+  const bool valid = h[0] == kTag && (h[1] == 1 || h[1] == 2) && h[4] >= 0 && h[4] < static_cast<int64_t>(at::ScalarType::NumOptions) &&
+                     h[5] >= 0 && h[5] <= kMaxDims && (h[6] == 0 || h[6] == 1);
+  if (!valid) return -1;
+  int64_t bytes = static_cast<int64_t>(c10::elementSize(static_cast<at::ScalarType>(h[4])));
+  for (int64_t d = 0; d < h[5]; ++d)
+    if (h[kHeaderFields + d] < 0 || __builtin_mul_overflow(bytes, h[kHeaderFields + d], &bytes)) return -1;
+  return bytes;
 }
 
 }  // namespace
@@ -41,27 +71,48 @@ std::string TransferId::label() const {
 
 void StageMailbox::send(const at::Tensor& tensor, int64_t peer, const TransferId& id) {
   const at::Tensor data = tensor.detach().contiguous();
-  const at::Tensor header = header_of(data, id);
+  Traffic& traffic = outgoing_[peer];
+  const size_t ordinal = traffic.next++;
+  if (ordinal >= traffic.data_bytes.size()) traffic.data_bytes.resize(ordinal + 1, 0);
+  const int64_t agreed = traffic.data_bytes[ordinal];
+  const int64_t bytes = static_cast<int64_t>(data.nbytes());
+  const bool data_inline = bytes == agreed;
+  at::Tensor message = at::empty({kHeaderBytes + agreed}, at::kByte);
+  write_header(message, data, id, data_inline);
   const std::string label = id.label();
-  sends_.push_back(batch_isend_irecv(
-      mesh_, dim_, {P2POp{P2POp::Kind::Send, header, peer, label + " (header)", header_tag()}, P2POp{P2POp::Kind::Send, data, peer, label}}));
-  in_flight_.push_back(header);
+  std::vector<P2POp> ops{P2POp{P2POp::Kind::Send, message, peer, label, message_tag()}};
+  if (data_inline) data_of(message, data.scalar_type(), data.sizes(), bytes).copy_(data);
+  else ops.push_back(P2POp{P2POp::Kind::Send, data, peer, label + " (data of a new size)"});
+  traffic.data_bytes[ordinal] = bytes;
+  sends_.push_back(batch_isend_irecv(mesh_, dim_, ops));
+  in_flight_.push_back(message);
   in_flight_.push_back(data);
 }
 
-// NCCL matches transfers in order whatever their tag: there headers share the data's order and are
-// received when taken.
+// NCCL matches transfers in order whatever their tag: there a message and the data of a new size that
+// may follow it share one order, and receives are posted when taken.
 bool StageMailbox::tags_kept_apart() const { return mesh_->backend() != CommBackend::Nccl; }
 
-void StageMailbox::expect(int64_t peer, int count) {
-  if (!tags_kept_apart()) return;
-  for (int i = 0; i < count; ++i) post_header(peer);
+void StageMailbox::start_step(const std::map<int64_t, int>& receives) {
+  for (auto& [peer, traffic] : outgoing_) traffic.next = 0;
+  for (auto& [peer, traffic] : incoming_) traffic.next = 0;
+  unposted_ = receives;
+  for (const auto& [peer, count] : receives) post_window(peer);
 }
 
-void StageMailbox::post_header(int64_t peer) {
-  at::Tensor header = at::empty({kHeaderSize}, at::kLong);
-  P2PWork work = batch_isend_irecv(mesh_, dim_, {P2POp{P2POp::Kind::Recv, header, peer, "a stage transfer's header", header_tag()}});
-  posted_headers_[peer].push_back({header, std::move(work)});
+void StageMailbox::post_window(int64_t peer) {
+  const size_t window = tags_kept_apart() ? kWindow : 0;
+  while (posted_[peer].size() < window && unposted_[peer] > 0) post_receive(peer);
+}
+
+void StageMailbox::post_receive(int64_t peer) {
+  Traffic& traffic = incoming_[peer];
+  const size_t ordinal = traffic.next++;
+  const int64_t agreed = ordinal < traffic.data_bytes.size() ? traffic.data_bytes[ordinal] : 0;
+  at::Tensor message = at::empty({kHeaderBytes + agreed}, at::kByte);
+  P2PWork work = batch_isend_irecv(mesh_, dim_, {P2POp{P2POp::Kind::Recv, message, peer, "a stage transfer", message_tag()}});
+  posted_[peer].push_back({message, std::move(work), ordinal});
+  --unposted_[peer];
 }
 
 at::Tensor StageMailbox::take(int64_t peer, const TransferId& id) {
@@ -72,34 +123,51 @@ at::Tensor StageMailbox::take(int64_t peer, const TransferId& id) {
   }
   const std::string label = id.label();
   while (true) {
-    if (posted_headers_[peer].empty()) post_header(peer);
-    PostedHeader posted = std::move(posted_headers_[peer].front());
-    posted_headers_[peer].pop_front();
+    if (posted_[peer].empty()) {
+      if (unposted_[peer] <= 0)
+        throw DTensorError("pipeline: waiting for " + label + " from pp rank " + std::to_string(peer) +
+                           ", which the schedule gives no more transfers to this rank in this step");
+      post_receive(peer);
+    }
+    PostedReceive posted = std::move(posted_[peer].front());
+    posted_[peer].pop_front();
     posted.work.wait();
-    const at::Tensor& header = posted.header;
-    const auto h = header.accessor<int64_t, 1>();
-    const bool valid = h[0] == kTag && (h[1] == 1 || h[1] == 2) && h[4] >= 0 &&
-                       h[4] < static_cast<int64_t>(at::ScalarType::NumOptions) && h[5] >= 0 && h[5] <= kMaxDims;
-    if (!valid) throw DTensorError("pipeline: waiting for " + label + " from pp rank " + std::to_string(peer) + ", received a message that is no stage transfer");
-    std::vector<int64_t> shape(h[5]);
-    for (int64_t d = 0; d < h[5]; ++d) shape[d] = h[6 + d];
-    if (std::any_of(shape.begin(), shape.end(), [](int64_t size) { return size < 0; }))
-      throw DTensorError("pipeline: waiting for " + label + " from pp rank " + std::to_string(peer) + ", received a negative size");
-    const TransferId arrived{static_cast<TransferId::Kind>(h[1]), h[2], h[3]};
-    at::Tensor data = at::empty(shape, at::TensorOptions().dtype(static_cast<at::ScalarType>(h[4])));
-    recv(data, peer, mesh_, dim_, arrived.label());
+    post_window(peer);
+    auto [arrived, data] = unpack(posted, peer, label);
     if (arrived == id) return data;
     arrived_early_.emplace(std::make_tuple(peer, arrived), data);
   }
 }
 
+std::pair<TransferId, at::Tensor> StageMailbox::unpack(PostedReceive& posted, int64_t peer, const std::string& awaited) {
+  const Header h = read_header(posted.message);
+  const std::string context = "pipeline: waiting for " + awaited + " from pp rank " + std::to_string(peer);
+  const int64_t bytes = data_bytes_of(h);
+  if (bytes < 0) throw DTensorError(context + ", received a message that is no stage transfer");
+  const TransferId arrived{static_cast<TransferId::Kind>(h[1]), h[2], h[3]};
+  const auto dtype = static_cast<at::ScalarType>(h[4]);
+  const std::vector<int64_t> shape(h.begin() + kHeaderFields, h.begin() + kHeaderFields + h[5]);
+  if (h[6] == 1) {
+    if (bytes != posted.message.numel() - kHeaderBytes)
+      throw DTensorError(context + ", received " + arrived.label() + " whose shape disagrees with its size");
+    return {arrived, data_of(posted.message, dtype, shape, bytes)};
+  }
+  at::Tensor data = at::empty(shape, at::TensorOptions().dtype(dtype));
+  recv(data, peer, mesh_, dim_, arrived.label());
+  Traffic& traffic = incoming_[peer];
+  if (posted.ordinal >= traffic.data_bytes.size()) traffic.data_bytes.resize(posted.ordinal + 1, 0);
+  traffic.data_bytes[posted.ordinal] = bytes;
+  return {arrived, data};
+}
+
 void StageMailbox::abandon_receives() {
   static std::mutex mutex;
-  static auto* abandoned = new std::vector<PostedHeader>();  // never destroyed: nothing waits on them
+  static auto* abandoned = new std::vector<PostedReceive>();  // never destroyed: nothing waits on them
   const std::lock_guard<std::mutex> lock(mutex);
-  for (auto& [peer, headers] : posted_headers_)
-    for (PostedHeader& posted : headers) abandoned->push_back(std::move(posted));
-  posted_headers_.clear();
+  for (auto& [peer, receives] : posted_)
+    for (PostedReceive& posted : receives) abandoned->push_back(std::move(posted));
+  posted_.clear();
+  unposted_.clear();
   arrived_early_.clear();
 }
 
@@ -113,13 +181,15 @@ void StageMailbox::finish_sends() {
     abandon_receives();
     throw DTensorError(error);
   }
-  for (const auto& [peer, headers] : posted_headers_)
-    if (!headers.empty()) {
-      const std::string error = "pipeline: the step ended waiting for " + std::to_string(headers.size()) + " more transfer(s) from pp rank " +
+  for (const auto& [peer, receives] : posted_) {
+    const int missing = static_cast<int>(receives.size()) + unposted_[peer];
+    if (missing > 0) {
+      const std::string error = "pipeline: the step ended waiting for " + std::to_string(missing) + " more transfer(s) from pp rank " +
                                 std::to_string(peer) + ": the schedule and the peer's disagree";
       abandon_receives();
       throw DTensorError(error);
     }
+  }
 }
 
 }  // namespace dtensor::pipeline::detail

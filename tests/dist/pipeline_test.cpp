@@ -2,8 +2,8 @@
 // layers split into uneven stages trains with every schedule (GPipe, 1F1B, Interleaved 1F1B,
 // LoopedBFS, Interleaved Zero Bubble, ZBV) on 4 ranks, 1F1B on the pp dim of a 2x2 mesh, and 1F1B
 // and ZBV with tensor-parallel stages on a (pp, tp) 2x2 mesh, over a batch the microbatches do not
-// divide evenly. The oracle is the whole model in one process on the same
-// microbatches: every stage's gradients and the last stage's loss equal it.
+// divide evenly, step after step, with batches of another size. The oracle is the whole model in one
+// process on the same microbatches: every stage's gradients and the last stage's loss equal it.
 
 #include <ATen/ATen.h>
 
@@ -75,7 +75,8 @@ class PipelineTest : public DistTest {
   // Runs `schedule` over `model`'s stages on `m`'s dim `dim` and checks gradients and loss against one
   // process running the whole model on the same microbatches (each microbatch's loss weighing 1/M).
   // With `tp`, each stage is tensor parallel over it (PipeModel).
-  void expect_trains_as_one_process(const pp::Schedule& schedule, const MeshPtr& m, int64_t dim, const MeshPtr& tp = nullptr) {
+  void expect_trains_as_one_process(const pp::Schedule& schedule, const MeshPtr& m, int64_t dim, const MeshPtr& tp = nullptr,
+                                    const std::vector<int64_t>& batches = {kPipeBatch}) {
     const std::vector<int> bounds = stage_bounds(schedule.num_stages);
     PipeModel model(tp), oracle;
     const int rank = static_cast<int>(m->local_rank(dim));
@@ -87,16 +88,28 @@ class PipelineTest : public DistTest {
       stages.push_back({s, [&model, from = bounds[s], to = bounds[s + 1]](const at::Tensor& x) { return model.forward(from, to, x); }, parameters});
     }
     pp::PipelineRunner runner(schedule, std::move(stages), m, dim, pipe_loss);
-    const at::Tensor loss = runner.step(pipe_inputs(), pipe_targets());
+    for (const int64_t rows : batches) {
+      SCOPED_TRACE("a step over " + std::to_string(rows) + " rows");
+      for (auto* layers : {&model.layers, &oracle.layers})
+        for (auto& layer : *layers)
+          for (at::Tensor& p : layer) p.mutable_grad() = at::Tensor();
+      const at::Tensor loss = runner.step(pipe_inputs().narrow(0, 0, rows), pipe_targets().narrow(0, 0, rows));
 
-    const auto inputs = at::tensor_split(pipe_inputs(), schedule.num_microbatches), targets = at::tensor_split(pipe_targets(), schedule.num_microbatches);
-    at::Tensor expected_loss = at::zeros({}, at::kDouble);
-    for (size_t k = 0; k < inputs.size(); ++k) expected_loss = expected_loss + pipe_loss(oracle.forward(0, kPipeLayers, inputs[k]), targets[k]);
-    expected_loss = expected_loss / schedule.num_microbatches;
-    expected_loss.backward();
+      const auto inputs = at::tensor_split(pipe_inputs().narrow(0, 0, rows), schedule.num_microbatches);
+      const auto targets = at::tensor_split(pipe_targets().narrow(0, 0, rows), schedule.num_microbatches);
+      at::Tensor expected_loss = at::zeros({}, at::kDouble);
+      for (size_t k = 0; k < inputs.size(); ++k) expected_loss = expected_loss + pipe_loss(oracle.forward(0, kPipeLayers, inputs[k]), targets[k]);
+      expected_loss = expected_loss / schedule.num_microbatches;
+      expected_loss.backward();
 
-    EXPECT_EQ(loss.defined(), schedule.rank_of(schedule.num_stages - 1) == rank);
-    if (loss.defined()) EXPECT_TRUE(at::allclose(loss, expected_loss, 1e-12, 1e-12)) << loss << " vs " << expected_loss;
+      EXPECT_EQ(loss.defined(), schedule.rank_of(schedule.num_stages - 1) == rank);
+      if (loss.defined()) EXPECT_TRUE(at::allclose(loss, expected_loss, 1e-12, 1e-12)) << loss << " vs " << expected_loss;
+      expect_gradients_equal(schedule, bounds, model, oracle, rank);
+    }
+  }
+
+  static void expect_gradients_equal(const pp::Schedule& schedule, const std::vector<int>& bounds, const PipeModel& model,
+                                     const PipeModel& oracle, int rank) {
     for (int s = 0; s < schedule.num_stages; ++s) {
       for (int l = bounds[s]; l < bounds[s + 1]; ++l) {
         for (size_t p = 0; p < 2; ++p) {
@@ -106,7 +119,7 @@ class PipelineTest : public DistTest {
             continue;
           }
           ASSERT_TRUE(grad.defined()) << "stage " << s << " layer " << l;
-          EXPECT_EQ(is_dtensor(grad), tp != nullptr) << "stage " << s << " layer " << l;
+          EXPECT_EQ(is_dtensor(grad), model.tp != nullptr) << "stage " << s << " layer " << l;
           EXPECT_TRUE(at::allclose(PipeModel::whole(grad), oracle.layers[l][p].grad(), 1e-10, 1e-12))
               << "stage " << s << " layer " << l << " parameter " << p;
         }
@@ -127,7 +140,9 @@ TEST_F(PipelineTest, EveryScheduleTrainsAsOneProcess) {
   };
   for (const auto& [name, schedule] : schedules) {
     SCOPED_TRACE(name);
-    expect_trains_as_one_process(schedule, m, 0);
+    // Steps of one batch size, then of another: the transfers' sizes as agreed from the step before,
+    // then changed (stage_mailbox.h).
+    expect_trains_as_one_process(schedule, m, 0, nullptr, {kPipeBatch, kPipeBatch, 13, 13});
   }
 }
 
