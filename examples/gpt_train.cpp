@@ -3,13 +3,13 @@
 // fully sharded data parallel over all 4 (FSDP=4: each rank keeps a quarter of the parameters and
 // optimizer state and trains on a quarter of each batch), then FSDP=2 x TP=2, then hybrid sharded data
 // parallel (HSDP: 2 replicas x FSDP=2, each rank on a quarter of each batch), then pipeline parallel
-// (PP=4 with 1F1B, PP=2 x DP=2 with the ZBV zero-bubble schedule, PP=2 x TP=2 with Interleaved 1F1B,
-// PP=2 x FSDP=2 with 1F1B; --modes pp-fsdp-tp and pp-hsdp add PP=2 x FSDP=2 x TP=1 and PP=2 x
-// HSDP). Rank 0
+// (PP=4 with 1F1B, PP=4 with Interleaved 1F1B, PP=2 x DP=2 with the ZBV zero-bubble schedule, PP=2 x
+// TP=2 with Interleaved 1F1B, PP=2 x FSDP=2 with 1F1B; --modes pp-fsdp-tp and pp-hsdp add PP=2 x
+// FSDP=2 x TP=1 and PP=2 x HSDP). Rank 0
 // then trains the same model on the same batches from the same seed in one process and compares the
 // loss trajectories: PASS when every step's loss is within a relative 1e-4.
 //
-//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp,pp,pp-dp,pp-tp,pp-fsdp] [--corpus PATH] [--save DIR] [--resume DIR]
+//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp,pp,pp-interleaved,pp-dp,pp-tp,pp-fsdp] [--corpus PATH] [--save DIR] [--resume DIR]
 //             [--checkpoint-every N DIR] [--blocking-checkpoints 1]
 //
 // --save DIR writes the first mode's model and optimizer state after its last step (a dtensor
@@ -44,7 +44,7 @@ namespace {
 
 struct Args {
   int steps = 50;
-  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp", "pp", "pp-dp", "pp-tp", "pp-fsdp"};
+  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp", "pp", "pp-interleaved", "pp-dp", "pp-tp", "pp-fsdp"};
   std::string corpus = dtensor::build_paths::gpt_corpus;
   std::string save, resume;
   int checkpoint_every = 0;
@@ -231,7 +231,8 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
 
 // How a pipeline mode lays the model out: a mesh with a "pp" dim and any of "dp" (each pipeline trains
 // on its own rows of each batch; "replicate" before it too, for HSDP) and "tp" (each stage tensor
-// parallel over it, with the TP plan of the tp mode); the schedule; where the model is cut. Over the
+// parallel over it, with the TP plan of the tp mode); the schedule; where the model is cut (between
+// blocks, or, with finest_pieces, also inside them: gpt::finest_pipeline_pieces). Over the
 // data dims the gradients are averaged after the step's backwards, or, fully sharded, reduced by FSDP
 // inside each stage (over ("dp", "tp") with a tp dim, as the fsdp-tp mode does).
 struct PipelineLayout {
@@ -239,6 +240,7 @@ struct PipelineLayout {
   dtensor::pipeline::Schedule schedule;
   std::vector<std::string> split_points;
   bool fully_sharded = false;
+  bool finest_pieces = false;
 };
 
 // This rank's part of the training state: its stages' parameters (with their optimizer state), the
@@ -274,7 +276,8 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
   for (int64_t d = 0; dp && d < dp->ndim(); ++d) dp_rank = dp_rank * dp->size(d) + dp->local_rank(d), dp_size *= dp->size(d);
   std::vector<dtensor::pipeline::PipelineStage> mine;
   std::vector<at::Tensor> parameters;
-  for (auto& stage : dtensor::pipeline::split_at(gpt::pipeline_pieces(model), layout.split_points)) {
+  const auto pieces = layout.finest_pieces ? gpt::finest_pipeline_pieces(model) : gpt::pipeline_pieces(model);
+  for (auto& stage : dtensor::pipeline::split_at(pieces, layout.split_points)) {
     if (layout.schedule.rank_of(stage.index) != mesh->local_rank(pp)) continue;
     parameters.insert(parameters.end(), stage.parameters.begin(), stage.parameters.end());
     mine.push_back(std::move(stage));
@@ -326,7 +329,8 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
   return run;
 }
 
-// The pipeline modes, on 4 ranks, 4 microbatches each: PP=4 with 1F1B, a stage per rank; PP=2 x DP=2
+// The pipeline modes, on 4 ranks, 4 microbatches each: PP=4 with 1F1B, a stage per rank; PP=4 with
+// Interleaved 1F1B, two stages per rank, each a piece of gpt::finest_pipeline_pieces; PP=2 x DP=2
 // zero bubble (ZBV: two stages per rank in V, backward split into input and weight gradients); PP=2 x
 // TP=2 with Interleaved 1F1B (two stages per rank); PP=2 x FSDP=2 with 1F1B, a block per stage; and,
 // not among the defaults (on 4 ranks one of their dims is of one rank), PP=2 x FSDP=2 x TP=1 and
@@ -340,6 +344,11 @@ PipelineLayout pipeline_layout(const std::string& mode, const std::shared_ptr<dt
   if (mode == "pp") {
     label = "pipeline parallel, PP=4 (1F1B)";
     return {mesh({4}, {"pp"}), pp::one_f_one_b(4, 4), four_stages};
+  }
+  if (mode == "pp-interleaved") {
+    label = "pipeline parallel, PP=4 (Interleaved 1F1B, 2 stages per rank, blocks cut in halves)";
+    return {mesh({4}, {"pp"}), pp::interleaved_1f1b(4, 2, 4),
+            {"pos_emb", "blocks.0.attn", "blocks.0.mlp", "blocks.1.attn", "blocks.1.mlp", "ln_f", "lm_head"}, false, true};
   }
   if (mode == "pp-dp") {
     label = "pipeline parallel x data parallel, PP=2 (ZBV zero bubble) x DP=2";
@@ -362,7 +371,7 @@ PipelineLayout pipeline_layout(const std::string& mode, const std::shared_ptr<dt
 }
 
 bool is_pipeline_mode(const std::string& mode) {
-  return mode == "pp" || mode == "pp-dp" || mode == "pp-tp" || mode == "pp-fsdp" || mode == "pp-fsdp-tp" || mode == "pp-hsdp";
+  return mode == "pp" || mode == "pp-interleaved" || mode == "pp-dp" || mode == "pp-tp" || mode == "pp-fsdp" || mode == "pp-fsdp-tp" || mode == "pp-hsdp";
 }
 
 double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
@@ -422,7 +431,7 @@ int main(int argc, char** argv) {
         runs.emplace_back(label, train_pipeline(corpus, layout, args.steps, label, print, checkpointing));
         continue;
       } else {
-        throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, pp, pp-dp, pp-tp, pp-fsdp, pp-fsdp-tp, pp-hsdp)");
+        throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, pp, pp-interleaved, pp-dp, pp-tp, pp-fsdp, pp-fsdp-tp, pp-hsdp)");
       }
       label += " (" + dtensor::to_string(mesh->backend()) + ")";
       // The first mode saves; every mode resumes (from the latest periodic checkpoint when restarted).

@@ -76,10 +76,10 @@ class BlockImpl : public torch::nn::Module {
         attn(register_module("attn", Attention(c))),
         ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})))),
         mlp(register_module("mlp", Mlp(c))) {}
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& causal_mask) {
-    const at::Tensor h = x + dtensor::call(attn, dtensor::call(ln1, x), causal_mask);
-    return h + dtensor::call(mlp, dtensor::call(ln2, h));
-  }
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& causal_mask) { return feed_forward(attend(x, causal_mask)); }
+  // The block's halves, each with its residual (pipeline stages may hold one each).
+  at::Tensor attend(const at::Tensor& x, const at::Tensor& causal_mask) { return x + dtensor::call(attn, dtensor::call(ln1, x), causal_mask); }
+  at::Tensor feed_forward(const at::Tensor& h) { return h + dtensor::call(mlp, dtensor::call(ln2, h)); }
 
   torch::nn::LayerNorm ln1;
   Attention attn;
