@@ -9,8 +9,10 @@
 // microbatches. With microbatches of uneven size (a batch of 10 in 4: 3, 3, 2, 2, torch.tensor_split's
 // sizes, as PyTorch splits) that is the mean of the microbatches' losses, not the batch's mean.
 //
-// A backward split in two (I, then W: the zero-bubble schedules) runs torch::autograd::grad on the
-// stage's input first, keeping the graph, and the parameters' backward later.
+// A backward split in two (I, then W: the zero-bubble schedules) runs the graph down to the stage's
+// input first, keeping the gradients that reach the nodes where the parameters' subgraphs join it, and
+// later runs from those nodes down to the parameters alone, as PyTorch's pipelining does: I and W
+// together cost one backward. On the first stage, whose input needs no gradient, W is a whole backward.
 
 #include <ATen/core/Tensor.h>
 

@@ -4,12 +4,13 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
-#include <set>
+#include <tuple>
 
 #include "dtensor/errors.h"
 #include "dtensor/fsdp.h"
 #include "dtensor/pipeline.h"
 #include "microbatches.h"
+#include "split_backward.h"
 #include "stage_mailbox.h"
 
 namespace dtensor::pipeline {
@@ -21,6 +22,7 @@ struct MicrobatchState {
   at::Tensor output;       // its output; on the last stage its loss, scaled by 1 / microbatches
   at::Tensor output_grad;  // the gradient of the output, from the next stage (undefined on the last)
   at::Tensor input_grad;   // the gradient of the input, for the previous stage
+  WeightBackward weight_backward;  // what I left for W (a split backward past the first stage)
 };
 
 }  // namespace detail
@@ -53,9 +55,10 @@ struct PipelineRunner::Impl {
   std::map<int64_t, int> receives;  // receives_per_peer(), for the receives each step posts
   // Each fully-sharded module of this rank's stages: the slot of its last weight backward in a step.
   std::map<const torch::nn::Module*, size_t> last_weight_backward;
-  // The W slots that reduce a module other stages of this rank hold too: those stages, whose parameters
-  // get their gradients from that reduction (a W computes its own stage's alone).
-  std::map<size_t, std::set<int>> sharing_stages;
+  // Per stage: the parameters whose gradients its weight backward makes. Its own, and those of the
+  // other stages of this rank holding a fully-sharded module with it, which get theirs when its W
+  // reduces the module (a W computes only the parameters it names).
+  std::map<int, std::vector<at::Tensor>> weight_parameters;
 
   Impl(Schedule lowered, MeshPtr m, int64_t dim, LossFunction l)
       : schedule(std::move(lowered)), mesh(m), pp_dim(dim), loss(std::move(l)), rank(static_cast<int>(m->local_rank(dim))), mailbox(m, dim),
@@ -65,13 +68,12 @@ struct PipelineRunner::Impl {
   int last_stage() const { return schedule.num_stages - 1; }
   detail::MicrobatchState& state(int stage, int microbatch) { return states[{stage, microbatch}]; }
 
-  // The action in `slot` of this rank's list.
-  void run(const Action& action, size_t slot) {
+  void run(const Action& action) {
     switch (action.kind) {
       case ActionKind::Forward: return forward(action.stage, action.microbatch);
       case ActionKind::FullBackward: return backward_input(action.stage, action.microbatch, true);
       case ActionKind::BackwardInput: return backward_input(action.stage, action.microbatch, false);
-      case ActionKind::BackwardWeight: return backward_weight(action.stage, action.microbatch, slot);
+      case ActionKind::BackwardWeight: return backward_weight(action.stage, action.microbatch);
       case ActionKind::SendForward:
         return mailbox.send(state(action.stage, action.microbatch).output, schedule.rank_of(action.stage + 1),
                             {TransferId::Kind::Activation, action.stage, action.microbatch});
@@ -101,11 +103,16 @@ struct PipelineRunner::Impl {
       if (slots[i] && computes_weight_gradients(slots[i]->kind))
         for (const auto& module : stages.at(slots[i]->stage).modules)
           if (is_fully_sharded(*module)) last_weight_backward[module.get()] = i;
-    for (const auto& [module, slot] : last_weight_backward)
-      for (const auto& [index, stage] : stages)
-        if (index != slots[slot]->stage &&
-            std::any_of(stage.modules.begin(), stage.modules.end(), [m = module](const auto& held) { return held.get() == m; }))
-          sharing_stages[slot].insert(index);
+    for (const auto& [index, stage] : stages) {
+      std::vector<at::Tensor>& parameters = weight_parameters[index];
+      for (const auto& [other_index, other] : stages) {
+        const bool shares = other_index == index || std::any_of(stage.modules.begin(), stage.modules.end(), [&](const auto& module) {
+                              return last_weight_backward.count(module.get()) &&
+                                     std::find(other.modules.begin(), other.modules.end(), module) != other.modules.end();
+                            });
+        if (shares) parameters.insert(parameters.end(), other.parameters.begin(), other.parameters.end());
+      }
+    }
   }
 
   // Before the weight backward in `slot` (of `stage`): its fully-sharded modules accumulate their whole
@@ -163,17 +170,16 @@ struct PipelineRunner::Impl {
       torch::autograd::backward({s.output}, {grad});
       if (stage != 0) s.input_grad = s.input.grad();
       s.output = at::Tensor();
-    } else if (stage != 0) {
-      s.input_grad = torch::autograd::grad({s.output}, {s.input}, {grad}, /*retain_graph=*/true)[0];
+    } else if (stage != 0) {  // the first stage's input needs no gradient: its W is a whole backward
+      std::tie(s.input_grad, s.weight_backward) = detail::backward_input(s.output, grad, s.input, requiring_grad(weight_parameters.at(stage)));
+      s.output = at::Tensor();
     }
   }
 
-  void backward_weight(int stage, int microbatch, size_t slot) {
+  void backward_weight(int stage, int microbatch) {
     detail::MicrobatchState& s = state(stage, microbatch);
-    std::vector<at::Tensor> held = stages.at(stage).parameters;
-    if (const auto sharing = sharing_stages.find(slot); sharing != sharing_stages.end())
-      for (const int other : sharing->second) held.insert(held.end(), stages.at(other).parameters.begin(), stages.at(other).parameters.end());
-    const std::vector<at::Tensor> parameters = requiring_grad(held);
+    if (stage != 0) return s.weight_backward.run();
+    const std::vector<at::Tensor> parameters = requiring_grad(weight_parameters.at(stage));
     if (!parameters.empty())
       torch::autograd::backward({s.output}, {output_grad(stage, microbatch)}, /*retain_graph=*/false, /*create_graph=*/false, parameters);
     s.output = at::Tensor();
@@ -231,7 +237,7 @@ at::Tensor PipelineRunner::step(const at::Tensor& inputs, const at::Tensor& targ
     try {
       const auto start = std::chrono::steady_clock::now();
       if (computes_weight_gradients(slot->kind)) impl.set_gradient_sync(i, slot->stage);
-      impl.run(*slot, i);
+      impl.run(*slot);
       if (is_compute(slot->kind)) impl.compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     } catch (const std::exception& e) {
       impl.mailbox.abandon_receives();
