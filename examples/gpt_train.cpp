@@ -111,17 +111,62 @@ std::string latest_checkpoint(const std::string& dir) {
   return latest;
 }
 
-// Rank 0, once the checkpoint of step `kept` is complete: the older ones are not needed any more.
-void remove_checkpoints_before(const std::string& dir, int kept) {
+// Rank 0, once the checkpoint of step `kept` is complete: the older ones are not needed any more, but
+// for `resumed_from`, where the job's later modes start.
+void remove_checkpoints_before(const std::string& dir, int kept, const std::string& resumed_from) {
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if (name.starts_with("step-") && std::stoi(name.substr(5)) < kept) std::filesystem::remove_all(entry.path());
+    if (name.starts_with("step-") && std::stoi(name.substr(5)) < kept &&
+        !(std::filesystem::exists(resumed_from) && std::filesystem::equivalent(entry.path(), resumed_from)))
+      std::filesystem::remove_all(entry.path());
   }
 }
 
 struct Run {
   int first_step = 1;  // after a resume: the saved step + 1
   std::vector<double> losses;
+};
+
+// Saves the training state every `checkpointing.every` steps into its periodic_dir/step-S,
+// asynchronously (training goes on while the files are written; blocking: waits), each save first
+// waiting for the one before; once one is complete, rank 0 removes the older ones. Pipeline modes save
+// partitioned (each rank its stages' tensors).
+class PeriodicCheckpoints {
+ public:
+  PeriodicCheckpoints(const Checkpointing& checkpointing, std::shared_ptr<dtensor::World> world, bool partitioned, bool print)
+      : checkpointing_(checkpointing), world_(std::move(world)), partitioned_(partitioned), print_(print) {}
+
+  // After `step`: saves when one is due. True when it did (the time it took is not training's).
+  bool after_step(int step, dtensor::checkpoint::TrainingState& state) {
+    if (checkpointing_.every <= 0 || step % checkpointing_.every != 0) return false;
+    // The stall: how long training waits for this save (the previous one, if still writing, included).
+    const auto stall_start = std::chrono::steady_clock::now();
+    finish();
+    state.tensors()["train.step"].fill_(step);
+    const std::string dir = checkpointing_.periodic_dir + "/step-" + std::to_string(step);
+    saving_ = state.save_async(dir, {.overwrite = true, .world = world_, .partitioned = partitioned_});
+    saving_step_ = step;
+    if (checkpointing_.blocking) finish();
+    const double stall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - stall_start).count();
+    if (print_)
+      std::cout << "  checkpoint of step " << step << " to " << dir << (checkpointing_.blocking ? " (blocking)" : " (asynchronous)")
+                << ": training stalled " << std::setprecision(1) << std::fixed << stall_ms << " ms" << std::endl;  // seen as it happens
+    return true;
+  }
+
+  // Waits for the save in flight.
+  void finish() {
+    if (!saving_.valid()) return;
+    saving_.get();
+    if (world_ == nullptr || world_->rank() == 0) remove_checkpoints_before(checkpointing_.periodic_dir, saving_step_, checkpointing_.resume);
+  }
+
+ private:
+  const Checkpointing& checkpointing_;
+  std::shared_ptr<dtensor::World> world_;
+  bool partitioned_, print_;
+  std::future<dtensor::checkpoint::SaveResult> saving_;  // the save in flight
+  int saving_step_ = 0;
 };
 
 // How a mode splits the model: tensor parallel (a 1-d "tp" mesh, or a 2-d ("dp", "tp") one with data
@@ -177,13 +222,7 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
   const auto start = std::chrono::steady_clock::now();
   auto last = start;
   const int last_step = run.first_step + steps - 1;
-  std::future<dtensor::checkpoint::SaveResult> saving;  // the save in flight
-  int saving_step = 0;
-  auto finish_saving = [&] {
-    if (!saving.valid()) return;
-    saving.get();
-    if (world == nullptr || world->rank() == 0) remove_checkpoints_before(checkpointing.periodic_dir, saving_step);
-  };
+  PeriodicCheckpoints periodic(checkpointing, world, /*partitioned=*/false, print);
   for (int step = run.first_step; step <= last_step; ++step) {
     gpt::Batch batch = batches.next();
     const int64_t rows = kBatch / dp_size;
@@ -201,23 +240,9 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
                 << "  " << std::setprecision(0) << tokens_per_s << " tokens/s\n";
       last = now;
     }
-    if (checkpointing.every > 0 && step % checkpointing.every == 0) {
-      // The stall: how long training waits for this save (the previous one, if still writing, included).
-      const auto stall_start = std::chrono::steady_clock::now();
-      finish_saving();
-      state.tensors()["train.step"].fill_(step);
-      const std::string dir = checkpointing.periodic_dir + "/step-" + std::to_string(step);
-      saving = state.save_async(dir, {.overwrite = true, .world = world});
-      saving_step = step;
-      if (checkpointing.blocking) finish_saving();
-      const double stall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - stall_start).count();
-      if (print)
-        std::cout << "  checkpoint of step " << step << " to " << dir << (checkpointing.blocking ? " (blocking)" : " (asynchronous)")
-                  << ": training stalled " << std::setprecision(1) << stall_ms << " ms" << std::endl;  // seen as it happens
-      last = std::chrono::steady_clock::now();  // tokens/s counts training only
-    }
+    if (periodic.after_step(step, state)) last = std::chrono::steady_clock::now();  // tokens/s counts training only
   }
-  finish_saving();
+  periodic.finish();
   if (print)
     std::cout << "  " << steps << " steps in " << std::setprecision(2)
               << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s\n";
@@ -255,7 +280,7 @@ void keep_only_own_stages(dtensor::checkpoint::TrainingState& state, gpt::Gpt& m
 
 // Pipeline parallel: the model cut into stages, placed along the mesh's "pp" dim by the layout's
 // schedule. The whole model's gradient norm is clipped across the stages, then AdamW steps each rank's
-// stages. Resumes from and saves partitioned checkpoints (checkpointing.resume and .save; not
+// stages. Resumes from and saves partitioned checkpoints (checkpointing.resume, .save, and
 // periodically).
 Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int steps, const std::string& label, bool print,
                    const Checkpointing& checkpointing) {
@@ -301,6 +326,7 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
   if (print && run.first_step > 1) std::cout << "  resumed from " << checkpointing.resume << " at step " << run.first_step << "\n";
   const auto start = std::chrono::steady_clock::now();
   const int last_step = run.first_step + steps - 1;
+  PeriodicCheckpoints periodic(checkpointing, mesh->world(), /*partitioned=*/true, print);
   for (int step = run.first_step; step <= last_step; ++step) {
     gpt::Batch batch = batches.next();
     const int64_t rows = kBatch / dp_size;
@@ -317,7 +343,9 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
     run.losses.push_back(dp ? gpt::mean_over(dp, whole) : whole);
     if (print && (step == run.first_step || step % 5 == 0 || step == last_step))
       std::cout << "  step " << std::setw(3) << step << "  loss " << std::fixed << std::setprecision(5) << run.losses.back() << "\n";
+    periodic.after_step(step, state);
   }
+  periodic.finish();
   if (print)
     std::cout << "  " << steps << " steps in " << std::setprecision(2)
               << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s\n";
@@ -395,6 +423,13 @@ int main(int argc, char** argv) {
     const std::string resume = args.resume.empty() && args.checkpoint_every > 0 ? latest_checkpoint(args.checkpoint_dir) : args.resume;
     std::vector<std::pair<std::string, Run>> runs;
     for (const std::string& mode : args.modes) {
+      // The first mode saves; every mode resumes (from the latest periodic checkpoint when restarted).
+      Checkpointing checkpointing{resume, runs.empty() ? args.save : std::string()};
+      if (runs.empty()) {
+        checkpointing.every = args.checkpoint_every;
+        checkpointing.periodic_dir = args.checkpoint_dir;
+        checkpointing.blocking = args.blocking_checkpoints;
+      }
       Parallelism parallelism;
       dtensor::MeshPtr& mesh = parallelism.mesh;
       std::string label;
@@ -421,26 +456,14 @@ int main(int argc, char** argv) {
         label = "hybrid sharded data parallel, 2 replicas x FSDP=" + std::to_string(world->size() / 2);
       } else if (is_pipeline_mode(mode)) {
         if (world->size() != 4) throw std::invalid_argument(mode + " runs on 4 ranks");
-        if (runs.empty() && args.checkpoint_every > 0) {
-          if (print) std::cout << "\n== " << mode << ": skipped, the pipeline modes do not save periodically yet ==\n";
-          continue;
-        }
         const PipelineLayout layout = pipeline_layout(mode, world, label);
         label += " (" + dtensor::to_string(layout.mesh->backend()) + ")";
-        const Checkpointing checkpointing{resume, runs.empty() ? args.save : std::string()};
         runs.emplace_back(label, train_pipeline(corpus, layout, args.steps, label, print, checkpointing));
         continue;
       } else {
         throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, pp, pp-interleaved, pp-dp, pp-tp, pp-fsdp, pp-fsdp-tp, pp-hsdp)");
       }
       label += " (" + dtensor::to_string(mesh->backend()) + ")";
-      // The first mode saves; every mode resumes (from the latest periodic checkpoint when restarted).
-      Checkpointing checkpointing{resume, runs.empty() ? args.save : std::string()};
-      if (runs.empty()) {
-        checkpointing.every = args.checkpoint_every;
-        checkpointing.periodic_dir = args.checkpoint_dir;
-        checkpointing.blocking = args.blocking_checkpoints;
-      }
       runs.emplace_back(label, train(corpus, parallelism, args.steps, label, print, checkpointing));
     }
     // Rank 0 runs the oracle; every rank then exits with its verdict.
