@@ -244,8 +244,11 @@ TEST_F(StrategyTest, EveryAttentionStrategy) {
     // The CPU flash kernel (its logsumexp sharded like the output): the same strategies.
     EXPECT_EQ(check_every_strategy("aten::_scaled_dot_product_flash_attention_for_cpu", {q, k, v, 0.0, false, mask, none}, m).size(),
               per_mesh(m, 4));
+    // Without a mask, over one sequence: the ring too (keys and values sharded along the sequence),
+    // but not on both dims of a 2-d mesh.
+    const size_t ring_on_both = m->ndim() == 2 ? 1 : 0;
     EXPECT_EQ(check_every_strategy("aten::_scaled_dot_product_flash_attention_for_cpu", {q, causal_k, causal_v, 0.0, true, none, none}, m).size(),
-              per_mesh(m, 3));
+              per_mesh(m, 4) - ring_on_both);
   }
   // The backward kernel, on the forward's own outputs: R, batch, heads, queries (key and value
   // gradients then Partial sums), and the two Partial incoming gradients (sum, avg) that pass through.
@@ -255,6 +258,14 @@ TEST_F(StrategyTest, EveryAttentionStrategy) {
     EXPECT_EQ(check_every_strategy("aten::_scaled_dot_product_flash_attention_for_cpu_backward",
                                    {grad, q, k, v, std::get<0>(fwd), std::get<1>(fwd), 0.0, false, mask, none}, m, {}, 1e-4, 1e-5).size(),
               per_mesh(m, 6));
+  // Its ring too, without a mask over one sequence; on a 2-d mesh less the combinations the ring
+  // cannot run (on both dims, or with the queries' sequence sharded on the other dim as well).
+  auto causal_fwd = at::_scaled_dot_product_flash_attention_for_cpu(q, causal_k, causal_v, 0.0, false);
+  for (const auto& m : meshes())
+    EXPECT_EQ(check_every_strategy("aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+                                   {grad, q, causal_k, causal_v, std::get<0>(causal_fwd), std::get<1>(causal_fwd), 0.0, false, none, none}, m, {},
+                                   1e-4, 1e-5).size(),
+              m->ndim() == 2 ? 7 * 7 - 3 : 7);
 }
 
 // The CUDA fused kernels (flash, memory-efficient, cuDNN) cannot run here, so their strategies are

@@ -1,0 +1,106 @@
+// Ring attention (src/sharding/kernels/ring_attention.h) on sequence blocks, against attention computed
+// in one process on the whole tensors by plain math (scores, mask, softmax; autograd for the
+// gradients): each rank's block of the output and logsumexp, and of the gradients of q, k and v from a
+// given output gradient. On the 4 ranks of a 1-d mesh and on the 2-rank cp dim of a 2x2 mesh, for a
+// sequence that does not divide (13 positions: 7 + 6 on 2 ranks, 4 + 4 + 4 + 1 on 4), causal and
+// full, with as many kv heads as query heads and with grouped-query attention (4 over 2); and the same
+// through DTensor's scaled_dot_product_attention on sequence-sharded inputs.
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "../../src/sharding/kernels/ring_attention.h"
+#include "dtensor/api.h"
+#include "dtensor/comm_debug.h"
+#include "dtensor/layout.h"
+#include "harness.h"
+
+namespace dtensor::testing {
+namespace {
+
+constexpr int64_t kBatch = 2, kHeads = 4, kLength = 13, kHeadDim = 5;
+
+at::Tensor values(int64_t heads, double frequency) {
+  return at::sin(at::arange(kBatch * heads * kLength * kHeadDim, at::kDouble).mul(frequency)).reshape({kBatch, heads, kLength, kHeadDim});
+}
+
+struct Whole {
+  at::Tensor out, lse, grad_q, grad_k, grad_v;
+};
+
+// One process: softmax(q k^T * scale + mask) v, each kv head serving its group of query heads.
+Whole one_process(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, const at::Tensor& grad_out, bool causal, double scale) {
+  const at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true), v = v0.clone().requires_grad_(true);
+  const int64_t group = q.size(1) / k.size(1);
+  at::Tensor scores = at::matmul(q, k.repeat_interleave(group, 1).transpose(-2, -1)) * scale;
+  if (causal) scores = scores.masked_fill(at::ones({kLength, kLength}, at::kBool).triu(1), -INFINITY);
+  const at::Tensor lse = scores.logsumexp(-1);
+  const at::Tensor out = at::matmul(at::softmax(scores, -1), v.repeat_interleave(group, 1));
+  out.backward(grad_out);
+  return {out.detach(), lse.detach(), q.grad(), k.grad(), v.grad()};
+}
+
+class RingAttentionTest : public DistTest {
+ protected:
+  void expect_matches_one_process(const MeshPtr& m, int64_t dim) {
+    const ChunkExtent mine = chunk_extent(kLength, m->size(dim), m->local_rank(dim));
+    const auto block = [&](const at::Tensor& t) { return t.narrow(2, mine.offset, mine.size).contiguous(); };
+    const double scale = 0.37;
+    for (const bool causal : {true, false}) {
+      for (const int64_t kv_heads : {kHeads, int64_t{2}}) {
+        SCOPED_TRACE(std::string(causal ? "causal" : "full") + ", " + std::to_string(kv_heads) + " kv heads over mesh dim " + std::to_string(dim));
+        const at::Tensor q = values(kHeads, 0.31), k = values(kv_heads, 0.17), v = values(kv_heads, 0.53), grad_out = values(kHeads, 0.71);
+        const Whole expected = one_process(q, k, v, grad_out, causal, scale);
+        const detail::RingAttention call{m, dim, kLength, causal, scale};
+        const auto [out, lse] = detail::ring_attention_forward(block(q), block(k), block(v), call);
+        EXPECT_TRUE(at::allclose(out, block(expected.out), 1e-10, 1e-12)) << out << block(expected.out);
+        EXPECT_TRUE(at::allclose(lse, expected.lse.narrow(2, mine.offset, mine.size), 1e-10, 1e-12));
+        const auto [grad_q, grad_k, grad_v] = detail::ring_attention_backward(block(grad_out), block(q), block(k), block(v), out, lse, call);
+        EXPECT_TRUE(at::allclose(grad_q, block(expected.grad_q), 1e-10, 1e-12));
+        EXPECT_TRUE(at::allclose(grad_k, block(expected.grad_k), 1e-10, 1e-12));
+        EXPECT_TRUE(at::allclose(grad_v, block(expected.grad_v), 1e-10, 1e-12));
+      }
+    }
+  }
+};
+
+TEST_F(RingAttentionTest, FourRanksMatchOneProcess) { expect_matches_one_process(mesh({4}, {}, {"cp"}), 0); }
+
+TEST_F(RingAttentionTest, TheCpDimOfA2x2MeshMatchesOneProcess) { expect_matches_one_process(mesh({2, 2}, {}, {"dp", "cp"}), 1); }
+
+// Through DTensor: q, k and v distributed Shard(2) over the cp dim, scaled_dot_product_attention (the
+// CPU flash kernels, forward and backward) runs as the ring, gathering nothing, and its output and
+// gradients are one process's.
+TEST_F(RingAttentionTest, AttentionOnSequenceShardsRunsTheRing) {
+  const MeshPtr m = mesh({4}, {}, {"cp"});
+  const Placements sequence{Shard(2)};
+  for (const bool causal : {true, false}) {
+    for (const int64_t kv_heads : {kHeads, int64_t{2}}) {
+      SCOPED_TRACE(std::string(causal ? "causal" : "full") + ", " + std::to_string(kv_heads) + " kv heads");
+      const at::Tensor q = values(kHeads, 0.31), k = values(kv_heads, 0.17), v = values(kv_heads, 0.53), grad_out = values(kHeads, 0.71);
+      const Whole expected = one_process(q, k, v, grad_out, causal, 0.37);
+      const at::Tensor dq = distribute_tensor(q, m, sequence).requires_grad_(true), dk = distribute_tensor(k, m, sequence).requires_grad_(true),
+                       dv = distribute_tensor(v, m, sequence).requires_grad_(true);
+      CommDebugMode comm;
+      const at::Tensor out = at::scaled_dot_product_attention(dq, dk, dv, {}, 0.0, causal, 0.37, /*enable_gqa=*/kv_heads != kHeads);
+      out.backward(distribute_tensor(grad_out, m, sequence));
+      EXPECT_EQ(comm.count("all-gather"), 0) << comm.summary();
+      EXPECT_EQ(placements_of(out), sequence);
+      EXPECT_TRUE(at::allclose(full_tensor(out), expected.out, 1e-10, 1e-12));
+      EXPECT_TRUE(at::allclose(full_tensor(dq.grad()), expected.grad_q, 1e-10, 1e-12));
+      EXPECT_TRUE(at::allclose(full_tensor(dk.grad()), expected.grad_k, 1e-10, 1e-12));
+      EXPECT_TRUE(at::allclose(full_tensor(dv.grad()), expected.grad_v, 1e-10, 1e-12));
+    }
+  }
+}
+
+TEST_F(RingAttentionTest, RefusesBlocksThatDoNotFit) {
+  const MeshPtr m = mesh({4}, {}, {"cp"});
+  const detail::RingAttention call{m, 0, kLength, true, std::nullopt};
+  const at::Tensor q = at::zeros({1, 4, 2, 3}, at::kDouble);
+  EXPECT_THAT(error_of([&] { detail::ring_attention_forward(q, q, q, call); }), ::testing::HasSubstr("shard all three alike along the sequence"));
+}
+
+}  // namespace
+}  // namespace dtensor::testing
