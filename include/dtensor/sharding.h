@@ -43,6 +43,15 @@ std::string sharding_rule_family(const std::string& op);
 // ("aten::mm"); empty otherwise.
 std::string functional_form_sharing_rule(const std::string& op);
 
+// How attention on q, k and v sharded along the sequence over a mesh dim (context parallelism) runs:
+// Auto takes the method that moves fewer bytes over that dim (all-to-all only where the heads divide
+// by its ranks); Ring passes key/value blocks around it; AllToAll (DeepSpeed-Ulysses) trades the
+// sequence shard for a head shard and back, and refuses heads that do not divide (naming the op and
+// the mesh dim). Process-wide; every rank must set the same.
+enum class ContextParallelAttention { Auto, Ring, AllToAll };
+void set_context_parallel_attention(ContextParallelAttention method);
+ContextParallelAttention context_parallel_attention();
+
 // While alive on this thread, plain (non-DTensor) tensors mixed into DTensor ops act as Replicate
 // instead of raising an error. 0-d plain tensors always act as Replicate.
 class ImplicitReplicationGuard {

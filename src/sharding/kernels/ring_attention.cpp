@@ -1,4 +1,4 @@
-#include "ring_attention.h"
+#include "context_attention.h"
 
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
@@ -9,7 +9,6 @@
 #include <utility>
 #include <vector>
 
-#include "dtensor/errors.h"
 #include "dtensor/layout.h"
 #include "dtensor/p2p.h"
 
@@ -21,10 +20,10 @@ enum class Visibility { None, Causal, Whole };
 
 // The ring on the call's mesh dim, from this rank's place on it.
 struct Ring {
-  const RingAttention& call;
+  const ContextAttention& call;
   int64_t size, rank;
 
-  explicit Ring(const RingAttention& c) : call(c), size(c.mesh->size(c.dim)), rank(c.mesh->local_rank(c.dim)) {}
+  explicit Ring(const ContextAttention& c) : call(c), size(c.mesh->size(c.dim)), rank(c.mesh->local_rank(c.dim)) {}
   int64_t next() const { return (rank + 1) % size; }
   int64_t previous() const { return (rank + size - 1) % size; }
   // The rank whose block this rank holds after `steps` passes.
@@ -50,39 +49,12 @@ struct Ring {
   }
 };
 
-// Keys and values with as many heads as the queries (grouped-query attention repeats each kv head
-// over its group of query heads), as the CPU kernel computes them.
-at::Tensor with_query_heads(const at::Tensor& kv, int64_t query_heads) {
-  const int64_t heads = kv.size(1);
-  return heads == query_heads ? kv : kv.repeat_interleave(query_heads / heads, 1);
-}
-
-// The gradient of repeated keys or values summed back onto their kv heads.
-at::Tensor onto_kv_heads(const at::Tensor& grad, int64_t kv_heads) {
-  const int64_t heads = grad.size(1);
-  if (heads == kv_heads) return grad;
-  return grad.unflatten(1, {kv_heads, heads / kv_heads}).sum(2);
-}
-
-void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Ring& ring) {
-  const auto where = [&] { return " (mesh dim " + std::to_string(ring.call.dim) + ", rank " + std::to_string(ring.rank) + " of " + std::to_string(ring.size) + ")"; };
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
-    throw DTensorError("ring attention: query, key and value must be [batch, heads, positions, head dim]" + where());
-  if (k.size(2) != q.size(2) || v.size(2) != q.size(2) || q.size(2) != ring.positions_of(ring.rank))
-    throw DTensorError("ring attention: this rank holds " + std::to_string(q.size(2)) + " query, " + std::to_string(k.size(2)) + " key and " +
-                       std::to_string(v.size(2)) + " value positions, but its block of " + std::to_string(ring.call.length) + " has " +
-                       std::to_string(ring.positions_of(ring.rank)) + where() + ": shard all three alike along the sequence");
-  if (k.size(1) != v.size(1) || q.size(1) % k.size(1) != 0)
-    throw DTensorError("ring attention: " + std::to_string(q.size(1)) + " query heads over " + std::to_string(k.size(1)) + " key and " +
-                       std::to_string(v.size(1)) + " value heads" + where() + ": keys and values need the same heads, dividing the queries'");
-}
-
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> ring_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                          const RingAttention& call) {
+                                                          const ContextAttention& call) {
+  check_context_attention(q, k, v, call, "ring attention");
   const Ring ring(call);
-  check(q, k, v, ring);
   const at::ScalarType accumulate = at::toOpMathType(q.scalar_type());
   at::Tensor out = at::zeros(q.sizes(), q.options().dtype(accumulate));
   at::Tensor lse = at::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<double>::infinity(), q.options().dtype(accumulate));
@@ -110,9 +82,9 @@ std::tuple<at::Tensor, at::Tensor> ring_attention_forward(const at::Tensor& q, c
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ring_attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                                                        const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                                                                       const RingAttention& call) {
+                                                                       const ContextAttention& call) {
+  check_context_attention(q, k, v, call, "ring attention");
   const Ring ring(call);
-  check(q, k, v, ring);
   const at::ScalarType accumulate = at::toOpMathType(q.scalar_type());
   at::Tensor grad_q = at::zeros(q.sizes(), q.options().dtype(accumulate));
   std::vector<at::Tensor> block{k.contiguous(), v.contiguous()};

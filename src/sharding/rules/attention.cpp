@@ -6,9 +6,7 @@
 // random numbers per element, so attention with dropout runs replicated.
 //
 // With q, k and v all sharded along the sequence (context parallelism) and neither mask nor dropout,
-// the CPU kernels run as ring attention (kernels/ring_attention.h): key/value blocks travel around the
-// mesh dim, which the strategy's kernel cost counts, so that propagation takes it where the inputs
-// arrive sharded so and keeps replicated attention replicated.
+// the CPU kernels run by ring or all-to-all (sequence_attention.h).
 //
 // Eager dispatch sees the CPU kernels (_scaled_dot_product_flash_attention_for_cpu and its backward)
 // or the math decomposition, as single-device dispatch would choose; exported graphs keep the
@@ -17,13 +15,12 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "../kernels/ring_attention.h"
-#include "../propagation.h"
 #include "../registry.h"
 #include "attention_mask.h"
 #include "form_helpers.h"
 #include "optional_tensors.h"
 #include "rule_helpers.h"
+#include "sequence_attention.h"
 
 namespace dtensor::rules {
 namespace {
@@ -73,60 +70,12 @@ std::vector<DimStrategy> forward(const OpSchema& s, const Roles& roles) {
   return out;
 }
 
-// Whether ring attention computes the call: no dropout, no mask, queries and keys of one sequence.
-bool ring_applies(const OpSchema& s, const Roles& roles) {
-  const auto dropout = s.schema.argumentIndexWithName("dropout_p");
-  if ((dropout && s.args[*dropout].toDouble() != 0) || s.input_at_arg(roles.mask)) return false;
-  const Shape& q = s.input(*s.input_at_arg(0)).meta.shape;
-  const Shape& k = s.input(*s.input_at_arg(roles.key_like[0])).meta.shape;
-  return q.size() == 4 && k.size() == 4 && q[kQueries] == k[kQueries];
-}
-
-// What the ring passes around: the keys and values (`passes` times: the backward sends their
-// gradients as well), as bytes per rank, and a collective's latency per pass.
-double ring_cost(const OpSchema& s, const Roles& roles, int passes) {
-  double bytes = 0;
-  for (size_t arg : roles.key_like) {
-    const TensorMeta& m = s.input(*s.input_at_arg(arg)).meta;
-    bytes += static_cast<double>(numel(m.shape) * static_cast<int64_t>(c10::elementSize(m.dtype)));
-  }
-  return passes * (bytes + kCollectiveLatencyBytes);
-}
-
-// Every tensor sharded along the sequence: the ring.
-DimStrategy ring(const OpSchema& s, const Roles& roles, int passes) {
-  return {Placements(s.outputs.size(), Shard(kQueries)), Placements(s.inputs.size(), Shard(kQueries)), ring_cost(s, roles, passes)};
-}
+const SequenceRoles kSequenceForward = {1, 2, 5, 1}, kSequenceBackward = {2, 3, 8, 2};
 
 std::vector<DimStrategy> flash_forward(const OpSchema& s) {
   std::vector<DimStrategy> out = forward(s, kForward);
-  if (ring_applies(s, kForward)) out.push_back(ring(s, kForward, 1));
+  if (sequence_applies(s, kSequenceForward)) out.push_back(sequence_strategy(s));
   return out;
-}
-
-// The mesh dim a chosen strategy runs the ring over (the keys sharded along the sequence there), if
-// any.
-std::optional<int64_t> ring_dim(const OpSchema& s, const Roles& roles, const PlacementStrategy& chosen) {
-  const Placements& k = chosen.inputs[*s.input_at_arg(roles.key_like[0])];
-  const auto at = std::find(k.begin(), k.end(), Placement(Shard(kQueries)));
-  return at == k.end() ? std::nullopt : std::optional<int64_t>(at - k.begin());
-}
-
-// The per-dim strategies over the whole mesh, less the combinations the ring cannot run: its blocks
-// are the sequence's chunks along its one mesh dim, so neither the keys' sequence on two mesh dims nor
-// the queries' sharded again on another dim than the ring's.
-OpStrategy over_the_mesh(const OpSchema& s, const Roles& roles, const std::vector<DimStrategy>& per_dim) {
-  OpStrategy all = detail::expand_dim_strategies(per_dim, s.mesh->ndim(), s.outputs.size(), s.inputs.size());
-  const size_t q = *s.input_at_arg(0), k = *s.input_at_arg(roles.key_like[0]);
-  const auto along_sequence = [](const Placements& p) { return std::count(p.begin(), p.end(), Placement(Shard(kQueries))); };
-  std::erase_if(all, [&](const PlacementStrategy& st) { return along_sequence(st.inputs[k]) > 0 && along_sequence(st.inputs[q]) > 1; });
-  return all;
-}
-
-detail::RingAttention ring_call(const OpSchema& s, int64_t mesh_dim) {
-  const auto scale = argument(s, "scale");
-  return {s.mesh->shared_from_this(), mesh_dim, s.input(*s.input_at_arg(0)).meta.shape[kQueries], argument(s, "is_causal").toBool(),
-          scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble())};
 }
 
 // -> (grad_query, grad_key, grad_value). Linear in grad_out, so a Partial one gives Partial gradients.
@@ -147,7 +96,7 @@ std::vector<DimStrategy> backward(const OpSchema& s) {
 
 std::vector<DimStrategy> flash_backward(const OpSchema& s) {
   std::vector<DimStrategy> out = backward(s);
-  if (ring_applies(s, kBackward)) out.push_back(ring(s, kBackward, 2));
+  if (sequence_applies(s, kSequenceBackward)) out.push_back(sequence_strategy(s));
   return out;
 }
 
@@ -155,36 +104,24 @@ std::vector<DimStrategy> flash_backward(const OpSchema& s) {
 // value there is empty outputs and zero key gradients.
 const FormedKernel empty_queries = zero_outputs_when_empty(0);
 
-// The ring's local kernels (the mesh itself stays the caller's: the kernel keeps a plain pointer and
-// takes a reference for the call), else those of empty_queries; the ring has no graph form yet.
-LocalKernel ring_forward_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
-  const std::optional<int64_t> dim = ring_applies(s, kForward) ? ring_dim(s, kForward, chosen) : std::nullopt;
-  if (!dim) return empty_queries.kernel(s, chosen);
-  return [mesh = s.mesh, call = ring_call(s, *dim), lse_dtype = s.outputs[1].dtype](const c10::OperatorHandle& op, torch::jit::Stack& stack) mutable {
-    const auto args = torch::jit::pop(stack, op.schema().arguments().size());
-    call.mesh = mesh->shared_from_this();
-    auto [out, lse] = detail::ring_attention_forward(args[0].toTensor(), args[1].toTensor(), args[2].toTensor(), call);
-    call.mesh.reset();
-    torch::jit::push(stack, out, lse.to(lse_dtype));
-  };
+// The mesh dim a chosen strategy runs context-parallel attention over, if any.
+std::optional<int64_t> context_parallel_dim(const OpSchema& s, const SequenceRoles& roles, const PlacementStrategy& chosen) {
+  return sequence_applies(s, roles) ? sequence_dim(s, roles, chosen) : std::nullopt;
 }
 
-LocalKernel ring_backward_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
-  const std::optional<int64_t> dim = ring_applies(s, kBackward) ? ring_dim(s, kBackward, chosen) : std::nullopt;
-  if (!dim) return empty_queries.kernel(s, chosen);
-  return [mesh = s.mesh, call = ring_call(s, *dim)](const c10::OperatorHandle& op, torch::jit::Stack& stack) mutable {
-    const auto args = torch::jit::pop(stack, op.schema().arguments().size());
-    call.mesh = mesh->shared_from_this();
-    auto [dq, dk, dv] = detail::ring_attention_backward(args[0].toTensor(), args[1].toTensor(), args[2].toTensor(), args[3].toTensor(),
-                                                        args[4].toTensor(), args[5].toTensor(), call);
-    call.mesh.reset();
-    torch::jit::push(stack, dq, dk, dv);
-  };
+LocalKernel flash_forward_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
+  const auto dim = context_parallel_dim(s, kSequenceForward, chosen);
+  return dim ? sequence_forward_kernel(s, kSequenceForward, *dim) : empty_queries.kernel(s, chosen);
 }
 
-GraphForm unless_ring(const OpSchema& s, const PlacementStrategy& chosen, const Roles& roles) {
-  if (ring_applies(s, roles) && ring_dim(s, roles, chosen)) return {};
-  return empty_queries.graph_form(s, chosen);
+LocalKernel flash_backward_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
+  const auto dim = context_parallel_dim(s, kSequenceBackward, chosen);
+  return dim ? sequence_backward_kernel(s, kSequenceBackward, *dim) : empty_queries.kernel(s, chosen);
+}
+
+// Context-parallel attention has no graph form yet.
+GraphForm unless_context_parallel(const OpSchema& s, const PlacementStrategy& chosen, const SequenceRoles& roles) {
+  return context_parallel_dim(s, roles, chosen) ? GraphForm{} : empty_queries.graph_form(s, chosen);
 }
 
 // Which kernel single-device dispatch would run: decided on stand-ins with the global shapes (only
@@ -206,14 +143,14 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
 const bool attention_rules_registered = [] {
   using detail::register_overloads;
   register_overloads({"aten::_scaled_dot_product_flash_attention_for_cpu"},
-                     {.mesh = [](const OpSchema& s) { return over_the_mesh(s, kForward, flash_forward(s)); },
-                      .local_kernel = ring_forward_kernel,
-                      .graph_form = [](const OpSchema& s, const PlacementStrategy& c) { return unless_ring(s, c, kForward); },
+                     {.mesh = [](const OpSchema& s) { return sequence_over_the_mesh(s, kSequenceForward, flash_forward(s)); },
+                      .local_kernel = flash_forward_kernel,
+                      .graph_form = [](const OpSchema& s, const PlacementStrategy& c) { return unless_context_parallel(s, c, kSequenceForward); },
                       .family = "attention"});
   register_overloads({"aten::_scaled_dot_product_flash_attention_for_cpu_backward"},
-                     {.mesh = [](const OpSchema& s) { return over_the_mesh(s, kBackward, flash_backward(s)); },
-                      .local_kernel = ring_backward_kernel,
-                      .graph_form = [](const OpSchema& s, const PlacementStrategy& c) { return unless_ring(s, c, kBackward); },
+                     {.mesh = [](const OpSchema& s) { return sequence_over_the_mesh(s, kSequenceBackward, flash_backward(s)); },
+                      .local_kernel = flash_backward_kernel,
+                      .graph_form = [](const OpSchema& s, const PlacementStrategy& c) { return unless_context_parallel(s, c, kSequenceBackward); },
                       .family = "attention"});
   detail::register_composite({"aten::scaled_dot_product_attention"},
                              {.dim = [](const OpSchema& s) { return forward(s, kComposite); }, .family = "composite"});

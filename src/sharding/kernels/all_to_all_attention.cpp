@@ -1,0 +1,104 @@
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "../../mesh/collectives.h"
+#include "context_attention.h"
+#include "dtensor/errors.h"
+#include "dtensor/layout.h"
+
+namespace dtensor::detail {
+namespace {
+
+constexpr int64_t kHeadsAxis = 1, kSequenceAxis = 2;
+
+// The exchanges along the call's mesh dim between sequence blocks and head groups.
+struct Exchange {
+  const ContextAttention& call;
+  int64_t ranks, rank;
+
+  explicit Exchange(const ContextAttention& c) : call(c), ranks(c.mesh->size(c.dim)), rank(c.mesh->local_rank(c.dim)) {}
+
+  // [batch, heads, this rank's positions, ...] -> [batch, its group of heads, every position, ...].
+  at::Tensor to_heads(const at::Tensor& x) const {
+    const int64_t group = x.size(kHeadsAxis) / ranks;
+    std::vector<at::Tensor> pieces;
+    std::vector<Shape> arriving;
+    for (int64_t member = 0; member < ranks; ++member) {
+      pieces.push_back(x.narrow(kHeadsAxis, member * group, group));
+      Shape shape = x.sizes().vec();
+      shape[kHeadsAxis] = group;
+      shape[kSequenceAxis] = chunk_extent(call.length, ranks, member).size;
+      arriving.push_back(shape);
+    }
+    return joined(all_to_all_pieces(*call.mesh, call.dim, pieces, arriving), arriving, kSequenceAxis);
+  }
+
+  // The way back: [batch, a group of heads, every position, ...] -> [batch, heads, this rank's positions, ...].
+  at::Tensor to_sequence(const at::Tensor& x) const {
+    const int64_t positions = chunk_extent(call.length, ranks, rank).size;
+    std::vector<at::Tensor> pieces;
+    std::vector<Shape> arriving;
+    for (int64_t member = 0; member < ranks; ++member) {
+      const ChunkExtent block = chunk_extent(call.length, ranks, member);
+      pieces.push_back(x.narrow(kSequenceAxis, block.offset, block.size));
+      Shape shape = x.sizes().vec();
+      shape[kSequenceAxis] = positions;
+      arriving.push_back(shape);
+    }
+    return joined(all_to_all_pieces(*call.mesh, call.dim, pieces, arriving), arriving, kHeadsAxis);
+  }
+
+  // What an all-to-all delivered (flat, member after member) as one tensor: the members' pieces joined
+  // along `dim`.
+  static at::Tensor joined(const at::Tensor& flat, const std::vector<Shape>& shapes, int64_t dim) {
+    std::vector<at::Tensor> pieces;
+    int64_t offset = 0;
+    for (const Shape& shape : shapes) {
+      const int64_t n = numel(shape);
+      pieces.push_back(flat.narrow(0, offset, n).view(shape));
+      offset += n;
+    }
+    return at::cat(pieces, dim);
+  }
+};
+
+}  // namespace
+
+void check_all_to_all_heads(int64_t query_heads, int64_t kv_heads, const DeviceMesh& mesh, int64_t dim, const std::string& caller) {
+  const int64_t ranks = mesh.size(dim);
+  if (query_heads % ranks != 0 || kv_heads % ranks != 0)
+    throw DTensorError(caller + ": all-to-all context-parallel attention over " + mesh.dim_label(dim) + " (" + std::to_string(ranks) +
+                       " ranks) needs heads that divide by the ranks, but has " + std::to_string(query_heads) + " query and " +
+                       std::to_string(kv_heads) + " key/value heads; use ring attention (set_context_parallel_attention)");
+}
+
+std::tuple<at::Tensor, at::Tensor> all_to_all_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                                const ContextAttention& call) {
+  check_context_attention(q, k, v, call, "all-to-all attention");
+  check_all_to_all_heads(q.size(kHeadsAxis), k.size(kHeadsAxis), *call.mesh, call.dim, "all-to-all attention");
+  const Exchange exchange(call);
+  const at::Tensor heads_q = exchange.to_heads(q);
+  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(heads_q, with_query_heads(exchange.to_heads(k), heads_q.size(kHeadsAxis)),
+                                                                    with_query_heads(exchange.to_heads(v), heads_q.size(kHeadsAxis)), 0.0,
+                                                                    call.is_causal, {}, call.scale);
+  return {exchange.to_sequence(out), exchange.to_sequence(lse)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> all_to_all_attention_backward(const at::Tensor& grad_out, const at::Tensor& q,
+                                                                             const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                                                                             const at::Tensor& lse, const ContextAttention& call) {
+  check_context_attention(q, k, v, call, "all-to-all attention");
+  check_all_to_all_heads(q.size(kHeadsAxis), k.size(kHeadsAxis), *call.mesh, call.dim, "all-to-all attention");
+  const Exchange exchange(call);
+  const at::Tensor heads_q = exchange.to_heads(q), heads_k = exchange.to_heads(k), heads_v = exchange.to_heads(v);
+  const int64_t query_heads = heads_q.size(kHeadsAxis);
+  auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+      exchange.to_heads(grad_out), heads_q, with_query_heads(heads_k, query_heads), with_query_heads(heads_v, query_heads), exchange.to_heads(out),
+      exchange.to_heads(lse), 0.0, call.is_causal, {}, call.scale);
+  return {exchange.to_sequence(dq), exchange.to_sequence(onto_kv_heads(dk, heads_k.size(kHeadsAxis))),
+          exchange.to_sequence(onto_kv_heads(dv, heads_v.size(kHeadsAxis)))};
+}
+
+}  // namespace dtensor::detail

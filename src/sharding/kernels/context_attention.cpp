@@ -1,0 +1,39 @@
+#include "context_attention.h"
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "dtensor/errors.h"
+#include "dtensor/layout.h"
+
+namespace dtensor::detail {
+
+void check_context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ContextAttention& call, const char* method) {
+  const int64_t ranks = call.mesh->size(call.dim), rank = call.mesh->local_rank(call.dim);
+  const std::string where = std::string(" (") + method + " over " + call.mesh->dim_label(call.dim) + ", rank " + std::to_string(rank) +
+                            " of " + std::to_string(ranks) + ")";
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
+    throw DTensorError("context-parallel attention: query, key and value must be [batch, heads, positions, head dim]" + where);
+  const int64_t positions = chunk_extent(call.length, ranks, rank).size;
+  if (k.size(2) != q.size(2) || v.size(2) != q.size(2) || q.size(2) != positions)
+    throw DTensorError("context-parallel attention: this rank holds " + std::to_string(q.size(2)) + " query, " + std::to_string(k.size(2)) +
+                       " key and " + std::to_string(v.size(2)) + " value positions, but its block of " + std::to_string(call.length) + " has " +
+                       std::to_string(positions) + where + ": shard all three alike along the sequence");
+  if (k.size(1) != v.size(1) || q.size(1) % k.size(1) != 0)
+    throw DTensorError("context-parallel attention: " + std::to_string(q.size(1)) + " query heads over " + std::to_string(k.size(1)) +
+                       " key and " + std::to_string(v.size(1)) + " value heads" + where + ": keys and values need the same heads, dividing the queries'");
+}
+
+at::Tensor with_query_heads(const at::Tensor& kv, int64_t query_heads) {
+  const int64_t heads = kv.size(1);
+  return heads == query_heads ? kv : kv.repeat_interleave(query_heads / heads, 1);
+}
+
+at::Tensor onto_kv_heads(const at::Tensor& grad, int64_t kv_heads) {
+  const int64_t heads = grad.size(1);
+  if (heads == kv_heads) return grad;
+  return grad.unflatten(1, {kv_heads, heads / kv_heads}).sum(2);
+}
+
+}  // namespace dtensor::detail

@@ -1,0 +1,144 @@
+// Context-parallel attention (src/sharding/kernels/context_attention.h), by ring and by all-to-all, on
+// sequence blocks, against attention computed
+// in one process on the whole tensors by plain math (scores, mask, softmax; autograd for the
+// gradients): each rank's block of the output and logsumexp, and of the gradients of q, k and v from a
+// given output gradient. On the 4 ranks of a 1-d mesh and on the 2-rank cp dim of a 2x2 mesh, for a
+// sequence that does not divide (13 positions: 7 + 6 on 2 ranks, 4 + 4 + 4 + 1 on 4), causal and
+// full, with as many kv heads as query heads and with grouped-query attention (4 over 2); and the same
+// through DTensor's scaled_dot_product_attention on sequence-sharded inputs, by the method the cost
+// picks and by each forced one; all-to-all refuses heads that do not divide.
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "../../src/sharding/kernels/context_attention.h"
+#include "dtensor/api.h"
+#include "dtensor/comm_debug.h"
+#include "dtensor/layout.h"
+#include "dtensor/sharding.h"
+#include "harness.h"
+
+namespace dtensor::testing {
+namespace {
+
+constexpr int64_t kBatch = 2, kHeads = 4, kLength = 13, kHeadDim = 5;
+
+at::Tensor values(int64_t heads, double frequency) {
+  return at::sin(at::arange(kBatch * heads * kLength * kHeadDim, at::kDouble).mul(frequency)).reshape({kBatch, heads, kLength, kHeadDim});
+}
+
+struct Whole {
+  at::Tensor out, lse, grad_q, grad_k, grad_v;
+};
+
+// One process: softmax(q k^T * scale + mask) v, each kv head serving its group of query heads.
+Whole one_process(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, const at::Tensor& grad_out, bool causal, double scale) {
+  const at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true), v = v0.clone().requires_grad_(true);
+  const int64_t group = q.size(1) / k.size(1);
+  at::Tensor scores = at::matmul(q, k.repeat_interleave(group, 1).transpose(-2, -1)) * scale;
+  if (causal) scores = scores.masked_fill(at::ones({kLength, kLength}, at::kBool).triu(1), -INFINITY);
+  const at::Tensor lse = scores.logsumexp(-1);
+  const at::Tensor out = at::matmul(at::softmax(scores, -1), v.repeat_interleave(group, 1));
+  out.backward(grad_out);
+  return {out.detach(), lse.detach(), q.grad(), k.grad(), v.grad()};
+}
+
+class ContextAttentionTest : public DistTest {
+ protected:
+  void expect_matches_one_process(const MeshPtr& m, int64_t dim) {
+    const ChunkExtent mine = chunk_extent(kLength, m->size(dim), m->local_rank(dim));
+    const auto block = [&](const at::Tensor& t) { return t.narrow(2, mine.offset, mine.size).contiguous(); };
+    const double scale = 0.37;
+    for (const bool causal : {true, false}) {
+      for (const int64_t kv_heads : {kHeads, int64_t{2}}) {
+        SCOPED_TRACE(std::string(causal ? "causal" : "full") + ", " + std::to_string(kv_heads) + " kv heads over mesh dim " + std::to_string(dim));
+        const at::Tensor q = values(kHeads, 0.31), k = values(kv_heads, 0.17), v = values(kv_heads, 0.53), grad_out = values(kHeads, 0.71);
+        const Whole expected = one_process(q, k, v, grad_out, causal, scale);
+        const detail::ContextAttention call{m, dim, kLength, causal, scale};
+        using Forward = std::tuple<at::Tensor, at::Tensor> (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const detail::ContextAttention&);
+        using Backward = std::tuple<at::Tensor, at::Tensor, at::Tensor> (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                                            const at::Tensor&, const at::Tensor&, const detail::ContextAttention&);
+        const std::vector<std::tuple<const char*, Forward, Backward>> methods = {
+            {"ring", detail::ring_attention_forward, detail::ring_attention_backward},
+            {"all-to-all", detail::all_to_all_attention_forward, detail::all_to_all_attention_backward}};
+        for (const auto& [method, run_forward, run_backward] : methods) {
+          SCOPED_TRACE(method);
+          if (std::string(method) == "all-to-all" && kv_heads % m->size(dim) != 0) continue;  // refused (below)
+          const auto [out, lse] = run_forward(block(q), block(k), block(v), call);
+          EXPECT_TRUE(at::allclose(out, block(expected.out), 1e-10, 1e-12));
+          EXPECT_TRUE(at::allclose(lse, expected.lse.narrow(2, mine.offset, mine.size), 1e-10, 1e-12));
+          const auto [grad_q, grad_k, grad_v] = run_backward(block(grad_out), block(q), block(k), block(v), out, lse, call);
+          EXPECT_TRUE(at::allclose(grad_q, block(expected.grad_q), 1e-10, 1e-12));
+          EXPECT_TRUE(at::allclose(grad_k, block(expected.grad_k), 1e-10, 1e-12));
+          EXPECT_TRUE(at::allclose(grad_v, block(expected.grad_v), 1e-10, 1e-12));
+        }
+      }
+    }
+  }
+};
+
+TEST_F(ContextAttentionTest, FourRanksMatchOneProcess) { expect_matches_one_process(mesh({4}, {}, {"cp"}), 0); }
+
+TEST_F(ContextAttentionTest, TheCpDimOfA2x2MeshMatchesOneProcess) { expect_matches_one_process(mesh({2, 2}, {}, {"dp", "cp"}), 1); }
+
+// Through DTensor: q, k and v distributed Shard(2) over the cp dim, scaled_dot_product_attention (the
+// CPU flash kernels, forward and backward) runs as the ring, gathering nothing, and its output and
+// gradients are one process's.
+TEST_F(ContextAttentionTest, AttentionOnSequenceShardsStaysSharded) {
+  const MeshPtr m = mesh({4}, {}, {"cp"});
+  const Placements sequence{Shard(2)};
+  for (const auto method : {ContextParallelAttention::Auto, ContextParallelAttention::Ring, ContextParallelAttention::AllToAll}) {
+    set_context_parallel_attention(method);
+    for (const bool causal : {true, false}) {
+      for (const int64_t kv_heads : {kHeads, int64_t{2}}) {
+        if (method == ContextParallelAttention::AllToAll && kv_heads % 4 != 0) continue;  // refused, below
+        SCOPED_TRACE(std::string(causal ? "causal" : "full") + ", " + std::to_string(kv_heads) + " kv heads, method " +
+                     std::to_string(static_cast<int>(method)));
+        const at::Tensor q = values(kHeads, 0.31), k = values(kv_heads, 0.17), v = values(kv_heads, 0.53), grad_out = values(kHeads, 0.71);
+        const Whole expected = one_process(q, k, v, grad_out, causal, 0.37);
+        const at::Tensor dq = distribute_tensor(q, m, sequence).requires_grad_(true), dk = distribute_tensor(k, m, sequence).requires_grad_(true),
+                         dv = distribute_tensor(v, m, sequence).requires_grad_(true);
+        CommDebugMode comm;
+        const at::Tensor out = at::scaled_dot_product_attention(dq, dk, dv, {}, 0.0, causal, 0.37, /*enable_gqa=*/kv_heads != kHeads);
+        out.backward(distribute_tensor(grad_out, m, sequence));
+        EXPECT_EQ(comm.count("all-gather"), 0) << comm.summary();
+        // On these small tensors the ring's fewer messages cost less than the all-to-alls.
+        EXPECT_EQ(comm.count("all-to-all") > 0, method == ContextParallelAttention::AllToAll) << comm.summary();
+        EXPECT_EQ(placements_of(out), sequence);
+        EXPECT_TRUE(at::allclose(full_tensor(out), expected.out, 1e-10, 1e-12));
+        EXPECT_TRUE(at::allclose(full_tensor(dq.grad()), expected.grad_q, 1e-10, 1e-12));
+        EXPECT_TRUE(at::allclose(full_tensor(dk.grad()), expected.grad_k, 1e-10, 1e-12));
+        EXPECT_TRUE(at::allclose(full_tensor(dv.grad()), expected.grad_v, 1e-10, 1e-12));
+      }
+    }
+  }
+  // All-to-all forced with 2 kv heads over 4 ranks.
+  const at::Tensor q = distribute_tensor(values(kHeads, 0.31), m, sequence), kv = distribute_tensor(values(2, 0.17), m, sequence);
+  EXPECT_THAT(error_of([&] { at::scaled_dot_product_attention(q, kv, kv, {}, 0.0, true, std::nullopt, true); }),
+              ::testing::AllOf(::testing::HasSubstr("_scaled_dot_product_flash_attention_for_cpu"),
+                               ::testing::HasSubstr("mesh dim 0 (cp) (4 ranks) needs heads that divide by the ranks")));
+  set_context_parallel_attention(ContextParallelAttention::Auto);
+}
+
+// Auto: on longer sequences the all-to-alls (each rank sends 3/16 of every tensor once) move fewer
+// bytes than the ring (3/4 of the keys and values), and are chosen.
+TEST_F(ContextAttentionTest, AutoTakesAllToAllWhereItMovesLess) {
+  const MeshPtr m = mesh({4}, {}, {"cp"});
+  const at::Tensor x = at::sin(at::arange(4 * 256 * 8, at::kDouble).mul(0.13)).reshape({1, 4, 256, 8});  // alike on every rank
+  const at::Tensor q = distribute_tensor(x, m, Placements{Shard(2)});
+  CommDebugMode comm;
+  const at::Tensor out = at::scaled_dot_product_attention(q, q, q, {}, 0.0, true);
+  EXPECT_GT(comm.count("all-to-all"), 0) << comm.summary();
+  EXPECT_TRUE(at::allclose(full_tensor(out), at::scaled_dot_product_attention(x, x, x, {}, 0.0, true), 1e-10, 1e-12));
+}
+
+TEST_F(ContextAttentionTest, RefusesBlocksThatDoNotFit) {
+  const MeshPtr m = mesh({4}, {}, {"cp"});
+  const detail::ContextAttention call{m, 0, kLength, true, std::nullopt};
+  const at::Tensor q = at::zeros({1, 4, 2, 3}, at::kDouble);
+  EXPECT_THAT(error_of([&] { detail::ring_attention_forward(q, q, q, call); }), ::testing::HasSubstr("shard all three alike along the sequence"));
+}
+
+}  // namespace
+}  // namespace dtensor::testing
