@@ -164,6 +164,9 @@ int run(const std::shared_ptr<dtensor::World>& world, const dtensor::MeshPtr& me
   if (other == dtensor::CommBackend::Mpi) throw std::runtime_error("run this job under mpirun (its missing-group case moves to Gloo)");
   auto on_gloo = dtensor::DeviceMesh::create(world, {4}, {.dim_names = {"tp"}, .backend = other});
   expect_refused("a process group missing at run time", "which this process does not have", [&] { g::CompiledProgram(own, on_gloo); });
+  // No rank leaves while another may still be connecting its Gloo group to it (a peer that exited
+  // closed the connection under rank 0's connectFullMesh once).
+  world->sum_across_ranks(0);
   return 0;
 }
 
