@@ -106,9 +106,9 @@ struct PipelineRunner::Impl {
     for (const auto& [index, stage] : stages) {
       std::vector<at::Tensor>& parameters = weight_parameters[index];
       for (const auto& [other_index, other] : stages) {
+        const std::vector<std::shared_ptr<torch::nn::Module>>& held = other.modules;  // a lambda may not capture a binding (clang)
         const bool shares = other_index == index || std::any_of(stage.modules.begin(), stage.modules.end(), [&](const auto& module) {
-                              return last_weight_backward.count(module.get()) &&
-                                     std::find(other.modules.begin(), other.modules.end(), module) != other.modules.end();
+                              return last_weight_backward.count(module.get()) && std::find(held.begin(), held.end(), module) != held.end();
                             });
         if (shares) parameters.insert(parameters.end(), other.parameters.begin(), other.parameters.end());
       }
