@@ -73,8 +73,7 @@ void StageMailbox::send(const at::Tensor& tensor, int64_t peer, const TransferId
   const at::Tensor data = tensor.detach().contiguous();
   Traffic& traffic = outgoing_[peer];
   const size_t ordinal = traffic.next++;
-  if (ordinal >= traffic.data_bytes.size()) traffic.data_bytes.resize(ordinal + 1, 0);
-  const int64_t agreed = traffic.data_bytes[ordinal];
+  const int64_t agreed = traffic.agreed(ordinal);
   const int64_t bytes = static_cast<int64_t>(data.nbytes());
   const bool data_inline = bytes == agreed;
   at::Tensor message = at::empty({kHeaderBytes + agreed}, at::kByte);
@@ -83,7 +82,7 @@ void StageMailbox::send(const at::Tensor& tensor, int64_t peer, const TransferId
   std::vector<P2POp> ops{P2POp{P2POp::Kind::Send, message, peer, label, message_tag()}};
   if (data_inline) data_of(message, data.scalar_type(), data.sizes(), bytes).copy_(data);
   else ops.push_back(P2POp{P2POp::Kind::Send, data, peer, label + " (data of a new size)"});
-  traffic.data_bytes[ordinal] = bytes;
+  traffic.record(ordinal, bytes);
   sends_.push_back(batch_isend_irecv(mesh_, dim_, ops));
   in_flight_.push_back(message);
   in_flight_.push_back(data);
@@ -108,7 +107,7 @@ void StageMailbox::post_window(int64_t peer) {
 void StageMailbox::post_receive(int64_t peer) {
   Traffic& traffic = incoming_[peer];
   const size_t ordinal = traffic.next++;
-  const int64_t agreed = ordinal < traffic.data_bytes.size() ? traffic.data_bytes[ordinal] : 0;
+  const int64_t agreed = traffic.agreed(ordinal);
   at::Tensor message = at::empty({kHeaderBytes + agreed}, at::kByte);
   P2PWork work = batch_isend_irecv(mesh_, dim_, {P2POp{P2POp::Kind::Recv, message, peer, "a stage transfer", message_tag()}});
   posted_[peer].push_back({message, std::move(work), ordinal});
@@ -154,9 +153,7 @@ std::pair<TransferId, at::Tensor> StageMailbox::unpack(PostedReceive& posted, in
   }
   at::Tensor data = at::empty(shape, at::TensorOptions().dtype(dtype));
   recv(data, peer, mesh_, dim_, arrived.label());
-  Traffic& traffic = incoming_[peer];
-  if (posted.ordinal >= traffic.data_bytes.size()) traffic.data_bytes.resize(posted.ordinal + 1, 0);
-  traffic.data_bytes[posted.ordinal] = bytes;
+  incoming_[peer].record(posted.ordinal, bytes);
   return {arrived, data};
 }
 

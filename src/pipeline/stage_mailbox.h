@@ -70,6 +70,12 @@ class StageMailbox {
   struct Traffic {
     std::vector<int64_t> data_bytes;
     size_t next = 0;  // the next message's ordinal
+    // The agreed size of message `ordinal` (0, the header alone, before any step sent it), and its new one.
+    int64_t agreed(size_t ordinal) const { return ordinal < data_bytes.size() ? data_bytes[ordinal] : 0; }
+    void record(size_t ordinal, int64_t bytes) {
+      if (ordinal >= data_bytes.size()) data_bytes.resize(ordinal + 1, 0);
+      data_bytes[ordinal] = bytes;
+    }
   };
 
   bool tags_kept_apart() const;
