@@ -2,14 +2,16 @@
 // first tensor parallel over all 4 (TP=4), then data parallel x tensor parallel (DP=2 x TP=2), then
 // fully sharded data parallel over all 4 (FSDP=4: each rank keeps a quarter of the parameters and
 // optimizer state and trains on a quarter of each batch), then FSDP=2 x TP=2, then hybrid sharded data
-// parallel (HSDP: 2 replicas x FSDP=2, each rank on a quarter of each batch), then pipeline parallel
+// parallel (HSDP: 2 replicas x FSDP=2, each rank on a quarter of each batch), then context parallel on
+// a model with twice the positions (CP=4, each rank a quarter of every sequence, load balanced, ring or
+// all-to-all attention; and CP=2 x TP=2), fully sharded over cp, then pipeline parallel
 // (PP=4 with 1F1B, PP=4 with Interleaved 1F1B, PP=2 x DP=2 with the ZBV zero-bubble schedule, PP=2 x
 // TP=2 with Interleaved 1F1B, PP=2 x FSDP=2 with 1F1B; --modes pp-fsdp-tp and pp-hsdp add PP=2 x
 // FSDP=2 x TP=1 and PP=2 x HSDP). Rank 0
-// then trains the same model on the same batches from the same seed in one process and compares the
+// then trains the same model (each of the two) on the same batches from the same seed in one process and compares the
 // loss trajectories: PASS when every step's loss is within a relative 1e-4.
 //
-//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp,pp,pp-interleaved,pp-dp,pp-tp,pp-fsdp] [--corpus PATH] [--save DIR] [--resume DIR]
+//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp,cp,cp-tp,pp,pp-interleaved,pp-dp,pp-tp,pp-fsdp] [--corpus PATH] [--save DIR] [--resume DIR]
 //             [--checkpoint-every N DIR] [--blocking-checkpoints 1]
 //
 // --save DIR writes the first mode's model and optimizer state after its last step (a dtensor
@@ -32,6 +34,7 @@
 #include <future>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <set>
 
 #include "build_paths.h"
@@ -44,7 +47,7 @@ namespace {
 
 struct Args {
   int steps = 50;
-  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp", "pp", "pp-interleaved", "pp-dp", "pp-tp", "pp-fsdp"};
+  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp", "cp", "cp-tp", "pp", "pp-interleaved", "pp-dp", "pp-tp", "pp-fsdp"};
   std::string corpus = dtensor::build_paths::gpt_corpus;
   std::string save, resume;
   int checkpoint_every = 0;
@@ -125,6 +128,7 @@ void remove_checkpoints_before(const std::string& dir, int kept, const std::stri
 struct Run {
   int first_step = 1;  // after a resume: the saved step + 1
   std::vector<double> losses;
+  bool long_context = false;  // trained gpt::long_context_config's model
 };
 
 // Saves the training state every `checkpointing.every` steps into its periodic_dir/step-S,
@@ -170,27 +174,42 @@ class PeriodicCheckpoints {
 };
 
 // How a mode splits the model: tensor parallel (a 1-d "tp" mesh, or a 2-d ("dp", "tp") one with data
-// parallel over dp), or fully sharded over "dp" (a 1-d mesh, ("dp", "tp"), or ("replicate", "dp")). A
-// null mesh is one process.
+// parallel over dp), fully sharded over "dp" (a 1-d mesh, ("dp", "tp"), or ("replicate", "dp")), or
+// context parallel over "cp" (a 1-d mesh, or ("cp", "tp") with TP inside), fully sharded over cp too
+// (whose ranks train on the same rows, each on its positions: their gradients are averaged as data
+// parallel ranks'). A null mesh is one process. long_context: gpt::long_context_config's model (which
+// context parallelism needs), else the demo model.
 struct Parallelism {
   dtensor::MeshPtr mesh;
   bool fully_sharded = false;
+  bool long_context = false;
 };
+
+bool has_dim(const dtensor::MeshPtr& mesh, const std::string& name) {
+  const auto& names = mesh->dim_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
 
 // Trains `steps` steps (after the resumed ones). Data-parallel ranks train on their own rows of each
 // batch.
 Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, const std::string& label, bool print,
           const Checkpointing& checkpointing = {}) {
   torch::manual_seed(kSeed);
-  gpt::Gpt model(gpt::demo_config(corpus));
+  gpt::Gpt model(parallelism.long_context ? gpt::long_context_config(corpus) : gpt::demo_config(corpus));
   const dtensor::MeshPtr& mesh = parallelism.mesh;
   int64_t dp_rank = 0, dp_size = 1;
   dtensor::MeshPtr data = mesh;  // the data-parallel ranks (of a fully-sharded mode)
-  if (mesh && parallelism.fully_sharded) {
+  dtensor::MeshPtr cp;           // the context-parallel ranks
+  if (mesh && has_dim(mesh, "cp")) {
+    cp = (*mesh)["cp"];
+    if (has_dim(mesh, "tp")) gpt::parallelize(model, (*mesh)["tp"]);
+    gpt::context_parallelize(model, cp);
+    gpt::fully_shard(model, mesh, {.dp_dim = "cp"});
+    data = cp;
+  } else if (mesh && parallelism.fully_sharded) {
     // On a ("dp", "tp") mesh: Megatron-style TP over tp first, then FSDP over dp. On ("replicate", "dp")
     // every rank is a data-parallel rank of its own.
-    const auto& names = mesh->dim_names();
-    if (std::find(names.begin(), names.end(), "tp") != names.end()) {
+    if (has_dim(mesh, "tp")) {
       gpt::parallelize(model, (*mesh)["tp"]);
       data = (*mesh)["dp"];
     }
@@ -211,6 +230,7 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
   const auto world = mesh ? mesh->world() : nullptr;
   gpt::Batches batches(corpus, kBatch, model->pos_emb.size(0), kSeed);
   Run run;
+  run.long_context = parallelism.long_context;
   const std::string& resume = checkpointing.resume;
   if (!resume.empty()) {
     state.load(resume, {.world = world});
@@ -228,7 +248,15 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
     const int64_t rows = kBatch / dp_size;
     batch.tokens = batch.tokens.slice(0, dp_rank * rows, (dp_rank + 1) * rows);
     batch.targets = batch.targets.slice(0, dp_rank * rows, (dp_rank + 1) * rows);
-    const double loss = gpt::train_step(model, optimizer, batch, options);
+    double loss;
+    if (cp) {
+      // Each rank trains on its positions of the tokens, targets and position ids (load balanced).
+      batch = {batch.tokens.clone(), batch.targets.clone()};
+      const dtensor::ContextParallel sequence(cp, {batch.tokens, batch.targets, model->position_ids}, {1, 1, 0});
+      loss = gpt::train_step(model, optimizer, batch, options);
+    } else {
+      loss = gpt::train_step(model, optimizer, batch, options);
+    }
     // A fully-sharded rank's loss is its own rows' (a tensor-parallel loss is the whole batch's already).
     run.losses.push_back(parallelism.fully_sharded ? gpt::mean_over(data, loss) : loss);
     if (print && (step == run.first_step || step % 5 == 0 || step == last_step)) {
@@ -454,6 +482,15 @@ int main(int argc, char** argv) {
         mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"replicate", "dp"}});
         parallelism.fully_sharded = true;
         label = "hybrid sharded data parallel, 2 replicas x FSDP=" + std::to_string(world->size() / 2);
+      } else if (mode == "cp") {
+        mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"cp"}});
+        parallelism.fully_sharded = parallelism.long_context = true;
+        label = "context parallel, CP=" + std::to_string(world->size()) + " on 64 positions (load balanced; FSDP over cp)";
+      } else if (mode == "cp-tp") {
+        if (world->size() % 2 != 0) throw std::invalid_argument("cp-tp needs an even number of ranks");
+        mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"cp", "tp"}});
+        parallelism.fully_sharded = parallelism.long_context = true;
+        label = "context parallel x tensor parallel, CP=2 x TP=" + std::to_string(world->size() / 2) + " on 64 positions (FSDP over cp)";
       } else if (is_pipeline_mode(mode)) {
         if (world->size() != 4) throw std::invalid_argument(mode + " runs on 4 ranks");
         const PipelineLayout layout = pipeline_layout(mode, world, label);
@@ -461,21 +498,29 @@ int main(int argc, char** argv) {
         runs.emplace_back(label, train_pipeline(corpus, layout, args.steps, label, print, checkpointing));
         continue;
       } else {
-        throw std::invalid_argument("unknown mode '" + mode + "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, pp, pp-interleaved, pp-dp, pp-tp, pp-fsdp, pp-fsdp-tp, pp-hsdp)");
+        throw std::invalid_argument("unknown mode '" + mode +
+                                    "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, cp, cp-tp, pp, pp-interleaved, pp-dp, pp-tp, pp-fsdp, pp-fsdp-tp, pp-hsdp)");
       }
       label += " (" + dtensor::to_string(mesh->backend()) + ")";
       runs.emplace_back(label, train(corpus, parallelism, args.steps, label, print, checkpointing));
     }
     // Rank 0 runs the oracle; every rank then exits with its verdict.
     if (!print) return world->sum_across_ranks(0) == 0 ? 0 : 1;
-    // The oracle trains uninterrupted from step 1 to the runs' last step; they are compared on their steps.
+    // The oracle trains uninterrupted from step 1 to the runs' last step (once per model the runs
+    // trained); they are compared on their steps.
     const int first = runs.empty() ? 1 : runs.front().second.first_step;
-    const std::vector<double> all = train(corpus, Parallelism{}, first - 1 + args.steps, "single process (the oracle)", true).losses;
-    const std::vector<double> reference(all.begin() + (first - 1), all.end());
+    std::map<bool, std::vector<double>> oracle;  // by long_context
+    for (const auto& [label, run] : runs) {
+      if (oracle.count(run.long_context)) continue;
+      const std::string model = run.long_context ? "single process, the long-context model (the oracle)" : "single process (the oracle)";
+      const std::vector<double> all = train(corpus, Parallelism{.long_context = run.long_context}, first - 1 + args.steps, model, true).losses;
+      oracle[run.long_context] = std::vector<double>(all.begin() + (first - 1), all.end());
+    }
     bool pass = true;
     std::cout << "\n";
     for (const auto& [label, run] : runs) {
       const std::vector<double>& losses = run.losses;
+      const std::vector<double>& reference = oracle[run.long_context];
       const double diff = max_relative_difference(losses, reference);
       const bool ok = diff <= 1e-4;
       pass = pass && ok;

@@ -38,7 +38,7 @@ PUBLIC_HEADERS = {
     "dtensor_impl.h": "tensor", "api.h": "tensor", "factory.h": "tensor", "local_map.h": "tensor",
     "visualize.h": "tensor",
     "op_schema.h": "sharding", "sharding.h": "sharding", "random.h": "sharding",
-    "module.h": "module", "fsdp.h": "module", "optim.h": "module", "parallel.h": "module", "shard_module.h": "module",
+    "module.h": "module", "fsdp.h": "module", "optim.h": "module", "parallel.h": "module", "shard_module.h": "module", "context_parallel.h": "module",
     "checkpoint.h": "checkpoint", "training_state.h": "checkpoint", "state_dict.h": "checkpoint", "dcp.h": "checkpoint",
     "graph/ir.h": "graph", "graph/annotations.h": "graph", "graph/program.h": "graph", "graph/spmd.h": "graph",
     "graph/tensor_parallel.h": "graph", "graph/hugging_face.h": "graph", "graph/training.h": "graph",

@@ -27,7 +27,21 @@ struct Config {
   int64_t heads = 4;
   int64_t layers = 2;
   int64_t ffn = 256;
+  // Attention by scaled_dot_product_attention (is_causal) in a submodule of its own (attn.kernel), and
+  // learned positions read through a position_ids buffer: how a model that runs context parallel is
+  // written (dtensor/context_parallel.h shards that buffer with the tokens, and the plan gives the
+  // kernel module its style). Otherwise the masked softmax, which the benchmarks' baselines mirror.
+  bool fused_attention = false;
 };
+
+// Causal attention of q, k, v [batch, heads, positions, head dim], as one op.
+class CausalAttentionKernelImpl : public torch::nn::Module {
+ public:
+  at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+  }
+};
+TORCH_MODULE(CausalAttentionKernel);
 
 class AttentionImpl : public torch::nn::Module {
  public:
@@ -36,7 +50,9 @@ class AttentionImpl : public torch::nn::Module {
         wq(register_module("wq", torch::nn::Linear(c.dim, c.dim))),
         wk(register_module("wk", torch::nn::Linear(c.dim, c.dim))),
         wv(register_module("wv", torch::nn::Linear(c.dim, c.dim))),
-        wo(register_module("wo", torch::nn::Linear(c.dim, c.dim))) {}
+        wo(register_module("wo", torch::nn::Linear(c.dim, c.dim))) {
+    if (c.fused_attention) kernel = register_module("kernel", CausalAttentionKernel());
+  }
 
   // x: [batch, seq, dim]; causal_mask: [seq, seq], 0 where a position may attend, a large negative
   // number where it may not.
@@ -44,6 +60,7 @@ class AttentionImpl : public torch::nn::Module {
     const int64_t b = x.size(0), t = x.size(1);
     auto heads = [&](const at::Tensor& y) { return y.view({b, t, -1, head_dim_}).transpose(1, 2); };
     const at::Tensor q = heads(dtensor::call(wq, x)), k = heads(dtensor::call(wk, x)), v = heads(dtensor::call(wv, x));
+    if (kernel) return dtensor::call(wo, dtensor::call(kernel, q, k, v).transpose(1, 2).reshape({b, t, -1}));
     at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(head_dim_)));
     const at::Tensor attention = at::softmax(scores + causal_mask, -1);
     const at::Tensor y = at::matmul(attention, v).transpose(1, 2).reshape({b, t, -1});
@@ -55,6 +72,7 @@ class AttentionImpl : public torch::nn::Module {
 
  public:
   torch::nn::Linear wq, wk, wv, wo;
+  CausalAttentionKernel kernel{nullptr};  // with fused attention
 };
 TORCH_MODULE(Attention);
 
@@ -98,7 +116,9 @@ class GptImpl : public torch::nn::Module {
         ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})))),
         lm_head(register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.dim, c.vocab).bias(false)))) {
     for (int64_t i = 0; i < c.layers; ++i) blocks->push_back(Block(c));
-    dtensor::register_tensor_members<GptImpl>({{"pos_emb", &GptImpl::pos_emb}, {"causal_mask", &GptImpl::causal_mask}});
+    if (c.fused_attention) position_ids = register_buffer("position_ids", at::arange(c.seq_len, at::kLong));
+    dtensor::register_tensor_members<GptImpl>(
+        {{"pos_emb", &GptImpl::pos_emb}, {"causal_mask", &GptImpl::causal_mask}, {"position_ids", &GptImpl::position_ids}});
   }
 
   // tokens, targets: [batch, seq] token ids; the next-token cross-entropy averaged over all positions.
@@ -109,7 +129,8 @@ class GptImpl : public torch::nn::Module {
   // tokens: [batch, seq] token ids; the logits [batch, seq, vocab].
   at::Tensor logits(const at::Tensor& tokens) {
     const int64_t t = tokens.size(1);
-    at::Tensor x = dtensor::call(tok_emb, tokens) + pos_emb.slice(0, 0, t);
+    const at::Tensor positions = position_ids.defined() ? pos_emb.index_select(0, position_ids.slice(0, 0, t)) : pos_emb.slice(0, 0, t);
+    at::Tensor x = dtensor::call(tok_emb, tokens) + positions;
     const at::Tensor mask = causal_mask.slice(0, 0, t).slice(1, 0, t);
     for (const auto& block : *blocks) x = dtensor::call(*block->as<BlockImpl>(), x, mask);
     return dtensor::call(lm_head, dtensor::call(ln_f, x));
@@ -118,6 +139,7 @@ class GptImpl : public torch::nn::Module {
   torch::nn::Embedding tok_emb;
   at::Tensor pos_emb;
   at::Tensor causal_mask;
+  at::Tensor position_ids;  // with fused attention: the positions of the tokens given (all, or a context-parallel rank's)
   torch::nn::ModuleList blocks;
   torch::nn::LayerNorm ln_f;
   torch::nn::Linear lm_head;

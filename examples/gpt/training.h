@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "dtensor/context_parallel.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/fsdp.h"
 #include "dtensor/optim.h"
@@ -54,6 +55,15 @@ inline Config demo_config(const Corpus& corpus) {
   c.heads = 8;
   c.layers = 2;
   c.ffn = 512;
+  return c;
+}
+
+// The main job's context-parallel model: the demo model on sequences twice as long (64 positions), its
+// attention fused and its positions read from a buffer, as context parallelism needs.
+inline Config long_context_config(const Corpus& corpus) {
+  Config c = demo_config(corpus);
+  c.seq_len = 64;
+  c.fused_attention = true;
   return c;
 }
 
@@ -116,6 +126,13 @@ inline void parallelize(Gpt& model, const dtensor::MeshPtr& mesh) {
     dtensor::parallelize_module(*model, mesh, tensor_parallel_plan(/*local_activations=*/false), {.tp_dim = "tp"});
     dtensor::distribute_module(*model, mesh);
   }
+}
+
+// Context parallelism over the 1-d mesh `cp`: every block's attention kernel takes its q, k and v as
+// sequence shards over cp (ring or all-to-all attention); the rest of the model runs on each rank's
+// positions. The model needs fused attention (Config::fused_attention).
+inline void context_parallelize(Gpt& model, const dtensor::MeshPtr& cp) {
+  dtensor::parallelize_module(*model, cp, {{"blocks.*.attn.kernel", dtensor::context_parallel_attention_style()}});
 }
 
 // Fully sharded data parallel over the 1-d mesh `dp`, wrapped as FSDP2 users do: each block is a

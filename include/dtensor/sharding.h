@@ -52,6 +52,15 @@ enum class ContextParallelAttention { Auto, Ring, AllToAll };
 void set_context_parallel_attention(ContextParallelAttention method);
 ContextParallelAttention context_parallel_attention();
 
+// Whether attention inputs sharded along the sequence hold it load balanced: cut into 2n equal chunks,
+// rank r of the mesh dim holding chunks r and 2n-1-r (head-tail), so that causal attention costs every
+// rank alike. The order is the data's (context_parallel, in context_parallel.h, shards buffers so and
+// turns this on while alive, as PyTorch's _cp_options.enable_load_balance); while on, causal attention
+// on such inputs runs only as context-parallel attention, and refuses a mask or dropout, naming the op
+// and the mesh dim. Process-wide; every rank must set the same.
+void set_context_parallel_load_balance(bool head_tail);
+bool context_parallel_load_balance();
+
 // While alive on this thread, plain (non-DTensor) tensors mixed into DTensor ops act as Replicate
 // instead of raising an error. 0-d plain tensors always act as Replicate.
 class ImplicitReplicationGuard {

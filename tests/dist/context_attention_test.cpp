@@ -24,8 +24,19 @@ namespace {
 
 constexpr int64_t kBatch = 2, kHeads = 4, kLength = 13, kHeadDim = 5;
 
-at::Tensor values(int64_t heads, double frequency) {
-  return at::sin(at::arange(kBatch * heads * kLength * kHeadDim, at::kDouble).mul(frequency)).reshape({kBatch, heads, kLength, kHeadDim});
+at::Tensor values(int64_t heads, double frequency, int64_t length = kLength) {
+  return at::sin(at::arange(kBatch * heads * length * kHeadDim, at::kDouble).mul(frequency)).reshape({kBatch, heads, length, kHeadDim});
+}
+
+// This rank's positions along dim 2 (of `ranks`): its torch.chunk piece, or, load balanced, chunks
+// `rank` and 2 ranks - 1 - rank of 2 ranks equal ones.
+at::Tensor block_of(const at::Tensor& t, int64_t ranks, int64_t rank, bool load_balanced) {
+  if (!load_balanced) {
+    const ChunkExtent mine = chunk_extent(t.size(2), ranks, rank);
+    return t.narrow(2, mine.offset, mine.size).contiguous();
+  }
+  const int64_t chunk = t.size(2) / (2 * ranks);
+  return at::cat({t.narrow(2, rank * chunk, chunk), t.narrow(2, (2 * ranks - 1 - rank) * chunk, chunk)}, 2);
 }
 
 struct Whole {
@@ -35,9 +46,9 @@ struct Whole {
 // One process: softmax(q k^T * scale + mask) v, each kv head serving its group of query heads.
 Whole one_process(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, const at::Tensor& grad_out, bool causal, double scale) {
   const at::Tensor q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true), v = v0.clone().requires_grad_(true);
-  const int64_t group = q.size(1) / k.size(1);
+  const int64_t group = q.size(1) / k.size(1), length = q.size(2);
   at::Tensor scores = at::matmul(q, k.repeat_interleave(group, 1).transpose(-2, -1)) * scale;
-  if (causal) scores = scores.masked_fill(at::ones({kLength, kLength}, at::kBool).triu(1), -INFINITY);
+  if (causal) scores = scores.masked_fill(at::ones({length, length}, at::kBool).triu(1), -INFINITY);
   const at::Tensor lse = scores.logsumexp(-1);
   const at::Tensor out = at::matmul(at::softmax(scores, -1), v.repeat_interleave(group, 1));
   out.backward(grad_out);
@@ -46,16 +57,18 @@ Whole one_process(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& 
 
 class ContextAttentionTest : public DistTest {
  protected:
-  void expect_matches_one_process(const MeshPtr& m, int64_t dim) {
-    const ChunkExtent mine = chunk_extent(kLength, m->size(dim), m->local_rank(dim));
-    const auto block = [&](const at::Tensor& t) { return t.narrow(2, mine.offset, mine.size).contiguous(); };
+  // Load balanced on 16 positions (2 x 4 ranks x 2), else on 13.
+  void expect_matches_one_process(const MeshPtr& m, int64_t dim, bool load_balanced = false) {
+    const int64_t length = load_balanced ? 16 : kLength;
+    const auto block = [&](const at::Tensor& t) { return block_of(t, m->size(dim), m->local_rank(dim), load_balanced); };
     const double scale = 0.37;
     for (const bool causal : {true, false}) {
       for (const int64_t kv_heads : {kHeads, int64_t{2}}) {
         SCOPED_TRACE(std::string(causal ? "causal" : "full") + ", " + std::to_string(kv_heads) + " kv heads over mesh dim " + std::to_string(dim));
-        const at::Tensor q = values(kHeads, 0.31), k = values(kv_heads, 0.17), v = values(kv_heads, 0.53), grad_out = values(kHeads, 0.71);
+        const at::Tensor q = values(kHeads, 0.31, length), k = values(kv_heads, 0.17, length), v = values(kv_heads, 0.53, length),
+                         grad_out = values(kHeads, 0.71, length);
         const Whole expected = one_process(q, k, v, grad_out, causal, scale);
-        const detail::ContextAttention call{m, dim, kLength, causal, scale};
+        const detail::ContextAttention call{m, dim, length, causal, scale, load_balanced};
         using Forward = std::tuple<at::Tensor, at::Tensor> (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const detail::ContextAttention&);
         using Backward = std::tuple<at::Tensor, at::Tensor, at::Tensor> (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                                             const at::Tensor&, const at::Tensor&, const detail::ContextAttention&);
@@ -67,7 +80,7 @@ class ContextAttentionTest : public DistTest {
           if (std::string(method) == "all-to-all" && kv_heads % m->size(dim) != 0) continue;  // refused (below)
           const auto [out, lse] = run_forward(block(q), block(k), block(v), call);
           EXPECT_TRUE(at::allclose(out, block(expected.out), 1e-10, 1e-12));
-          EXPECT_TRUE(at::allclose(lse, expected.lse.narrow(2, mine.offset, mine.size), 1e-10, 1e-12));
+          EXPECT_TRUE(at::allclose(lse, block(expected.lse.unsqueeze(-1)).squeeze(-1), 1e-10, 1e-12));
           const auto [grad_q, grad_k, grad_v] = run_backward(block(grad_out), block(q), block(k), block(v), out, lse, call);
           EXPECT_TRUE(at::allclose(grad_q, block(expected.grad_q), 1e-10, 1e-12));
           EXPECT_TRUE(at::allclose(grad_k, block(expected.grad_k), 1e-10, 1e-12));
@@ -81,6 +94,11 @@ class ContextAttentionTest : public DistTest {
 TEST_F(ContextAttentionTest, FourRanksMatchOneProcess) { expect_matches_one_process(mesh({4}, {}, {"cp"}), 0); }
 
 TEST_F(ContextAttentionTest, TheCpDimOfA2x2MeshMatchesOneProcess) { expect_matches_one_process(mesh({2, 2}, {}, {"dp", "cp"}), 1); }
+
+TEST_F(ContextAttentionTest, LoadBalancedBlocksMatchOneProcess) {
+  expect_matches_one_process(mesh({4}, {}, {"cp"}), 0, /*load_balanced=*/true);
+  expect_matches_one_process(mesh({2, 2}, {}, {"dp", "cp"}), 1, /*load_balanced=*/true);
+}
 
 // Through DTensor: q, k and v distributed Shard(2) over the cp dim, scaled_dot_product_attention (the
 // CPU flash kernels, forward and backward) runs as the ring, gathering nothing, and its output and
@@ -138,6 +156,10 @@ TEST_F(ContextAttentionTest, RefusesBlocksThatDoNotFit) {
   const detail::ContextAttention call{m, 0, kLength, true, std::nullopt};
   const at::Tensor q = at::zeros({1, 4, 2, 3}, at::kDouble);
   EXPECT_THAT(error_of([&] { detail::ring_attention_forward(q, q, q, call); }), ::testing::HasSubstr("shard all three alike along the sequence"));
+  const detail::ContextAttention balanced{m, 0, 12, true, std::nullopt, /*load_balanced=*/true};
+  const at::Tensor block = at::zeros({1, 4, 3, 3}, at::kDouble);
+  EXPECT_THAT(error_of([&] { detail::ring_attention_forward(block, block, block, balanced); }),
+              ::testing::HasSubstr("mesh dim 0 (cp): a load-balanced sequence of 12 positions does not split into 2 x 4 equal chunks"));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <vector>
 
 #include "dtensor/errors.h"
 #include "dtensor/layout.h"
@@ -23,6 +24,20 @@ void check_context_attention(const at::Tensor& q, const at::Tensor& k, const at:
   if (k.size(1) != v.size(1) || q.size(1) % k.size(1) != 0)
     throw DTensorError("context-parallel attention: " + std::to_string(q.size(1)) + " query heads over " + std::to_string(k.size(1)) +
                        " key and " + std::to_string(v.size(1)) + " value heads" + where + ": keys and values need the same heads, dividing the queries'");
+}
+
+std::vector<SequenceSegment> sequence_segments(const ContextAttention& call, int64_t rank) {
+  const int64_t ranks = call.mesh->size(call.dim);
+  if (!call.load_balanced) {
+    const ChunkExtent block = chunk_extent(call.length, ranks, rank);
+    return {{rank, block.offset, 0, block.size}};
+  }
+  if (call.length % (2 * ranks) != 0)
+    throw DTensorError("context-parallel attention over " + call.mesh->dim_label(call.dim) + ": a load-balanced sequence of " +
+                       std::to_string(call.length) + " positions does not split into 2 x " + std::to_string(ranks) +
+                       " equal chunks; pad it to a multiple of " + std::to_string(2 * ranks) + " or shard it without load balancing");
+  const int64_t chunk = call.length / (2 * ranks), tail = 2 * ranks - 1 - rank;
+  return {{rank, rank * chunk, 0, chunk}, {tail, tail * chunk, chunk, chunk}};
 }
 
 at::Tensor with_query_heads(const at::Tensor& kv, int64_t query_heads) {

@@ -20,12 +20,18 @@
 //
 // Both: keys may have fewer heads than queries (grouped-query attention; fewer heads travel); no
 // dropout, no mask beyond the causal one.
+//
+// Load balancing (causal only matters, but either works): the sequence is cut into 2n equal chunks and
+// rank r holds chunks r and 2n-1-r back to back (head-tail), so that every rank's queries see as many
+// earlier keys; its block is still its torch.chunk share in size. The order is the data's: whoever
+// shards the sequence so (context_parallel) says so for the call.
 
 #include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "dtensor/device_mesh.h"
 
@@ -37,7 +43,19 @@ struct ContextAttention {
   int64_t length = 0;       // the global sequence length (queries and keys)
   bool is_causal = false;
   std::optional<double> scale;
+  bool load_balanced = false;  // each rank's block is head-tail (above)
 };
+
+// A run of consecutive positions in a rank's block: `chunk` orders the runs along the sequence.
+struct SequenceSegment {
+  int64_t chunk;
+  int64_t global_offset;  // its first position in the sequence
+  int64_t local_offset;   // and in the rank's block
+  int64_t size;
+};
+// The runs of `rank`'s block: one (its torch.chunk piece), or two when load balanced. Refuses a load
+// balanced length that is not a multiple of 2n, naming the mesh dim.
+std::vector<SequenceSegment> sequence_segments(const ContextAttention& call, int64_t rank);
 
 // q [batch, heads, this rank's positions, head dim], k and v [batch, kv heads, the same positions,
 // head dim] -> (output shaped like q, logsumexp [batch, heads, positions], in float for reduced

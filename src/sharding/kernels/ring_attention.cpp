@@ -15,23 +15,43 @@
 namespace dtensor::detail {
 namespace {
 
-// How a block of keys (held first by rank `owner`) meets this rank's queries.
+// How a run of keys meets a run of queries: in causal attention a run of earlier positions is attended
+// whole, the same run causally, a later one not at all.
 enum class Visibility { None, Causal, Whole };
+
+Visibility visibility(bool is_causal, const SequenceSegment& queries, const SequenceSegment& keys) {
+  if (!is_causal || keys.chunk < queries.chunk) return Visibility::Whole;
+  return keys.chunk == queries.chunk ? Visibility::Causal : Visibility::None;
+}
+
+// A pair of runs that meet: the queries' and the keys' places in their blocks, and how they meet.
+struct Meeting {
+  SequenceSegment queries, keys;
+  bool causal;
+};
 
 // The ring on the call's mesh dim, from this rank's place on it.
 struct Ring {
   const ContextAttention& call;
   int64_t size, rank;
+  std::vector<SequenceSegment> own;  // this rank's runs of queries
 
-  explicit Ring(const ContextAttention& c) : call(c), size(c.mesh->size(c.dim)), rank(c.mesh->local_rank(c.dim)) {}
+  explicit Ring(const ContextAttention& c)
+      : call(c), size(c.mesh->size(c.dim)), rank(c.mesh->local_rank(c.dim)), own(sequence_segments(c, rank)) {}
   int64_t next() const { return (rank + 1) % size; }
   int64_t previous() const { return (rank + size - 1) % size; }
   // The rank whose block this rank holds after `steps` passes.
   int64_t owner_after(int64_t steps) const { return ((rank - steps) % size + size) % size; }
   int64_t positions_of(int64_t owner) const { return chunk_extent(call.length, size, owner).size; }
-  Visibility visibility(int64_t owner) const {
-    if (!call.is_causal || owner < rank) return Visibility::Whole;
-    return owner == rank ? Visibility::Causal : Visibility::None;
+  // Where this rank's queries meet the keys of `owner`'s block (none empty).
+  std::vector<Meeting> meetings(int64_t owner) const {
+    std::vector<Meeting> out;
+    for (const SequenceSegment& keys : sequence_segments(call, owner))
+      for (const SequenceSegment& queries : own) {
+        const Visibility seen = visibility(call.is_causal, queries, keys);
+        if (seen != Visibility::None && queries.size > 0 && keys.size > 0) out.push_back({queries, keys, seen == Visibility::Causal});
+      }
+    return out;
   }
   // Starts passing `tensors` (a block, or its gradients) on to the next rank and receiving the previous
   // rank's, which belong to the block this rank holds after `step + 1` passes: the transfer, and where
@@ -49,6 +69,8 @@ struct Ring {
   }
 };
 
+at::Tensor run_of(const at::Tensor& t, const SequenceSegment& s) { return t.narrow(2, s.local_offset, s.size); }
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> ring_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -60,17 +82,17 @@ std::tuple<at::Tensor, at::Tensor> ring_attention_forward(const at::Tensor& q, c
   at::Tensor lse = at::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<double>::infinity(), q.options().dtype(accumulate));
   std::vector<at::Tensor> block{k.contiguous(), v.contiguous()};
   for (int64_t step = 0; step < ring.size; ++step) {
-    const int64_t owner = ring.owner_after(step);
     std::pair<P2PWork, std::vector<at::Tensor>> next_block;  // in flight while this one is attended
     if (step + 1 < ring.size) next_block = ring.pass_on(block, step, "a key/value block");
-    const Visibility seen = ring.visibility(owner);
-    if (seen != Visibility::None && q.size(2) > 0 && block[0].size(2) > 0) {
-      auto [block_out, block_lse] = at::_scaled_dot_product_flash_attention_for_cpu(
-          q, with_query_heads(block[0], q.size(1)), with_query_heads(block[1], q.size(1)), 0.0, seen == Visibility::Causal, {}, call.scale);
+    for (const Meeting& m : ring.meetings(ring.owner_after(step))) {
+      auto [part_out, part_lse] = at::_scaled_dot_product_flash_attention_for_cpu(
+          run_of(q, m.queries), with_query_heads(run_of(block[0], m.keys), q.size(1)), with_query_heads(run_of(block[1], m.keys), q.size(1)), 0.0,
+          m.causal, {}, call.scale);
       // The online-softmax merge: both parts reweighed to the joint normaliser.
-      const at::Tensor merged = at::logaddexp(lse, block_lse.to(accumulate));
-      out = out * at::exp(lse - merged).unsqueeze(-1) + block_out.to(accumulate) * at::exp(block_lse.to(accumulate) - merged).unsqueeze(-1);
-      lse = merged;
+      at::Tensor run_out = run_of(out, m.queries), run_lse = lse.narrow(2, m.queries.local_offset, m.queries.size);
+      const at::Tensor part = part_lse.to(accumulate), merged = at::logaddexp(run_lse, part);
+      run_out.copy_(run_out * at::exp(run_lse - merged).unsqueeze(-1) + part_out.to(accumulate) * at::exp(part - merged).unsqueeze(-1));
+      run_lse.copy_(merged);
     }
     if (step + 1 < ring.size) {
       next_block.first.wait();
@@ -93,18 +115,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ring_attention_backward(const at:
   P2PWork grads_arriving;
   std::vector<at::Tensor> grads_in_flight;
   for (int64_t step = 0; step < ring.size; ++step) {
-    const int64_t owner = ring.owner_after(step);
     std::pair<P2PWork, std::vector<at::Tensor>> next_block;  // in flight while this one is attended
     if (step + 1 < ring.size) next_block = ring.pass_on(block, step, "a key/value block");
     grads_arriving.wait();
-    const Visibility seen = ring.visibility(owner);
-    if (seen != Visibility::None && q.size(2) > 0 && block[0].size(2) > 0) {
+    for (const Meeting& m : ring.meetings(ring.owner_after(step))) {
+      const at::Tensor run_lse = lse.narrow(2, m.queries.local_offset, m.queries.size);
       auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-          grad_out, q, with_query_heads(block[0], q.size(1)), with_query_heads(block[1], q.size(1)), out, lse, 0.0, seen == Visibility::Causal, {},
-          call.scale);
-      grad_q.add_(dq);
-      block_grads[0].add_(onto_kv_heads(dk, k.size(1)));
-      block_grads[1].add_(onto_kv_heads(dv, v.size(1)));
+          run_of(grad_out, m.queries), run_of(q, m.queries), with_query_heads(run_of(block[0], m.keys), q.size(1)),
+          with_query_heads(run_of(block[1], m.keys), q.size(1)), run_of(out, m.queries), run_lse, 0.0, m.causal, {}, call.scale);
+      run_of(grad_q, m.queries).add_(dq);
+      run_of(block_grads[0], m.keys).add_(onto_kv_heads(dk, k.size(1)));
+      run_of(block_grads[1], m.keys).add_(onto_kv_heads(dv, v.size(1)));
     }
     // The gradients go on with the block (after the last step, home to their owner); what is sent stays
     // alive until the transfer completes.

@@ -7,6 +7,7 @@
 
 #include "../kernels/context_attention.h"
 #include "../propagation.h"
+#include "dtensor/errors.h"
 #include "dtensor/layout.h"
 #include "dtensor/sharding.h"
 #include "optional_tensors.h"
@@ -15,6 +16,7 @@ namespace dtensor {
 namespace {
 
 std::atomic<ContextParallelAttention> chosen_method{ContextParallelAttention::Auto};
+std::atomic<bool> load_balanced{false};
 
 }  // namespace
 
@@ -24,6 +26,13 @@ void set_context_parallel_attention(ContextParallelAttention method) {
 }
 
 ContextParallelAttention context_parallel_attention() { return chosen_method; }
+
+void set_context_parallel_load_balance(bool head_tail) {
+  load_balanced = head_tail;
+  detail::invalidate_propagation_caches();  // the kernels and the strategies allowed follow the order
+}
+
+bool context_parallel_load_balance() { return load_balanced; }
 
 namespace rules {
 namespace {
@@ -65,7 +74,7 @@ double sequence_cost(const OpSchema& s, const SequenceRoles& roles, int64_t rank
 detail::ContextAttention call_of(const OpSchema& s, int64_t mesh_dim) {
   const auto scale = argument(s, "scale");
   return {nullptr, mesh_dim, s.input(*s.input_at_arg(0)).meta.shape[kSequenceAxis], argument(s, "is_causal").toBool(),
-          scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble())};
+          scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()), context_parallel_load_balance()};
 }
 
 }  // namespace
@@ -88,8 +97,31 @@ std::optional<int64_t> sequence_dim(const OpSchema& s, const SequenceRoles& role
   return at == k.end() ? std::nullopt : std::optional<int64_t>(at - k.begin());
 }
 
+// The mesh dim the keys arrive sharded along the sequence over, if any.
+std::optional<int64_t> arriving_sequence_dim(const OpSchema& s, const SequenceRoles& roles) {
+  const Placements& k = s.input(*s.input_at_arg(roles.key)).placements;
+  const auto at = std::find(k.begin(), k.end(), Placement(Shard(kSequenceAxis)));
+  return at == k.end() ? std::nullopt : std::optional<int64_t>(at - k.begin());
+}
+
+// Under load balancing a sequence that arrives sharded is in head-tail order. Causal attention reads
+// that order right only as the sequence kernels (they are the only strategies left), and a mask or
+// dropout, laid out in the sequence's own order, is refused. A sequence arriving whole is in order,
+// and the sequence kernels (which would read its plain shards as head-tail) are left out of causal
+// attention. Full attention without a mask does not depend on the order.
+void keep_load_balanced_order(const OpSchema& s, const SequenceRoles& roles, OpStrategy& all) {
+  if (!context_parallel_load_balance()) return;
+  const auto arriving = arriving_sequence_dim(s, roles);
+  if (arriving && !sequence_applies(s, roles))
+    throw DTensorError(s.op_name() + ": attention on a load-balanced sequence sharded over " + s.mesh->dim_label(*arriving) +
+                       " runs only as context-parallel attention, which takes no attention mask (its order is not the sequence's) and no "
+                       "dropout; pass is_causal alone, or shard the sequence without load balancing");
+  if (argument(s, "is_causal").toBool()) std::erase_if(all, [&](const PlacementStrategy& st) { return sequence_dim(s, roles, st) != arriving; });
+}
+
 OpStrategy sequence_over_the_mesh(const OpSchema& s, const SequenceRoles& roles, const std::vector<DimStrategy>& per_dim) {
   OpStrategy all = detail::expand_dim_strategies(per_dim, s.mesh->ndim(), s.outputs.size(), s.inputs.size());
+  keep_load_balanced_order(s, roles, all);
   if (!sequence_applies(s, roles)) return all;
   const size_t q = *s.input_at_arg(0), k = *s.input_at_arg(roles.key);
   const auto along_sequence = [](const Placements& p) { return std::count(p.begin(), p.end(), Placement(Shard(kSequenceAxis))); };
