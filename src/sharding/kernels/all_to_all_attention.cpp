@@ -104,9 +104,7 @@ std::tuple<at::Tensor, at::Tensor> all_to_all_attention_forward(const at::Tensor
   check_context_attention(q, k, v, call, "all-to-all attention");
   check_all_to_all_heads(q.size(kHeadsAxis), k.size(kHeadsAxis), *call.mesh, call.dim, "all-to-all attention");
   const Exchange exchange(call);
-  const at::Tensor heads_q = exchange.to_heads(q);
-  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(heads_q, with_query_heads(exchange.to_heads(k), heads_q.size(kHeadsAxis)),
-                                                                    with_query_heads(exchange.to_heads(v), heads_q.size(kHeadsAxis)), 0.0,
+  auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(exchange.to_heads(q), exchange.to_heads(k), exchange.to_heads(v), 0.0,
                                                                     call.is_causal, {}, call.scale);
   return {exchange.to_sequence(out), exchange.to_sequence(lse)};
 }
@@ -117,13 +115,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> all_to_all_attention_backward(con
   check_context_attention(q, k, v, call, "all-to-all attention");
   check_all_to_all_heads(q.size(kHeadsAxis), k.size(kHeadsAxis), *call.mesh, call.dim, "all-to-all attention");
   const Exchange exchange(call);
-  const at::Tensor heads_q = exchange.to_heads(q), heads_k = exchange.to_heads(k), heads_v = exchange.to_heads(v);
-  const int64_t query_heads = heads_q.size(kHeadsAxis);
   auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-      exchange.to_heads(grad_out), heads_q, with_query_heads(heads_k, query_heads), with_query_heads(heads_v, query_heads), exchange.to_heads(out),
-      exchange.to_heads(lse), 0.0, call.is_causal, {}, call.scale);
-  return {exchange.to_sequence(dq), exchange.to_sequence(onto_kv_heads(dk, heads_k.size(kHeadsAxis))),
-          exchange.to_sequence(onto_kv_heads(dv, heads_v.size(kHeadsAxis)))};
+      exchange.to_heads(grad_out), exchange.to_heads(q), exchange.to_heads(k), exchange.to_heads(v), exchange.to_heads(out), exchange.to_heads(lse),
+      0.0, call.is_causal, {}, call.scale);
+  return {exchange.to_sequence(dq), exchange.to_sequence(dk), exchange.to_sequence(dv)};
 }
 
 }  // namespace dtensor::detail

@@ -40,15 +40,4 @@ std::vector<SequenceSegment> sequence_segments(const ContextAttention& call, int
   return {{rank, rank * chunk, 0, chunk}, {tail, tail * chunk, chunk, chunk}};
 }
 
-at::Tensor with_query_heads(const at::Tensor& kv, int64_t query_heads) {
-  const int64_t heads = kv.size(1);
-  return heads == query_heads ? kv : kv.repeat_interleave(query_heads / heads, 1);
-}
-
-at::Tensor onto_kv_heads(const at::Tensor& grad, int64_t kv_heads) {
-  const int64_t heads = grad.size(1);
-  if (heads == kv_heads) return grad;
-  return grad.unflatten(1, {kv_heads, heads / kv_heads}).sum(2);
-}
-
 }  // namespace dtensor::detail

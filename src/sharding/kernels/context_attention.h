@@ -18,7 +18,8 @@
 // another trades the output (and logsumexp; in backward the gradients) back. Heads of queries and of
 // keys must divide by the ranks.
 //
-// Both: keys may have fewer heads than queries (grouped-query attention; fewer heads travel); no
+// Both: keys may have fewer heads than queries (grouped-query attention, which the CPU kernels take
+// as it is; fewer heads travel); no
 // dropout, no mask beyond the causal one.
 //
 // Load balancing (causal only matters, but either works): the sequence is cut into 2n equal chunks and
@@ -82,11 +83,5 @@ void check_all_to_all_heads(int64_t query_heads, int64_t kv_heads, const DeviceM
 
 // Checks the blocks a rank holds (shapes, positions, heads), naming the method, mesh dim and rank.
 void check_context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ContextAttention& call, const char* method);
-
-// Keys or values with as many heads as the queries (grouped-query attention repeats each kv head over
-// its group of query heads), as the CPU kernel computes them; and their gradient summed back onto
-// the kv heads.
-at::Tensor with_query_heads(const at::Tensor& kv, int64_t query_heads);
-at::Tensor onto_kv_heads(const at::Tensor& grad, int64_t kv_heads);
 
 }  // namespace dtensor::detail

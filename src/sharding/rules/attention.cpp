@@ -13,6 +13,7 @@
 // composite aten::scaled_dot_product_attention, which gets the forward rule too.
 
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 #include <torch/library.h>
 
 #include "../registry.h"
@@ -119,6 +120,36 @@ LocalKernel flash_backward_kernel(const OpSchema& s, const PlacementStrategy& ch
   return dim ? sequence_backward_kernel(s, kSequenceBackward, *dim) : empty_queries.kernel(s, chosen);
 }
 
+// The CPU flash kernels have no Meta kernel, and running them on stand-ins of the global shapes would
+// compute whole attention (quadratic in the sequence that context parallelism shards) on every rank:
+// their outputs' metas, as the kernels lay them out. Forward: the output contiguous like the queries,
+// the logsumexp [batch, heads, positions] heads-last, in the accumulation type. Backward: each
+// gradient shaped like its input, laid out [batch, positions, heads, head dim].
+Shape heads_last_strides(const Shape& shape) {
+  Shape strides(shape.size(), 1);  // [batch, heads, positions(, head dim)] over [batch, positions, heads(, head dim)] memory
+  const int64_t inner = shape.size() == 4 ? shape[3] : 1;
+  strides[1] = inner;
+  strides[2] = shape[1] * inner;
+  strides[0] = shape[2] * strides[2];
+  return strides;
+}
+
+std::vector<TensorMeta> flash_forward_metas(const c10::OperatorHandle&, c10::ArrayRef<c10::IValue> args) {
+  const at::Tensor& q = args[0].toTensor();  // DTensors: their sizes are the global ones
+  const Shape out_shape{q.size(0), q.size(1), q.size(2), args[2].toTensor().size(3)}, lse_shape{q.size(0), q.size(1), q.size(2)};
+  return {TensorMeta{out_shape, contiguous_strides(out_shape), q.scalar_type()},
+          TensorMeta{lse_shape, heads_last_strides(lse_shape), at::toOpMathType(q.scalar_type())}};
+}
+
+std::vector<TensorMeta> flash_backward_metas(const c10::OperatorHandle&, c10::ArrayRef<c10::IValue> args) {
+  std::vector<TensorMeta> out;
+  for (size_t i : {1, 2, 3}) {
+    const at::Tensor& t = args[i].toTensor();
+    out.push_back(TensorMeta{t.sizes().vec(), heads_last_strides(t.sizes().vec()), t.scalar_type()});
+  }
+  return out;
+}
+
 // Context-parallel attention has no graph form yet.
 GraphForm unless_context_parallel(const OpSchema& s, const PlacementStrategy& chosen, const SequenceRoles& roles) {
   return context_parallel_dim(s, roles, chosen) ? GraphForm{} : empty_queries.graph_form(s, chosen);
@@ -146,11 +177,13 @@ const bool attention_rules_registered = [] {
                      {.mesh = [](const OpSchema& s) { return sequence_over_the_mesh(s, kSequenceForward, flash_forward(s)); },
                       .local_kernel = flash_forward_kernel,
                       .graph_form = [](const OpSchema& s, const PlacementStrategy& c) { return unless_context_parallel(s, c, kSequenceForward); },
+                      .output_metas = flash_forward_metas,
                       .family = "attention"});
   register_overloads({"aten::_scaled_dot_product_flash_attention_for_cpu_backward"},
                      {.mesh = [](const OpSchema& s) { return sequence_over_the_mesh(s, kSequenceBackward, flash_backward(s)); },
                       .local_kernel = flash_backward_kernel,
                       .graph_form = [](const OpSchema& s, const PlacementStrategy& c) { return unless_context_parallel(s, c, kSequenceBackward); },
+                      .output_metas = flash_backward_metas,
                       .family = "attention"});
   detail::register_composite({"aten::scaled_dot_product_attention"},
                              {.dim = [](const OpSchema& s) { return forward(s, kComposite); }, .family = "composite"});
