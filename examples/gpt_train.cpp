@@ -35,6 +35,7 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "build_paths.h"
@@ -248,15 +249,15 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
     const int64_t rows = kBatch / dp_size;
     batch.tokens = batch.tokens.slice(0, dp_rank * rows, (dp_rank + 1) * rows);
     batch.targets = batch.targets.slice(0, dp_rank * rows, (dp_rank + 1) * rows);
-    double loss;
+    std::optional<dtensor::ContextParallel> sequence;
     if (cp) {
-      // Each rank trains on its positions of the tokens, targets and position ids (load balanced).
+      // Each rank trains on its positions of the tokens, targets and position ids (load balanced). The
+      // rows above are views of the batch: the scope shards tensors of their own.
       batch = {batch.tokens.clone(), batch.targets.clone()};
-      const dtensor::ContextParallel sequence(cp, {batch.tokens, batch.targets, model->position_ids}, {1, 1, 0});
-      loss = gpt::train_step(model, optimizer, batch, options);
-    } else {
-      loss = gpt::train_step(model, optimizer, batch, options);
+      sequence.emplace(cp, std::vector<at::Tensor>{batch.tokens, batch.targets, model->position_ids}, std::vector<int64_t>{1, 1, 0});
     }
+    const double loss = gpt::train_step(model, optimizer, batch, options);
+    sequence.reset();  // the whole sequences back
     // A fully-sharded rank's loss is its own rows' (a tensor-parallel loss is the whole batch's already).
     run.losses.push_back(parallelism.fully_sharded ? gpt::mean_over(data, loss) : loss);
     if (print && (step == run.first_step || step % 5 == 0 || step == last_step)) {

@@ -5,6 +5,7 @@
 // mesh-dim order (the outer mesh dim first, then each chunk again by the inner one).
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "dtensor/placement.h"
@@ -22,6 +23,23 @@ struct ChunkExtent {
 ChunkExtent chunk_extent(int64_t length, int64_t num_chunks, int64_t index);
 // The padded size every chunk is brought to for equal-size collectives: ceil(length / num_chunks).
 int64_t padded_chunk_size(int64_t length, int64_t num_chunks);
+
+// A sequence sharded over `ranks` for context parallelism: rank r holds its torch.chunk piece, or, load
+// balanced (head_tail), chunks r and 2 ranks - 1 - r of 2 ranks equal ones back to back, so that under
+// causal attention every rank's queries see as many earlier keys. A rank's block is its torch.chunk
+// share in size either way.
+struct SequenceRun {
+  int64_t chunk;          // orders the runs along the sequence
+  int64_t global_offset;  // its first position in the sequence
+  int64_t local_offset;   // and in the rank's block
+  int64_t size;
+};
+// The runs rank `rank` holds of `length` positions. Load balanced, a length that is not a multiple of
+// 2 ranks is refused with what to do; `where` names the mesh dim in that error.
+std::vector<SequenceRun> sequence_runs(int64_t length, int64_t ranks, int64_t rank, bool head_tail, const std::string& where);
+// For each position of the sequence, its index among the ranks' blocks laid back to back (rank 0's
+// first): the gather that puts such blocks in the sequence's order.
+std::vector<int64_t> sequence_order_of_blocks(int64_t length, int64_t ranks, bool head_tail, const std::string& where);
 
 struct LocalLayout {
   Shape shape;   // the local shard's shape

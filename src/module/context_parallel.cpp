@@ -5,6 +5,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "dtensor/api.h"
 #include "dtensor/errors.h"
@@ -20,17 +21,6 @@ void check_one_dim(const DeviceMesh& mesh, const char* caller) {
                        " dims; pass its cp dim (mesh[\"cp\"])");
 }
 
-// The length of a head-tail chunk of `length` positions over `ranks`, refusing a length that does not
-// cut into 2 x ranks equal chunks.
-int64_t head_tail_chunk(int64_t length, const DeviceMesh& mesh) {
-  const int64_t chunks = 2 * mesh.size(0);
-  if (length % chunks != 0)
-    throw DTensorError("context parallel over " + mesh.dim_label(0) + ": a load-balanced sequence of " + std::to_string(length) +
-                       " positions does not cut into 2 x " + std::to_string(mesh.size(0)) + " equal chunks; pad it to a multiple of " +
-                       std::to_string(chunks) + " or pass load_balance = false");
-  return length / chunks;
-}
-
 int64_t normalized_dim(const at::Tensor& t, int64_t seq_dim, const char* caller) {
   if (seq_dim < -t.dim() || seq_dim >= t.dim())
     throw DTensorError(std::string(caller) + ": sequence dim " + std::to_string(seq_dim) + " is out of range for a tensor of " +
@@ -38,33 +28,27 @@ int64_t normalized_dim(const at::Tensor& t, int64_t seq_dim, const char* caller)
   return seq_dim < 0 ? seq_dim + t.dim() : seq_dim;
 }
 
+std::string label(const DeviceMesh& mesh) { return "context parallel over " + mesh.dim_label(0); }
+
 }  // namespace
 
 at::Tensor context_parallel_shard(const at::Tensor& whole, const DeviceMesh& mesh, int64_t seq_dim, const ContextParallelOptions& options) {
   check_one_dim(mesh, "context_parallel_shard");
   const int64_t dim = normalized_dim(whole, seq_dim, "context_parallel_shard");
-  const int64_t ranks = mesh.size(0), rank = mesh.local_rank(0), length = whole.size(dim);
-  if (!options.load_balance) {
-    const ChunkExtent block = chunk_extent(length, ranks, rank);
-    return whole.narrow(dim, block.offset, block.size).contiguous();
-  }
-  const int64_t chunk = head_tail_chunk(length, mesh);
-  return at::cat({whole.narrow(dim, rank * chunk, chunk), whole.narrow(dim, (2 * ranks - 1 - rank) * chunk, chunk)}, dim);
+  std::vector<at::Tensor> runs;
+  for (const SequenceRun& run : sequence_runs(whole.size(dim), mesh.size(0), mesh.local_rank(0), options.load_balance, label(mesh)))
+    runs.push_back(whole.narrow(dim, run.global_offset, run.size));
+  return at::cat(runs, dim);
 }
 
 at::Tensor context_parallel_unshard(const at::Tensor& local, const MeshPtr& mesh, int64_t seq_dim, const ContextParallelOptions& options) {
   check_one_dim(*mesh, "context_parallel_unshard");
   const int64_t dim = normalized_dim(local, seq_dim, "context_parallel_unshard");
   // Uneven torch.chunk pieces need their global length: from_local's check gathers it.
-  const at::Tensor members_blocks = full_tensor(from_local(local, mesh, {Shard(dim)}, {.run_check = !options.load_balance}));
-  if (!options.load_balance) return members_blocks;
-  const int64_t ranks = mesh->size(0), chunk = head_tail_chunk(members_blocks.size(dim), *mesh);
-  std::vector<at::Tensor> ordered(static_cast<size_t>(2 * ranks));
-  for (int64_t member = 0; member < ranks; ++member) {
-    ordered[static_cast<size_t>(member)] = members_blocks.narrow(dim, 2 * member * chunk, chunk);
-    ordered[static_cast<size_t>(2 * ranks - 1 - member)] = members_blocks.narrow(dim, (2 * member + 1) * chunk, chunk);
-  }
-  return at::cat(ordered, dim);
+  const at::Tensor blocks = full_tensor(from_local(local, mesh, {Shard(dim)}, {.run_check = !options.load_balance}));
+  if (!options.load_balance) return blocks;
+  const std::vector<int64_t> order = sequence_order_of_blocks(blocks.size(dim), mesh->size(0), true, label(*mesh));
+  return blocks.index_select(dim, at::tensor(order, at::kLong));
 }
 
 ContextParallel::ContextParallel(MeshPtr mesh, std::vector<at::Tensor> buffers, std::vector<int64_t> seq_dims, ContextParallelOptions options)
@@ -73,6 +57,7 @@ ContextParallel::ContextParallel(MeshPtr mesh, std::vector<at::Tensor> buffers, 
   if (seq_dims.size() != buffers_.size())
     throw DTensorError("context_parallel: " + std::to_string(buffers_.size()) + " buffers but " + std::to_string(seq_dims.size()) +
                        " sequence dims; give one per buffer");
+  int64_t length = 0;  // buffer 0's, which every buffer must share
   std::vector<at::Tensor> locals;
   for (size_t i = 0; i < buffers_.size(); ++i) {
     const at::Tensor& buffer = buffers_[i];
@@ -80,10 +65,10 @@ ContextParallel::ContextParallel(MeshPtr mesh, std::vector<at::Tensor> buffers, 
     if (!buffer.defined() || is_dtensor(buffer))
       throw DTensorError(which + " must be a defined plain tensor (its whole sequence), not " + (buffer.defined() ? "a DTensor" : "undefined"));
     const int64_t dim = normalized_dim(buffer, seq_dims[i], "context_parallel");
-    const int64_t first = buffers_[0].size(normalized_dim(buffers_[0], seq_dims[0], "context_parallel"));
-    if (buffer.size(dim) != first)
+    if (i == 0) length = buffer.size(dim);
+    if (buffer.size(dim) != length)
       throw DTensorError(which + " has " + std::to_string(buffer.size(dim)) + " positions along dim " + std::to_string(dim) + ", but buffer 0 has " +
-                         std::to_string(first) + ": every buffer (tokens, position ids, labels) must be sharded like the others over " +
+                         std::to_string(length) + ": every buffer (tokens, position ids, labels) must be sharded like the others over " +
                          mesh->dim_label(0) + ", so give each its whole sequence");
     locals.push_back(context_parallel_shard(buffer, *mesh, dim, options));
   }

@@ -139,7 +139,7 @@ TEST_F(ContextParallelTest, RefusesWhatItCannotShard) {
                                    "must be sharded like the others over mesh dim 0 (cp)"));
   EXPECT_EQ(positions.size(0), 12);  // nothing was sharded
   EXPECT_THAT(error_of([&] { context_parallel_shard(at::zeros({2, 12}), *cp, 1); }),
-              ::testing::HasSubstr("a load-balanced sequence of 12 positions does not cut into 2 x 4 equal chunks"));
+              ::testing::HasSubstr("a load-balanced sequence of 12 positions does not split into 2 x 4 equal chunks"));
   // A mask on a load-balanced sequence: its order is not the mask's.
   ContextParallel scope(cp, {tokens}, {1});
   const at::Tensor q = from_local(at::ones({1, 4, 4, 6}, at::kDouble), cp, {Shard(2)}, {.run_check = false});

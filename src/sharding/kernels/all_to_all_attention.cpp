@@ -1,8 +1,6 @@
 #include <ATen/ATen.h>
 
-#include <algorithm>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "../../mesh/collectives.h"
@@ -38,26 +36,16 @@ struct Exchange {
   }
 
   // The members' blocks back to back ([batch, heads, every position, ...]) in the sequence's order: the
-  // same unless load balanced, where the runs are sorted.
+  // same unless load balanced, where the runs are gathered into order.
   at::Tensor in_sequence_order(const at::Tensor& members_blocks) const {
     if (!call.load_balanced) return members_blocks;
-    std::vector<std::pair<int64_t, at::Tensor>> runs;
-    int64_t block_offset = 0;
-    for (int64_t member = 0; member < ranks; ++member) {
-      for (const SequenceSegment& run : sequence_segments(call, member))
-        runs.emplace_back(run.chunk, members_blocks.narrow(kSequenceAxis, block_offset + run.local_offset, run.size));
-      block_offset += chunk_extent(call.length, ranks, member).size;
-    }
-    std::sort(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    std::vector<at::Tensor> ordered;
-    for (auto& run : runs) ordered.push_back(std::move(run.second));
-    return at::cat(ordered, kSequenceAxis);
+    return members_blocks.index_select(kSequenceAxis, at::tensor(sequence_order_of_blocks(call), at::kLong));
   }
 
   // A member's block of every position in the sequence's order.
   at::Tensor block_of(const at::Tensor& x, int64_t member) const {
     std::vector<at::Tensor> runs;
-    for (const SequenceSegment& run : sequence_segments(call, member)) runs.push_back(x.narrow(kSequenceAxis, run.global_offset, run.size));
+    for (const SequenceRun& run : sequence_runs(call, member)) runs.push_back(x.narrow(kSequenceAxis, run.global_offset, run.size));
     return runs.size() == 1 ? runs.front() : at::cat(runs, kSequenceAxis);
   }
 

@@ -26,18 +26,18 @@ void check_context_attention(const at::Tensor& q, const at::Tensor& k, const at:
                        " key and " + std::to_string(v.size(1)) + " value heads" + where + ": keys and values need the same heads, dividing the queries'");
 }
 
-std::vector<SequenceSegment> sequence_segments(const ContextAttention& call, int64_t rank) {
-  const int64_t ranks = call.mesh->size(call.dim);
-  if (!call.load_balanced) {
-    const ChunkExtent block = chunk_extent(call.length, ranks, rank);
-    return {{rank, block.offset, 0, block.size}};
-  }
-  if (call.length % (2 * ranks) != 0)
-    throw DTensorError("context-parallel attention over " + call.mesh->dim_label(call.dim) + ": a load-balanced sequence of " +
-                       std::to_string(call.length) + " positions does not split into 2 x " + std::to_string(ranks) +
-                       " equal chunks; pad it to a multiple of " + std::to_string(2 * ranks) + " or shard it without load balancing");
-  const int64_t chunk = call.length / (2 * ranks), tail = 2 * ranks - 1 - rank;
-  return {{rank, rank * chunk, 0, chunk}, {tail, tail * chunk, chunk, chunk}};
+namespace {
+
+std::string label(const ContextAttention& call) { return "context-parallel attention over " + call.mesh->dim_label(call.dim); }
+
+}  // namespace
+
+std::vector<SequenceRun> sequence_runs(const ContextAttention& call, int64_t rank) {
+  return dtensor::sequence_runs(call.length, call.mesh->size(call.dim), rank, call.load_balanced, label(call));
+}
+
+std::vector<int64_t> sequence_order_of_blocks(const ContextAttention& call) {
+  return dtensor::sequence_order_of_blocks(call.length, call.mesh->size(call.dim), call.load_balanced, label(call));
 }
 
 }  // namespace dtensor::detail

@@ -22,10 +22,8 @@
 // as it is; fewer heads travel); no
 // dropout, no mask beyond the causal one.
 //
-// Load balancing (causal only matters, but either works): the sequence is cut into 2n equal chunks and
-// rank r holds chunks r and 2n-1-r back to back (head-tail), so that every rank's queries see as many
-// earlier keys; its block is still its torch.chunk share in size. The order is the data's: whoever
-// shards the sequence so (context_parallel) says so for the call.
+// Load balancing (sequence_runs in dtensor/layout.h: rank r holds chunks r and 2n-1-r of 2n): the
+// order is the data's, and whoever shards the sequence so (context_parallel) says so for the call.
 
 #include <ATen/core/Tensor.h>
 
@@ -35,6 +33,7 @@
 #include <vector>
 
 #include "dtensor/device_mesh.h"
+#include "dtensor/layout.h"
 
 namespace dtensor::detail {
 
@@ -47,16 +46,10 @@ struct ContextAttention {
   bool load_balanced = false;  // each rank's block is head-tail (above)
 };
 
-// A run of consecutive positions in a rank's block: `chunk` orders the runs along the sequence.
-struct SequenceSegment {
-  int64_t chunk;
-  int64_t global_offset;  // its first position in the sequence
-  int64_t local_offset;   // and in the rank's block
-  int64_t size;
-};
-// The runs of `rank`'s block: one (its torch.chunk piece), or two when load balanced. Refuses a load
-// balanced length that is not a multiple of 2n, naming the mesh dim.
-std::vector<SequenceSegment> sequence_segments(const ContextAttention& call, int64_t rank);
+// The runs of `rank`'s block (sequence_runs, dtensor/layout.h): one, or two when load balanced.
+std::vector<SequenceRun> sequence_runs(const ContextAttention& call, int64_t rank);
+// Where each position sits among the ranks' blocks back to back (sequence_order_of_blocks).
+std::vector<int64_t> sequence_order_of_blocks(const ContextAttention& call);
 
 // q [batch, heads, this rank's positions, head dim], k and v [batch, kv heads, the same positions,
 // head dim] -> (output shaped like q, logsumexp [batch, heads, positions], in float for reduced

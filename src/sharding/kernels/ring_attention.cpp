@@ -20,14 +20,14 @@ namespace {
 // whole, the same run causally, a later one not at all.
 enum class Visibility { None, Causal, Whole };
 
-Visibility visibility(bool is_causal, const SequenceSegment& queries, const SequenceSegment& keys) {
+Visibility visibility(bool is_causal, const SequenceRun& queries, const SequenceRun& keys) {
   if (!is_causal || keys.chunk < queries.chunk) return Visibility::Whole;
   return keys.chunk == queries.chunk ? Visibility::Causal : Visibility::None;
 }
 
 // A pair of runs that meet: the queries' and the keys' places in their blocks, and how they meet.
 struct Meeting {
-  SequenceSegment queries, keys;
+  SequenceRun queries, keys;
   bool causal;
 };
 
@@ -35,10 +35,10 @@ struct Meeting {
 struct Ring {
   const ContextAttention& call;
   int64_t size, rank;
-  std::vector<SequenceSegment> own;  // this rank's runs of queries
+  std::vector<SequenceRun> own;  // this rank's runs of queries
 
   explicit Ring(const ContextAttention& c)
-      : call(c), size(c.mesh->size(c.dim)), rank(c.mesh->local_rank(c.dim)), own(sequence_segments(c, rank)) {}
+      : call(c), size(c.mesh->size(c.dim)), rank(c.mesh->local_rank(c.dim)), own(sequence_runs(c, rank)) {}
   int64_t next() const { return (rank + 1) % size; }
   int64_t previous() const { return (rank + size - 1) % size; }
   // The rank whose block this rank holds after `steps` passes.
@@ -47,8 +47,8 @@ struct Ring {
   // Where this rank's queries meet the keys of `owner`'s block (none empty).
   std::vector<Meeting> meetings(int64_t owner) const {
     std::vector<Meeting> out;
-    for (const SequenceSegment& keys : sequence_segments(call, owner))
-      for (const SequenceSegment& queries : own) {
+    for (const SequenceRun& keys : sequence_runs(call, owner))
+      for (const SequenceRun& queries : own) {
         const Visibility seen = visibility(call.is_causal, queries, keys);
         if (seen != Visibility::None && queries.size > 0 && keys.size > 0) out.push_back({queries, keys, seen == Visibility::Causal});
       }
@@ -77,7 +77,7 @@ at::Tensor heads_last_zeros(const at::Tensor& like, at::ScalarType dtype) {
   return at::zeros({like.size(0), like.size(2), like.size(1), like.size(3)}, like.options().dtype(dtype)).transpose(1, 2);
 }
 
-at::Tensor run_of(const at::Tensor& t, const SequenceSegment& s) { return t.narrow(2, s.local_offset, s.size); }
+at::Tensor run_of(const at::Tensor& t, const SequenceRun& s) { return t.narrow(2, s.local_offset, s.size); }
 
 // The backward kernel's buffers and gradients grow with its queries: a meeting's queries are taken in
 // pieces of at most this many positions, which bounds them (the keys' gradients add up over pieces).
@@ -105,7 +105,7 @@ std::vector<Meeting> in_query_pieces(const Meeting& m) {
   std::vector<Meeting> pieces;
   for (int64_t start = 0; start < m.queries.size; start += kBackwardQueryPiece) {
     const int64_t size = std::min(kBackwardQueryPiece, m.queries.size - start);
-    SequenceSegment queries{m.queries.chunk, m.queries.global_offset + start, m.queries.local_offset + start, size};
+    SequenceRun queries{m.queries.chunk, m.queries.global_offset + start, m.queries.local_offset + start, size};
     if (!m.causal) {
       pieces.push_back({queries, m.keys, false});
       continue;

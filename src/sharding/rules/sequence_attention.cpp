@@ -91,17 +91,25 @@ DimStrategy sequence_strategy(const OpSchema& s) {
   return {Placements(s.outputs.size(), Shard(kSequenceAxis)), Placements(s.inputs.size(), Shard(kSequenceAxis))};
 }
 
-std::optional<int64_t> sequence_dim(const OpSchema& s, const SequenceRoles& roles, const PlacementStrategy& chosen) {
-  const Placements& k = chosen.inputs[*s.input_at_arg(roles.key)];
-  const auto at = std::find(k.begin(), k.end(), Placement(Shard(kSequenceAxis)));
-  return at == k.end() ? std::nullopt : std::optional<int64_t>(at - k.begin());
+namespace {
+
+// The mesh dim that `keys` (placements) shard the sequence over, if any.
+std::optional<int64_t> sequence_mesh_dim(const Placements& keys) {
+  const auto at = std::find(keys.begin(), keys.end(), Placement(Shard(kSequenceAxis)));
+  return at == keys.end() ? std::nullopt : std::optional<int64_t>(at - keys.begin());
 }
+
+}  // namespace
+
+std::optional<int64_t> sequence_dim(const OpSchema& s, const SequenceRoles& roles, const PlacementStrategy& chosen) {
+  return sequence_mesh_dim(chosen.inputs[*s.input_at_arg(roles.key)]);
+}
+
+namespace {
 
 // The mesh dim the keys arrive sharded along the sequence over, if any.
 std::optional<int64_t> arriving_sequence_dim(const OpSchema& s, const SequenceRoles& roles) {
-  const Placements& k = s.input(*s.input_at_arg(roles.key)).placements;
-  const auto at = std::find(k.begin(), k.end(), Placement(Shard(kSequenceAxis)));
-  return at == k.end() ? std::nullopt : std::optional<int64_t>(at - k.begin());
+  return sequence_mesh_dim(s.input(*s.input_at_arg(roles.key)).placements);
 }
 
 // Under load balancing a sequence that arrives sharded is in head-tail order. Causal attention reads
@@ -118,6 +126,8 @@ void keep_load_balanced_order(const OpSchema& s, const SequenceRoles& roles, OpS
                        "dropout; pass is_causal alone, or shard the sequence without load balancing");
   if (argument(s, "is_causal").toBool()) std::erase_if(all, [&](const PlacementStrategy& st) { return sequence_dim(s, roles, st) != arriving; });
 }
+
+}  // namespace
 
 OpStrategy sequence_over_the_mesh(const OpSchema& s, const SequenceRoles& roles, const std::vector<DimStrategy>& per_dim) {
   OpStrategy all = detail::expand_dim_strategies(per_dim, s.mesh->ndim(), s.outputs.size(), s.inputs.size());
