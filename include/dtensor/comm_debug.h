@@ -71,3 +71,30 @@ class CommContext {
 };
 
 }  // namespace dtensor
+
+namespace dtensor {
+
+// While alive, sums the time this thread spends blocked in dtensor's communication: a collective from
+// its launch to its completion, the posting of transfers and collectives started to overlap, and the
+// waits for them. Time a transfer spends in flight while the thread computes is not counted, so the sum
+// is the communication a step exposes (what overlap did not hide). Nestable. The same spans show in a
+// PyTorch profiler's trace as user scopes named "dtensor::<operation>" ("dtensor::all-gather",
+// "dtensor::wait for transfers").
+class CommunicationTime {
+ public:
+  CommunicationTime();
+  ~CommunicationTime();
+  CommunicationTime(const CommunicationTime&) = delete;
+  CommunicationTime& operator=(const CommunicationTime&) = delete;
+
+  double seconds() const { return seconds_; }
+
+  // Hook for dtensor's own code: adds a blocked span to the active counts of this thread.
+  static void add(double seconds);
+
+ private:
+  CommunicationTime* previous_;
+  double seconds_ = 0;
+};
+
+}  // namespace dtensor

@@ -10,6 +10,7 @@
 #include "dtensor/errors.h"
 #include "dtensor/world.h"
 #include "comm_failure.h"
+#include "communication_span.h"
 #include "mesh_group.h"
 #include "packing.h"
 
@@ -36,6 +37,7 @@ void run(const DeviceMesh& mesh, int64_t dim, const char* operation, int64_t byt
   if (auto* debug = CommDebugMode::active()) debug->record_collective(operation, dim, bytes);
   auto group = mesh.group(dim);
   const MeshGroup::Exclusive exclusive(mesh.group_holder(dim), [&] { return where(mesh, dim, operation); });
+  const CommunicationSpan blocked(operation);
   const auto start = std::chrono::steady_clock::now();
   try {
     launch(*group)->wait();
@@ -242,6 +244,7 @@ const at::Tensor& StartedCollective::wait() {
   if (!in_flight_) return result_;
   InFlight& f = *in_flight_;
   if (!f.complete) {
+    const CommunicationSpan blocked(f.operation);
     try {
       f.work->wait();
     } catch (const std::exception& e) {
@@ -273,6 +276,7 @@ std::shared_ptr<StartedCollective::InFlight> start(const MeshPtr& mesh, int64_t 
   f->output = std::move(output);
   auto group = mesh->group(dim);
   const MeshGroup::Exclusive exclusive(mesh->group_holder(dim), [&] { return where(*mesh, dim, operation); });
+  const CommunicationSpan blocked(operation);
   f->start = std::chrono::steady_clock::now();
   try {
     f->work = launch(*group, as_real(f->output), as_real(f->input));

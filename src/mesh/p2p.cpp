@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "comm_failure.h"
+#include "communication_span.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/errors.h"
 #include "dtensor/world.h"
@@ -36,6 +37,7 @@ struct P2PInFlight {
   // timed from its own start, not from the post: a receive posted long before is not "past the time
   // limit" at once, nor a quick failure after a slow transfer.
   void wait_all() {
+    const CommunicationSpan blocked("wait for transfers");
     for (P2PTransfer& t : transfers) {
       if (!t.work) continue;
       const auto start = std::chrono::steady_clock::now();
@@ -127,6 +129,7 @@ P2PWork batch_isend_irecv(const MeshPtr& mesh, int64_t dim, std::vector<P2POp> o
   // Every buffer made before anything is posted: what fails below is the transfer, not a copy.
   std::vector<at::Tensor>& buffers = f->buffers;
   for (const P2POp& op : ops) buffers.push_back(buffer_of(op));
+  const detail::CommunicationSpan blocked("post transfers");
   const auto start = std::chrono::steady_clock::now();
   size_t launching = 0;
   try {

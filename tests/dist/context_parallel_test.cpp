@@ -3,7 +3,9 @@
 // context_parallel_attention_style(), trained one step on 4 ranks with its tokens, position ids and
 // targets sharded by a ContextParallel scope (load balanced on 16 positions, and in plain blocks on
 // 12), against the whole model in one process: the loss (summed over the ranks) and every parameter's
-// gradient (summed too). Also: shard and unshard round trips, and what is refused.
+// gradient (summed too). The same with rotary position embeddings instead of learned ones, whose cos and
+// sin tables are module buffers the scope shards with the tokens (as torchtitan shards freqs_cis). Also:
+// shard and unshard round trips, and what is refused.
 
 #include <ATen/ATen.h>
 #include <torch/nn/functional/loss.h>
@@ -31,9 +33,25 @@ class CausalAttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(CausalAttention);
 
+// Rotary position embedding: each head's first and second halves rotated by the angles of the positions
+// the tables hold (rows of [positions, head dim / 2]).
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const at::Tensor first = x.narrow(-1, 0, kModelHeadDim / 2), second = x.narrow(-1, kModelHeadDim / 2, kModelHeadDim / 2);
+  return at::cat({first * cos - second * sin, first * sin + second * cos}, -1);
+}
+
+// The cos and sin tables of positions 0..length-1.
+std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t length) {
+  const at::Tensor frequencies = at::pow(100.0, at::arange(kModelHeadDim / 2, at::kDouble) / -(kModelHeadDim / 2.0));
+  const at::Tensor angles = at::outer(at::arange(length, at::kDouble), frequencies);
+  return {angles.cos(), angles.sin()};
+}
+
 class TinyLmImpl : public torch::nn::Module {
  public:
-  TinyLmImpl()
+  // With `rotary_length`, positions enter as rotary embeddings of q and k from cos and sin buffers of
+  // that many positions, which the model reads whole (as many rows as the tokens it is given).
+  explicit TinyLmImpl(std::optional<int64_t> rotary_length = std::nullopt)
       : tok(register_module("tok", torch::nn::Embedding(kVocab, kDim))),
         pos(register_parameter("pos", at::randn({kMaxLength, kDim}))),
         wq(register_module("wq", torch::nn::Linear(kDim, kModelHeads * kModelHeadDim))),
@@ -41,21 +59,28 @@ class TinyLmImpl : public torch::nn::Module {
         wv(register_module("wv", torch::nn::Linear(kDim, kKvHeads * kModelHeadDim))),
         wo(register_module("wo", torch::nn::Linear(kModelHeads * kModelHeadDim, kDim))),
         head(register_module("head", torch::nn::Linear(kDim, kVocab))),
-        attention(register_module("attention", CausalAttention())) {}
+        attention(register_module("attention", CausalAttention())) {
+    if (!rotary_length) return;
+    const auto [cos_table, sin_table] = rotary_tables(*rotary_length);
+    cos = register_buffer("cos", cos_table);
+    sin = register_buffer("sin", sin_table);
+  }
 
   // The summed next-token cross-entropy of the positions given, over `total` (the whole batch's count).
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& targets, double total) {
     const int64_t b = tokens.size(0), t = tokens.size(1);
-    const at::Tensor x = tok(tokens) + pos.index_select(0, positions);
+    const bool rotary = cos.defined();
+    const at::Tensor x = rotary ? tok(tokens) : tok(tokens) + pos.index_select(0, positions);
     auto heads = [&](const at::Tensor& y) { return y.view({b, t, -1, kModelHeadDim}).transpose(1, 2); };
-    const at::Tensor y = dtensor::call(attention, heads(wq(x)), heads(wk(x)), heads(wv(x))).transpose(1, 2).reshape({b, t, -1});
+    auto positioned = [&](const at::Tensor& y) { return rotary ? rotate(heads(y), cos, sin) : heads(y); };
+    const at::Tensor y = dtensor::call(attention, positioned(wq(x)), positioned(wk(x)), heads(wv(x))).transpose(1, 2).reshape({b, t, -1});
     const at::Tensor logits = head(x + wo(y));
     namespace F = torch::nn::functional;
     return F::cross_entropy(logits.flatten(0, 1), targets.flatten(0, 1), F::CrossEntropyFuncOptions().reduction(torch::kSum)) / total;
   }
 
   torch::nn::Embedding tok;
-  at::Tensor pos;
+  at::Tensor pos, cos, sin;
   torch::nn::Linear wq, wk, wv, wo, head;
   CausalAttention attention;
 };
@@ -66,9 +91,9 @@ struct Step {
   std::vector<at::Tensor> grads;
 };
 
-TinyLm seeded_model() {
+TinyLm seeded_model(std::optional<int64_t> rotary_length) {
   torch::manual_seed(7);
-  TinyLm model;
+  TinyLm model(rotary_length);
   model->to(at::kDouble);
   return model;
 }
@@ -76,8 +101,8 @@ TinyLm seeded_model() {
 class ContextParallelTest : public DistTest {
  protected:
   // One step of the model on 3 rows of `length` tokens, in one process or (cp given) context parallel.
-  static Step step(int64_t length, const MeshPtr& cp, ContextParallelOptions options) {
-    TinyLm model = seeded_model();
+  static Step step(int64_t length, const MeshPtr& cp, ContextParallelOptions options, bool rotary) {
+    TinyLm model = seeded_model(rotary ? std::optional<int64_t>(length) : std::nullopt);
     if (cp) parallelize_module(*model, cp, {{"attention", context_parallel_attention_style()}});
     const at::Tensor sequence = at::arange(3 * (length + 1), at::kLong).remainder(kVocab).view({3, length + 1});
     at::Tensor tokens = sequence.slice(1, 0, length).contiguous(), targets = sequence.slice(1, 1).contiguous();
@@ -85,14 +110,16 @@ class ContextParallelTest : public DistTest {
     at::Tensor loss;
     {
       std::optional<ContextParallel> sharded;
-      if (cp) sharded.emplace(cp, std::vector<at::Tensor>{tokens, positions, targets}, std::vector<int64_t>{1, 0, 1}, options);
+      if (cp && rotary) sharded.emplace(cp, std::vector<at::Tensor>{tokens, model->cos, model->sin, targets}, std::vector<int64_t>{1, 0, 0, 1}, options);
+      else if (cp) sharded.emplace(cp, std::vector<at::Tensor>{tokens, positions, targets}, std::vector<int64_t>{1, 0, 1}, options);
       loss = model->forward(tokens, positions, targets, 3.0 * static_cast<double>(length));
       loss.backward();
       if (cp) EXPECT_EQ(tokens.size(1), length / cp->size());
     }
     EXPECT_EQ(tokens.size(1), length);  // the whole sequence back
     Step out{loss.item<double>(), {}};
-    for (const at::Tensor& p : model->parameters()) out.grads.push_back(p.grad());
+    for (const at::Tensor& p : model->parameters())
+      if (p.grad().defined()) out.grads.push_back(p.grad());  // the learned positions have none under rotary
     if (!cp) return out;
     // Each rank's positions contribute their share: the whole is the sum over the ranks.
     const auto summed = [&](const at::Tensor& t) { return full_tensor(from_local(t, cp, {Partial()}, {.run_check = false})); };
@@ -101,11 +128,11 @@ class ContextParallelTest : public DistTest {
     return out;
   }
 
-  void expect_matches_one_process(int64_t length, ContextParallelOptions options) {
+  void expect_matches_one_process(int64_t length, ContextParallelOptions options, bool rotary = false) {
     const MeshPtr cp = mesh({4}, {}, {"cp"});
-    const Step expected = step(length, nullptr, options);
+    const Step expected = step(length, nullptr, options, rotary);
     CommDebugMode comm;
-    const Step got = step(length, cp, options);
+    const Step got = step(length, cp, options, rotary);
     EXPECT_EQ(comm.count("all-gather"), 0) << comm.summary();  // attention gathers no sequence
     EXPECT_NEAR(got.loss, expected.loss, 1e-10);
     ASSERT_EQ(got.grads.size(), expected.grads.size());
@@ -117,6 +144,11 @@ class ContextParallelTest : public DistTest {
 TEST_F(ContextParallelTest, LoadBalancedCausalModelMatchesOneProcess) { expect_matches_one_process(16, {.load_balance = true}); }
 
 TEST_F(ContextParallelTest, PlainBlocksMatchOneProcess) { expect_matches_one_process(12, {.load_balance = false}); }
+
+TEST_F(ContextParallelTest, RotaryTablesShardedWithTheTokensMatchOneProcess) {
+  expect_matches_one_process(16, {.load_balance = true}, /*rotary=*/true);
+  expect_matches_one_process(12, {.load_balance = false}, /*rotary=*/true);
+}
 
 TEST_F(ContextParallelTest, ShardAndUnshardRoundTrip) {
   const MeshPtr cp = mesh({4}, {}, {"cp"});
