@@ -47,14 +47,17 @@ class ContextParallel {
   ContextParallel& operator=(const ContextParallel&) = delete;
 
  private:
+  MeshPtr mesh_;
   std::vector<at::Tensor> buffers_, wholes_;  // the buffers, and tensors aliasing their whole storage
   bool previous_load_balance_;
 };
 
 // The plan entry for the module that calls attention: forward(q, k, v) with q, k and v [batch, heads,
 // this rank's positions, head dim] (plain, as the model computes them on its positions) read as
-// Shard(2) of the whole sequence (even shards: uneven ones go in as DTensors), and the output back on
-// this rank's positions. Apply it with the context-parallel mesh (parallelize_module).
+// Shard(2) of the whole sequence, and the output back on this rank's positions. Apply it with the
+// context-parallel mesh (parallelize_module) that the ContextParallel scope is given: inside the scope
+// the sequence's length is the scope's, uneven torch.chunk blocks included; outside one, plain shards
+// are taken to be even (pass uneven ones in as DTensors).
 PrepareModuleInputOutput context_parallel_attention_style();
 
 }  // namespace dtensor

@@ -11,6 +11,7 @@
 #include "dtensor/errors.h"
 #include "dtensor/layout.h"
 #include "dtensor/sharding.h"
+#include "context_sequence.h"
 
 namespace dtensor {
 namespace {
@@ -30,7 +31,32 @@ int64_t normalized_dim(const at::Tensor& t, int64_t seq_dim, const char* caller)
 
 std::string label(const DeviceMesh& mesh) { return "context parallel over " + mesh.dim_label(0); }
 
+struct ActiveScope {
+  const DeviceMesh* mesh;
+  detail::ContextSequence sequence;
+};
+thread_local std::vector<ActiveScope> g_active_scopes;  // innermost last
+
 }  // namespace
+
+namespace detail {
+
+std::optional<ContextSequence> context_sequence(const DeviceMesh& mesh) {
+  for (auto it = g_active_scopes.rbegin(); it != g_active_scopes.rend(); ++it)
+    if (it->mesh == &mesh) return it->sequence;
+  return std::nullopt;
+}
+
+std::optional<int64_t> context_sequence_size(const DeviceMesh& mesh, int64_t local) {
+  const std::optional<ContextSequence> sequence = context_sequence(mesh);
+  if (!sequence) return std::nullopt;
+  int64_t own = 0;
+  for (const SequenceRun& run : sequence_runs(sequence->length, mesh.size(0), mesh.local_rank(0), sequence->load_balanced, label(mesh)))
+    own += run.size;
+  return own == local ? std::optional<int64_t>(sequence->length) : std::nullopt;
+}
+
+}  // namespace detail
 
 at::Tensor context_parallel_shard(const at::Tensor& whole, const DeviceMesh& mesh, int64_t seq_dim, const ContextParallelOptions& options) {
   check_one_dim(mesh, "context_parallel_shard");
@@ -78,9 +104,12 @@ ContextParallel::ContextParallel(MeshPtr mesh, std::vector<at::Tensor> buffers, 
     buffers_[i].set_(locals[i]);
   }
   set_context_parallel_load_balance(options.load_balance);
+  mesh_ = std::move(mesh);
+  g_active_scopes.push_back({mesh_.get(), {length, options.load_balance}});
 }
 
 ContextParallel::~ContextParallel() {
+  g_active_scopes.pop_back();
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].set_(wholes_[i]);
   set_context_parallel_load_balance(previous_load_balance_);

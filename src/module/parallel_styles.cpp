@@ -12,6 +12,8 @@
 #include "dtensor/parallel.h"
 #include "parallel_styles.h"
 
+#include "context_sequence.h"
+
 namespace dtensor::detail {
 namespace {
 
@@ -74,7 +76,8 @@ bool is_batch_norm(torch::nn::Module& module) {
 
 // How a plain tensor argument becomes a DTensor: `tp` on the tensor-parallel dim, this rank's part of a
 // dim-0 batch on the others. Without communication, so shards are taken to be even unless the caller
-// knows the global size of one dim (a row-parallel Linear knows in_features).
+// knows the global size of one dim (a row-parallel Linear knows in_features), or a ContextParallel scope
+// on the mesh knows its sequence's (context_sequence.h).
 at::Tensor as_dtensor(const at::Tensor& input, const StyleContext& context, const Placement& tp,
                       std::optional<std::pair<int64_t, int64_t>> known_dim_size = std::nullopt) {
   if (is_dtensor(input)) return input;
@@ -83,6 +86,8 @@ at::Tensor as_dtensor(const at::Tensor& input, const StyleContext& context, cons
   placements = validate_placements(placements, context.mesh->ndim(), input.dim(), "a module input");
   Shape shape = global_shape_assuming_even(input.sizes().vec(), context.mesh->shape(), placements);
   if (known_dim_size) shape[known_dim_size->first] = known_dim_size->second;
+  if (context.mesh->ndim() == 1 && placements[0].is_shard())
+    if (const auto length = context_sequence_size(*context.mesh, input.size(placements[0].dim()))) shape[placements[0].dim()] = *length;
   Shape stride = contiguous_strides(shape);
   return from_local(input, context.mesh, placements, {.run_check = false, .shape = shape, .stride = stride});
 }

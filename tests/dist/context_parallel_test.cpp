@@ -2,7 +2,7 @@
 // causal language model with grouped-query attention whose attention module the plan gives
 // context_parallel_attention_style(), trained one step on 4 ranks with its tokens, position ids and
 // targets sharded by a ContextParallel scope (load balanced on 16 positions, and in plain blocks on
-// 12), against the whole model in one process: the loss (summed over the ranks) and every parameter's
+// 12 and on 13, whose blocks are uneven), against the whole model in one process: the loss (summed over the ranks) and every parameter's
 // gradient (summed too). The same with rotary position embeddings instead of learned ones, whose cos and
 // sin tables are module buffers the scope shards with the tokens (as torchtitan shards freqs_cis). Also:
 // shard and unshard round trips, and what is refused.
@@ -15,6 +15,7 @@
 #include "dtensor/api.h"
 #include "dtensor/comm_debug.h"
 #include "dtensor/context_parallel.h"
+#include "dtensor/layout.h"
 #include "dtensor/module.h"
 #include "dtensor/parallel.h"
 #include "dtensor/sharding.h"
@@ -114,7 +115,7 @@ class ContextParallelTest : public DistTest {
       else if (cp) sharded.emplace(cp, std::vector<at::Tensor>{tokens, positions, targets}, std::vector<int64_t>{1, 0, 1}, options);
       loss = model->forward(tokens, positions, targets, 3.0 * static_cast<double>(length));
       loss.backward();
-      if (cp) EXPECT_EQ(tokens.size(1), length / cp->size());
+      if (cp) EXPECT_EQ(tokens.size(1), options.load_balance ? length / cp->size() : chunk_extent(length, cp->size(), cp->local_rank(0)).size);
     }
     EXPECT_EQ(tokens.size(1), length);  // the whole sequence back
     Step out{loss.item<double>(), {}};
@@ -143,7 +144,10 @@ class ContextParallelTest : public DistTest {
 
 TEST_F(ContextParallelTest, LoadBalancedCausalModelMatchesOneProcess) { expect_matches_one_process(16, {.load_balance = true}); }
 
-TEST_F(ContextParallelTest, PlainBlocksMatchOneProcess) { expect_matches_one_process(12, {.load_balance = false}); }
+TEST_F(ContextParallelTest, PlainBlocksMatchOneProcess) {
+  expect_matches_one_process(12, {.load_balance = false});
+  expect_matches_one_process(13, {.load_balance = false});  // blocks of 4, 4, 4 and 1: the scope gives the style the length
+}
 
 TEST_F(ContextParallelTest, RotaryTablesShardedWithTheTokensMatchOneProcess) {
   expect_matches_one_process(16, {.load_balance = true}, /*rotary=*/true);
