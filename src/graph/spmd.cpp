@@ -154,7 +154,7 @@ Program spmd_expand(Program program, const MeshPtr& mesh, const SpmdPlacements& 
     throw DTensorError("spmd_expand: this rank is not part of " + mesh->str() + ", so it has no program to run");
   check_joint_graph(program);
   mark_inputs(program, *mesh, placements);
-  detail::MarkOptions mark{.fail_without_rule = true, .keep_state_in_place = true};
+  detail::MarkOptions mark{.fail_without_rule = true, .keep_state_in_place = true, .keep_user_inputs_in_place = options.keep_user_inputs_in_place};
   mark.search = search_of(options.search);
   mark.output_targets = output_targets(program, *mesh, placements);
   detail::expand_marked(program, mesh, mark);

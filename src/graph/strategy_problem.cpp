@@ -153,7 +153,7 @@ bool keeps_strided_shards_reshardable(const c10::OperatorHandle& op, const Outpu
   }
   bool strided_output = false;
   for (const Placements& placements : d.chosen.outputs) strided_output = strided_output || dtensor::detail::holds_strided(placements);
-  return !strided_output || strided_input || op.schema().name() == "aten::cat";
+  return !strided_output || strided_input || op.schema().name() == "aten::cat" || op.schema().name() == "aten::view" || op.schema().name() == "aten::_unsafe_view";
 }
 // The placements a node reading one value also asks its rule about: those the value may take.
 const std::vector<Placements>* probed_placements(const Call& c, const std::vector<Value*>& inputs, const PossiblePlacements& possible) {
@@ -209,7 +209,7 @@ std::vector<OutputSharding> cached_options_for(const c10::OperatorHandle& op, co
 }
 
 // Drops the strategies the options rule out: ones placing anything off Replicate along mesh dims other
-// than `only_mesh_dim`, and ones moving state (parameters, buffers) other than in place (a collective,
+// than `only_mesh_dim`, and ones moving state (parameters, buffers; user inputs where kept) other than in place (a collective,
 // or a shard padded to the whole). Should that
 // leave none, the state restriction is lifted for this node (the op needs its parameter elsewhere).
 void keep_allowed(NodeOptions& n, const MarkOptions& options, const std::set<const Value*>& state, StrategyChoice& choice) {
@@ -247,7 +247,7 @@ struct Enumeration {
   const MarkOptions& options;
   StrategyProblem problem;
   Placements replicate;
-  std::set<const Value*> state;  // parameters, buffers and constants, and views of them
+  std::set<const Value*> state;  // parameters, buffers and constants (and user inputs, kept in place), and views of them
   std::set<const Value*> written;
   PossiblePlacements possible;
   OptionsCache options_cache;
@@ -256,7 +256,7 @@ struct Enumeration {
       : program(p), mesh(m), options(o), problem{Marks{{}, ShardedSizes(m)}, {}, {}, StrategyChoice(m, p.annotations)},
         replicate(m->ndim(), Replicate()), written(written_values(p.graph)) {
     for (const InputSpec& spec : p.inputs)
-      if (spec.kind != InputSpec::Kind::UserInput) state.insert(spec.value);
+      if (spec.kind != InputSpec::Kind::UserInput || o.keep_user_inputs_in_place) state.insert(spec.value);
   }
 
   // Size queries read the global shape (their local value is tracked as a DSymInt). Factories make

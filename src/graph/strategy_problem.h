@@ -36,6 +36,10 @@ struct MarkOptions {
   // Parameters, buffers and constants never move by a collective where another strategy exists: the
   // placements given to them are the user's (a tensor-parallel plan shards weights so that they stay).
   bool keep_state_in_place = false;
+  // The same for the user inputs: placed as the caller placed them (a sequence sharded for context
+  // parallelism stays sharded, though gathering its token ids would move fewer bytes: the cost counts
+  // bytes moved, not the work and memory a shard saves).
+  bool keep_user_inputs_in_place = false;
   // Only this mesh dim may shard or hold partial values; along the others everything stays Replicate.
   std::optional<int64_t> only_mesh_dim;
   // How the strategies are chosen (strategy_choice.h): node by node as eager dispatch does (Greedy),

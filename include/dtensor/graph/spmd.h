@@ -60,6 +60,10 @@ struct SpmdOptions {
   // default: the local search, and the exact search where the graph is small enough for it to finish
   // (it gave up on every joint graph of bench/results/expansion.md, having cost 8-41% more time).
   Search search = Search::Auto;
+  // Whether the user inputs stay as placed wherever a strategy allows it. The choice counts bytes
+  // moved, not the work and memory a shard saves, so without this a sequence sharded for context
+  // parallelism may be gathered (its token ids are few bytes) and the whole model run on every rank.
+  bool keep_user_inputs_in_place = true;
 };
 
 // Raises DTensorError, before any work, for placements that do not fit the program: a count of user

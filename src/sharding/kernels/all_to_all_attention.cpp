@@ -94,7 +94,7 @@ std::tuple<at::Tensor, at::Tensor> all_to_all_attention_forward(const at::Tensor
   const Exchange exchange(call);
   auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(exchange.to_heads(q), exchange.to_heads(k), exchange.to_heads(v), 0.0,
                                                                     call.is_causal, {}, call.scale);
-  return {exchange.to_sequence(out), exchange.to_sequence(lse)};
+  return {laid_out_like_queries(exchange.to_sequence(out), q), laid_out_heads_last(exchange.to_sequence(lse))};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> all_to_all_attention_backward(const at::Tensor& grad_out, const at::Tensor& q,
@@ -106,7 +106,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> all_to_all_attention_backward(con
   auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
       exchange.to_heads(grad_out), exchange.to_heads(q), exchange.to_heads(k), exchange.to_heads(v), exchange.to_heads(out), exchange.to_heads(lse),
       0.0, call.is_causal, {}, call.scale);
-  return {exchange.to_sequence(dq), exchange.to_sequence(dk), exchange.to_sequence(dv)};
+  return {laid_out_heads_last(exchange.to_sequence(dq)), laid_out_heads_last(exchange.to_sequence(dk)), laid_out_heads_last(exchange.to_sequence(dv))};
 }
 
 }  // namespace dtensor::detail

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtensor/errors.h"
@@ -24,6 +25,23 @@ void check_context_attention(const at::Tensor& q, const at::Tensor& k, const at:
   if (k.size(1) != v.size(1) || q.size(1) % k.size(1) != 0)
     throw DTensorError("context-parallel attention: " + std::to_string(q.size(1)) + " query heads over " + std::to_string(k.size(1)) +
                        " key and " + std::to_string(v.size(1)) + " value heads" + where + ": keys and values need the same heads, dividing the queries'");
+}
+
+namespace {
+
+at::Tensor laid_out_as(const at::Tensor& t, at::Tensor target) {
+  return t.strides() == target.strides() ? t : target.copy_(t);
+}
+
+}  // namespace
+
+at::Tensor laid_out_like_queries(const at::Tensor& t, const at::Tensor& q) { return laid_out_as(t, at::empty_like(q, t.options())); }
+
+at::Tensor laid_out_heads_last(const at::Tensor& t) {
+  std::vector<int64_t> order(static_cast<size_t>(t.dim()));
+  for (int64_t d = 0; d < t.dim(); ++d) order[static_cast<size_t>(d)] = d;
+  std::swap(order[1], order[2]);
+  return laid_out_as(t, at::empty_permuted(t.sizes(), order, t.options()));
 }
 
 namespace {

@@ -74,6 +74,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> all_to_all_attention_backward(con
 // mesh dim, naming `caller`, the mesh dim and the heads.
 void check_all_to_all_heads(int64_t query_heads, int64_t kv_heads, const DeviceMesh& mesh, int64_t dim, const std::string& caller);
 
+// The layouts of the CPU flash kernels' results, which the rules give their outputs (rules/attention.cpp)
+// and graph programs rely on (a view of the output transposed back is a view only in that layout): the
+// output laid out like the queries (empty_like), the logsumexp and the gradients [batch, positions,
+// heads(, head dim)] in memory. Each returns `t` where it is laid out so already, else a copy that is.
+at::Tensor laid_out_like_queries(const at::Tensor& t, const at::Tensor& q);
+at::Tensor laid_out_heads_last(const at::Tensor& t);
+
 // Checks the blocks a rank holds (shapes, positions, heads), naming the method, mesh dim and rank.
 void check_context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ContextAttention& call, const char* method);
 

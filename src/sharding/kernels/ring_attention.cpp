@@ -124,8 +124,8 @@ std::tuple<at::Tensor, at::Tensor> ring_attention_forward(const at::Tensor& q, c
   check_context_attention(q, k, v, call, "ring attention");
   const Ring ring(call);
   const at::ScalarType accumulate = at::toOpMathType(q.scalar_type());
-  at::Tensor out = at::zeros(q.sizes(), q.options().dtype(accumulate));
-  at::Tensor lse = at::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<double>::infinity(), q.options().dtype(accumulate));
+  at::Tensor out = at::zeros_like(q, q.options().dtype(accumulate));  // laid out as the kernel's (laid_out_like_queries)
+  at::Tensor lse = at::full({q.size(0), q.size(2), q.size(1)}, -std::numeric_limits<double>::infinity(), q.options().dtype(accumulate)).transpose(1, 2);
   std::vector<at::Tensor> block{k.contiguous(), v.contiguous()};
   for (int64_t step = 0; step < ring.size; ++step) {
     std::pair<P2PWork, std::vector<at::Tensor>> next_block;  // in flight while this one is attended
@@ -144,7 +144,7 @@ std::tuple<at::Tensor, at::Tensor> ring_attention_forward(const at::Tensor& q, c
       block = std::move(next_block.second);
     }
   }
-  return {out.to(q.scalar_type()), lse};
+  return {laid_out_like_queries(out.to(q.scalar_type()), q), lse};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ring_attention_backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,

@@ -122,7 +122,7 @@ LocalKernel flash_backward_kernel(const OpSchema& s, const PlacementStrategy& ch
 
 // The CPU flash kernels have no Meta kernel, and running them on stand-ins of the global shapes would
 // compute whole attention (quadratic in the sequence that context parallelism shards) on every rank:
-// their outputs' metas, as the kernels lay them out. Forward: the output contiguous like the queries,
+// their outputs' metas, as the kernels lay them out. Forward: the output laid out like the queries,
 // the logsumexp [batch, heads, positions] heads-last, in the accumulation type. Backward: each
 // gradient shaped like its input, laid out [batch, positions, heads, head dim].
 Shape heads_last_strides(const Shape& shape) {
@@ -137,7 +137,10 @@ Shape heads_last_strides(const Shape& shape) {
 std::vector<TensorMeta> flash_forward_metas(const c10::OperatorHandle&, c10::ArrayRef<c10::IValue> args) {
   const at::Tensor& q = args[0].toTensor();  // DTensors: their sizes are the global ones
   const Shape out_shape{q.size(0), q.size(1), q.size(2), args[2].toTensor().size(3)}, lse_shape{q.size(0), q.size(1), q.size(2)};
-  return {TensorMeta{out_shape, contiguous_strides(out_shape), q.scalar_type()},
+  // Like the queries, as empty_like lays it out (their strides are the DTensor's global ones).
+  const at::Tensor like_q = at::empty_like(at::empty_strided(q.sizes(), q.strides(), q.options().device(at::kMeta)));
+  const Shape out_strides = out_shape == q.sizes().vec() ? like_q.strides().vec() : contiguous_strides(out_shape);
+  return {TensorMeta{out_shape, out_strides, q.scalar_type()},
           TensorMeta{lse_shape, heads_last_strides(lse_shape), at::toOpMathType(q.scalar_type())}};
 }
 

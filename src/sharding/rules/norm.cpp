@@ -83,6 +83,41 @@ std::vector<DimStrategy> layer_norm_backward(const OpSchema& s) {
   return out;
 }
 
+// native_layer_norm_backward's CPU kernel reads mean and rstd as if contiguous, whatever their strides
+// (torch 2.15: given rows 0-15 of [2, 32, 1] statistics it reads the second batch's from the first's
+// rows 16-31). A shard of them along the sequence is such a slice where a graph program cuts it from
+// the whole, so the sharded strategies pass them on contiguous.
+constexpr size_t kLayerNormMean = 3, kLayerNormRstd = 4;
+
+bool statistics_sharded(const PlacementStrategy& chosen) {
+  return std::any_of(chosen.inputs.begin(), chosen.inputs.end(), [](const Placements& p) {
+    return std::any_of(p.begin(), p.end(), [](const Placement& q) { return !q.is_replicate(); });
+  });
+}
+
+LocalKernel contiguous_statistics(const OpSchema&, const PlacementStrategy& chosen) {
+  if (!statistics_sharded(chosen)) return {};
+  return [](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+    const size_t first = stack.size() - op.schema().arguments().size();
+    for (size_t arg : {kLayerNormMean, kLayerNormRstd}) stack[first + arg] = stack[first + arg].toTensor().contiguous();
+    op.callBoxed(stack);
+  };
+}
+
+GraphForm contiguous_statistics_form(const OpSchema& s, const PlacementStrategy& chosen) {
+  if (!statistics_sharded(chosen)) return {};
+  std::vector<bool> present(s.schema.arguments().size(), false);
+  for (const auto& in : s.inputs) present[in.arg] = true;
+  return [present, qualified = detail::qualified_name(s.schema.operator_name())](GraphFormBuilder& b) -> std::vector<FormValue> {
+    std::vector<FormArg> args;
+    for (size_t a = 0; a < present.size(); ++a) {
+      if (a == kLayerNormMean || a == kLayerNormRstd) args.push_back(b.op("aten::clone", {b.input(a)}, a == kLayerNormMean ? "mean" : "rstd"));
+      else args.push_back(present[a] ? FormArg(b.input(a)) : FormArg::as_called(a));
+    }
+    return b.call(qualified, std::move(args), "layer_norm_backward");
+  };
+}
+
 // _fused_rms_norm_backward's global outputs (it has no C++ Meta kernel): the gradients are shaped
 // like the input and the weight.
 std::vector<TensorMeta> rms_norm_backward_metas(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
@@ -106,7 +141,9 @@ const bool norm_rules_registered = [] {
   register_overloads({"aten::_safe_softmax"}, {.dim = softmax, .family = "norm", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::_softmax_backward_data"}, {.dim = softmax_backward, .family = "norm", .strided_shards = detail::StridedShards::IndexWise});
   register_overloads({"aten::native_layer_norm"}, {.dim = layer_norm, .family = "norm", .strided_shards = detail::StridedShards::IndexWise});
-  register_overloads({"aten::native_layer_norm_backward"}, {.dim = layer_norm_backward, .family = "norm", .strided_shards = detail::StridedShards::IndexWise});
+  register_overloads({"aten::native_layer_norm_backward"}, {.dim = layer_norm_backward, .local_kernel = contiguous_statistics,
+                                                             .graph_form = contiguous_statistics_form, .family = "norm",
+                                                             .strided_shards = detail::StridedShards::IndexWise});
   // Their composite forms, kept whole in exported graphs: the same math, one output.
   detail::register_composite({"aten::softmax.int"}, {.dim = softmax, .family = "composite"});
   detail::register_composite({"aten::layer_norm"}, {.dim = layer_norm, .family = "composite"});
