@@ -137,10 +137,11 @@ using PossiblePlacements = std::map<const Value*, std::vector<Placements>>;
 
 // Graph programs hold a StridedShard only where a plan gives one (a packed layer's weights) and where
 // it follows from one: a strided input taken as it is or cut from a Replicate value, products and views
-// of it, the split into its blocks, and a cat joining equal blocks back (the backward of that split).
-// Views making one from plain shards (a sharded dim merged into dims before it) are left out, as is
-// moving a plain shard to a strided one: reshards of strided values are gathers and chunks only
-// (reshard.cpp), and the views also offer the replicating alternative.
+// of it, the split into its blocks, a cat joining equal blocks back (the backward of that split), and a
+// view merging a sharded dim into the dims before it (a [batch, sequence] shard of the sequence seen
+// as [batch * sequence] rows, as every linear layer of a context-parallel model sees it). Moving a
+// plain shard to a strided one is left out: reshards of strided values are gathers and chunks only
+// (reshard.cpp).
 bool keeps_strided_shards_reshardable(const c10::OperatorHandle& op, const OutputSharding& d, const std::vector<TensorInput>& inputs) {
   bool strided_input = false;
   for (size_t k = 0; k < d.chosen.inputs.size(); ++k) {
@@ -153,7 +154,8 @@ bool keeps_strided_shards_reshardable(const c10::OperatorHandle& op, const Outpu
   }
   bool strided_output = false;
   for (const Placements& placements : d.chosen.outputs) strided_output = strided_output || dtensor::detail::holds_strided(placements);
-  return !strided_output || strided_input || op.schema().name() == "aten::cat" || op.schema().name() == "aten::view" || op.schema().name() == "aten::_unsafe_view";
+  const std::string& name = op.schema().name();
+  return !strided_output || strided_input || name == "aten::cat" || name == "aten::view" || name == "aten::_unsafe_view";
 }
 // The placements a node reading one value also asks its rule about: those the value may take.
 const std::vector<Placements>* probed_placements(const Call& c, const std::vector<Value*>& inputs, const PossiblePlacements& possible) {
