@@ -130,6 +130,10 @@ class GraphFormBuilder {
   // `value` reduced by `op` over the group of mesh dim `mesh_dim`, every rank of it getting the result
   // (_c10d_functional.all_reduce and its wait_tensor).
   virtual FormValue all_reduce(FormValue value, ReduceOp op, int64_t mesh_dim) = 0;
+  // `value`, this rank's part under `from` of a tensor of meta `global`, moved to `to` as
+  // redistribute moves it (an all-gather of a shard, a reduce-scatter of a partial value, ...): this
+  // rank's part under `to`.
+  virtual FormValue reshard(FormValue value, const TensorMeta& global, const Placements& from, const Placements& to) = 0;
 };
 // Writes the kernel's computation with the builder and returns its outputs, one per op output.
 using GraphForm = std::function<std::vector<FormValue>(GraphFormBuilder&)>;

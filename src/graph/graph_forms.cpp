@@ -57,6 +57,12 @@ class NodeFormBuilder final : public GraphFormBuilder {
     return handle(insert_reshard(program_, mesh_, node_, x, x->meta, Placements(mesh_->ndim(), Replicate()), note_));
   }
 
+  FormValue reshard(FormValue v, const TensorMeta& global, const Placements& from, const Placements& to) override {
+    Value* x = value(v);
+    program_.annotations.set_placements(*x, from);
+    return handle(insert_reshard(program_, mesh_, node_, x, global, to, note_));
+  }
+
   Arg graph_arg(FormArg& a) const {
     if (a.value) return Arg::tensor(value(*a.value));
     if (a.call_argument) return as_called(*a.call_argument);

@@ -51,11 +51,14 @@ Graph::Graph() : output_(std::make_unique<Node>()) {
   output_->is_output_ = true;
 }
 
+// Values and nodes share one namespace: a saved program names a call of several outputs apart from its
+// outputs, and torch.export.load refuses a name given twice.
 std::string Graph::unique_name(const std::string& name) {
-  if (!by_name_.count(name)) return name;
+  const auto taken = [&](const std::string& n) { return by_name_.count(n) > 0 || node_names_.count(n) > 0; };
+  if (!taken(name)) return name;
   for (int k = 1;; ++k) {
     std::string candidate = name + "_" + std::to_string(k);
-    if (!by_name_.count(candidate)) return candidate;
+    if (!taken(candidate)) return candidate;
   }
 }
 
@@ -109,6 +112,7 @@ void Graph::unlink(Node* node) {
 Node* Graph::place(std::list<std::unique_ptr<Node>>::iterator at, std::unique_ptr<Node> node) {
   Node* raw = node.get();
   raw->id = next_node_id_++;
+  node_names_.insert(raw->name);
   for (Value* out : raw->outputs) out->producer_ = raw;
   link(raw);
   where_[raw] = nodes_.insert(at, std::move(node));

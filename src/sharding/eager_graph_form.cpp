@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "../mesh/collectives.h"
+#include "../redistribute/executor.h"
 #include "dtensor/errors.h"
 #include "for_graph.h"
 
@@ -57,6 +58,10 @@ class EagerFormBuilder final : public GraphFormBuilder {
     at::Tensor t = value(v).clone();  // the form's values are never written
     all_reduce_over(mesh_, {mesh_dim}, t, op);
     return hold(t);
+  }
+
+  FormValue reshard(FormValue v, const TensorMeta& global, const Placements& from, const Placements& to) override {
+    return hold(redistribute_local(value(v), DTensorSpec{mesh_.shared_from_this(), from, global}, to));
   }
 
   const at::Tensor& value(FormValue v) const {

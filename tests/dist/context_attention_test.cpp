@@ -12,6 +12,7 @@
 
 #include <cmath>
 
+#include "../../src/sharding/eager_graph_form.h"
 #include "../../src/sharding/kernels/context_attention.h"
 #include "dtensor/api.h"
 #include "dtensor/comm_debug.h"
@@ -137,6 +138,42 @@ TEST_F(ContextAttentionTest, AttentionOnSequenceShardsStaysSharded) {
               ::testing::AllOf(::testing::HasSubstr("_scaled_dot_product_flash_attention_for_cpu"),
                                ::testing::HasSubstr("mesh dim 0 (cp) (4 ranks) needs heads that divide by the ranks")));
   set_context_parallel_attention(ContextParallelAttention::Auto);
+}
+
+// The graph form of context-parallel attention (what a saved per-rank program computes: keys and values
+// all-gathered, the rank's queries attended to the blocks before theirs and to their own, merged; the key
+// and value gradients reduce-scattered), run eagerly in place of the kernels: one process's output and
+// gradients, on 13 positions over the 4 ranks of a 1-d mesh and over the cp dim of a 2x2 mesh, causal
+// and full, with grouped-query attention, by either method's form.
+TEST_F(ContextAttentionTest, TheGraphFormMatchesOneProcess) {
+  detail::set_graph_forms_run_eagerly(true);
+  for (const auto& [m, dim] : {std::pair{mesh({4}, {}, {"cp"}), int64_t{0}}, std::pair{mesh({2, 2}, {}, {"dp", "cp"}), int64_t{1}}}) {
+    Placements sequence(static_cast<size_t>(m->ndim()), Replicate());
+    sequence[static_cast<size_t>(dim)] = Shard(2);
+    for (const auto method : {ContextParallelAttention::Ring, ContextParallelAttention::AllToAll}) {
+      set_context_parallel_attention(method);
+      for (const bool causal : {true, false}) {
+        for (const int64_t kv_heads : {kHeads, int64_t{2}}) {
+          if (method == ContextParallelAttention::AllToAll && kv_heads % m->size(dim) != 0) continue;
+          SCOPED_TRACE(std::string(causal ? "causal" : "full") + ", " + std::to_string(kv_heads) + " kv heads on " + m->str());
+          const at::Tensor q = values(kHeads, 0.31), k = values(kv_heads, 0.17), v = values(kv_heads, 0.53), grad_out = values(kHeads, 0.71);
+          const Whole expected = one_process(q, k, v, grad_out, causal, 0.37);
+          const at::Tensor dq = distribute_tensor(q, m, sequence).requires_grad_(true), dk = distribute_tensor(k, m, sequence).requires_grad_(true),
+                           dv = distribute_tensor(v, m, sequence).requires_grad_(true);
+          const uint64_t forms_before = detail::calls_with_a_graph_form();
+          const at::Tensor out = at::scaled_dot_product_attention(dq, dk, dv, {}, 0.0, causal, 0.37, /*enable_gqa=*/kv_heads != kHeads);
+          out.backward(distribute_tensor(grad_out, m, sequence));
+          EXPECT_EQ(detail::calls_with_a_graph_form() - forms_before, 2u);  // the forward's and the backward's
+          EXPECT_TRUE(at::allclose(full_tensor(out), expected.out, 1e-10, 1e-12));
+          EXPECT_TRUE(at::allclose(full_tensor(dq.grad()), expected.grad_q, 1e-10, 1e-12));
+          EXPECT_TRUE(at::allclose(full_tensor(dk.grad()), expected.grad_k, 1e-10, 1e-12));
+          EXPECT_TRUE(at::allclose(full_tensor(dv.grad()), expected.grad_v, 1e-10, 1e-12));
+        }
+      }
+    }
+  }
+  set_context_parallel_attention(ContextParallelAttention::Auto);
+  detail::set_graph_forms_run_eagerly(false);
 }
 
 // Auto: on longer sequences the all-to-alls (each rank sends 3/16 of every tensor once) move fewer

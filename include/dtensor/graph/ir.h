@@ -14,6 +14,7 @@
 
 #include <list>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -214,6 +215,7 @@ class Graph {
   std::unordered_map<const Node*, std::list<std::unique_ptr<Node>>::iterator> where_;  // each node's place
   std::vector<std::unique_ptr<Value>> values_;
   std::map<std::string, Value*> by_name_;
+  std::set<std::string> node_names_;  // the nodes' names (place() records them)
   std::vector<Value*> inputs_;
   std::unique_ptr<Node> output_;
   uint64_t next_node_id_ = 0;

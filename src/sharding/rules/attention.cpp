@@ -153,9 +153,14 @@ std::vector<TensorMeta> flash_backward_metas(const c10::OperatorHandle&, c10::Ar
   return out;
 }
 
-// Context-parallel attention has no graph form yet.
-GraphForm unless_context_parallel(const OpSchema& s, const PlacementStrategy& chosen, const SequenceRoles& roles) {
-  return context_parallel_dim(s, roles, chosen) ? GraphForm{} : empty_queries.graph_form(s, chosen);
+GraphForm flash_forward_form(const OpSchema& s, const PlacementStrategy& chosen) {
+  const auto dim = context_parallel_dim(s, kSequenceForward, chosen);
+  return dim ? sequence_forward_form(s, chosen, *dim) : empty_queries.graph_form(s, chosen);
+}
+
+GraphForm flash_backward_form(const OpSchema& s, const PlacementStrategy& chosen) {
+  const auto dim = context_parallel_dim(s, kSequenceBackward, chosen);
+  return dim ? sequence_backward_form(s, chosen, *dim) : empty_queries.graph_form(s, chosen);
 }
 
 // Which kernel single-device dispatch would run: decided on stand-ins with the global shapes (only
@@ -179,13 +184,13 @@ const bool attention_rules_registered = [] {
   register_overloads({"aten::_scaled_dot_product_flash_attention_for_cpu"},
                      {.mesh = [](const OpSchema& s) { return sequence_over_the_mesh(s, kSequenceForward, flash_forward(s)); },
                       .local_kernel = flash_forward_kernel,
-                      .graph_form = [](const OpSchema& s, const PlacementStrategy& c) { return unless_context_parallel(s, c, kSequenceForward); },
+                      .graph_form = flash_forward_form,
                       .output_metas = flash_forward_metas,
                       .family = "attention"});
   register_overloads({"aten::_scaled_dot_product_flash_attention_for_cpu_backward"},
                      {.mesh = [](const OpSchema& s) { return sequence_over_the_mesh(s, kSequenceBackward, flash_backward(s)); },
                       .local_kernel = flash_backward_kernel,
-                      .graph_form = [](const OpSchema& s, const PlacementStrategy& c) { return unless_context_parallel(s, c, kSequenceBackward); },
+                      .graph_form = flash_backward_form,
                       .output_metas = flash_backward_metas,
                       .family = "attention"});
   detail::register_composite({"aten::scaled_dot_product_attention"},

@@ -186,7 +186,7 @@ GraphForm rows_of_gradient(const OpSchema& s, const PlacementStrategy& chosen) {
 }
 
 // No Meta kernel either: [num_weights, D] (contiguous, the gradient's dtype).
-std::vector<TensorMeta> backward_meta(const c10::OperatorHandle&, c10::ArrayRef<c10::IValue> args) {
+std::vector<TensorMeta> bag_backward_meta(const c10::OperatorHandle&, c10::ArrayRef<c10::IValue> args) {
   const at::Tensor& grad = args[0].toTensor();
   const Shape shape{args[6].toInt(), grad.size(-1)};
   return {TensorMeta{shape, contiguous_strides(shape), grad.scalar_type()}};
@@ -244,7 +244,7 @@ const bool embedding_bag_rules_registered = [] {
   register_overloads({"aten::_embedding_bag_backward"}, {.dim = embedding_bag_backward,
                                                          .local_kernel = gradient.kernel,
                                                          .graph_form = gradient.graph_form,
-                                                         .output_metas = backward_meta,
+                                                         .output_metas = bag_backward_meta,
                                                          .family = "embedding"});
   register_overloads({"aten::_embedding_bag_per_sample_weights_backward"},
                      {.dim = per_sample_weights_backward,

@@ -27,7 +27,7 @@
 namespace dtensor::rules {
 namespace {
 
-constexpr int64_t kBatch = 0, kHeads = 1;
+constexpr int64_t kFusedBatch = 0, kFusedHeads = 1;
 
 // Arguments that stay Replicate whatever is sharded.
 const std::set<std::string> kReplicatedArguments = {"cum_seq_q", "cum_seq_k", "philox_seed", "philox_offset"};
@@ -48,8 +48,8 @@ std::vector<int64_t> shardable_dims(const OpSchema& s) {
   const Shape& q = s.input(*s.input_at_arg(*s.schema.argumentIndexWithName("query"))).meta.shape;
   const Shape& k = s.input(*s.input_at_arg(*s.schema.argumentIndexWithName("key"))).meta.shape;
   if (q.size() != 4 || k.size() != 4) return {};
-  std::vector<int64_t> dims = {kBatch};
-  if (q[kHeads] == k[kHeads]) dims.push_back(kHeads);
+  std::vector<int64_t> dims = {kFusedBatch};
+  if (q[kFusedHeads] == k[kFusedHeads]) dims.push_back(kFusedHeads);
   return dims;
 }
 

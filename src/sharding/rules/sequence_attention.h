@@ -33,5 +33,8 @@ std::optional<int64_t> sequence_dim(const OpSchema& s, const SequenceRoles& role
 // The local kernel of the forward or backward kernel on the sequence shards along `mesh_dim`.
 LocalKernel sequence_forward_kernel(const OpSchema& s, const SequenceRoles& roles, int64_t mesh_dim);
 LocalKernel sequence_backward_kernel(const OpSchema& s, const SequenceRoles& roles, int64_t mesh_dim);
+// Their graph forms (sequence_forms.cpp), for the strategy `chosen`: empty where there is none.
+GraphForm sequence_forward_form(const OpSchema& s, const PlacementStrategy& chosen, int64_t mesh_dim);
+GraphForm sequence_backward_form(const OpSchema& s, const PlacementStrategy& chosen, int64_t mesh_dim);
 
 }  // namespace dtensor::rules
