@@ -50,11 +50,9 @@ class NodeFormBuilder final : public GraphFormBuilder {
 
   // A partial value along `mesh_dim` made whole there: the reshard the planner makes of it.
   FormValue all_reduce(FormValue v, ReduceOp op, int64_t mesh_dim) override {
-    Value* x = value(v);
     Placements partial(mesh_->ndim(), Replicate());
     partial.at(mesh_dim) = Partial(op);
-    program_.annotations.set_placements(*x, partial);
-    return handle(insert_reshard(program_, mesh_, node_, x, x->meta, Placements(mesh_->ndim(), Replicate()), note_));
+    return reshard(v, value(v)->meta, partial, Placements(mesh_->ndim(), Replicate()));
   }
 
   FormValue reshard(FormValue v, const TensorMeta& global, const Placements& from, const Placements& to) override {
