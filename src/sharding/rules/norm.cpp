@@ -85,18 +85,19 @@ std::vector<DimStrategy> layer_norm_backward(const OpSchema& s) {
 
 // native_layer_norm_backward's CPU kernel reads mean and rstd as if contiguous, whatever their strides
 // (torch 2.15: given rows 0-15 of [2, 32, 1] statistics it reads the second batch's from the first's
-// rows 16-31). A shard of them along the sequence is such a slice where a graph program cuts it from
-// the whole, so the sharded strategies pass them on contiguous.
+// rows 16-31). A shard of them along a later dim than the first (the sequence) is such a slice where a
+// graph program cuts it from the whole, so those strategies pass them on contiguous.
 constexpr size_t kLayerNormMean = 3, kLayerNormRstd = 4;
 
-bool statistics_sharded(const PlacementStrategy& chosen) {
-  return std::any_of(chosen.inputs.begin(), chosen.inputs.end(), [](const Placements& p) {
-    return std::any_of(p.begin(), p.end(), [](const Placement& q) { return !q.is_replicate(); });
-  });
+bool statistics_sliced(const OpSchema& s, const PlacementStrategy& chosen) {
+  const std::optional<size_t> mean = s.input_at_arg(kLayerNormMean);
+  if (!mean) return false;
+  const Placements& p = chosen.inputs[*mean];
+  return std::any_of(p.begin(), p.end(), [](const Placement& q) { return (q.is_shard() || q.is_strided_shard()) && q.dim() > 0; });
 }
 
-LocalKernel contiguous_statistics(const OpSchema&, const PlacementStrategy& chosen) {
-  if (!statistics_sharded(chosen)) return {};
+LocalKernel contiguous_statistics(const OpSchema& s, const PlacementStrategy& chosen) {
+  if (!statistics_sliced(s, chosen)) return {};
   return [](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
     const size_t first = stack.size() - op.schema().arguments().size();
     for (size_t arg : {kLayerNormMean, kLayerNormRstd}) stack[first + arg] = stack[first + arg].toTensor().contiguous();
@@ -105,7 +106,7 @@ LocalKernel contiguous_statistics(const OpSchema&, const PlacementStrategy& chos
 }
 
 GraphForm contiguous_statistics_form(const OpSchema& s, const PlacementStrategy& chosen) {
-  if (!statistics_sharded(chosen)) return {};
+  if (!statistics_sliced(s, chosen)) return {};
   std::vector<bool> present(s.schema.arguments().size(), false);
   for (const auto& in : s.inputs) present[in.arg] = true;
   return [present, qualified = detail::qualified_name(s.schema.operator_name())](GraphFormBuilder& b) -> std::vector<FormValue> {

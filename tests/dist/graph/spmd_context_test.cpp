@@ -11,6 +11,7 @@
 #include "../harness.h"
 #include "adamw_losses.h"
 #include "expect_saves.h"
+#include "joint_step_matches.h"
 #include "dtensor/graph/program.h"
 #include "dtensor/graph/spmd.h"
 #include "dtensor/graph/training.h"
@@ -63,13 +64,7 @@ TEST_P(GraphSpmdContextParallel, FusedGptTrainsLikeOneProcess) {
   g::Program step = expanded_fused_gpt(m);
   const auto local_inputs = g::local_user_inputs(step, inputs);
   expect_saves(step, "spmd_joint_gpt_fused_" + layout.name, local_inputs);
-  EXPECT_TRUE(tensors_close(g::joint_step(step, local_inputs), io.at("loss"), 1e-5, 1e-6));
-  for (const g::InputSpec& spec : step.inputs) {
-    if (spec.kind != g::InputSpec::Kind::Parameter) continue;
-    const at::Tensor grad = step.state.at(spec.target).tensor().grad();
-    EXPECT_TRUE(tensors_close(grad, expected_shard(io.at("grad." + spec.target), m, step.annotations.placements_of(*spec.value)), 1e-4, 1e-5))
-        << spec.target;
-  }
+  expect_joint_step_matches(step, local_inputs, io, m);
   const int64_t sequence = io.at("input0").size(1);
   const auto [attention, own] = attention_on_own_queries(step, sequence);
   EXPECT_GE(attention, 2 * kGptLayers);  // per layer a forward and a backward, or their forms' calls

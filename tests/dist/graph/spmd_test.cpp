@@ -8,6 +8,7 @@
 
 #include "../harness.h"
 #include "expect_saves.h"
+#include "joint_step_matches.h"
 #include "adamw_losses.h"
 #include "dtensor/graph/program.h"
 #include "dtensor/graph/spmd.h"
@@ -62,13 +63,7 @@ TEST_P(GraphSpmdTraining, JointGptTrainsLikeOneProcess) {
   g::Program whole = g::load_program(graph_model("gpt_joint.pt2"));
   const auto local_inputs = g::local_user_inputs(step, inputs);
 
-  EXPECT_TRUE(tensors_close(g::joint_step(step, local_inputs), io.at("loss"), 1e-5, 1e-6));
-  for (const g::InputSpec& spec : step.inputs) {
-    if (spec.kind != g::InputSpec::Kind::Parameter) continue;
-    const at::Tensor grad = step.state.at(spec.target).tensor().grad();
-    EXPECT_TRUE(tensors_close(grad, expected_shard(io.at("grad." + spec.target), m, step.annotations.placements_of(*spec.value)), 1e-4, 1e-5))
-        << spec.target;
-  }
+  expect_joint_step_matches(step, local_inputs, io, m);
 
   constexpr int kSteps = 10;
   g::Program fresh = expanded_joint_gpt(layout, m);
