@@ -11,6 +11,20 @@ mesh dim: the test GPT of export_test_models.py with fused causal attention.
                         context-parallel attention runs as. Batch 2, 32 positions.
   gpt_fused_joint_io    input0 tokens, input1 targets, loss and grad.PARAM for every parameter, from
                         the joint graph loaded back, checked against eager autograd.
+  llama_causal_joint.pt2, llama_causal_joint_io
+                        Hugging Face Llama (export_hf_models.py's config and seed: grouped-query
+                        attention, 4 heads over 2 KV heads, 16 positions, batch 4) with its own
+                        causal-LM loss, as export_hf_models.py writes llama_joint, but its attention is
+                        scaled_dot_product_attention(is_causal=True) with no mask: transformers builds
+                        a mask tensor whenever it exports ("causal_sdpa" below drops it), and a mask
+                        keeps attention off the flash kernel. Its labels are the next tokens already
+                        (transformers' shift_labels, as torchtitan's loader shards them with the tokens):
+                        a shift inside the loss would move each sequence block's first label to the
+                        rank before. The reference is PyTorch's eager model.
+  llama_causal_loss_train_ir.pt2
+                        the same model's forward(input_ids, labels) -> loss in the training IR (the
+                        attention the composite scaled_dot_product_attention), for eager DTensor runs
+                        with autograd; llama_causal_joint_io is its reference too.
 
 torch 2.15's core ATen decomposition of the CPU flash op is wrong (it puts the attention probabilities
 where logsumexp belongs; see export_hf_models.py), so the joint graph is made as
@@ -29,6 +43,7 @@ from torch.export.experimental import _copy_graph_module_and_signature, _remove_
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from export_test_models import GPT, Attention, GptLoss, io_tensors, write_set  # noqa: E402
+import export_hf_models  # noqa: E402
 
 BATCH = 2
 FLASH = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
@@ -53,6 +68,26 @@ def joint_keeping_flash(ep):
     gm, signature = _copy_graph_module_and_signature(ep)
     _remove_detach_pass(gm, signature)
     return ep._update(gm, signature)
+
+
+def export_causal_llama(out_dir):
+    """llama_causal_joint.pt2 and llama_causal_joint_io (see the module docstring)."""
+    import transformers
+    from torch.nn.attention import SDPBackend
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface
+
+    # With no mask, transformers' sdpa attention passes is_causal=True; the mask function makes none.
+    transformers.AttentionInterface.register("causal_sdpa", sdpa_attention_forward)
+    AttentionMaskInterface.register("causal_sdpa", lambda *args, **kwargs: None)
+    config = export_hf_models.configure(export_hf_models.FAMILIES["llama"])
+    config._attn_implementation = "causal_sdpa"
+    export_hf_models.export_joint(out_dir, "llama_causal", config, make_joint=joint_keeping_flash,
+                                  backends=(SDPBackend.FLASH_ATTENTION, SDPBackend.MATH), labels_shifted=True,
+                                  loss_program=True)
+    joint = torch.export.load(os.path.join(out_dir, "llama_causal_joint.pt2"))
+    flash = [n for n in joint.graph.nodes if n.target == FLASH[0]]
+    assert flash and all(n.args[4] is True for n in flash), "llama_causal: attention is not the causal flash op"
 
 
 def main():
@@ -90,9 +125,12 @@ def main():
         else:
             reference.append((f"grad.{spec.target}", value))
     write_set(out_dir, "gpt_fused_joint_io", io_tensors(args, ()) + reference)
+    export_causal_llama(out_dir)
     with open(os.path.join(out_dir, "index.json"), "w") as f:
         json.dump({"torch": torch.__version__, "gpt_config": GPT, "batch": BATCH,
-                   "archives": {"gpt_fused_joint": {"archive": "gpt_fused_joint.pt2", "io": ["gpt_fused_joint_io"]}}}, f, indent=1)
+                   "archives": {"gpt_fused_joint": {"archive": "gpt_fused_joint.pt2", "io": ["gpt_fused_joint_io"]},
+                                "llama_causal_joint": {"archive": "llama_causal_joint.pt2", "io": ["llama_causal_joint_io"]}}},
+                  f, indent=1)
     print(f"wrote {path}")
 
 

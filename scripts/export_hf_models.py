@@ -78,14 +78,34 @@ def configure(config):
     return config
 
 
-def export_joint(out_dir, name, config):
-    """NAME_joint.pt2 and NAME_joint_io (see the module docstring)."""
+def save_without_provenance(ep, path):
+    """torch.export.save, less the provenance (it holds Python object ids): the archive is byte-identical."""
+    for node in ep.graph.nodes:
+        node.meta.pop("from_node", None)
+    torch.export.save(ep, path)
+
+
+def math_attention_joint(ep):
+    """The joint graph of `ep` as torch.export makes it, attention by the math path (see the docstring)."""
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.export.experimental._export_forward_backward(ep, joint_loss_index=0)
+
+
+def export_joint(out_dir, name, config, make_joint=math_attention_joint, backends=(SDPBackend.MATH,), labels_shifted=False,
+                 loss_program=False):
+    """NAME_joint.pt2 and NAME_joint_io (see the module docstring): the joint program by
+    make_joint(exported program), every model run with scaled_dot_product_attention's `backends`.
+    labels_shifted: the labels are each position's next token already (transformers' shift_labels, as
+    torchtitan's loader gives them for context parallelism), so the loss shifts nothing along the sequence.
+    loss_program: also NAME_loss_train_ir.pt2, forward(input_ids, labels) -> loss in the training IR,
+    for a caller's own autograd (NAME_joint_io is its reference too)."""
     torch.manual_seed(1)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
 
     class LossOnly(type(model)):  # the model itself (parameter names unchanged), returning the loss only
         def forward(self, input_ids, labels):
-            return super().forward(input_ids=input_ids, labels=labels).loss
+            shifted = {"shift_labels": labels} if labels_shifted else {}
+            return super().forward(input_ids=input_ids, labels=labels, **shifted).loss
 
     model.__class__ = LossOnly
     ids = torch.randint(0, VOCAB, (JOINT_BATCH, SEQ))
@@ -93,20 +113,21 @@ def export_joint(out_dir, name, config):
     # both, and the program reads the labels where it embeds the tokens.
     labels = torch.randint(0, VOCAB, (JOINT_BATCH, SEQ))
     args = (ids, labels)
-    with sdpa_kernel(SDPBackend.MATH):
-        joint = torch.export.experimental._export_forward_backward(torch.export.export(model, args), joint_loss_index=0)
-    for node in joint.graph.nodes:
-        node.meta.pop("from_node", None)
+    with sdpa_kernel(list(backends)):
+        exported = torch.export.export(model, args)
+        if loss_program:
+            save_without_provenance(exported, os.path.join(out_dir, f"{name}_loss_train_ir.pt2"))
+        joint = make_joint(exported)
     path = os.path.join(out_dir, f"{name}_joint.pt2")
-    torch.export.save(joint, path)
+    save_without_provenance(joint, path)
     # The joint program's module() holds the loss only in its treespec: call the loaded graph module on
     # flat inputs in input_specs order.
     loaded = torch.export.load(path)
     state, user = {**loaded.state_dict, **loaded.constants}, iter(args)
     flat = [next(user) if s.kind.name == "USER_INPUT" else state[s.target] for s in loaded.graph_signature.input_specs]
-    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+    with torch.no_grad(), sdpa_kernel(list(backends)):
         outs = loaded.graph_module(*flat)
-    with sdpa_kernel(SDPBackend.MATH):
+    with sdpa_kernel(list(backends)):
         loss = model(*args)
         loss.backward()
     tensors = []
@@ -141,10 +162,8 @@ def main():
             train_ir = torch.export.export(model, (ids,))
             archives = {f"{name}_train_ir": train_ir, f"{name}_aten": train_ir.run_decompositions()}
             for archive, ep in archives.items():
-                for node in ep.graph.nodes:  # provenance holds Python object ids: drop it for identical files
-                    node.meta.pop("from_node", None)
                 path = os.path.join(out_dir, archive + ".pt2")
-                torch.export.save(ep, path)
+                save_without_provenance(ep, path)
                 got = torch.export.load(path).module()(ids).logits
                 err = (got - want).abs().max().item()
                 assert err <= 1e-5, f"{archive}: loaded archive differs from eager by {err}"

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "dtensor/errors.h"
@@ -21,6 +22,7 @@ struct Emitter {
   Value* current;
   const RedistributeStep* step = nullptr;  // the planner's step being emitted
   const Value* source = nullptr;           // the value resharded (its dynamic dims)
+  bool rows_permuted = false;              // a gathered or scattered dim moved back by a view
 
   bool dynamic_dim(int64_t d) const {
     return static_cast<size_t>(d) < source->symbolic_sizes.size() && !source->symbolic_sizes[d].empty();
@@ -81,10 +83,51 @@ struct Emitter {
   void rows_first(int64_t d) {
     if (d != 0) local("aten::permute", {Arg::tensor(current), Arg::ints(front(d, current->meta.shape.size()))}, "rows_first");
   }
+  // Left a view for lay_out_as to copy once into the value's layout (the next collective makes it
+  // contiguous itself).
   void rows_back(int64_t d) {
     if (d == 0) return;
     local("aten::permute", {Arg::tensor(current), Arg::ints(inverse(front(d, current->meta.shape.size())))}, "rows_back");
-    contiguous();
+    rows_permuted = true;
+  }
+
+  // Dims from the outermost in memory to the innermost: by stride, larger first (ties in dim order).
+  static std::vector<int64_t> memory_order(const Shape& stride) {
+    std::vector<int64_t> order(stride.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return stride[a] > stride[b]; });
+    return order;
+  }
+  // Whether the current value's dims lie in memory in `order`, among the dims longer than 1 here and in
+  // `global` (a dim of one element may have any stride).
+  bool laid_out_in(const std::vector<int64_t>& order, const Shape& global_shape) const {
+    std::vector<int64_t> want, have;
+    for (int64_t d : order)
+      if (current->meta.shape[d] > 1 && global_shape[d] > 1) want.push_back(d);
+    for (int64_t d : memory_order(current->meta.stride))
+      if (current->meta.shape[d] > 1 && global_shape[d] > 1) have.push_back(d);
+    return want == have;
+  }
+
+  // The resharded value laid out as the program's value is (its global strides' order, dense): views
+  // later in the program rely on it (a transposed attention output viewed back to [batch, positions,
+  // hidden]), while collectives return their rows contiguous. One copy, where the layout differs or the
+  // rows were permuted back.
+  void lay_out_as(const TensorMeta& global) {
+    if (current->meta.shape.size() < 2) return;
+    const std::vector<int64_t> order = memory_order(global.stride);
+    if (laid_out_in(order, global.shape)) {
+      if (rows_permuted) contiguous_in_its_order();
+      return;
+    }
+    if (std::is_sorted(order.begin(), order.end())) return contiguous();
+    local("aten::permute", {Arg::tensor(current), Arg::ints(order)}, "in_memory_order");
+    local("aten::clone", {Arg::tensor(current), Arg::of(c10::MemoryFormat::Contiguous)}, "laid_out");
+    local("aten::permute", {Arg::tensor(current), Arg::ints(inverse(order))}, "as_the_program_lays_it_out");
+  }
+  // A dense copy keeping the dims' order in memory (clone's preserve format: strides kept where dense).
+  void contiguous_in_its_order() {
+    local("aten::clone", {Arg::tensor(current), Arg::of(c10::MemoryFormat::Preserve)}, "dense");
   }
   // Zero rows appended along dim 0 up to `rows` (uneven shards travel padded to equal size).
   void pad_rows(int64_t rows) {
@@ -316,6 +359,7 @@ Value* insert_reshard(Program& program, const MeshPtr& mesh, Node* before, Value
   Emitter e{program, mesh, before, why, value, nullptr, value};
   try {
     for (const auto& step : plan.steps) e.run(step);
+    if (e.current != value) e.lay_out_as(global);
   } catch (const c10::Error& err) {
     throw DTensorError("graph: " + why + ": moving %" + value->name + " [" + c10::Join(", ", global.shape) + "] from " +
                        to_string(from) + " to " + to_string(to) + " failed: " + err.what_without_backtrace());

@@ -156,6 +156,7 @@ Program spmd_expand(Program program, const MeshPtr& mesh, const SpmdPlacements& 
   mark_inputs(program, *mesh, placements);
   detail::MarkOptions mark{.fail_without_rule = true, .keep_state_in_place = true, .keep_user_inputs_in_place = options.keep_user_inputs_in_place};
   mark.search = search_of(options.search);
+  if (!options.context_parallel_dim.empty()) mark.context_parallel_dim = mesh->dim_index(options.context_parallel_dim);
   mark.output_targets = output_targets(program, *mesh, placements);
   detail::expand_marked(program, mesh, mark);
   return program;

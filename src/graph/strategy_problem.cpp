@@ -8,6 +8,7 @@
 
 #include "../sharding/for_graph.h"
 #include "dtensor/errors.h"
+#include "dtensor/sharding.h"
 #include "meta_tensor.h"
 #include "strategy_key.h"
 
@@ -242,6 +243,17 @@ void keep_allowed(NodeOptions& n, const MarkOptions& options, const std::set<con
   n.options = allowed.empty() ? std::move(on_mesh_dims) : std::move(allowed);
 }
 
+// Under context parallelism over a mesh dim, an attention node keeps only the strategies that shard
+// its queries (argument 0: [batch, heads, sequence, head dim], or their output's gradient) along the
+// sequence over that dim, where it has any.
+void keep_context_parallel(NodeOptions& n, const MarkOptions& options) {
+  if (!options.context_parallel_dim || sharding_rule_family(n.node->op_name()) != "attention") return;
+  const auto cp = static_cast<size_t>(*options.context_parallel_dim);
+  const auto sequence_sharded = [&](const OutputSharding& d) { return !d.chosen.inputs.empty() && d.chosen.inputs[0][cp] == Placement(Shard(2)); };
+  if (std::any_of(n.options.begin(), n.options.end(), sequence_sharded))
+    std::erase_if(n.options, [&](const OutputSharding& d) { return !sequence_sharded(d); });
+}
+
 // What enumerate_strategies keeps while it walks the graph in order.
 struct Enumeration {
   Program& program;
@@ -302,6 +314,7 @@ struct Enumeration {
       throw DTensorError("graph: node '" + node->name + "': " + e.what());
     }
     keep_allowed(n, options, state, problem.choice);
+    keep_context_parallel(n, options);
     if (n.options.empty())
       throw DTensorError("graph: node '" + node->name + "' (" + node->op_name() + "): its sharding rule offers no strategy for inputs placed " +
                          placements_of(n.inputs, program.annotations));

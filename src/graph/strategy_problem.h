@@ -42,6 +42,9 @@ struct MarkOptions {
   bool keep_user_inputs_in_place = false;
   // Only this mesh dim may shard or hold partial values; along the others everything stays Replicate.
   std::optional<int64_t> only_mesh_dim;
+  // Attention nodes keep their queries sharded along the sequence over this mesh dim wherever their
+  // rule offers that (SpmdOptions::context_parallel_dim).
+  std::optional<int64_t> context_parallel_dim;
   // How the strategies are chosen (strategy_choice.h): node by node as eager dispatch does (Greedy),
   // then improved for the whole graph by local search (LocalSearch), then, within a budget of
   // states, the cheapest choice for the whole graph (Exact; the local search's where over budget).

@@ -64,6 +64,12 @@ struct SpmdOptions {
   // moved, not the work and memory a shard saves, so without this a sequence sharded for context
   // parallelism may be gathered (its token ids are few bytes) and the whole model run on every rank.
   bool keep_user_inputs_in_place = true;
+  // A mesh dim (by name) over which attention runs context parallel: every attention node, forward
+  // and backward, that can keep its queries sharded along the sequence over it does (ring or
+  // all-to-all, as set_context_parallel_attention says; the sequence kernels' graph form where the
+  // program is saved). Empty: attention is placed by cost like every node, which at short sequences may
+  // gather the sequence or exchange it for the batch (cheaper in bytes, but not context parallel).
+  std::string context_parallel_dim;
 };
 
 // Raises DTensorError, before any work, for placements that do not fit the program: a count of user

@@ -41,16 +41,17 @@ const Roles kBackward = {{2, 3}, 8};   // ..._backward(grad_out, q, k, v, out, l
 
 bool contains(const std::vector<size_t>& v, size_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
-// Dims that may be sharded: batch always; heads unless keys have fewer heads (grouped-query attention
-// pairs query heads with key heads by position); queries unless causal.
-std::vector<int64_t> shardable_dims(const OpSchema& s, const Roles& roles) {
+// Dims that may be sharded: batch always; heads where keys have as many, or where `grouped` (the CPU
+// flash kernels, which pair query head h with key head h / (query heads / key heads)) as a whole group
+// of them (keep_heads_paired checks that the key heads divide by the ranks); queries unless causal.
+std::vector<int64_t> shardable_dims(const OpSchema& s, const Roles& roles, bool grouped) {
   const auto dropout = s.schema.argumentIndexWithName("dropout_p");
   if (dropout && s.args[*dropout].toDouble() != 0) return {};
   const Shape& q = s.input(*s.input_at_arg(0)).meta.shape;  // the query, or grad_out shaped like it
   const Shape& k = s.input(*s.input_at_arg(roles.key_like[0])).meta.shape;
   if (q.size() != 4 || k.size() != 4) return {};
   std::vector<int64_t> dims = {kBatch};
-  if (q[kHeads] == k[kHeads]) dims.push_back(kHeads);
+  if (q[kHeads] == k[kHeads] || (grouped && k[kHeads] > 0 && q[kHeads] % k[kHeads] == 0)) dims.push_back(kHeads);
   if (!argument(s, "is_causal").toBool()) dims.push_back(kQueries);
   return dims;
 }
@@ -64,9 +65,9 @@ Placements inputs_along(const OpSchema& s, const Roles& roles, int64_t dim) {
   });
 }
 
-std::vector<DimStrategy> forward(const OpSchema& s, const Roles& roles) {
+std::vector<DimStrategy> forward(const OpSchema& s, const Roles& roles, bool grouped = false) {
   std::vector<DimStrategy> out = {all_replicate(s)};
-  for (int64_t d : shardable_dims(s, roles))
+  for (int64_t d : shardable_dims(s, roles, grouped))
     out.push_back({Placements(s.outputs.size(), Shard(d)), inputs_along(s, roles, d)});
   return out;
 }
@@ -74,7 +75,7 @@ std::vector<DimStrategy> forward(const OpSchema& s, const Roles& roles) {
 const SequenceRoles kSequenceForward = {1, 2, 5, 1}, kSequenceBackward = {2, 3, 8, 2};
 
 std::vector<DimStrategy> flash_forward(const OpSchema& s) {
-  std::vector<DimStrategy> out = forward(s, kForward);
+  std::vector<DimStrategy> out = forward(s, kForward, /*grouped=*/true);
   if (sequence_applies(s, kSequenceForward)) out.push_back(sequence_strategy(s));
   return out;
 }
@@ -82,7 +83,7 @@ std::vector<DimStrategy> flash_forward(const OpSchema& s) {
 // -> (grad_query, grad_key, grad_value). Linear in grad_out, so a Partial one gives Partial gradients.
 std::vector<DimStrategy> backward(const OpSchema& s) {
   std::vector<DimStrategy> out = {all_replicate(s)};
-  for (int64_t d : shardable_dims(s, kBackward)) {
+  for (int64_t d : shardable_dims(s, kBackward, /*grouped=*/true)) {
     const Placement keys = d == kQueries ? Placement(Partial()) : Placement(Shard(d));
     out.push_back({{Shard(d), keys, keys}, inputs_along(s, kBackward, d)});
   }
@@ -99,6 +100,21 @@ std::vector<DimStrategy> flash_backward(const OpSchema& s) {
   std::vector<DimStrategy> out = backward(s);
   if (sequence_applies(s, kSequenceBackward)) out.push_back(sequence_strategy(s));
   return out;
+}
+
+// Grouped-query heads sharded stay paired only where every rank holds whole groups: the key heads
+// divide by the ranks they are sharded over (2 key heads pair up over 2 ranks, not over 4).
+OpStrategy keep_heads_paired(const OpSchema& s, const Roles& roles, OpStrategy all) {
+  const int64_t key_heads = s.input(*s.input_at_arg(roles.key_like[0])).meta.shape[kHeads];
+  if (s.input(*s.input_at_arg(0)).meta.shape[kHeads] == key_heads) return all;
+  const size_t key = *s.input_at_arg(roles.key_like[0]);
+  std::erase_if(all, [&](const PlacementStrategy& st) {
+    int64_t ranks = 1;
+    for (int64_t m = 0; m < s.mesh->ndim(); ++m)
+      if (st.inputs[key][static_cast<size_t>(m)] == Placement(Shard(kHeads))) ranks *= s.mesh->size(m);
+    return key_heads % ranks != 0;
+  });
+  return all;
 }
 
 // The CPU kernels reject shards without queries (5 heads over 4 ranks leave one rank none): their
@@ -182,13 +198,13 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
 const bool attention_rules_registered = [] {
   using detail::register_overloads;
   register_overloads({"aten::_scaled_dot_product_flash_attention_for_cpu"},
-                     {.mesh = [](const OpSchema& s) { return sequence_over_the_mesh(s, kSequenceForward, flash_forward(s)); },
+                     {.mesh = [](const OpSchema& s) { return keep_heads_paired(s, kForward, sequence_over_the_mesh(s, kSequenceForward, flash_forward(s))); },
                       .local_kernel = flash_forward_kernel,
                       .graph_form = flash_forward_form,
                       .output_metas = flash_forward_metas,
                       .family = "attention"});
   register_overloads({"aten::_scaled_dot_product_flash_attention_for_cpu_backward"},
-                     {.mesh = [](const OpSchema& s) { return sequence_over_the_mesh(s, kSequenceBackward, flash_backward(s)); },
+                     {.mesh = [](const OpSchema& s) { return keep_heads_paired(s, kBackward, sequence_over_the_mesh(s, kSequenceBackward, flash_backward(s))); },
                       .local_kernel = flash_backward_kernel,
                       .graph_form = flash_backward_form,
                       .output_metas = flash_backward_metas,

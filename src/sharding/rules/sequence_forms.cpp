@@ -57,6 +57,13 @@ FormValue heads_last(GraphFormBuilder& b, FormValue t, const std::string& name) 
   return b.op("aten::permute", {dense, swap}, name);
 }
 
+// The merged output laid out as the CPU kernel lays out its output: like the queries (empty_like), whose
+// global layout the program's later views rely on (heads-last, where q is a transposed projection).
+FormValue laid_out_like_queries(GraphFormBuilder& b, FormValue out, const TensorMeta& query_meta) {
+  if (query_meta.stride[1] < query_meta.stride[2]) return heads_last(b, out, "out");
+  return b.op("aten::clone", {out, int64_t{0}}, "out");  // memory_format=torch.contiguous_format
+}
+
 // The flash forward's (output, logsumexp) of the rank's queries over keys and values.
 std::vector<FormValue> attend(GraphFormBuilder& b, FormValue q, FormValue k, FormValue v, bool causal, const SequenceBlocks& blocks,
                               const std::string& name) {
@@ -68,7 +75,7 @@ std::vector<FormValue> attend(GraphFormBuilder& b, FormValue q, FormValue k, For
 GraphForm sequence_forward_form(const OpSchema& s, const PlacementStrategy& chosen, int64_t mesh_dim) {
   const auto found = blocks_of(s, mesh_dim, /*causal_arg=*/4, /*scale_arg=*/6);
   if (!found) return {};
-  const TensorMeta key_meta = s.input(1).meta, value_meta = s.input(2).meta;
+  const TensorMeta query_meta = s.input(0).meta, key_meta = s.input(1).meta, value_meta = s.input(2).meta;
   const Placements key_placements = chosen.inputs[1], value_placements = chosen.inputs[2];
   return [=, blocks = *found](GraphFormBuilder& b) -> std::vector<FormValue> {
     const FormValue q = b.input(0);
@@ -87,7 +94,8 @@ GraphForm sequence_forward_form(const OpSchema& s, const PlacementStrategy& chos
       const FormValue weight = b.op("aten::exp", {b.op("aten::sub.Tensor", {part[1], lse}, name + "_shift")}, name + "_weight");
       return b.op("aten::mul.Tensor", {part[0], b.op("aten::unsqueeze", {weight, int64_t{-1}}, name + "_weights")}, name);
     };
-    return {b.op("aten::add.Tensor", {weighed(before, "earlier_part"), weighed(own, "own_part")}, "out"), lse};
+    return {laid_out_like_queries(b, b.op("aten::add.Tensor", {weighed(before, "earlier_part"), weighed(own, "own_part")}, "merged"), query_meta),
+            lse};
   };
 }
 
