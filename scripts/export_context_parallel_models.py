@@ -25,6 +25,8 @@ mesh dim: the test GPT of export_test_models.py with fused causal attention.
                         the same model's forward(input_ids, labels) -> loss in the training IR (the
                         attention the composite scaled_dot_product_attention), for eager DTensor runs
                         with autograd; llama_causal_joint_io is its reference too.
+  llama_causal_loss_aten.pt2
+                        that program in core ATen (the flash op kept whole), module paths kept.
 
 torch 2.15's core ATen decomposition of the CPU flash op is wrong (it puts the attention probabilities
 where logsumexp belongs; see export_hf_models.py), so the joint graph is made as
@@ -88,6 +90,14 @@ def export_causal_llama(out_dir):
     joint = torch.export.load(os.path.join(out_dir, "llama_causal_joint.pt2"))
     flash = [n for n in joint.graph.nodes if n.target == FLASH[0]]
     assert flash and all(n.args[4] is True for n in flash), "llama_causal: attention is not the causal flash op"
+    # The loss program in core ATen (cross_entropy_loss, composite, decomposed; the flash op kept whole),
+    # its module paths kept: for graph programs that place values by module.
+    table = torch.export.default_decompositions()
+    for op in FLASH:
+        table.pop(op, None)
+    loss = torch.export.load(os.path.join(out_dir, "llama_causal_loss_train_ir.pt2")).run_decompositions(table)
+    assert any(n.target == FLASH[0] for n in loss.graph.nodes), "llama_causal_loss_aten: the flash op was decomposed"
+    export_hf_models.save_without_provenance(loss, os.path.join(out_dir, "llama_causal_loss_aten.pt2"))
 
 
 def main():

@@ -28,6 +28,7 @@ const std::map<std::string, std::optional<ParallelStyle>>& mapped_styles() {
       {"replicate", std::nullopt},
       {"replicated_with_grad_allreduce", std::nullopt},
       {"all_reduce", std::nullopt},
+      {"sequence_parallel", SequenceParallel{.use_local_output = true}},
       // Each rank runs its shard of every expert, and sums the experts' partial outputs: in a graph the
       // row-parallel down projection leaves them Partial, and sharding propagation reduces them where
       // they are read, so the module itself needs no entry.
@@ -40,7 +41,6 @@ const std::map<std::string, std::optional<ParallelStyle>>& mapped_styles() {
 const std::map<std::string, std::string>& refused_styles() {
   static const std::map<std::string, std::string> styles = {
       {"packed_rowwise", "a row-parallel layer over packed input features"},
-      {"sequence_parallel", "activations sharded along the sequence around a norm"},
       {"local_params", "parameters kept as local tensors"},
       {"mla_kv_a_proj", "multi-head latent attention's KV down-projection"},
       {"moe_identity_expert", "an identity expert of a mixture of experts"},

@@ -158,6 +158,7 @@ Program spmd_expand(Program program, const MeshPtr& mesh, const SpmdPlacements& 
   mark.search = search_of(options.search);
   if (!options.context_parallel_dim.empty()) mark.context_parallel_dim = mesh->dim_index(options.context_parallel_dim);
   mark.output_targets = output_targets(program, *mesh, placements);
+  mark.sequence_sharded = placements.sequence_sharded;
   detail::expand_marked(program, mesh, mark);
   return program;
 }

@@ -8,6 +8,7 @@
 
 #include "../sharding/for_graph.h"
 #include "dtensor/errors.h"
+#include "dtensor/parallel_style.h"
 #include "dtensor/sharding.h"
 #include "meta_tensor.h"
 #include "strategy_key.h"
@@ -254,6 +255,27 @@ void keep_context_parallel(NodeOptions& n, const MarkOptions& options) {
     std::erase_if(n.options, [&](const OutputSharding& d) { return !sequence_sharded(d); });
 }
 
+// A node of a sequence-sharded module keeps only the strategies that shard each of its outputs of
+// more than sequence_dim dims along it over the mesh dim (and over the context-parallel dim, which
+// shards the sequence everywhere), where it has any.
+void keep_sequence_sharded(NodeOptions& n, const MarkOptions& options) {
+  for (const SequenceShardedModule& module : options.sequence_sharded) {
+    if (!path_matches(module.module_pattern, n.node->module_path)) continue;
+    std::vector<size_t> mesh_dims = {static_cast<size_t>(module.mesh_dim)};
+    if (options.context_parallel_dim) mesh_dims.push_back(static_cast<size_t>(*options.context_parallel_dim));
+    const auto sequence_sharded = [&](const OutputSharding& d) {
+      for (size_t k = 0; k < d.chosen.outputs.size() && k < n.outputs.size(); ++k)
+        for (const size_t m : mesh_dims)
+          if (static_cast<int64_t>(n.outputs[k]->meta.shape.size()) > module.sequence_dim &&
+              d.chosen.outputs[k][m] != Placement(Shard(module.sequence_dim)))
+            return false;
+      return true;
+    };
+    if (std::any_of(n.options.begin(), n.options.end(), sequence_sharded))
+      std::erase_if(n.options, [&](const OutputSharding& d) { return !sequence_sharded(d); });
+  }
+}
+
 // What enumerate_strategies keeps while it walks the graph in order.
 struct Enumeration {
   Program& program;
@@ -315,6 +337,7 @@ struct Enumeration {
     }
     keep_allowed(n, options, state, problem.choice);
     keep_context_parallel(n, options);
+    keep_sequence_sharded(n, options);
     if (n.options.empty())
       throw DTensorError("graph: node '" + node->name + "' (" + node->op_name() + "): its sharding rule offers no strategy for inputs placed " +
                          placements_of(n.inputs, program.annotations));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dtensor/graph/program.h"
+#include "dtensor/graph/tensor_parallel.h"
 #include "strategy_choice.h"
 #include "sym_sizes.h"
 
@@ -45,6 +46,8 @@ struct MarkOptions {
   // Attention nodes keep their queries sharded along the sequence over this mesh dim wherever their
   // rule offers that (SpmdOptions::context_parallel_dim).
   std::optional<int64_t> context_parallel_dim;
+  // Modules whose nodes keep their outputs sharded along the sequence (SpmdPlacements::sequence_sharded).
+  std::vector<SequenceShardedModule> sequence_sharded;
   // How the strategies are chosen (strategy_choice.h): node by node as eager dispatch does (Greedy),
   // then improved for the whole graph by local search (LocalSearch), then, within a budget of
   // states, the cheapest choice for the whole graph (Exact; the local search's where over budget).

@@ -1,5 +1,6 @@
 #include "dtensor/graph/tensor_parallel.h"
 
+#include <algorithm>
 #include <set>
 
 #include "dtensor/errors.h"
@@ -29,25 +30,31 @@ bool shards_by_heads(const std::string& entry, const std::string& path, const Mo
 // Seed 000's parameter placements, with each module sharded as what it is (module_kinds.h): a Linear's
 // weight is [out, in], a Conv1D's [in, out], an Embedding's [vocabulary, dim] (row-parallel shards the
 // vocabulary, column-parallel the embedding dim, as module-level styles do).
+// The program's modules that plan entry `pattern` names; none is an error listing them all.
+std::vector<std::string> matched_modules(const std::map<std::string, ModuleInfo>& modules, const std::string& pattern) {
+  std::vector<std::string> matched;
+  for (const auto& [path, info] : modules)
+    if (path_matches(pattern, path)) matched.push_back(path);
+  if (matched.empty()) {
+    std::string known;
+    for (const auto& [path, info] : modules) known += (known.empty() ? "" : ", ") + path;
+    throw DTensorError("tensor_parallel_transform: plan entry '" + pattern + "' matches no module of the program " + "(its modules: " +
+                       known + ")");
+  }
+  return matched;
+}
+
 std::map<std::string, Placement> parameter_placements(const Program& program, const ParallelizePlan& plan, int64_t ranks) {
   const auto modules = detail::program_modules(program);
   std::map<std::string, Placement> out;
   for (const PlanEntry& entry : plan) {
+    if (std::holds_alternative<SequenceParallel>(entry.style)) continue;  // its parameters stay Replicate
     const auto* colwise = std::get_if<ColwiseParallel>(&entry.style);
     if (!colwise && !std::holds_alternative<RowwiseParallel>(entry.style))
       throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path +
-                         "': only ColwiseParallel and RowwiseParallel apply to graphs");
+                         "': only ColwiseParallel, RowwiseParallel and SequenceParallel apply to graphs");
     const int64_t packed = colwise ? colwise->packed : 1;
-    std::vector<std::string> matched;
-    for (const auto& [path, info] : modules)
-      if (path_matches(entry.path, path)) matched.push_back(path);
-    if (matched.empty()) {
-      std::string known;
-      for (const auto& [path, info] : modules) known += (known.empty() ? "" : ", ") + path;
-      throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path + "' matches no module of the program " +
-                         "(its modules: " + known + ")");
-    }
-    for (const std::string& path : matched) {
+    for (const std::string& path : matched_modules(modules, entry.path)) {
       const ModuleInfo& info = modules.at(path);
       const std::string what = path + (info.type.empty() ? "" : " (" + info.type + ")");
       if (!info.weight)
@@ -105,6 +112,25 @@ std::map<std::string, Placements> plan_placements(const Program& program, const 
   return out;
 }
 
+std::vector<SequenceShardedModule> plan_sequence_parallel(const Program& program, const DeviceMesh& mesh, const ParallelizePlan& plan,
+                                                          const GraphParallelOptions& options) {
+  const int64_t tp = tp_dim_of(mesh, options);
+  const auto modules = detail::program_modules(program);
+  std::vector<SequenceShardedModule> out;
+  for (const PlanEntry& entry : plan)
+    if (const auto* sequence = std::get_if<SequenceParallel>(&entry.style)) {
+      const std::vector<std::string> matched = matched_modules(modules, entry.path);
+      const auto nodes = program.graph.nodes();
+      if (std::none_of(nodes.begin(), nodes.end(), [&](const Node* n) { return path_matches(entry.path, n->module_path); }))
+        throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path + "' (SequenceParallel) names " + matched.front() +
+                           (matched.size() > 1 ? " and " + std::to_string(matched.size() - 1) + " more" : "") +
+                           ", but no node of the program records that it ran in them (a joint program from "
+                           "_export_forward_backward keeps no module paths): export the training IR to place activations by module");
+      out.push_back({entry.path, tp, sequence->sequence_dim});
+    }
+  return out;
+}
+
 Program tensor_parallel_transform(Program program, const MeshPtr& mesh, const ParallelizePlan& plan,
                                   const GraphParallelOptions& options) {
   if (!mesh) throw DTensorError("tensor_parallel_transform: the mesh is null");
@@ -119,7 +145,8 @@ Program tensor_parallel_transform(Program program, const MeshPtr& mesh, const Pa
   }
   // The plan's weights stay sharded as planned (never gathered), and only the tensor-parallel mesh dim
   // shards anything: the other dims hold replicas.
-  detail::expand_marked(program, mesh, {.keep_state_in_place = true, .only_mesh_dim = tp});
+  detail::expand_marked(program, mesh,
+                        {.keep_state_in_place = true, .only_mesh_dim = tp, .sequence_sharded = plan_sequence_parallel(program, *mesh, plan, options)});
   return program;
 }
 

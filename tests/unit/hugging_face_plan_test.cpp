@@ -61,8 +61,8 @@ TEST(HuggingFacePlanTest, StylesWithoutMappingAreRefusedByName) {
   EXPECT_THAT(error_of([] { g::hugging_face_plan(R"({"model.layers.*.mlp.experts": "ep_dispatch_experts"})", "", "plan.json"); }),
               HasSubstr("plan.json: entry 'model.layers.*.mlp.experts': the Hugging Face style 'ep_dispatch_experts' "
                         "(expert-parallel token dispatch) has no graph-level mapping"));
-  EXPECT_THAT(error_of([] { g::hugging_face_plan(R"({"model.norm": "sequence_parallel"})"); }),
-              HasSubstr("'sequence_parallel'"));
+  EXPECT_THAT(error_of([] { g::hugging_face_plan(R"({"model.layers.*.self_attn.q_a_proj": "mla_kv_a_proj"})"); }),
+              HasSubstr("'mla_kv_a_proj'"));
   EXPECT_THAT(error_of([] { g::hugging_face_plan(R"({"lm_head": "colwize"})"); }),
               HasSubstr("entry 'lm_head': 'colwize' is no Hugging Face tensor-parallel style that dtensor knows; styles mapped: "
                         "all_reduce, colwise, colwise_gather_output"));

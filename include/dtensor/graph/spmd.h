@@ -51,6 +51,10 @@ struct SpmdPlacements {
   // Graph outputs by index (in Program::outputs) that must come back in given placements; the
   // others follow the rules above.
   std::map<size_t, Placements> outputs;
+  // Modules whose activations stay sharded along the sequence (plan_sequence_parallel: a plan's
+  // SequenceParallel entries, over its tensor-parallel dim, and over SpmdOptions::context_parallel_dim
+  // where one is set). Their nodes must record module paths (the training or core-ATen IR).
+  std::vector<SequenceShardedModule> sequence_sharded;
 };
 
 struct SpmdOptions {

@@ -39,9 +39,11 @@ struct GraphParallelOptions {
   std::string tp_dim;  // the tensor-parallel mesh dim (by name) on a mesh of more than one dim
 };
 
-// `plan`'s entries are ColwiseParallel or RowwiseParallel (their layout fields are not used: the graph
-// decides layouts by propagation). A path that matches no module of the program is an error that
-// lists the module paths.
+// `plan`'s entries are ColwiseParallel, RowwiseParallel (their layout fields are not used: the graph
+// decides layouts by propagation) or SequenceParallel (the module's activations stay sharded along the
+// sequence over the tensor-parallel dim: Megatron's sequence parallelism around norms, whose
+// row-parallel producers then reduce-scatter and whose column-parallel readers all-gather). A path that
+// matches no module of the program is an error that lists the module paths.
 Program tensor_parallel_transform(Program program, const MeshPtr& mesh, const ParallelizePlan& plan,
                                   const GraphParallelOptions& options = {});
 
@@ -50,5 +52,17 @@ Program tensor_parallel_transform(Program program, const MeshPtr& mesh, const Pa
 // spmd_expand (spmd.h), which combines them with data parallelism on another mesh dim.
 std::map<std::string, Placements> plan_placements(const Program& program, const DeviceMesh& mesh, const ParallelizePlan& plan,
                                                   const GraphParallelOptions& options = {});
+
+// Modules whose nodes keep every output of more than `sequence_dim` dims Shard(sequence_dim) over
+// `mesh_dim` (where their rules allow it): a plan's SequenceParallel entries.
+struct SequenceShardedModule {
+  std::string module_pattern;  // a plan path ("model.layers.*.input_layernorm")
+  int64_t mesh_dim = 0;
+  int64_t sequence_dim = 1;
+};
+// `plan`'s SequenceParallel entries on the tensor-parallel mesh dim, for spmd_expand
+// (SpmdPlacements::sequence_sharded); an entry that matches no module of the program is an error.
+std::vector<SequenceShardedModule> plan_sequence_parallel(const Program& program, const DeviceMesh& mesh, const ParallelizePlan& plan,
+                                                          const GraphParallelOptions& options = {});
 
 }  // namespace dtensor::graph

@@ -10,6 +10,7 @@
 #include "../harness.h"
 #include "expect_saves.h"
 #include "joint_step_matches.h"
+#include "sequence_parallel_norms.h"
 #include "adamw_losses.h"
 #include "../../support/test_models.h"
 #include "dtensor/graph/hugging_face.h"
@@ -74,6 +75,47 @@ TEST_F(HuggingFaceTensorParallelTest, EveryFamilyOnTheTpDimOfATwoDimMesh) {
     EXPECT_EQ(collectives_in(local), kMegatron) << local.str();
     expect_saves(local, "hf_" + family + "_2d_mesh", {tensor_map("hf/" + family + "_io").at("input0")});
   }
+}
+
+// Llama's plan with transformers' sequence_parallel style on its norms (Megatron's sequence
+// parallelism): every output of the norms' nodes is Shard(1) over tp, the sequence, and the logits
+// equal PyTorch's, through the TP transform and through spmd_expand on dp x tp of the forward program.
+// A joint program (no module paths recorded) is refused.
+TEST_F(HuggingFaceTensorParallelTest, SequenceParallelNormsKeepTheSequenceSharded) {
+  const ParallelizePlan plan = with_sequence_parallel_norms(plan_of("llama"));
+  g::Program local = g::tensor_parallel_transform(g::load_program(graph_model("hf/llama_train_ir.pt2")), mesh({4}), plan);
+  EXPECT_TRUE(tensors_close(logits_of(local, "llama"), tensor_map("hf/llama_io").at("output0"), 1e-4, 1e-5));
+  const auto [outputs, sharded] = norm_outputs_on_sequence_shards(local, 0);
+  EXPECT_GT(outputs, 0);
+  EXPECT_EQ(sharded, outputs) << local.str();
+  // Megatron's sequence parallelism: each all-reduce (the embedding's, each row-parallel layer's)
+  // becomes a reduce-scatter along the sequence, and each column-parallel block all-gathers it back;
+  // the logits are gathered once.
+  EXPECT_EQ(collectives_in(local), (std::map<std::string, int>{{"_c10d_functional::reduce_scatter_tensor", 1 + 2 * kLayers},
+                                                               {"_c10d_functional::all_gather_into_tensor", 1 + 2 * kLayers + 1}}))
+      << g::collectives_report(local);
+  expect_saves(local, "hf_llama_sequence_parallel", {tensor_map("hf/llama_io").at("input0")});
+
+  // spmd_expand on dp x tp: the batch over dp, the plan over tp.
+  const MeshPtr m = mesh({2, 2}, {}, {"dp", "tp"});
+  g::Program whole = g::load_program(graph_model("hf/llama_train_ir.pt2"));
+  g::SpmdPlacements where;
+  where.user_inputs = {{Shard(0), Replicate()}};
+  where.state = g::plan_placements(whole, *m, plan, {.tp_dim = "tp"});
+  where.sequence_sharded = g::plan_sequence_parallel(whole, *m, plan, {.tp_dim = "tp"});
+  where.outputs = {{0, Placements(2, Replicate())}};
+  g::Program expanded = g::spmd_expand(std::move(whole), m, where);
+  const at::Tensor ids = tensor_map("hf/llama_io").at("input0");
+  const at::Tensor logits = g::run(expanded, g::local_user_inputs(expanded, {ids}))[0].toTensor();
+  EXPECT_TRUE(tensors_close(logits, tensor_map("hf/llama_io").at("output0"), 1e-4, 1e-5));
+  const auto [expanded_outputs, expanded_sharded] = norm_outputs_on_sequence_shards(expanded, 1);
+  EXPECT_GT(expanded_outputs, 0);
+  EXPECT_EQ(expanded_sharded, expanded_outputs) << expanded.str();
+
+  // A joint program records no module paths: refused, not silently unsharded.
+  EXPECT_THAT(error_of([&] { g::plan_sequence_parallel(g::load_program(graph_model("hf/llama_joint.pt2")), *m, plan, {.tp_dim = "tp"}); }),
+              HasSubstr("plan entry 'model.layers.*.input_layernorm' (SequenceParallel) names model.layers.0.input_layernorm and 1 more, "
+                        "but no node of the program records that it ran in them"));
 }
 
 // Llama's 2 KV heads over 4 ranks: k_proj and v_proj are replicated (each rank holds all of them), the

@@ -13,6 +13,7 @@
 #include "adamw_losses.h"
 #include "expect_saves.h"
 #include "joint_step_matches.h"
+#include "sequence_parallel_norms.h"
 #include "dtensor/graph/program.h"
 #include "dtensor/graph/hugging_face.h"
 #include "dtensor/graph/spmd.h"
@@ -121,6 +122,36 @@ TEST_P(GraphSpmdContextParallel, HuggingFaceLlamaTrainsLikeItsEagerModel) {
   const std::vector<double> losses = adamw_losses(fresh, local_inputs, kSteps), expected = adamw_losses(whole, inputs, kSteps);
   for (int s = 0; s < kSteps; ++s) EXPECT_NEAR(losses[s], expected[s], 1e-4 * std::abs(expected[s])) << "step " << s;
   EXPECT_LT(losses.back(), losses.front());
+}
+
+// Sequence parallelism composes with context parallelism: Llama's loss program (core ATen, module
+// paths kept) on cp x tp with its norms sequence_parallel holds each norm's values sharded along the
+// sequence over both dims (over cp as every activation, over tp by the plan), attention on the
+// sequence shards, and computes PyTorch's loss.
+class GraphSequenceAndContextParallel : public DistTest {};
+
+TEST_F(GraphSequenceAndContextParallel, LlamaLossWithSequenceParallelNormsOnCpTimesTp) {
+  const MeshPtr m = mesh({2, 2}, {}, {"cp", "tp"});
+  const auto io = tensor_map("cp/llama_causal_joint_io");
+  g::Program whole = g::load_program(graph_model("cp/llama_causal_loss_aten.pt2"));
+  const ParallelizePlan plan =
+      with_sequence_parallel_norms(g::hugging_face_plan(graph_model_text("hf/llama_tp_plan.json"), "", "llama_tp_plan.json"));
+  g::SpmdPlacements where;
+  where.user_inputs.assign(2, Placements{Shard(1), Replicate()});
+  where.state = g::plan_placements(whole, *m, plan, {.tp_dim = "tp"});
+  where.sequence_sharded = g::plan_sequence_parallel(whole, *m, plan, {.tp_dim = "tp"});
+  where.outputs = {{0, Placements(2, Replicate())}};
+  g::Program step = g::spmd_expand(std::move(whole), m, where, {.context_parallel_dim = "cp"});
+  const at::Tensor loss = g::run(step, g::local_user_inputs(step, {io.at("input0"), io.at("input1")}))[0].toTensor();
+  EXPECT_TRUE(tensors_close(loss, io.at("loss"), 1e-5, 1e-6));
+  for (const size_t dim : {0, 1}) {
+    const auto [outputs, sharded] = norm_outputs_on_sequence_shards(step, dim);
+    EXPECT_GT(outputs, 0);
+    EXPECT_EQ(sharded, outputs) << "mesh dim " << dim << "\n" << step.str();
+  }
+  const auto [attention, own] = attention_on_own_queries(step, io.at("input0").size(1));
+  EXPECT_GT(attention, 0);
+  EXPECT_EQ(own, attention);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, GraphSpmdContextParallel,
