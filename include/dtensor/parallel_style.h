@@ -84,6 +84,10 @@ using ParallelStyle = std::variant<ColwiseParallel, RowwiseParallel, SequencePar
 struct PlanEntry {
   std::string path;
   ParallelStyle style;
+  // Skipped where it matches no module, instead of refused: transformers' plans are written once for
+  // every config of a model type (Qwen3-MoE's names dense MLP layers that a config with mlp_only_layers
+  // empty lacks), and transformers skips such entries. hugging_face_plan sets it.
+  bool optional = false;
 };
 using ParallelizePlan = std::vector<PlanEntry>;
 

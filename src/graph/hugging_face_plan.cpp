@@ -58,7 +58,8 @@ std::string known_styles() {
 
 }  // namespace
 
-ParallelizePlan hugging_face_plan(const std::string& json_text, const std::string& base_model_prefix, const std::string& source) {
+ParallelizePlan hugging_face_plan(const std::string& json_text, const std::string& base_model_prefix, const std::string& source,
+                                  bool strict) {
   json doc;
   try {
     doc = json::parse(json_text);
@@ -81,7 +82,7 @@ ParallelizePlan hugging_face_plan(const std::string& json_text, const std::strin
     if (!style.is_string()) throw DTensorError(entry + ": the style must be a string, got " + std::string(style.type_name()));
     const std::string name = style.get<std::string>();
     if (auto it = mapped_styles().find(name); it != mapped_styles().end()) {
-      if (it->second) plan.push_back({prefix + path, *it->second});
+      if (it->second) plan.push_back({prefix + path, *it->second, /*optional=*/!strict});
     } else if (auto refused = refused_styles().find(name); refused != refused_styles().end()) {
       throw DTensorError(entry + ": the Hugging Face style '" + name + "' (" + refused->second +
                          ") has no graph-level mapping in dtensor yet; styles mapped: " + known_styles());

@@ -356,6 +356,8 @@ std::string arg_str(const Arg& a) {
 std::string Graph::str(const Annotations* annotations) const {
   auto placed = [&](const Value& v) { return annotations ? annotations->placements_str(v) : std::string(); };
   std::ostringstream out;
+  if (annotations)
+    for (const std::string& note : annotations->program_notes()) out << "# " << note << "\n";
   for (const Value* v : inputs_) {
     out << "%" << v->name << " : input";
     if (v->is_tensor()) out << " " << shape_str(v->meta.shape);

@@ -30,12 +30,14 @@ bool shards_by_heads(const std::string& entry, const std::string& path, const Mo
 // Seed 000's parameter placements, with each module sharded as what it is (module_kinds.h): a Linear's
 // weight is [out, in], a Conv1D's [in, out], an Embedding's [vocabulary, dim] (row-parallel shards the
 // vocabulary, column-parallel the embedding dim, as module-level styles do).
-// The program's modules that plan entry `pattern` names; none is an error listing them all.
-std::vector<std::string> matched_modules(const std::map<std::string, ModuleInfo>& modules, const std::string& pattern) {
+// The program's modules that plan entry `entry` names; none is an error listing them all, unless the
+// entry is optional.
+std::vector<std::string> matched_modules(const std::map<std::string, ModuleInfo>& modules, const PlanEntry& entry) {
+  const std::string& pattern = entry.path;
   std::vector<std::string> matched;
   for (const auto& [path, info] : modules)
     if (path_matches(pattern, path)) matched.push_back(path);
-  if (matched.empty()) {
+  if (matched.empty() && !entry.optional) {
     std::string known;
     for (const auto& [path, info] : modules) known += (known.empty() ? "" : ", ") + path;
     throw DTensorError("tensor_parallel_transform: plan entry '" + pattern + "' matches no module of the program " + "(its modules: " +
@@ -54,7 +56,7 @@ std::map<std::string, Placement> parameter_placements(const Program& program, co
       throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path +
                          "': only ColwiseParallel, RowwiseParallel and SequenceParallel apply to graphs");
     const int64_t packed = colwise ? colwise->packed : 1;
-    for (const std::string& path : matched_modules(modules, entry.path)) {
+    for (const std::string& path : matched_modules(modules, entry)) {
       const ModuleInfo& info = modules.at(path);
       const std::string what = path + (info.type.empty() ? "" : " (" + info.type + ")");
       if (!info.weight)
@@ -119,7 +121,8 @@ std::vector<SequenceShardedModule> plan_sequence_parallel(const Program& program
   std::vector<SequenceShardedModule> out;
   for (const PlanEntry& entry : plan)
     if (const auto* sequence = std::get_if<SequenceParallel>(&entry.style)) {
-      const std::vector<std::string> matched = matched_modules(modules, entry.path);
+      const std::vector<std::string> matched = matched_modules(modules, entry);
+      if (matched.empty()) continue;  // optional
       const auto nodes = program.graph.nodes();
       if (std::none_of(nodes.begin(), nodes.end(), [&](const Node* n) { return path_matches(entry.path, n->module_path); }))
         throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path + "' (SequenceParallel) names " + matched.front() +
@@ -131,6 +134,14 @@ std::vector<SequenceShardedModule> plan_sequence_parallel(const Program& program
   return out;
 }
 
+std::vector<std::string> unmatched_plan_entries(const Program& program, const ParallelizePlan& plan) {
+  const auto modules = detail::program_modules(program);
+  std::vector<std::string> out;
+  for (const PlanEntry& entry : plan)
+    if (std::none_of(modules.begin(), modules.end(), [&](const auto& m) { return path_matches(entry.path, m.first); })) out.push_back(entry.path);
+  return out;
+}
+
 Program tensor_parallel_transform(Program program, const MeshPtr& mesh, const ParallelizePlan& plan,
                                   const GraphParallelOptions& options) {
   if (!mesh) throw DTensorError("tensor_parallel_transform: the mesh is null");
@@ -138,6 +149,8 @@ Program tensor_parallel_transform(Program program, const MeshPtr& mesh, const Pa
     throw DTensorError("tensor_parallel_transform: this rank is not part of " + mesh->str() + ", so it has no program to run");
   const int64_t tp = tp_dim_of(*mesh, options);
   const auto params = plan_placements(program, *mesh, plan, options);
+  for (const std::string& entry : unmatched_plan_entries(program, plan))
+    program.annotations.add_program_note("plan entry '" + entry + "' matches no module of the program: skipped");
   const Placements replicate(mesh->ndim(), Replicate());
   for (const InputSpec& spec : program.inputs) {
     auto it = params.find(spec.target);

@@ -47,6 +47,7 @@ void parallelize_module(torch::nn::Module& module, const MeshPtr& mesh, const Pa
   const detail::StyleContext context{mesh, tensor_parallel_dim(mesh, options)};
   for (const PlanEntry& entry : plan) {
     const auto matches = match_submodules(module, entry.path);
+    if (matches.empty() && entry.optional) continue;
     if (matches.empty()) {
       std::string children;
       for (const auto& child : module.named_modules("", /*include_self=*/false))

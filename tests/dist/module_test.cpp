@@ -126,6 +126,9 @@ TEST_F(ModuleTest, ModuleParallelizationErrorsSayWhatToDo) {
   auto model = seeded<TwoLayer>(6, 10);
   EXPECT_THAT(error_of([&] { parallelize_module(*model, m, {{"layers.*", ColwiseParallel{}}}); }),
               ::testing::HasSubstr("plan entry 'layers.*' matches no submodule of dtensor::testing::TwoLayerImpl (its submodules: up, down)"));
+  // An optional entry (a transformers plan's) that matches nothing is skipped; the others apply.
+  parallelize_module(*model, m, {{"layers.*", ColwiseParallel{}, /*optional=*/true}, {"up", ColwiseParallel{}}});
+  EXPECT_TRUE(is_dtensor(model->up->weight));
   torch::nn::LayerNorm norm(torch::nn::LayerNormOptions({6}));
   EXPECT_THAT(error_of([&] { parallelize_module(*norm, m, {{"", ColwiseParallel{}}}); }),
               ::testing::HasSubstr("ColwiseParallel supports torch::nn::Linear, Conv1d/2d/3d, BatchNorm1d/2d/3d, "

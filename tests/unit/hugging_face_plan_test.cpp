@@ -2,6 +2,7 @@
 // the model's own plan, a config's base_model_tp_plan under a prefix, and the errors for styles with
 // no mapping.
 
+#include <algorithm>
 #include <gmock/gmock.h>
 
 #include "../support/error_of.h"
@@ -29,6 +30,10 @@ TEST(HuggingFacePlanTest, LlamasOwnPlan) {
   EXPECT_TRUE(rowwise(*by_path.at("model.embed_tokens")));  // embedding_rowwise
   EXPECT_TRUE(colwise(*by_path.at("model.layers.*.self_attn.k_proj")));
   EXPECT_TRUE(rowwise(*by_path.at("model.layers.*.mlp.down_proj")));
+  // Optional (skipped where they match nothing, as transformers skips them), unless read strictly.
+  EXPECT_TRUE(std::all_of(plan.begin(), plan.end(), [](const PlanEntry& e) { return e.optional; }));
+  const ParallelizePlan strict = g::hugging_face_plan(graph_model_text("hf/llama_tp_plan.json"), "", "llama_tp_plan.json", true);
+  EXPECT_TRUE(std::none_of(strict.begin(), strict.end(), [](const PlanEntry& e) { return e.optional; }));
 }
 
 // Mixtral's plan names its experts' 3-d weights themselves: gate/up packed column-parallel, down

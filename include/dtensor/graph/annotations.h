@@ -51,6 +51,11 @@ class Annotations {
   const LocalKernel* local_kernel(const Node& n) const;      // nullptr where none
   void set_local_kernel(const Node& n, LocalKernel kernel);
 
+  // What a transform says of the whole program (a plan entry it skipped), in order; the program's text
+  // starts with them.
+  const std::vector<std::string>& program_notes() const { return program_notes_; }
+  void add_program_note(std::string note) { program_notes_.push_back(std::move(note)); }
+
  private:
   struct NodeFacts {
     std::string note;
@@ -75,6 +80,7 @@ class Annotations {
   };
   ByValue<Placements> placements_;
   ByValue<TensorMeta> global_metas_;
+  std::vector<std::string> program_notes_;
   std::unordered_map<uint64_t, NodeFacts> nodes_;      // by Node::id
 };
 

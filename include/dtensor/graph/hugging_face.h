@@ -16,11 +16,13 @@
 //   replicate, replicated_with_grad_allreduce,    no entry: parameters a graph plan does not name are
 //   all_reduce                                    Replicate, their gradients reduced over the mesh and a
 //                                                 partial module output reduced where propagation needs
-//   packed_rowwise, sequence_parallel, local_params, mla_kv_a_proj and the mixture-of-experts styles
-//   (moe_tp_experts, moe_identity_expert, grouped_gemm, ep_dispatch_experts): refused, no graph
-//   mapping yet.
+//   moe_tp_experts                                no entry: the experts' own entries shard their weights
+//   sequence_parallel                             SequenceParallel: the module's values Shard(1)
+//   packed_rowwise, local_params, mla_kv_a_proj and the expert-parallel styles (moe_identity_expert,
+//   grouped_gemm, ep_dispatch_experts): refused, no graph mapping yet.
 // Wildcards are transformers' ("layers.*.mlp"), which are dtensor's. An unknown style is an error
-// naming it and the entry.
+// naming it and the entry. Entries are PlanEntry::optional: one that matches no module of the program
+// is skipped, as transformers skips it (the transform notes it on the program), unless `strict`.
 
 #include <string>
 
@@ -33,6 +35,6 @@ namespace dtensor::graph {
 // the base model and get `base_model_prefix` + "." in front ("model" for Llama-like models,
 // "transformer" for GPT-2). `source` names the text in errors (a file name).
 ParallelizePlan hugging_face_plan(const std::string& json_text, const std::string& base_model_prefix = "",
-                                  const std::string& source = "the Hugging Face plan");
+                                  const std::string& source = "the Hugging Face plan", bool strict = false);
 
 }  // namespace dtensor::graph

@@ -43,7 +43,8 @@ struct GraphParallelOptions {
 // decides layouts by propagation) or SequenceParallel (the module's activations stay sharded along the
 // sequence over the tensor-parallel dim: Megatron's sequence parallelism around norms, whose
 // row-parallel producers then reduce-scatter and whose column-parallel readers all-gather). A path that
-// matches no module of the program is an error that lists the module paths.
+// matches no module of the program is an error that lists the module paths, unless the entry is
+// optional (PlanEntry::optional, as hugging_face_plan makes them): then it is skipped and noted.
 Program tensor_parallel_transform(Program program, const MeshPtr& mesh, const ParallelizePlan& plan,
                                   const GraphParallelOptions& options = {});
 
@@ -53,6 +54,10 @@ Program tensor_parallel_transform(Program program, const MeshPtr& mesh, const Pa
 std::map<std::string, Placements> plan_placements(const Program& program, const DeviceMesh& mesh, const ParallelizePlan& plan,
                                                   const GraphParallelOptions& options = {});
 
+// The paths of `plan`'s entries that match no module of the program (optional entries, which the
+// transforms skip; tensor_parallel_transform notes them on the program it returns).
+std::vector<std::string> unmatched_plan_entries(const Program& program, const ParallelizePlan& plan);
+
 // Modules whose nodes keep every output of more than `sequence_dim` dims Shard(sequence_dim) over
 // `mesh_dim` (where their rules allow it): a plan's SequenceParallel entries.
 struct SequenceShardedModule {
@@ -61,7 +66,8 @@ struct SequenceShardedModule {
   int64_t sequence_dim = 1;
 };
 // `plan`'s SequenceParallel entries on the tensor-parallel mesh dim, for spmd_expand
-// (SpmdPlacements::sequence_sharded); an entry that matches no module of the program is an error.
+// (SpmdPlacements::sequence_sharded); an entry that matches no module of the program is an error
+// (skipped where optional).
 std::vector<SequenceShardedModule> plan_sequence_parallel(const Program& program, const DeviceMesh& mesh, const ParallelizePlan& plan,
                                                           const GraphParallelOptions& options = {});
 

@@ -152,6 +152,26 @@ TEST_F(HuggingFaceTensorParallelTest, EachLayerShardedAsWhatItIs) {
   EXPECT_EQ(mixtral.state.at("model.layers.0.mlp.gate.weight").tensor().sizes(), (at::IntArrayRef{4, 32}));  // the router: whole
 }
 
+// transformers writes one plan for every config of a model type, and skips the entries a config's
+// model lacks (Qwen3-MoE's plan names dense MLP layers that a config with no mlp_only_layers has none
+// of, and its experts): so does the transform, noting each on the program; strict, it refuses them.
+TEST_F(HuggingFaceTensorParallelTest, EntriesMatchingNothingAreSkippedAsTransformersSkipsThem) {
+  const std::string extra = R"({"model.layers.*.mlp.experts.gate_up_proj": "packed_colwise", "model.layers.*.mlp.shared_expert.up_proj": "colwise"})";
+  ParallelizePlan plan = plan_of("llama");
+  for (PlanEntry& e : g::hugging_face_plan(extra)) plan.push_back(std::move(e));
+  g::Program local = g::tensor_parallel_transform(g::load_program(graph_model("hf/llama_train_ir.pt2")), mesh({4}), plan);
+  EXPECT_TRUE(tensors_close(logits_of(local, "llama"), tensor_map("hf/llama_io").at("output0"), 1e-4, 1e-5));
+  EXPECT_EQ(collectives_in(local), kMegatron);
+  EXPECT_EQ(local.annotations.program_notes(),
+            (std::vector<std::string>{"plan entry 'model.layers.*.mlp.experts.gate_up_proj' matches no module of the program: skipped",
+                                      "plan entry 'model.layers.*.mlp.shared_expert.up_proj' matches no module of the program: skipped"}));
+  EXPECT_THAT(local.str(), HasSubstr("# plan entry 'model.layers.*.mlp.experts.gate_up_proj' matches no module of the program: skipped\n"));
+
+  for (PlanEntry& e : g::hugging_face_plan(extra, "", "qwen3_moe_tp_plan.json", /*strict=*/true)) plan.push_back(std::move(e));
+  EXPECT_THAT(error_of([&] { g::tensor_parallel_transform(g::load_program(graph_model("hf/llama_train_ir.pt2")), mesh({4}), plan); }),
+              HasSubstr("plan entry 'model.layers.*.mlp.experts.gate_up_proj' matches no module of the program (its modules: "));
+}
+
 TEST_F(HuggingFaceTensorParallelTest, PlansThatDoNotFitAreRefused) {
   auto load = [](const std::string& archive) { return g::load_program(graph_model("hf/" + archive + ".pt2")); };
   // A norm is no layer a graph style shards.
