@@ -244,15 +244,21 @@ void keep_allowed(NodeOptions& n, const MarkOptions& options, const std::set<con
   n.options = allowed.empty() ? std::move(on_mesh_dims) : std::move(allowed);
 }
 
+// The node's strategies that `wanted` accepts, where it accepts any (else all stay: the op cannot keep
+// that layout, and propagation places it as usual).
+template <typename Wanted>
+void keep_where_possible(NodeOptions& n, const Wanted& wanted) {
+  if (std::any_of(n.options.begin(), n.options.end(), wanted))
+    std::erase_if(n.options, [&](const OutputSharding& d) { return !wanted(d); });
+}
+
 // Under context parallelism over a mesh dim, an attention node keeps only the strategies that shard
 // its queries (argument 0: [batch, heads, sequence, head dim], or their output's gradient) along the
 // sequence over that dim, where it has any.
 void keep_context_parallel(NodeOptions& n, const MarkOptions& options) {
   if (!options.context_parallel_dim || sharding_rule_family(n.node->op_name()) != "attention") return;
   const auto cp = static_cast<size_t>(*options.context_parallel_dim);
-  const auto sequence_sharded = [&](const OutputSharding& d) { return !d.chosen.inputs.empty() && d.chosen.inputs[0][cp] == Placement(Shard(2)); };
-  if (std::any_of(n.options.begin(), n.options.end(), sequence_sharded))
-    std::erase_if(n.options, [&](const OutputSharding& d) { return !sequence_sharded(d); });
+  keep_where_possible(n, [&](const OutputSharding& d) { return !d.chosen.inputs.empty() && d.chosen.inputs[0][cp] == Placement(Shard(2)); });
 }
 
 // A node of a sequence-sharded module keeps only the strategies that shard each of its outputs of
@@ -263,16 +269,14 @@ void keep_sequence_sharded(NodeOptions& n, const MarkOptions& options) {
     if (!path_matches(module.module_pattern, n.node->module_path)) continue;
     std::vector<size_t> mesh_dims = {static_cast<size_t>(module.mesh_dim)};
     if (options.context_parallel_dim) mesh_dims.push_back(static_cast<size_t>(*options.context_parallel_dim));
-    const auto sequence_sharded = [&](const OutputSharding& d) {
+    keep_where_possible(n, [&](const OutputSharding& d) {
       for (size_t k = 0; k < d.chosen.outputs.size() && k < n.outputs.size(); ++k)
         for (const size_t m : mesh_dims)
           if (static_cast<int64_t>(n.outputs[k]->meta.shape.size()) > module.sequence_dim &&
               d.chosen.outputs[k][m] != Placement(Shard(module.sequence_dim)))
             return false;
       return true;
-    };
-    if (std::any_of(n.options.begin(), n.options.end(), sequence_sharded))
-      std::erase_if(n.options, [&](const OutputSharding& d) { return !sequence_sharded(d); });
+    });
   }
 }
 

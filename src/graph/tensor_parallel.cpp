@@ -27,25 +27,29 @@ bool shards_by_heads(const std::string& entry, const std::string& path, const Mo
                      std::to_string(*info.heads) + " or is a multiple of it, or leave " + path + " out of the plan to replicate it");
 }
 
-// Seed 000's parameter placements, with each module sharded as what it is (module_kinds.h): a Linear's
-// weight is [out, in], a Conv1D's [in, out], an Embedding's [vocabulary, dim] (row-parallel shards the
-// vocabulary, column-parallel the embedding dim, as module-level styles do).
-// The program's modules that plan entry `entry` names; none is an error listing them all, unless the
-// entry is optional.
-std::vector<std::string> matched_modules(const std::map<std::string, ModuleInfo>& modules, const PlanEntry& entry) {
-  const std::string& pattern = entry.path;
+// The program's modules that plan path `pattern` names.
+std::vector<std::string> modules_named(const std::map<std::string, ModuleInfo>& modules, const std::string& pattern) {
   std::vector<std::string> matched;
   for (const auto& [path, info] : modules)
     if (path_matches(pattern, path)) matched.push_back(path);
+  return matched;
+}
+
+// The modules plan entry `entry` names; none is an error listing them all, unless the entry is optional.
+std::vector<std::string> matched_modules(const std::map<std::string, ModuleInfo>& modules, const PlanEntry& entry) {
+  std::vector<std::string> matched = modules_named(modules, entry.path);
   if (matched.empty() && !entry.optional) {
     std::string known;
     for (const auto& [path, info] : modules) known += (known.empty() ? "" : ", ") + path;
-    throw DTensorError("tensor_parallel_transform: plan entry '" + pattern + "' matches no module of the program " + "(its modules: " +
+    throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path + "' matches no module of the program " + "(its modules: " +
                        known + ")");
   }
   return matched;
 }
 
+// Seed 000's parameter placements, with each module sharded as what it is (module_kinds.h): a Linear's
+// weight is [out, in], a Conv1D's [in, out], an Embedding's [vocabulary, dim] (row-parallel shards the
+// vocabulary, column-parallel the embedding dim, as module-level styles do).
 std::map<std::string, Placement> parameter_placements(const Program& program, const ParallelizePlan& plan, int64_t ranks) {
   const auto modules = detail::program_modules(program);
   std::map<std::string, Placement> out;
@@ -138,7 +142,7 @@ std::vector<std::string> unmatched_plan_entries(const Program& program, const Pa
   const auto modules = detail::program_modules(program);
   std::vector<std::string> out;
   for (const PlanEntry& entry : plan)
-    if (std::none_of(modules.begin(), modules.end(), [&](const auto& m) { return path_matches(entry.path, m.first); })) out.push_back(entry.path);
+    if (modules_named(modules, entry.path).empty()) out.push_back(entry.path);
   return out;
 }
 
