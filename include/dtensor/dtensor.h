@@ -2,6 +2,7 @@
 // Everything a dtensor user needs: meshes, placements, the DTensor API and the launcher. Modules and
 // tensor parallelism are in dtensor/parallel.h (kept apart: torch::nn's headers are heavy to compile).
 
+#include "dtensor/all_to_all.h"
 #include "dtensor/api.h"
 #include "dtensor/device_mesh.h"
 #include "dtensor/dtensor_impl.h"

@@ -1,0 +1,118 @@
+// The experts of a MoE layer on one rank: token rows permuted by expert, sent to their experts' ranks
+// (expert parallelism), run through the local experts as one grouped matrix multiply, sent back, and
+// summed per token with their routing weights.
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "../mesh/collectives.h"
+#include "dtensor/all_to_all.h"
+#include "dtensor/errors.h"
+#include "moe_kernels.h"
+
+namespace dtensor::detail {
+namespace {
+
+std::vector<int64_t> as_vector(const at::Tensor& t) {
+  const at::Tensor c = t.to(at::kLong).contiguous();
+  return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
+}
+
+void check_routing(const at::Tensor& experts, const MoEOptions& options, const std::string& path, const ExpertPlacement& placement) {
+  if (experts.numel() == 0) return;
+  const int64_t low = experts.min().item<int64_t>(), high = experts.max().item<int64_t>();
+  if (low < 0 || high > dropped_expert(options)) {
+    std::string where = placement.mesh ? " (experts spread over mesh dim " + std::to_string(placement.dim) + ")" : "";
+    throw DTensorError("MoE layer '" + path + "'" + where + ": the router chose expert " +
+                       std::to_string(low < 0 ? low : high) + ", outside [0, " + std::to_string(options.experts) +
+                       "); a router must return indices of the layer's experts (or " +
+                       std::to_string(dropped_expert(options)) + " for a dropped assignment)");
+  }
+}
+
+// x [rows, in] times each expert's w [in -> out] ([experts, out, in], transformers' layout) on its
+// block of rows (counts[e] rows each, in expert order). One grouped matrix multiply where LibTorch
+// has one for this dtype and layout (float and 16-bit types with 16-byte aligned rows), else one
+// matrix multiply per expert.
+at::Tensor grouped_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts) {
+  const auto element = static_cast<int64_t>(x.element_size());
+  const bool grouped_kernel = (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf) &&
+                              (x.size(1) * element) % 16 == 0 && (w.size(1) * element) % 16 == 0;
+  if (grouped_kernel) {
+    const at::Tensor offsets = counts.cumsum(0).to(at::kInt);
+    return at::_grouped_mm(x.contiguous(), w.transpose(-2, -1), offsets);
+  }
+  std::vector<at::Tensor> blocks;
+  int64_t at_row = 0;
+  const std::vector<int64_t> rows = as_vector(counts);
+  for (size_t e = 0; e < rows.size(); ++e) {
+    blocks.push_back(at::matmul(x.narrow(0, at_row, rows[e]), w[static_cast<int64_t>(e)].t()));
+    at_row += rows[e];
+  }
+  return blocks.empty() ? at::empty({0, w.size(1)}, x.options()) : at::cat(blocks);
+}
+
+// The SwiGLU MLPs of the experts on their rows (blocks of `counts` rows in expert order).
+at::Tensor expert_mlps(const at::Tensor& rows, const at::Tensor& gate_up, const at::Tensor& down, const at::Tensor& counts) {
+  const at::Tensor both = grouped_linear(rows, gate_up, counts);
+  const auto halves = both.chunk(2, -1);
+  return grouped_linear(at::silu(halves[0]) * halves[1], down, counts);
+}
+
+// Rows received from every member, in (member, local expert) blocks, reordered into (local expert,
+// member) blocks: the order `received` [members, local experts] of counts gives the positions of.
+at::Tensor expert_major_order(const at::Tensor& received) {
+  const at::Tensor starts = (received.reshape(-1).cumsum(0) - received.reshape(-1)).reshape(received.sizes());
+  std::vector<at::Tensor> pieces;
+  const std::vector<int64_t> count = as_vector(received), start = as_vector(starts);
+  const int64_t members = received.size(0), local = received.size(1);
+  for (int64_t e = 0; e < local; ++e)
+    for (int64_t m = 0; m < members; ++m) {
+      const auto i = static_cast<size_t>(m * local + e);
+      pieces.push_back(at::arange(start[i], start[i] + count[i], at::kLong));
+    }
+  return pieces.empty() ? at::empty({0}, at::kLong) : at::cat(pieces);
+}
+
+// The expert outputs for `rows` (sorted by expert, `counts` per global expert): run here, or sent to
+// the experts' ranks and back.
+at::Tensor dispatched_mlps(const at::Tensor& rows, const at::Tensor& counts, const at::Tensor& gate_up,
+                           const at::Tensor& down, const ExpertPlacement& placement) {
+  if (!placement.mesh) return expert_mlps(rows, gate_up, down, counts);
+  const MeshPtr& mesh = placement.mesh;
+  const int64_t members = mesh->size(placement.dim), local = gate_up.size(0);
+  const at::Tensor per_member = counts.reshape({members, local});
+  // What each member sends this one, per local expert: one small all-to-all of the counts.
+  const at::Tensor received =
+      detail::all_to_all(*mesh, placement.dim, per_member.reshape(-1), std::vector<int64_t>(members, local),
+                         std::vector<int64_t>(members, local))
+          .reshape({members, local});
+  const std::vector<int64_t> send = as_vector(per_member.sum(1)), receive = as_vector(received.sum(1));
+  const at::Tensor arrived = all_to_all_single(rows, receive, send, mesh, placement.dim);
+  const at::Tensor order = expert_major_order(received);
+  const at::Tensor outputs = expert_mlps(arrived.index_select(0, order), gate_up, down, received.sum(0));
+  const at::Tensor back_in_arrival_order = outputs.index_select(0, at::argsort(order));
+  return all_to_all_single(back_in_arrival_order, send, receive, mesh, placement.dim);
+}
+
+}  // namespace
+
+at::Tensor run_experts(const at::Tensor& hidden, const at::Tensor& experts, const at::Tensor& weights,
+                       const at::Tensor& gate_up, const at::Tensor& down, const MoEOptions& options,
+                       const ExpertPlacement& placement, const std::string& path) {
+  check_routing(experts, options, path, placement);
+  const int64_t k = experts.size(1);
+  const at::Tensor flat_experts = experts.reshape(-1);
+  const at::Tensor kept = flat_experts.lt(options.experts).nonzero().squeeze(1);  // dropped ones go nowhere
+  const at::Tensor kept_experts = flat_experts.index_select(0, kept);
+  const at::Tensor order = kept.index_select(0, at::argsort(kept_experts, /*stable=*/true));  // by expert
+  const at::Tensor tokens = at::div(order, k, "floor");
+  const at::Tensor counts = at::bincount(kept_experts, {}, options.experts);
+  const at::Tensor outputs = dispatched_mlps(hidden.index_select(0, tokens), counts, gate_up, down, placement);
+  const at::Tensor weighted = outputs * weights.reshape(-1).index_select(0, order).unsqueeze(1);
+  return at::zeros_like(hidden).index_add(0, tokens, weighted.to(hidden.scalar_type()));
+}
+
+}  // namespace dtensor::detail

@@ -1,0 +1,309 @@
+// The MoE layer (dtensor/moe.h) against an oracle written here on the whole tensors of one process
+// (routing by hand, token by token, each expert's SwiGLU MLP as three matrix products): in one
+// process, and under expert parallelism over the 1-d mesh of 4 and over a dim of the 2x2 mesh, on MPI
+// and Gloo, with token counts that do not divide by the ranks. Routings where some experts (and so
+// some ranks) receive no token and one expert receives all of them, top-1 and top-2, dropless and with
+// a capacity that drops (the same assignments the oracle drops, group by group), the load-balancing
+// loss, every gradient, and AdamW steps; bad input refused naming the layer and the mesh dim.
+
+#include <ATen/ATen.h>
+#include <torch/nn/functional.h>
+#include <torch/optim/adamw.h>
+
+#include "dtensor/checkpoint.h"
+#include "dtensor/moe.h"
+#include "harness.h"
+
+namespace dtensor::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kHidden = 8, kIntermediate = 4;
+
+enum class Skew { None, AllToExpertZero };
+
+MoEOptions moe_options(int64_t experts, int64_t top_k, std::optional<double> capacity = std::nullopt) {
+  MoEOptions o;
+  o.hidden = kHidden;
+  o.intermediate = kIntermediate;
+  o.experts = experts;
+  o.top_k = top_k;
+  o.normalize_top_k = top_k > 1;
+  o.capacity_factor = capacity;
+  return o;
+}
+
+struct Weights {
+  at::Tensor gate, gate_up, down;  // whole, [E, H], [E, 2I, H], [E, H, I]
+};
+
+// Deterministic weights; with AllToExpertZero the gate scores expert 0 far above the rest for every
+// token (the inputs' feature 0 is large and positive), so it receives every first choice.
+Weights weights_for(int64_t experts, Skew skew) {
+  at::manual_seed(7);
+  Weights w{at::randn({experts, kHidden}, at::kDouble).mul(0.5), at::randn({experts, 2 * kIntermediate, kHidden}, at::kDouble).mul(0.3),
+            at::randn({experts, kHidden, kIntermediate}, at::kDouble).mul(0.3)};
+  if (skew == Skew::AllToExpertZero) w.gate.select(1, 0).zero_().select(0, 0).fill_(10.0);
+  return w;
+}
+
+at::Tensor tokens_for(int64_t batch, int64_t sequence) {
+  at::manual_seed(11);
+  at::Tensor x = at::randn({batch, sequence, kHidden}, at::kDouble);
+  x.select(2, 0).abs_().add_(3.0);
+  return x;
+}
+
+// The oracle: one token group at a time (the tokens of one rank), each token's top-k by the softmax,
+// GShard's capacity taken by hand (first choices first, in token order), each kept expert's MLP on
+// the token alone. Returns the output [tokens, H] and the number of dropped assignments.
+std::pair<at::Tensor, int64_t> oracle_group(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& gate_up,
+                                            const at::Tensor& down, const MoEOptions& o) {
+  const int64_t tokens = x.size(0), experts = gate.size(0);
+  const at::Tensor probabilities = at::softmax(at::matmul(x, gate.t()), -1);
+  const auto [top_values, top_index] = at::topk(probabilities, o.top_k, -1);
+  const int64_t capacity = o.capacity_factor ? int64_t(std::ceil(*o.capacity_factor * tokens * o.top_k / double(experts))) : tokens * o.top_k;
+  std::vector<int64_t> taken(static_cast<size_t>(experts), 0);
+  std::vector<std::vector<bool>> kept(static_cast<size_t>(tokens), std::vector<bool>(static_cast<size_t>(o.top_k)));
+  int64_t dropped = 0;
+  for (int64_t choice = 0; choice < o.top_k; ++choice)
+    for (int64_t t = 0; t < tokens; ++t) {
+      auto& count = taken[static_cast<size_t>(top_index[t][choice].item<int64_t>())];
+      kept[t][choice] = count < capacity;
+      count += kept[t][choice] ? 1 : 0;
+      dropped += kept[t][choice] ? 0 : 1;
+    }
+  std::vector<at::Tensor> rows;
+  for (int64_t t = 0; t < tokens; ++t) {
+    at::Tensor row = at::zeros({kHidden}, x.options());
+    const at::Tensor total = top_values[t].sum();
+    for (int64_t choice = 0; choice < o.top_k; ++choice) {
+      if (!kept[t][choice]) continue;
+      const int64_t e = top_index[t][choice].item<int64_t>();
+      const at::Tensor g = at::matmul(gate_up[e].narrow(0, 0, kIntermediate), x[t]);
+      const at::Tensor u = at::matmul(gate_up[e].narrow(0, kIntermediate, kIntermediate), x[t]);
+      const at::Tensor weight = o.normalize_top_k ? top_values[t][choice] / total : top_values[t][choice];
+      row = row + weight * at::matmul(down[e], g * at::sigmoid(g) * u);
+    }
+    rows.push_back(row);
+  }
+  return {at::stack(rows), dropped};
+}
+
+struct OracleResult {
+  at::Tensor output;                // [batch, sequence, H]
+  std::vector<int64_t> dropped;     // per group
+  std::vector<at::Tensor> grads;    // of x, gate, gate_up, down for the test's loss
+};
+
+// The test's loss: the output against fixed weights, plus the load-balancing loss times 0.1.
+at::Tensor output_weights(const at::Tensor& output) {
+  return at::arange(output.numel(), output.options()).reshape(output.sizes()).remainder(7).sub(3).mul(0.25);
+}
+
+OracleResult oracle(const at::Tensor& x, const Weights& w, const MoEOptions& o, int64_t groups) {
+  std::vector<at::Tensor> leaves{x.clone().requires_grad_(), w.gate.clone().requires_grad_(), w.gate_up.clone().requires_grad_(),
+                                 w.down.clone().requires_grad_()};
+  OracleResult r;
+  std::vector<at::Tensor> outputs;
+  for (const at::Tensor& group : leaves[0].chunk(groups, 0)) {
+    auto [out, dropped] = oracle_group(group.reshape({-1, kHidden}), leaves[1], leaves[2], leaves[3], o);
+    outputs.push_back(out.reshape(group.sizes()));
+    r.dropped.push_back(dropped);
+  }
+  r.output = at::cat(outputs);
+  // transformers' load_balancing_loss_func on every token, written out.
+  const at::Tensor probabilities = at::softmax(at::matmul(leaves[0].reshape({-1, kHidden}), leaves[1].t()), -1);
+  const at::Tensor chosen = std::get<1>(at::topk(probabilities, o.top_k, -1));
+  const at::Tensor share = at::zeros({o.experts}, x.options()).index_add(0, chosen.reshape(-1), at::ones({chosen.numel()}, x.options()));
+  const double n = double(probabilities.size(0));
+  const at::Tensor aux = (share / n * probabilities.sum(0) / n).sum() * o.experts;
+  ((r.output * output_weights(r.output)).sum() + 0.1 * aux).backward();
+  for (const at::Tensor& leaf : leaves) r.grads.push_back(leaf.grad());
+  r.output = r.output.detach();
+  return r;
+}
+
+MoE module_with(const Weights& w, const MoEOptions& o) {
+  MoE moe(o);
+  torch::NoGradGuard no_grad;
+  moe->to(at::kDouble);
+  moe->gate->weight.copy_(w.gate);
+  moe->experts->gate_up_proj.copy_(w.gate_up);
+  moe->experts->down_proj.copy_(w.down);
+  return moe;
+}
+
+struct Case {
+  std::string name;
+  int64_t experts, top_k;
+  Skew skew;
+  std::optional<double> capacity;
+};
+
+const Case kCases[] = {
+    {"top2", 8, 2, Skew::None, std::nullopt},
+    {"top1", 4, 1, Skew::None, std::nullopt},
+    {"top1 all to expert 0", 4, 1, Skew::AllToExpertZero, std::nullopt},
+    {"top2 all first choices to expert 0", 8, 2, Skew::AllToExpertZero, std::nullopt},
+    {"top2 capacity 1.0 drops", 8, 2, Skew::AllToExpertZero, 1.0},
+    {"top1 capacity 1.5 drops", 4, 1, Skew::None, 1.5},
+    {"top2 capacity 4.0 (room for every token)", 8, 2, Skew::None, 4.0},
+};
+
+class MoELayerTest : public DistTest {};  // one process's layer, run on every rank alike
+
+TEST_F(MoELayerTest, OneProcessMatchesTheOracle) {
+  const at::Tensor x = tokens_for(3, 5);
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    const MoEOptions o = moe_options(c.experts, c.top_k, c.capacity);
+    const Weights w = weights_for(c.experts, c.skew);
+    const OracleResult expected = oracle(x, w, o, 1);
+    MoE moe = module_with(w, o);
+    const at::Tensor input = x.clone().requires_grad_();
+    const MoEOutput out = moe->forward_with_routing(input);
+    EXPECT_EQ(out.routing.dropped, expected.dropped[0]);
+    EXPECT_EQ(expected.dropped[0] > 0, c.name.find("drops") != std::string::npos);  // the cases test what they say
+    if (c.skew == Skew::AllToExpertZero && !c.capacity) EXPECT_TRUE(out.routing.experts.select(-1, 0).eq(0).all().item<bool>());
+    EXPECT_TRUE(tensors_close(out.output, expected.output, 1e-10, 1e-12));
+    ((out.output * output_weights(out.output)).sum() + 0.1 * load_balancing_loss(out.routing.logits, c.top_k)).backward();
+    EXPECT_TRUE(tensors_close(input.grad(), expected.grads[0], 1e-10, 1e-12));
+    EXPECT_TRUE(tensors_close(moe->gate->weight.grad(), expected.grads[1], 1e-10, 1e-12));
+    EXPECT_TRUE(tensors_close(moe->experts->gate_up_proj.grad(), expected.grads[2], 1e-10, 1e-12));
+    EXPECT_TRUE(tensors_close(moe->experts->down_proj.grad(), expected.grads[3], 1e-10, 1e-12));
+  }
+}
+
+TEST_F(MoELayerTest, FloatRunsTheGroupedKernelAndMatchesPerExpertProducts) {
+  const MoEOptions o = moe_options(4, 2);
+  const Weights w = weights_for(4, Skew::None);
+  MoE moe = module_with(w, o);
+  moe->to(at::kFloat);
+  const at::Tensor x = tokens_for(2, 7).to(at::kFloat);
+  const OracleResult expected = oracle(x.to(at::kDouble), w, o, 1);
+  EXPECT_TRUE(tensors_close(moe->forward(x).to(at::kDouble), expected.output, 1e-5, 1e-5));
+}
+
+TEST_F(MoELayerTest, BadInputIsRefusedNamingTheLayer) {
+  EXPECT_THAT(error_of([] { MoE moe(moe_options(4, 2, 0.0)); }), HasSubstr("gives every expert a capacity of 0"));
+  EXPECT_THAT(error_of([] { MoE moe(moe_options(4, 5)); }), HasSubstr("top_k 5 must be in [1, experts = 4]"));
+  MoEExperts experts(moe_options(4, 2));
+  const at::Tensor hidden = at::ones({3, kHidden});
+  const at::Tensor chosen = at::tensor({0, 1, 2, 9, 1, 1}, at::kLong).reshape({3, 2});
+  EXPECT_THAT(error_of([&] { experts->forward(hidden, chosen, at::ones({3, 2})); }),
+              HasSubstr("MoE layer 'experts': the router chose expert 9, outside [0, 4)"));
+}
+
+class ExpertParallelTest : public DistTest {};
+
+// The meshes and the dim experts spread over: the 1-d mesh of 4, and each dim of the 2x2 one.
+std::vector<std::pair<MeshPtr, int64_t>> expert_meshes() {
+  return {{mesh({4}), 0}, {mesh({2, 2}), 0}, {mesh({2, 2}), 1}};
+}
+
+TEST_F(ExpertParallelTest, TokensReachTheirExpertsAndGradientsMatchTheOracle) {
+  const at::Tensor x = tokens_for(7, 3);  // 7 sequences: 2, 2, 2, 1 per rank over 4, 4 and 3 over 2
+  for (const auto& [m, ep] : expert_meshes()) {
+    for (const Case& c : kCases) {
+      SCOPED_TRACE(m->str() + " ep dim " + std::to_string(ep) + ": " + c.name);
+      const MoEOptions o = moe_options(c.experts, c.top_k, c.capacity);
+      const Weights w = weights_for(c.experts, c.skew);
+      const OracleResult expected = oracle(x, w, o, m->size(ep));
+      MoE moe = module_with(w, o);
+      expert_parallel(*moe, m, ep);
+      Placements tokens(static_cast<size_t>(m->ndim()), Replicate());
+      tokens[static_cast<size_t>(ep)] = Shard(0);
+      const at::Tensor input = distribute_tensor(x.clone().requires_grad_(), m, tokens);
+      const MoEOutput out = moe->forward_with_routing(input);
+      EXPECT_EQ(out.routing.dropped, expected.dropped[static_cast<size_t>(m->local_rank(ep))]);
+      const at::Tensor whole = full_tensor(out.output);
+      EXPECT_TRUE(tensors_close(whole, expected.output, 1e-10, 1e-12));
+      ((whole * output_weights(whole)).sum() + 0.1 * load_balancing_loss(out.routing.logits, c.top_k)).backward();
+      EXPECT_TRUE(tensors_close(full_tensor(input.grad()), expected.grads[0], 1e-10, 1e-12));
+      EXPECT_TRUE(tensors_close(full_tensor(moe->gate->weight.grad()), expected.grads[1], 1e-10, 1e-12));
+      EXPECT_TRUE(tensors_close(full_tensor(moe->experts->gate_up_proj.grad()), expected.grads[2], 1e-10, 1e-12));
+      EXPECT_TRUE(tensors_close(full_tensor(moe->experts->down_proj.grad()), expected.grads[3], 1e-10, 1e-12));
+    }
+  }
+}
+
+// Five AdamW steps under EP=4 follow the same layer trained in one process (checked above against the
+// oracle) on the same batches.
+TEST_F(ExpertParallelTest, AdamWStepsFollowOneProcess) {
+  const MoEOptions o = moe_options(8, 2);
+  const Weights w = weights_for(8, Skew::None);
+  const MeshPtr m = mesh({4});
+  MoE single = module_with(w, o), parallel = module_with(w, o);
+  expert_parallel(*parallel, m, 0);
+  torch::optim::AdamW single_opt(single->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW parallel_opt(parallel->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < 5; ++step) {
+    const at::Tensor x = tokens_for(6, 3).add(step);
+    auto loss_of = [&](MoE& moe, const at::Tensor& input) {
+      const MoEOutput out = moe->forward_with_routing(input);
+      const at::Tensor whole = is_dtensor(out.output) ? full_tensor(out.output) : out.output;
+      return (whole * output_weights(whole)).sum() + 0.1 * load_balancing_loss(out.routing.logits, o.top_k);
+    };
+    single_opt.zero_grad();
+    parallel_opt.zero_grad();
+    const at::Tensor expected = loss_of(single, x);
+    const at::Tensor actual = loss_of(parallel, distribute_tensor(x, m, Placements{Shard(0)}));
+    EXPECT_TRUE(tensors_close(actual, expected, 1e-10, 1e-12)) << "step " << step;
+    expected.backward();
+    actual.backward();
+    single_opt.step();
+    parallel_opt.step();
+  }
+  EXPECT_TRUE(tensors_close(full_tensor(parallel->experts->down_proj), single->experts->down_proj, 1e-9, 1e-12));
+  EXPECT_TRUE(tensors_close(full_tensor(parallel->gate->weight), single->gate->weight, 1e-9, 1e-12));
+}
+
+checkpoint::State state_of(torch::nn::Module& module) {
+  checkpoint::State state;
+  for (const auto& p : module.named_parameters()) state[p.key()] = p.value();
+  return state;
+}
+
+// An EP=4 layer's checkpoint loads into EP=2 (a dim of the 2x2 mesh) and into one process bit for bit,
+// and the loaded layers compute what the saved one does.
+TEST_F(ExpertParallelTest, CheckpointsMoveAcrossExpertParallelDegrees) {
+  const MoEOptions o = moe_options(8, 2);
+  auto values_to_save = [&] {
+    MoE moe = module_with(weights_for(8, Skew::None), o);
+    torch::NoGradGuard no_grad;
+    moe->experts->down_proj.mul_(1.5);  // not what a fresh layer holds
+    return moe;
+  };
+  MoE saved = values_to_save(), whole = values_to_save();  // `whole` keeps them whole, for comparison
+  expert_parallel(*saved, mesh({4}), 0);
+  const std::string dir = shared_directory("moe_ep4").string();
+  checkpoint::save(state_of(*saved), dir, {.world = world()});
+  MoE ep2(o), single(o);  // freshly initialised: other values than the saved ones
+  ep2->to(at::kDouble);
+  single->to(at::kDouble);
+  expert_parallel(*ep2, mesh({2, 2}), 1);
+  checkpoint::load(state_of(*ep2), dir, {.world = world()});
+  checkpoint::load(state_of(*single), dir, {.world = world()});
+  for (const auto& [name, value] : state_of(*whole)) {
+    SCOPED_TRACE(name);
+    EXPECT_TRUE(tensors_equal(full_tensor(state_of(*ep2).at(name)), value));
+    EXPECT_TRUE(tensors_equal(state_of(*single).at(name), value));
+  }
+  const at::Tensor x = tokens_for(4, 3);
+  EXPECT_TRUE(tensors_close(full_tensor(ep2->forward(distribute_tensor(x, mesh({2, 2}), Placements{Replicate(), Shard(0)}))), whole->forward(x), 1e-12, 1e-12));
+}
+
+TEST_F(ExpertParallelTest, ExpertsThatDoNotDivideOverTheDimAreRefused) {
+  MoE moe(moe_options(6, 2));
+  EXPECT_THAT(error_of([&] { expert_parallel(*moe, mesh({4}), 0, "layers.3.mlp"); }),
+              HasSubstr("expert_parallel('layers.3.mlp'): its 6 experts do not divide over the 4 ranks of mesh dim 0"));
+  MoE fine(moe_options(4, 2));
+  expert_parallel(*fine, mesh({4}), 0, "layers.0.mlp");
+  EXPECT_THAT(error_of([&] { fine->forward(at::ones({4, kHidden})); }),
+              HasSubstr("MoE layer 'layers.0.mlp.experts': under expert parallelism over mesh dim 0 the hidden states must be a DTensor"));
+}
+
+}  // namespace
+}  // namespace dtensor::testing
