@@ -75,16 +75,23 @@ struct ExpertPlacement {
 class MoEExpertsImpl : public torch::nn::Module {
  public:
   explicit MoEExpertsImpl(MoEOptions options);
-  // transformers' experts forward: `hidden` [tokens, hidden] and its routing [tokens, k] -> the
-  // weighted sum of each token's experts' outputs, [tokens, hidden]. Under expert parallelism every
-  // rank of the ep dim calls it (with its own tokens, any number, zero included).
+  // transformers' experts forward: `hidden` [tokens, hidden] (plain: this rank's tokens) and its
+  // routing [tokens, k] -> the weighted sum of each token's experts' outputs, [tokens, hidden]. Under
+  // expert parallelism every rank of the ep dim calls it (with its own tokens, any number, zero
+  // included); the gradients of this rank's experts are then the sums over the tokens of its ep
+  // group, partial over the mesh's other dims (whose data parallelism reduces them: with fully_shard
+  // over them, set its gradient divide factor to the whole data-parallel world, as torchtitan does).
   at::Tensor forward(const at::Tensor& hidden, const at::Tensor& experts, const at::Tensor& weights);
   void reset_parameters();
   at::Tensor gate_up_proj;  // [experts, 2 x intermediate, hidden]: gate rows first, then up rows
   at::Tensor down_proj;     // [experts, hidden, intermediate]
   MoEOptions options;
   ExpertPlacement placement;
-  std::string path = "experts";  // names the layer in errors (parallelize functions set the module path)
+  std::string path = "experts";  // names the layer in errors (expert_parallel sets the module path)
+
+ private:
+  // This rank's experts of `weight` (the parameter itself unless expert parallel).
+  at::Tensor local_experts(const at::Tensor& weight) const;
 };
 TORCH_MODULE(MoEExperts);
 
@@ -93,7 +100,13 @@ struct MoEOutput {
   Routing routing;
 };
 
-// transformers' sparse MoE block: router, then experts, on hidden states [..., hidden].
+// transformers' sparse MoE block: router, then experts, on hidden states [..., hidden]:
+//  - plain: this rank's tokens (one process, or each rank its own rows under data parallelism, as
+//    torchtitan runs EP inside FSDP's data-parallel ranks), the experts called through their module;
+//  - a DTensor on the experts' mesh (expert_parallel), its tokens (dim 0) sharded over the ep dim and
+//    sharded on dim 0 or replicated over the other dims: the output and the routing are DTensors laid
+//    out alike, and the gradients are reduced where the placements say (a gate weight made a Replicate
+//    DTensor by distribute_module gets its sum over the token-sharded dims).
 class MoEImpl : public torch::nn::Module {
  public:
   explicit MoEImpl(MoEOptions options);
@@ -101,6 +114,9 @@ class MoEImpl : public torch::nn::Module {
   MoEOutput forward_with_routing(const at::Tensor& hidden);
   MoERouter gate{nullptr};
   MoEExperts experts{nullptr};
+
+ private:
+  MoEOutput forward_on_dtensor(const at::Tensor& hidden);
 };
 TORCH_MODULE(MoE);
 
@@ -112,9 +128,9 @@ at::Tensor load_balancing_loss(const at::Tensor& router_logits, int64_t top_k);
 
 // Expert parallelism for `moe` over `mesh`'s dim `ep_dim`: the expert weights become DTensors
 // Shard(0) over it (experts [r x E/n, (r+1) x E/n) on coordinate r; Replicate over the mesh's other
-// dims) and the gate's weight Replicate; the block then takes hidden states as DTensors whose tokens
-// (dim 0) are sharded over the ep dim. Throws naming the layer and the dim when the experts do not
-// divide by the dim's size.
+// dims), and the block dispatches tokens to them (see MoEImpl). The gate's weight is left as it is,
+// like the model's other dense parameters (data parallelism, fully_shard or distribute_module, keeps
+// it in sync). Throws naming the layer and the dim when the experts do not divide by the dim's size.
 void expert_parallel(MoEImpl& moe, const MeshPtr& mesh, int64_t ep_dim, const std::string& path = "moe");
 
 }  // namespace dtensor

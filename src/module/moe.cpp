@@ -81,9 +81,13 @@ void MoERouterImpl::reset_parameters() { init_linear_like(weight); }
 
 Routing MoERouterImpl::forward(const at::Tensor& hidden) {
   if (is_dtensor(hidden))
-    throw DTensorError("MoE router: hidden states are a DTensor; run the router through its MoE block (expert_parallel), "
-                       "which routes each rank's tokens");
-  return detail::route_from_logits(at::linear(hidden, weight), options);
+    throw DTensorError("MoE router: hidden states are a DTensor; run the router through its MoE block, which routes each "
+                       "rank's tokens");
+  // A Replicate DTensor weight (distribute_module) routes this rank's tokens with its local copy; the
+  // gradient those tokens give it is this rank's share, summed over the mesh by its gradient hook.
+  const at::Tensor w = is_dtensor(weight) ? to_local(weight, Placements(static_cast<size_t>(mesh_of(weight)->ndim()), Partial()))
+                                          : weight;
+  return detail::route_from_logits(at::linear(hidden, w), options);
 }
 
 MoEExpertsImpl::MoEExpertsImpl(MoEOptions options_) : options(std::move(options_)) {
@@ -98,11 +102,27 @@ void MoEExpertsImpl::reset_parameters() {
   init_linear_like(down_proj);
 }
 
+at::Tensor MoEExpertsImpl::local_experts(const at::Tensor& weight) const {
+  if (!is_dtensor(weight)) {
+    if (placement.mesh)
+      throw DTensorError("MoE layer '" + path + "': expert_parallel made its experts DTensors, but one is a plain tensor now; "
+                         "load weights into the DTensors (checkpoint::load) rather than replacing them");
+    return weight;
+  }
+  if (!placement.mesh)
+    throw DTensorError("MoE layer '" + path + "': its experts are DTensors but not spread by expert_parallel; call expert_parallel");
+  // This rank's experts. Its tokens are its own (plain), so their gradients are partial sums over every
+  // mesh dim but the ep dim, where each rank's experts are its Shard(0).
+  Placements grad(static_cast<size_t>(placement.mesh->ndim()), Partial());
+  grad[static_cast<size_t>(placement.dim)] = Shard(0);
+  return to_local(weight, grad);
+}
+
 at::Tensor MoEExpertsImpl::forward(const at::Tensor& hidden, const at::Tensor& experts, const at::Tensor& weights) {
-  if (is_dtensor(gate_up_proj) || is_dtensor(hidden))
-    throw DTensorError("MoE layer '" + path + "': its experts or hidden states are DTensors; run it through its MoE block, "
-                       "whose forward dispatches each rank's tokens");
-  return detail::run_experts(hidden, experts, weights, gate_up_proj, down_proj, options, placement, path);
+  if (is_dtensor(hidden))
+    throw DTensorError("MoE layer '" + path + "': hidden states are a DTensor; give the experts this rank's tokens, or call the "
+                       "MoE block, which takes DTensors");
+  return detail::run_experts(hidden, experts, weights, local_experts(gate_up_proj), local_experts(down_proj), options, placement, path);
 }
 
 MoEImpl::MoEImpl(MoEOptions options) {
@@ -110,52 +130,77 @@ MoEImpl::MoEImpl(MoEOptions options) {
   experts = register_module("experts", MoEExperts(options));
 }
 
+namespace {
+
+// Routing with the hidden states' leading dims (hidden [..., H], routing [tokens, .]), so that under
+// expert parallelism it is sharded as they are (the flat tokens of uneven sequence shards are no
+// torch.chunk shards).
+Routing with_leading_dims(Routing routing, const at::Tensor& hidden) {
+  auto leading = [&](const at::Tensor& t) {
+    std::vector<int64_t> sizes(hidden.sizes().begin(), hidden.sizes().end() - 1);
+    sizes.push_back(t.size(-1));
+    return t.view(sizes);
+  };
+  routing.logits = leading(routing.logits);
+  routing.experts = leading(routing.experts);
+  routing.weights = leading(routing.weights);
+  return routing;
+}
+
+at::Tensor as_tokens(const at::Tensor& hidden, int64_t size) { return hidden.reshape({hidden.numel() / size, size}); }  // -1 fails for 0 tokens
+
+}  // namespace
+
 MoEOutput MoEImpl::forward_with_routing(const at::Tensor& hidden) {
   const MoEOptions& options = experts->options;
-  const ExpertPlacement& placement = experts->placement;
   if (!hidden.defined() || hidden.dim() == 0 || hidden.size(-1) != options.hidden)
     throw DTensorError("MoE layer '" + experts->path + "': hidden states must end in the layer's hidden size " +
                        std::to_string(options.hidden) + (hidden.defined() ? " (got shape " + c10::str(hidden.sizes()) + ")" : ""));
-  // Each rank's tokens, routed and run there: the same function for one process and under expert
-  // parallelism, where local_map hands it the local shards.
-  Routing routing;
-  auto local = [&](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
-    const at::Tensor tokens = in[0].reshape({in[0].numel() / options.hidden, options.hidden});  // -1 fails for 0 tokens
-    routing = detail::route_from_logits(at::linear(tokens, in[1]), options);
-    const at::Tensor out = detail::run_experts(tokens, routing.experts, routing.weights, in[2], in[3], options, placement,
-                                               experts->path);
-    // Routing keeps the hidden states' leading dims, so that under expert parallelism it is sharded as
-    // they are (the flat tokens of uneven sequence shards are no torch.chunk shards).
-    auto leading = [&](const at::Tensor& t) {
-      std::vector<int64_t> sizes(in[0].sizes().begin(), in[0].sizes().end() - 1);
-      sizes.push_back(t.size(-1));
-      return t.view(sizes);
-    };
-    routing.logits = leading(routing.logits);
-    routing.experts = leading(routing.experts);
-    routing.weights = leading(routing.weights);
-    return {out.view(in[0].sizes()), routing.logits, routing.experts, routing.weights};
-  };
-  const std::vector<at::Tensor> inputs{hidden, gate->weight, experts->gate_up_proj, experts->down_proj};
-  if (!placement.mesh) {
-    auto out = local(inputs);
-    return {out[0], routing};
+  if (!is_dtensor(hidden)) {
+    // This rank's tokens, its experts through their module (so that hooks on it, as fully_shard's, run).
+    const at::Tensor tokens = as_tokens(hidden, options.hidden);
+    const Routing routing = gate->forward(tokens);
+    const at::Tensor out = call(experts, tokens, routing.experts, routing.weights);
+    return {out.view(hidden.sizes()), with_leading_dims(routing, hidden)};
   }
-  if (!is_dtensor(hidden))
-    throw DTensorError("MoE layer '" + experts->path + "': under expert parallelism over mesh dim " + std::to_string(placement.dim) +
-                       " the hidden states must be a DTensor with its tokens (dim 0) sharded over that dim");
+  const ExpertPlacement& placement = experts->placement;
+  if (!placement.mesh)
+    throw DTensorError("MoE layer '" + experts->path + "': hidden states are a DTensor but the experts are not spread over a mesh "
+                       "dim; call expert_parallel first");
+  return forward_on_dtensor(hidden);
+}
+
+MoEOutput MoEImpl::forward_on_dtensor(const at::Tensor& hidden) {
+  const MoEOptions& options = experts->options;
+  const ExpertPlacement& placement = experts->placement;
   const Placements& laid = dtensor_impl(hidden).spec().placements;
   if (static_cast<int64_t>(laid.size()) != placement.mesh->ndim())
     throw DTensorError("MoE layer '" + experts->path + "': the hidden states lie on a mesh of " + std::to_string(laid.size()) +
                        " dims, its experts on one of " + std::to_string(placement.mesh->ndim()) + "; give it the experts' mesh");
   const auto [tokens, gate_grad, expert_grad] = expert_parallel_placements(laid, placement);
+  // Each rank's tokens, routed and run there, on the local shards local_map hands over.
+  int64_t dropped = 0;
+  auto local = [&](const std::vector<at::Tensor>& in) -> std::vector<at::Tensor> {
+    const at::Tensor flat = as_tokens(in[0], options.hidden);
+    const Routing routing = with_leading_dims(detail::route_from_logits(at::linear(flat, in[1]), options), in[0]);
+    dropped = routing.dropped;
+    const at::Tensor out = detail::run_experts(flat, routing.experts.reshape({flat.size(0), options.top_k}),
+                                               routing.weights.reshape({flat.size(0), options.top_k}), in[2], in[3], options,
+                                               placement, experts->path);
+    return {out.view(in[0].sizes()), routing.logits, routing.experts, routing.weights};
+  };
   const DeviceMesh& mesh = *placement.mesh;
   Placements by_expert = all(mesh, Replicate());
   by_expert[static_cast<size_t>(placement.dim)] = Shard(0);
-  auto out = local_map(local, {tokens, tokens, tokens, tokens}, PlacementsPerInput{tokens, all(mesh, Replicate()), by_expert, by_expert},
+  // A plain gate weight (kept in sync by the caller's data parallelism) passes as it is.
+  const at::Tensor& gate_weight = gate->weight;
+  const std::optional<Placements> gate_in = is_dtensor(gate_weight) ? std::optional(all(mesh, Replicate())) : std::nullopt;
+  const std::optional<Placements> gate_grad_in = is_dtensor(gate_weight) ? std::optional(gate_grad) : std::nullopt;
+  auto out = local_map(local, {tokens, tokens, tokens, tokens}, PlacementsPerInput{tokens, gate_in, by_expert, by_expert},
                        /*redistribute_inputs=*/true, placement.mesh,
-                       PlacementsPerInput{tokens, gate_grad, expert_grad, expert_grad})(inputs);
-  return {out[0], Routing{out[1], out[2], out[3], routing.dropped}};
+                       PlacementsPerInput{tokens, gate_grad_in, expert_grad, expert_grad})(
+      {hidden, gate_weight, experts->gate_up_proj, experts->down_proj});
+  return {out[0], Routing{out[1], out[2], out[3], dropped}};
 }
 
 at::Tensor load_balancing_loss(const at::Tensor& router_logits, int64_t top_k) {
@@ -181,7 +226,6 @@ void expert_parallel(MoEImpl& moe, const MeshPtr& mesh, int64_t ep_dim, const st
   by_expert[static_cast<size_t>(ep_dim)] = Shard(0);
   distribute_parameter(*moe.experts, "gate_up_proj", mesh, by_expert, path + ".experts.gate_up_proj");
   distribute_parameter(*moe.experts, "down_proj", mesh, by_expert, path + ".experts.down_proj");
-  distribute_parameter(*moe.gate, "weight", mesh, all(*mesh, Replicate()), path + ".gate.weight");
   moe.experts->placement = {mesh, ep_dim};
   moe.experts->path = path + ".experts";
 }

@@ -97,12 +97,12 @@ struct OracleResult {
   std::vector<at::Tensor> grads;    // of x, gate, gate_up, down for the test's loss
 };
 
-// The test's loss: the output against fixed weights, plus the load-balancing loss times 0.1.
+// The test's loss: the output against fixed weights, plus the load-balancing loss times 0.1 (by default).
 at::Tensor output_weights(const at::Tensor& output) {
   return at::arange(output.numel(), output.options()).reshape(output.sizes()).remainder(7).sub(3).mul(0.25);
 }
 
-OracleResult oracle(const at::Tensor& x, const Weights& w, const MoEOptions& o, int64_t groups) {
+OracleResult oracle(const at::Tensor& x, const Weights& w, const MoEOptions& o, int64_t groups, double aux_weight = 0.1) {
   std::vector<at::Tensor> leaves{x.clone().requires_grad_(), w.gate.clone().requires_grad_(), w.gate_up.clone().requires_grad_(),
                                  w.down.clone().requires_grad_()};
   OracleResult r;
@@ -119,7 +119,7 @@ OracleResult oracle(const at::Tensor& x, const Weights& w, const MoEOptions& o, 
   const at::Tensor share = at::zeros({o.experts}, x.options()).index_add(0, chosen.reshape(-1), at::ones({chosen.numel()}, x.options()));
   const double n = double(probabilities.size(0));
   const at::Tensor aux = (share / n * probabilities.sum(0) / n).sum() * o.experts;
-  ((r.output * output_weights(r.output)).sum() + 0.1 * aux).backward();
+  ((r.output * output_weights(r.output)).sum() + aux_weight * aux).backward();
   for (const at::Tensor& leaf : leaves) r.grads.push_back(leaf.grad());
   r.output = r.output.detach();
   return r;
@@ -213,6 +213,7 @@ TEST_F(ExpertParallelTest, TokensReachTheirExpertsAndGradientsMatchTheOracle) {
       const OracleResult expected = oracle(x, w, o, m->size(ep));
       MoE moe = module_with(w, o);
       expert_parallel(*moe, m, ep);
+      distribute_module(*moe, m);  // the gate weight Replicate: its gradient summed over the token shards
       Placements tokens(static_cast<size_t>(m->ndim()), Replicate());
       tokens[static_cast<size_t>(ep)] = Shard(0);
       const at::Tensor input = distribute_tensor(x.clone().requires_grad_(), m, tokens);
@@ -229,6 +230,36 @@ TEST_F(ExpertParallelTest, TokensReachTheirExpertsAndGradientsMatchTheOracle) {
   }
 }
 
+// Each rank its own rows as plain tensors (EP inside data parallelism, as torchtitan runs it): every
+// rank's output is the oracle's for its rows, and the gradients summed over the ranks are the oracle's.
+TEST_F(ExpertParallelTest, PlainTokensOfEveryRankReachTheirExperts) {
+  const at::Tensor x = tokens_for(7, 3);
+  const int64_t me = world()->rank();
+  const MeshPtr everyone = mesh({4});
+  for (const auto& [m, ep] : expert_meshes()) {
+    for (const Case& c : kCases) {
+      SCOPED_TRACE(m->str() + " ep dim " + std::to_string(ep) + ": " + c.name);
+      const MoEOptions o = moe_options(c.experts, c.top_k, c.capacity);
+      const Weights w = weights_for(c.experts, c.skew);
+      const OracleResult expected = oracle(x, w, o, 4);
+      MoE moe = module_with(w, o);
+      expert_parallel(*moe, m, ep);
+      const at::Tensor mine = x.chunk(4, 0)[static_cast<size_t>(me)].clone().requires_grad_();
+      const MoEOutput out = moe->forward_with_routing(mine);
+      EXPECT_EQ(out.routing.dropped, expected.dropped[static_cast<size_t>(me)]);
+      const at::Tensor rows = expected.output.chunk(4, 0)[static_cast<size_t>(me)];
+      EXPECT_TRUE(tensors_close(out.output, rows, 1e-10, 1e-12));
+      (out.output * output_weights(expected.output).chunk(4, 0)[static_cast<size_t>(me)]).sum().backward();
+      const OracleResult without_aux = oracle(x, w, o, 4, /*aux_weight=*/0.0);
+      EXPECT_TRUE(tensors_close(mine.grad(), without_aux.grads[0].chunk(4, 0)[static_cast<size_t>(me)], 1e-10, 1e-12));
+      const at::Tensor gate_sum = full_tensor(from_local(moe->gate->weight.grad(), everyone, {Partial()}));
+      EXPECT_TRUE(tensors_close(gate_sum, without_aux.grads[1], 1e-10, 1e-12));
+      EXPECT_TRUE(tensors_close(full_tensor(moe->experts->gate_up_proj.grad()), without_aux.grads[2], 1e-10, 1e-12));
+      EXPECT_TRUE(tensors_close(full_tensor(moe->experts->down_proj.grad()), without_aux.grads[3], 1e-10, 1e-12));
+    }
+  }
+}
+
 // Five AdamW steps under EP=4 follow the same layer trained in one process (checked above against the
 // oracle) on the same batches.
 TEST_F(ExpertParallelTest, AdamWStepsFollowOneProcess) {
@@ -237,6 +268,7 @@ TEST_F(ExpertParallelTest, AdamWStepsFollowOneProcess) {
   const MeshPtr m = mesh({4});
   MoE single = module_with(w, o), parallel = module_with(w, o);
   expert_parallel(*parallel, m, 0);
+  distribute_module(*parallel, m);
   torch::optim::AdamW single_opt(single->parameters(), torch::optim::AdamWOptions(1e-2));
   torch::optim::AdamW parallel_opt(parallel->parameters(), torch::optim::AdamWOptions(1e-2));
   for (int step = 0; step < 5; ++step) {
@@ -288,7 +320,8 @@ TEST_F(ExpertParallelTest, CheckpointsMoveAcrossExpertParallelDegrees) {
   checkpoint::load(state_of(*single), dir, {.world = world()});
   for (const auto& [name, value] : state_of(*whole)) {
     SCOPED_TRACE(name);
-    EXPECT_TRUE(tensors_equal(full_tensor(state_of(*ep2).at(name)), value));
+    const at::Tensor loaded = state_of(*ep2).at(name);  // the experts DTensors, the gate plain
+    EXPECT_TRUE(tensors_equal(is_dtensor(loaded) ? full_tensor(loaded) : loaded, value));
     EXPECT_TRUE(tensors_equal(state_of(*single).at(name), value));
   }
   const at::Tensor x = tokens_for(4, 3);
@@ -301,8 +334,11 @@ TEST_F(ExpertParallelTest, ExpertsThatDoNotDivideOverTheDimAreRefused) {
               HasSubstr("expert_parallel('layers.3.mlp'): its 6 experts do not divide over the 4 ranks of mesh dim 0"));
   MoE fine(moe_options(4, 2));
   expert_parallel(*fine, mesh({4}), 0, "layers.0.mlp");
-  EXPECT_THAT(error_of([&] { fine->forward(at::ones({4, kHidden})); }),
-              HasSubstr("MoE layer 'layers.0.mlp.experts': under expert parallelism over mesh dim 0 the hidden states must be a DTensor"));
+  EXPECT_THAT(error_of([&] { fine->forward(at::ones({4, 5})); }),
+              HasSubstr("MoE layer 'layers.0.mlp.experts': hidden states must end in the layer's hidden size 8 (got shape [4, 5])"));
+  MoE local(moe_options(4, 2));
+  EXPECT_THAT(error_of([&] { local->forward(distribute_tensor(at::ones({4, kHidden}), mesh({4}), Placements{Shard(0)})); }),
+              HasSubstr("hidden states are a DTensor but the experts are not spread over a mesh dim; call expert_parallel first"));
 }
 
 }  // namespace
