@@ -7,11 +7,12 @@
 // all-to-all attention; and CP=2 x TP=2), fully sharded over cp, then pipeline parallel
 // (PP=4 with 1F1B, PP=4 with Interleaved 1F1B, PP=2 x DP=2 with the ZBV zero-bubble schedule, PP=2 x
 // TP=2 with Interleaved 1F1B, PP=2 x FSDP=2 with 1F1B; --modes pp-fsdp-tp and pp-hsdp add PP=2 x
-// FSDP=2 x TP=1 and PP=2 x HSDP). Rank 0
-// then trains the same model (each of the two) on the same batches from the same seed in one process and compares the
+// FSDP=2 x TP=1 and PP=2 x HSDP), then expert parallel on a model whose MLPs are mixtures of 4 experts
+// (top 2): EP=4 and EP=2 x FSDP=2, the dense parameters fully sharded over all 4. Rank 0
+// then trains the same model (each of the three) on the same batches from the same seed in one process and compares the
 // loss trajectories: PASS when every step's loss is within a relative 1e-4.
 //
-//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp,cp,cp-tp,pp,pp-interleaved,pp-dp,pp-tp,pp-fsdp] [--corpus PATH] [--save DIR] [--resume DIR]
+//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp,cp,cp-tp,pp,pp-interleaved,pp-dp,pp-tp,pp-fsdp,ep,ep-fsdp] [--corpus PATH] [--save DIR] [--resume DIR]
 //             [--checkpoint-every N DIR] [--blocking-checkpoints 1]
 //
 // --save DIR writes the first mode's model and optimizer state after its last step (a dtensor
@@ -48,7 +49,7 @@ namespace {
 
 struct Args {
   int steps = 50;
-  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp", "cp", "cp-tp", "pp", "pp-interleaved", "pp-dp", "pp-tp", "pp-fsdp"};
+  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp", "cp", "cp-tp", "pp", "pp-interleaved", "pp-dp", "pp-tp", "pp-fsdp", "ep", "ep-fsdp"};
   std::string corpus = dtensor::build_paths::gpt_corpus;
   std::string save, resume;
   int checkpoint_every = 0;
@@ -130,6 +131,7 @@ struct Run {
   int first_step = 1;  // after a resume: the saved step + 1
   std::vector<double> losses;
   bool long_context = false;  // trained gpt::long_context_config's model
+  bool mixture_of_experts = false;  // trained gpt::moe_config's model
 };
 
 // Saves the training state every `checkpointing.every` steps into its periodic_dir/step-S,
@@ -184,6 +186,7 @@ struct Parallelism {
   dtensor::MeshPtr mesh;
   bool fully_sharded = false;
   bool long_context = false;
+  bool mixture_of_experts = false;  // gpt::moe_config's model, expert parallel over the mesh's "ep" dim
 };
 
 bool has_dim(const dtensor::MeshPtr& mesh, const std::string& name) {
@@ -196,7 +199,9 @@ bool has_dim(const dtensor::MeshPtr& mesh, const std::string& name) {
 Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, const std::string& label, bool print,
           const Checkpointing& checkpointing = {}) {
   torch::manual_seed(kSeed);
-  gpt::Gpt model(parallelism.long_context ? gpt::long_context_config(corpus) : gpt::demo_config(corpus));
+  gpt::Gpt model(parallelism.long_context         ? gpt::long_context_config(corpus)
+                 : parallelism.mixture_of_experts ? gpt::moe_config(corpus)
+                                                  : gpt::demo_config(corpus));
   const dtensor::MeshPtr& mesh = parallelism.mesh;
   int64_t dp_rank = 0, dp_size = 1;
   dtensor::MeshPtr data = mesh;  // the data-parallel ranks (of a fully-sharded mode)
@@ -207,6 +212,10 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
     gpt::context_parallelize(model, cp);
     gpt::fully_shard(model, mesh, {.dp_dim = "cp"});
     data = cp;
+  } else if (mesh && has_dim(mesh, "ep")) {
+    data = gpt::expert_parallelize(model, mesh);
+    dp_size = data->size();
+    dp_rank = data->local_rank(0);
   } else if (mesh && parallelism.fully_sharded) {
     // On a ("dp", "tp") mesh: Megatron-style TP over tp first, then FSDP over dp. On ("replicate", "dp")
     // every rank is a data-parallel rank of its own.
@@ -232,6 +241,7 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
   gpt::Batches batches(corpus, kBatch, model->pos_emb.size(0), kSeed);
   Run run;
   run.long_context = parallelism.long_context;
+  run.mixture_of_experts = parallelism.mixture_of_experts;
   const std::string& resume = checkpointing.resume;
   if (!resume.empty()) {
     state.load(resume, {.world = world});
@@ -492,6 +502,15 @@ int main(int argc, char** argv) {
         mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"cp", "tp"}});
         parallelism.fully_sharded = parallelism.long_context = true;
         label = "context parallel x tensor parallel, CP=2 x TP=" + std::to_string(world->size() / 2) + " on 64 positions (FSDP over cp)";
+      } else if (mode == "ep" || mode == "ep-fsdp") {
+        // Every rank a data-parallel rank; the experts over ep (all ranks, or 2 x FSDP=2 over dp).
+        const int64_t ep = mode == "ep" ? world->size() : 2;
+        if (world->size() % ep != 0) throw std::invalid_argument(mode + " needs an even number of ranks");
+        mesh = dtensor::DeviceMesh::create(world, {world->size() / ep, ep}, {.dim_names = {"dp", "ep"}});
+        parallelism.fully_sharded = parallelism.mixture_of_experts = true;
+        label = mode == "ep" ? "expert parallel, EP=" + std::to_string(ep) + " (4 experts, top 2; dense parameters FSDP over all ranks)"
+                             : "expert parallel x fully sharded, EP=2 x FSDP=" + std::to_string(world->size() / ep) +
+                                   " (the experts sharded over dp too; dense parameters FSDP over all ranks)";
       } else if (is_pipeline_mode(mode)) {
         if (world->size() != 4) throw std::invalid_argument(mode + " runs on 4 ranks");
         const PipelineLayout layout = pipeline_layout(mode, world, label);
@@ -500,7 +519,7 @@ int main(int argc, char** argv) {
         continue;
       } else {
         throw std::invalid_argument("unknown mode '" + mode +
-                                    "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, cp, cp-tp, pp, pp-interleaved, pp-dp, pp-tp, pp-fsdp, pp-fsdp-tp, pp-hsdp)");
+                                    "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, cp, cp-tp, pp, pp-interleaved, pp-dp, pp-tp, pp-fsdp, pp-fsdp-tp, pp-hsdp, ep, ep-fsdp)");
       }
       label += " (" + dtensor::to_string(mesh->backend()) + ")";
       runs.emplace_back(label, train(corpus, parallelism, args.steps, label, print, checkpointing));
@@ -510,18 +529,22 @@ int main(int argc, char** argv) {
     // The oracle trains uninterrupted from step 1 to the runs' last step (once per model the runs
     // trained); they are compared on their steps.
     const int first = runs.empty() ? 1 : runs.front().second.first_step;
-    std::map<bool, std::vector<double>> oracle;  // by long_context
+    std::map<std::pair<bool, bool>, std::vector<double>> oracle;  // by (long_context, mixture_of_experts)
     for (const auto& [label, run] : runs) {
-      if (oracle.count(run.long_context)) continue;
-      const std::string model = run.long_context ? "single process, the long-context model (the oracle)" : "single process (the oracle)";
-      const std::vector<double> all = train(corpus, Parallelism{.long_context = run.long_context}, first - 1 + args.steps, model, true).losses;
-      oracle[run.long_context] = std::vector<double>(all.begin() + (first - 1), all.end());
+      const std::pair<bool, bool> kind{run.long_context, run.mixture_of_experts};
+      if (oracle.count(kind)) continue;
+      const std::string model = run.long_context         ? "single process, the long-context model (the oracle)"
+                                : run.mixture_of_experts ? "single process, the mixture-of-experts model (the oracle)"
+                                                         : "single process (the oracle)";
+      const Parallelism one{.long_context = run.long_context, .mixture_of_experts = run.mixture_of_experts};
+      const std::vector<double> all = train(corpus, one, first - 1 + args.steps, model, true).losses;
+      oracle[kind] = std::vector<double>(all.begin() + (first - 1), all.end());
     }
     bool pass = true;
     std::cout << "\n";
     for (const auto& [label, run] : runs) {
       const std::vector<double>& losses = run.losses;
-      const std::vector<double>& reference = oracle[run.long_context];
+      const std::vector<double>& reference = oracle[{run.long_context, run.mixture_of_experts}];
       const double diff = max_relative_difference(losses, reference);
       const bool ok = diff <= 1e-4;
       pass = pass && ok;

@@ -1,6 +1,6 @@
 #pragma once
 // A GPT-style decoder written as ordinary LibTorch modules: token embedding, learned positions, N
-// blocks of (layer norm, causal multi-head attention, layer norm, MLP) with residuals, a final norm
+// blocks of (layer norm, causal multi-head attention, layer norm, MLP or mixture of experts) with residuals, a final norm
 // and an LM head. forward(tokens, targets) returns the mean next-token cross-entropy.
 //
 // Submodules are called through dtensor::call, which is plain forward() for a module without hooks:
@@ -17,6 +17,7 @@
 #include <cmath>
 
 #include "dtensor/module.h"
+#include "dtensor/moe.h"
 
 namespace gpt {
 
@@ -32,6 +33,11 @@ struct Config {
   // written (dtensor/context_parallel.h shards that buffer with the tokens, and the plan gives the
   // kernel module its style). Otherwise the masked softmax, which the benchmarks' baselines mirror.
   bool fused_attention = false;
+  // A mixture of experts in place of each block's MLP (dtensor::MoE, transformers' layout): this many
+  // SwiGLU experts of moe_intermediate features, each token routed to its top moe_top_k (0: the MLP).
+  int64_t moe_experts = 0;
+  int64_t moe_top_k = 2;
+  int64_t moe_intermediate = 128;
 };
 
 // Causal attention of q, k, v [batch, heads, positions, head dim], as one op.
@@ -87,22 +93,38 @@ class MlpImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
+inline dtensor::MoEOptions moe_options(const Config& c) {
+  dtensor::MoEOptions o;
+  o.hidden = c.dim;
+  o.intermediate = c.moe_intermediate;
+  o.experts = c.moe_experts;
+  o.top_k = c.moe_top_k;
+  o.normalize_top_k = true;  // Mixtral's routing
+  return o;
+}
+
 class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const Config& c)
       : ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})))),
         attn(register_module("attn", Attention(c))),
-        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})))),
-        mlp(register_module("mlp", Mlp(c))) {}
+        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.dim})))) {
+    if (c.moe_experts > 0) moe = register_module("moe", dtensor::MoE(moe_options(c)));
+    else mlp = register_module("mlp", Mlp(c));
+  }
   at::Tensor forward(const at::Tensor& x, const at::Tensor& causal_mask) { return feed_forward(attend(x, causal_mask)); }
   // The block's halves, each with its residual (pipeline stages may hold one each).
   at::Tensor attend(const at::Tensor& x, const at::Tensor& causal_mask) { return x + dtensor::call(attn, dtensor::call(ln1, x), causal_mask); }
-  at::Tensor feed_forward(const at::Tensor& h) { return h + dtensor::call(mlp, dtensor::call(ln2, h)); }
+  at::Tensor feed_forward(const at::Tensor& h) {
+    const at::Tensor x = dtensor::call(ln2, h);
+    return h + (moe ? dtensor::call(moe, x) : dtensor::call(mlp, x));
+  }
 
   torch::nn::LayerNorm ln1;
   Attention attn;
   torch::nn::LayerNorm ln2;
-  Mlp mlp;
+  Mlp mlp{nullptr};
+  dtensor::MoE moe{nullptr};  // in place of the MLP with Config::moe_experts
 };
 TORCH_MODULE(Block);
 

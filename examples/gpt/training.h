@@ -67,6 +67,16 @@ inline Config long_context_config(const Corpus& corpus) {
   return c;
 }
 
+// The main job's mixture-of-experts model: the demo model with 4 SwiGLU experts of 128 features in place
+// of each block's MLP, each token routed to its top 2 (Mixtral's routing).
+inline Config moe_config(const Corpus& corpus) {
+  Config c = demo_config(corpus);
+  c.moe_experts = 4;
+  c.moe_top_k = 2;
+  c.moe_intermediate = 128;
+  return c;
+}
+
 struct Batch {
   at::Tensor tokens, targets;  // [batch, seq]
 };
@@ -141,6 +151,24 @@ inline void context_parallelize(Gpt& model, const dtensor::MeshPtr& cp) {
 inline void fully_shard(Gpt& model, const dtensor::MeshPtr& dp, const dtensor::FullyShardOptions& options = {}) {
   for (const auto& block : *model->blocks) dtensor::fully_shard(*block, dp, options);
   dtensor::fully_shard(*model, dp, options);
+}
+
+// Expert parallelism inside fully sharded data parallelism, as torchtitan composes them, on a mesh
+// ("dp", "ep") whose every rank trains on its own rows: each block's experts are spread over ep (the
+// tokens travel to them by all-to-all) and fully sharded over dp (torchtitan's efsdp); the dense
+// parameters are fully sharded over all ranks (the mesh flattened). An expert's gradient sums the
+// tokens of its ep group, and FSDP sums those over dp: divided by the world, it is the mean the dense
+// gradients are. Returns the flattened mesh (every data-parallel rank).
+inline dtensor::MeshPtr expert_parallelize(Gpt& model, const dtensor::MeshPtr& mesh) {
+  const dtensor::MeshPtr everyone = mesh->flatten("data");
+  for (size_t i = 0; i < model->blocks->size(); ++i) {
+    dtensor::MoEImpl& moe = *model->blocks[i]->as<BlockImpl>()->moe;
+    dtensor::expert_parallel(moe, (*mesh)["ep"], 0, "blocks." + std::to_string(i) + ".moe");
+    dtensor::fully_shard(*moe.experts, mesh, {.dp_dim = "dp"});
+    dtensor::set_gradient_divide_factor(*moe.experts, static_cast<double>(everyone->size()));
+  }
+  fully_shard(model, everyone);
+  return everyone;
 }
 
 // The mean over the data-parallel mesh `dp` (every dim of it data parallel) of every rank's loss on its
