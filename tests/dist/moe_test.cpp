@@ -12,6 +12,7 @@
 
 #include "dtensor/checkpoint.h"
 #include "dtensor/moe.h"
+#include "dtensor/parallel.h"
 #include "harness.h"
 
 namespace dtensor::testing {
@@ -290,6 +291,64 @@ TEST_F(ExpertParallelTest, AdamWStepsFollowOneProcess) {
   }
   EXPECT_TRUE(tensors_close(full_tensor(parallel->experts->down_proj), single->experts->down_proj, 1e-9, 1e-12));
   EXPECT_TRUE(tensors_close(full_tensor(parallel->gate->weight), single->gate->weight, 1e-9, 1e-12));
+}
+
+// A block with a tensor-parallel MLP and a MoE: EP x TP puts the experts on the tp dim's ranks.
+class TpThenMoEImpl : public torch::nn::Module {
+ public:
+  explicit TpThenMoEImpl(const MoEOptions& o)
+      : up(register_module("up", torch::nn::Linear(kHidden, 4 * kHidden))),
+        down(register_module("down", torch::nn::Linear(4 * kHidden, kHidden))),
+        moe(register_module("moe", MoE(o))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    const at::Tensor h = x + call(down, at::gelu(call(up, x)));
+    return h + moe->forward(h);
+  }
+  torch::nn::Linear up, down;
+  MoE moe;
+};
+TORCH_MODULE(TpThenMoE);
+
+// EP x TP and DP on the 2x2 mesh ("dp", "tp"): the MLP column- then row-parallel over tp, the experts
+// spread over the same tp ranks (the MLP's replicated output re-sharded on its tokens to route them),
+// the batch over dp. Five AdamW steps follow one process.
+TEST_F(ExpertParallelTest, ExpertsOnTheTensorParallelRanksTrainLikeOneProcess) {
+  const MoEOptions o = moe_options(4, 2);
+  const MeshPtr m = mesh({2, 2}, {}, {"dp", "tp"});
+  torch::manual_seed(5);
+  TpThenMoE single(o);
+  single->to(at::kDouble);
+  TpThenMoE parallel(o);
+  parallel->to(at::kDouble);
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < single->parameters().size(); ++i) parallel->parameters()[i].copy_(single->parameters()[i]);
+  }
+  parallelize_module(*parallel, m, {{"up", ColwiseParallel{.use_local_output = false}}, {"down", RowwiseParallel{.use_local_output = false}}},
+                     {.tp_dim = "tp"});
+  expert_parallel(*parallel->moe, m, 1);
+  distribute_module(*parallel, m);
+  torch::optim::AdamW single_opt(single->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW parallel_opt(parallel->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < 5; ++step) {
+    const at::Tensor x = tokens_for(5, 4).add(0.1 * step);  // 5 sequences: 3 and 2 over dp
+    auto loss_of = [&](const at::Tensor& out) {
+      const at::Tensor whole = is_dtensor(out) ? full_tensor(out) : out;
+      return (whole * output_weights(whole)).sum();
+    };
+    single_opt.zero_grad();
+    parallel_opt.zero_grad();
+    const at::Tensor expected = loss_of(single->forward(x));
+    const at::Tensor actual = loss_of(parallel->forward(distribute_tensor(x, m, Placements{Shard(0), Replicate()})));
+    EXPECT_TRUE(tensors_close(actual, expected, 1e-10, 1e-12)) << "step " << step;
+    expected.backward();
+    actual.backward();
+    single_opt.step();
+    parallel_opt.step();
+  }
+  const auto trained = parallel->named_parameters();
+  for (const auto& p : single->named_parameters())
+    EXPECT_TRUE(tensors_close(full_tensor(trained[p.key()]), p.value(), 1e-7, 1e-8)) << p.key();
 }
 
 checkpoint::State state_of(torch::nn::Module& module) {
