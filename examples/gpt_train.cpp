@@ -8,11 +8,12 @@
 // (PP=4 with 1F1B, PP=4 with Interleaved 1F1B, PP=2 x DP=2 with the ZBV zero-bubble schedule, PP=2 x
 // TP=2 with Interleaved 1F1B, PP=2 x FSDP=2 with 1F1B; --modes pp-fsdp-tp and pp-hsdp add PP=2 x
 // FSDP=2 x TP=1 and PP=2 x HSDP), then expert parallel on a model whose MLPs are mixtures of 4 experts
-// (top 2): EP=4 and EP=2 x FSDP=2, the dense parameters fully sharded over all 4. Rank 0
-// then trains the same model (each of the three) on the same batches from the same seed in one process and compares the
+// (top 2): EP=4, EP=2 x FSDP=2, PP=2 x EP=2 and CP=4 with EP=4 over the same ranks, the dense parameters
+// fully sharded over the data ranks. Rank 0
+// then trains the same model (each of the four) on the same batches from the same seed in one process and compares the
 // loss trajectories: PASS when every step's loss is within a relative 1e-4.
 //
-//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp,cp,cp-tp,pp,pp-interleaved,pp-dp,pp-tp,pp-fsdp,ep,ep-fsdp] [--corpus PATH] [--save DIR] [--resume DIR]
+//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp,cp,cp-tp,pp,pp-interleaved,pp-dp,pp-tp,pp-fsdp,ep,ep-fsdp,pp-ep,cp-ep] [--corpus PATH] [--save DIR] [--resume DIR]
 //             [--checkpoint-every N DIR] [--blocking-checkpoints 1]
 //
 // --save DIR writes the first mode's model and optimizer state after its last step (a dtensor
@@ -49,7 +50,7 @@ namespace {
 
 struct Args {
   int steps = 50;
-  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp", "cp", "cp-tp", "pp", "pp-interleaved", "pp-dp", "pp-tp", "pp-fsdp", "ep", "ep-fsdp"};
+  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp", "cp", "cp-tp", "pp", "pp-interleaved", "pp-dp", "pp-tp", "pp-fsdp", "ep", "ep-fsdp", "pp-ep", "cp-ep"};
   std::string corpus = dtensor::build_paths::gpt_corpus;
   std::string save, resume;
   int checkpoint_every = 0;
@@ -199,9 +200,8 @@ bool has_dim(const dtensor::MeshPtr& mesh, const std::string& name) {
 Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, const std::string& label, bool print,
           const Checkpointing& checkpointing = {}) {
   torch::manual_seed(kSeed);
-  gpt::Gpt model(parallelism.long_context         ? gpt::long_context_config(corpus)
-                 : parallelism.mixture_of_experts ? gpt::moe_config(corpus)
-                                                  : gpt::demo_config(corpus));
+  const gpt::Config config = parallelism.long_context ? gpt::long_context_config(corpus) : gpt::demo_config(corpus);
+  gpt::Gpt model(parallelism.mixture_of_experts ? gpt::with_experts(config) : config);
   const dtensor::MeshPtr& mesh = parallelism.mesh;
   int64_t dp_rank = 0, dp_size = 1;
   dtensor::MeshPtr data = mesh;  // the data-parallel ranks (of a fully-sharded mode)
@@ -212,6 +212,11 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
     gpt::context_parallelize(model, cp);
     gpt::fully_shard(model, mesh, {.dp_dim = "cp"});
     data = cp;
+  } else if (mesh && has_dim(mesh, "ep") && parallelism.long_context) {
+    // Context parallel over the ep ranks: each rank its positions of the same rows, routed to the experts.
+    cp = (*mesh)["ep"];
+    gpt::context_parallelize(model, cp);
+    data = gpt::expert_parallelize(model, mesh);
   } else if (mesh && has_dim(mesh, "ep")) {
     data = gpt::expert_parallelize(model, mesh);
     dp_size = data->size();
@@ -305,6 +310,9 @@ struct PipelineLayout {
   std::vector<std::string> split_points;
   bool fully_sharded = false;
   bool finest_pieces = false;
+  // gpt::moe_config's model, its experts over the mesh's "ep" dim inside FSDP over ("dp", "ep")
+  // (gpt::expert_parallelize).
+  bool mixture_of_experts = false;
 };
 
 // This rank's part of the training state: its stages' parameters (with their optimizer state), the
@@ -324,18 +332,20 @@ void keep_only_own_stages(dtensor::checkpoint::TrainingState& state, gpt::Gpt& m
 Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int steps, const std::string& label, bool print,
                    const Checkpointing& checkpointing) {
   torch::manual_seed(kSeed);
-  gpt::Gpt model(gpt::demo_config(corpus));
+  gpt::Gpt model(layout.mixture_of_experts ? gpt::with_experts(gpt::demo_config(corpus)) : gpt::demo_config(corpus));
   const dtensor::MeshPtr& mesh = layout.mesh;
   const int64_t pp = mesh->dim_index("pp");
   const auto& names = mesh->dim_names();
   auto has = [&](const std::string& name) { return std::count(names.begin(), names.end(), name) > 0; };
-  // The data-parallel dims: "dp", and "replicate" before it for HSDP.
+  // The data-parallel dims: "dp", and "replicate" before it for HSDP, "ep" after it (every expert-parallel
+  // rank trains on its own rows).
   std::vector<std::string> data_dims;
-  for (const char* name : {"replicate", "dp"})
+  for (const char* name : {"replicate", "dp", "ep"})
     if (has(name)) data_dims.push_back(name);
-  const dtensor::MeshPtr dp = data_dims.empty() ? nullptr : mesh->slice(data_dims);
+  dtensor::MeshPtr dp = data_dims.empty() ? nullptr : mesh->slice(data_dims);
   if (has("tp")) gpt::parallelize(model, (*mesh)["tp"]);
-  if (layout.fully_sharded) gpt::fully_shard(model, has("tp") ? mesh->slice({"dp", "tp"}) : dp);
+  if (has("ep")) dp = gpt::expert_parallelize(model, dp);
+  else if (layout.fully_sharded) gpt::fully_shard(model, has("tp") ? mesh->slice({"dp", "tp"}) : dp);
   int64_t dp_rank = 0, dp_size = 1;  // this pipeline's rank among the data-parallel ones
   for (int64_t d = 0; dp && d < dp->ndim(); ++d) dp_rank = dp_rank * dp->size(d) + dp->local_rank(d), dp_size *= dp->size(d);
   std::vector<dtensor::pipeline::PipelineStage> mine;
@@ -354,6 +364,7 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
   state.tensors()["train.step"] = at::zeros({}, at::kLong);
   gpt::Batches batches(corpus, kBatch, model->pos_emb.size(0), kSeed);
   Run run;
+  run.mixture_of_experts = layout.mixture_of_experts;
   if (!checkpointing.resume.empty()) {
     state.load(checkpointing.resume, {.world = mesh->world(), .partitioned = true});
     run.first_step = static_cast<int>(state.tensors()["train.step"].item<int64_t>()) + 1;
@@ -429,6 +440,10 @@ PipelineLayout pipeline_layout(const std::string& mode, const std::shared_ptr<dt
     label = "pipeline parallel x fully sharded, PP=2 (1F1B) x FSDP=2";
     return {mesh({2, 2}, {"pp", "dp"}), pp::one_f_one_b(2, 4), two_stages, true};
   }
+  if (mode == "pp-ep") {
+    label = "pipeline parallel x expert parallel, PP=2 (1F1B) x EP=2 (4 experts, top 2; dense parameters FSDP over ep)";
+    return {mesh({2, 1, 2}, {"pp", "dp", "ep"}), pp::one_f_one_b(2, 4), two_stages, true, false, true};
+  }
   if (mode == "pp-hsdp") {
     label = "pipeline parallel x hybrid sharded, PP=2 (1F1B) x 2 replicas x FSDP=1";
     return {mesh({2, 2, 1}, {"pp", "replicate", "dp"}), pp::one_f_one_b(2, 4), two_stages, true};
@@ -438,7 +453,8 @@ PipelineLayout pipeline_layout(const std::string& mode, const std::shared_ptr<dt
 }
 
 bool is_pipeline_mode(const std::string& mode) {
-  return mode == "pp" || mode == "pp-interleaved" || mode == "pp-dp" || mode == "pp-tp" || mode == "pp-fsdp" || mode == "pp-fsdp-tp" || mode == "pp-hsdp";
+  return mode == "pp" || mode == "pp-interleaved" || mode == "pp-dp" || mode == "pp-tp" || mode == "pp-fsdp" || mode == "pp-fsdp-tp" || mode == "pp-hsdp" ||
+         mode == "pp-ep";
 }
 
 double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
@@ -511,6 +527,11 @@ int main(int argc, char** argv) {
         label = mode == "ep" ? "expert parallel, EP=" + std::to_string(ep) + " (4 experts, top 2; dense parameters FSDP over all ranks)"
                              : "expert parallel x fully sharded, EP=2 x FSDP=" + std::to_string(world->size() / ep) +
                                    " (the experts sharded over dp too; dense parameters FSDP over all ranks)";
+      } else if (mode == "cp-ep") {
+        mesh = dtensor::DeviceMesh::create(world, {1, world->size()}, {.dim_names = {"dp", "ep"}});
+        parallelism.fully_sharded = parallelism.long_context = parallelism.mixture_of_experts = true;
+        label = "context parallel x expert parallel, CP=" + std::to_string(world->size()) + " on 64 positions with EP=" +
+                std::to_string(world->size()) + " over the same ranks (4 experts, top 2; FSDP over them)";
       } else if (is_pipeline_mode(mode)) {
         if (world->size() != 4) throw std::invalid_argument(mode + " runs on 4 ranks");
         const PipelineLayout layout = pipeline_layout(mode, world, label);
@@ -519,7 +540,7 @@ int main(int argc, char** argv) {
         continue;
       } else {
         throw std::invalid_argument("unknown mode '" + mode +
-                                    "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, cp, cp-tp, pp, pp-interleaved, pp-dp, pp-tp, pp-fsdp, pp-fsdp-tp, pp-hsdp, ep, ep-fsdp)");
+                                    "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, cp, cp-tp, pp, pp-interleaved, pp-dp, pp-tp, pp-fsdp, pp-fsdp-tp, pp-hsdp, ep, ep-fsdp, pp-ep, cp-ep)");
       }
       label += " (" + dtensor::to_string(mesh->backend()) + ")";
       runs.emplace_back(label, train(corpus, parallelism, args.steps, label, print, checkpointing));
@@ -533,9 +554,8 @@ int main(int argc, char** argv) {
     for (const auto& [label, run] : runs) {
       const std::pair<bool, bool> kind{run.long_context, run.mixture_of_experts};
       if (oracle.count(kind)) continue;
-      const std::string model = run.long_context         ? "single process, the long-context model (the oracle)"
-                                : run.mixture_of_experts ? "single process, the mixture-of-experts model (the oracle)"
-                                                         : "single process (the oracle)";
+      const std::string kind_name = std::string(run.long_context ? "long-context " : "") + (run.mixture_of_experts ? "mixture-of-experts " : "");
+      const std::string model = kind_name.empty() ? "single process (the oracle)" : "single process, the " + kind_name + "model (the oracle)";
       const Parallelism one{.long_context = run.long_context, .mixture_of_experts = run.mixture_of_experts};
       const std::vector<double> all = train(corpus, one, first - 1 + args.steps, model, true).losses;
       oracle[kind] = std::vector<double>(all.begin() + (first - 1), all.end());

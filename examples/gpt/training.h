@@ -67,10 +67,9 @@ inline Config long_context_config(const Corpus& corpus) {
   return c;
 }
 
-// The main job's mixture-of-experts model: the demo model with 4 SwiGLU experts of 128 features in place
-// of each block's MLP, each token routed to its top 2 (Mixtral's routing).
-inline Config moe_config(const Corpus& corpus) {
-  Config c = demo_config(corpus);
+// A model's mixture-of-experts variant: 4 SwiGLU experts of 128 features in place of each block's MLP,
+// each token routed to its top 2 (Mixtral's routing).
+inline Config with_experts(Config c) {
   c.moe_experts = 4;
   c.moe_top_k = 2;
   c.moe_intermediate = 128;
@@ -154,7 +153,7 @@ inline void fully_shard(Gpt& model, const dtensor::MeshPtr& dp, const dtensor::F
 }
 
 // Expert parallelism inside fully sharded data parallelism, as torchtitan composes them, on a mesh
-// ("dp", "ep") whose every rank trains on its own rows: each block's experts are spread over ep (the
+// ("dp", "ep") whose every rank trains on its own rows (or positions, under context parallelism): each block's experts are spread over ep (the
 // tokens travel to them by all-to-all) and fully sharded over dp (torchtitan's efsdp); the dense
 // parameters are fully sharded over all ranks (the mesh flattened). An expert's gradient sums the
 // tokens of its ep group, and FSDP sums those over dp: divided by the world, it is the mean the dense
