@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,16 +21,19 @@ std::vector<int64_t> as_vector(const at::Tensor& t) {
   return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
 }
 
-void check_routing(const at::Tensor& experts, const MoEOptions& options, const std::string& path, const ExpertPlacement& placement) {
-  if (experts.numel() == 0) return;
+// An expert index the router must not give (outside [0, experts], `experts` marking a drop), if any.
+std::optional<int64_t> out_of_range(const at::Tensor& experts, const MoEOptions& options) {
+  if (experts.numel() == 0) return std::nullopt;
   const int64_t low = experts.min().item<int64_t>(), high = experts.max().item<int64_t>();
-  if (low < 0 || high > dropped_expert(options)) {
-    std::string where = placement.mesh ? " (experts spread over mesh dim " + std::to_string(placement.dim) + ")" : "";
-    throw DTensorError("MoE layer '" + path + "'" + where + ": the router chose expert " +
-                       std::to_string(low < 0 ? low : high) + ", outside [0, " + std::to_string(options.experts) +
-                       "); a router must return indices of the layer's experts (or " +
-                       std::to_string(dropped_expert(options)) + " for a dropped assignment)");
-  }
+  if (low < 0) return low;
+  if (high > dropped_expert(options)) return high;
+  return std::nullopt;
+}
+
+[[noreturn]] void refuse_routing(int64_t chosen, const MoEOptions& options, const std::string& path, const std::string& where) {
+  throw DTensorError("MoE layer '" + path + "'" + where + ": the router chose expert " + std::to_string(chosen) + ", outside [0, " +
+                     std::to_string(options.experts) + "); a router must return indices of the layer's experts (or " +
+                     std::to_string(dropped_expert(options)) + " for a dropped assignment)");
 }
 
 // x [rows, in] times each expert's w [in -> out] ([experts, out, in], transformers' layout) on its
@@ -76,19 +80,40 @@ at::Tensor expert_major_order(const at::Tensor& received) {
   return pieces.empty() ? at::empty({0}, at::kLong) : at::cat(pieces);
 }
 
+// What each member of the ep dim sends this one, per local expert: one small all-to-all of the counts
+// [members, local experts], each row followed by this rank's routing verdict (bad, the index) so that
+// a router gone wrong on one rank stops every rank here with the same error, instead of leaving its
+// peers waiting in the exchange that follows.
+at::Tensor exchanged_counts(const at::Tensor& counts, std::optional<int64_t> bad, int64_t local, const MoEOptions& options,
+                            const ExpertPlacement& placement, const std::string& path) {
+  const MeshPtr& mesh = placement.mesh;
+  const int64_t members = mesh->size(placement.dim);
+  const at::Tensor verdict = at::tensor({bad ? int64_t{1} : 0, bad.value_or(0)}, at::kLong).expand({members, 2});
+  const at::Tensor sent = at::cat({counts.reshape({members, local}), verdict}, 1).contiguous();
+  const at::Tensor received = detail::all_to_all(*mesh, placement.dim, sent.reshape(-1), std::vector<int64_t>(members, local + 2),
+                                                 std::vector<int64_t>(members, local + 2))
+                                  .reshape({members, local + 2});
+  const std::vector<int64_t> flags = as_vector(received.select(1, local)), values = as_vector(received.select(1, local + 1));
+  for (int64_t m = 0; m < members; ++m) {
+    if (!flags[static_cast<size_t>(m)]) continue;
+    Shape at = *mesh->coordinate();
+    at[static_cast<size_t>(placement.dim)] = m;
+    refuse_routing(values[static_cast<size_t>(m)], options, path,
+                   " (experts spread over mesh dim " + std::to_string(placement.dim) + "; on rank " +
+                       std::to_string(mesh->global_rank_at(at)) + ")");
+  }
+  return received.narrow(1, 0, local);
+}
+
 // The expert outputs for `rows` (sorted by expert, `counts` per global expert): run here, or sent to
 // the experts' ranks and back.
-at::Tensor dispatched_mlps(const at::Tensor& rows, const at::Tensor& counts, const at::Tensor& gate_up,
-                           const at::Tensor& down, const ExpertPlacement& placement) {
+at::Tensor dispatched_mlps(const at::Tensor& rows, const at::Tensor& counts, std::optional<int64_t> bad, const at::Tensor& gate_up,
+                           const at::Tensor& down, const MoEOptions& options, const ExpertPlacement& placement,
+                           const std::string& path) {
   if (!placement.mesh) return expert_mlps(rows, gate_up, down, counts);
   const MeshPtr& mesh = placement.mesh;
-  const int64_t members = mesh->size(placement.dim), local = gate_up.size(0);
-  const at::Tensor per_member = counts.reshape({members, local});
-  // What each member sends this one, per local expert: one small all-to-all of the counts.
-  const at::Tensor received =
-      detail::all_to_all(*mesh, placement.dim, per_member.reshape(-1), std::vector<int64_t>(members, local),
-                         std::vector<int64_t>(members, local))
-          .reshape({members, local});
+  const at::Tensor received = exchanged_counts(counts, bad, gate_up.size(0), options, placement, path);
+  const at::Tensor per_member = counts.reshape({received.size(0), received.size(1)});
   const std::vector<int64_t> send = as_vector(per_member.sum(1)), receive = as_vector(received.sum(1));
   const at::Tensor arrived = all_to_all_single(rows, receive, send, mesh, placement.dim);
   const at::Tensor order = expert_major_order(received);
@@ -102,15 +127,17 @@ at::Tensor dispatched_mlps(const at::Tensor& rows, const at::Tensor& counts, con
 at::Tensor run_experts(const at::Tensor& hidden, const at::Tensor& experts, const at::Tensor& weights,
                        const at::Tensor& gate_up, const at::Tensor& down, const MoEOptions& options,
                        const ExpertPlacement& placement, const std::string& path) {
-  check_routing(experts, options, path, placement);
+  const std::optional<int64_t> bad = out_of_range(experts, options);
+  if (bad && !placement.mesh) refuse_routing(*bad, options, path, "");
   const int64_t k = experts.size(1);
-  const at::Tensor flat_experts = experts.reshape(-1);
+  // A bad routing under expert parallelism still takes part in the counts' exchange, sending nothing.
+  const at::Tensor flat_experts = bad ? at::full({experts.numel()}, dropped_expert(options), at::kLong) : experts.reshape(-1);
   const at::Tensor kept = flat_experts.lt(options.experts).nonzero().squeeze(1);  // dropped ones go nowhere
   const at::Tensor kept_experts = flat_experts.index_select(0, kept);
   const at::Tensor order = kept.index_select(0, at::argsort(kept_experts, /*stable=*/true));  // by expert
   const at::Tensor tokens = at::div(order, k, "floor");
   const at::Tensor counts = at::bincount(kept_experts, {}, options.experts);
-  const at::Tensor outputs = dispatched_mlps(hidden.index_select(0, tokens), counts, gate_up, down, placement);
+  const at::Tensor outputs = dispatched_mlps(hidden.index_select(0, tokens), counts, bad, gate_up, down, options, placement, path);
   const at::Tensor weighted = outputs * weights.reshape(-1).index_select(0, order).unsqueeze(1);
   return at::zeros_like(hidden).index_add(0, tokens, weighted.to(hidden.scalar_type()));
 }

@@ -7,6 +7,8 @@
 // loss, every gradient, and AdamW steps; bad input refused naming the layer and the mesh dim.
 
 #include <ATen/ATen.h>
+
+#include <chrono>
 #include <torch/nn/functional.h>
 #include <torch/optim/adamw.h>
 
@@ -385,6 +387,24 @@ TEST_F(ExpertParallelTest, CheckpointsMoveAcrossExpertParallelDegrees) {
   }
   const at::Tensor x = tokens_for(4, 3);
   EXPECT_TRUE(tensors_close(full_tensor(ep2->forward(distribute_tensor(x, mesh({2, 2}), Placements{Replicate(), Shard(0)}))), whole->forward(x), 1e-12, 1e-12));
+}
+
+// A router gone wrong on one rank (a hand-made routing into the experts' module) stops every rank of the
+// ep dim with the same error naming that rank, at once: no rank is left waiting in the exchange.
+TEST_F(ExpertParallelTest, AnOutOfRangeExpertOnOneRankStopsEveryRankNamingIt) {
+  MoE moe(moe_options(4, 2));
+  expert_parallel(*moe, mesh({4}), 0, "layers.1.mlp");
+  const at::Tensor hidden = at::ones({3, kHidden});
+  at::Tensor chosen = at::tensor({0, 1, 2, 3, 1, 0}, at::kLong).reshape({3, 2});
+  if (world()->rank() == 2) chosen[1][1] = 7;
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THAT(error_of([&] { moe->experts->forward(hidden, chosen, at::full({3, 2}, 0.5)); }),
+              HasSubstr("MoE layer 'layers.1.mlp.experts' (experts spread over mesh dim 0; on rank 2): the router chose expert 7, "
+                        "outside [0, 4)"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  // The group still works: the same call with a good routing runs everywhere.
+  chosen[1][1] = 3;
+  EXPECT_EQ(moe->experts->forward(hidden, chosen, at::full({3, 2}, 0.5)).sizes(), hidden.sizes());
 }
 
 TEST_F(ExpertParallelTest, ExpertsThatDoNotDivideOverTheDimAreRefused) {
