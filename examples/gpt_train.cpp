@@ -195,6 +195,52 @@ bool has_dim(const dtensor::MeshPtr& mesh, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
+// Where a mode's model lies: its data-parallel ranks (of a fully-sharded mode), its context-parallel
+// ones, and this rank's share of each batch's rows.
+struct ModeLayout {
+  dtensor::MeshPtr data, cp;
+  int64_t dp_rank = 0, dp_size = 1;
+};
+
+// Parallelizes `model` as `parallelism` says.
+ModeLayout place(gpt::Gpt& model, const Parallelism& parallelism) {
+  const dtensor::MeshPtr& mesh = parallelism.mesh;
+  ModeLayout p{.data = mesh};
+  if (mesh && has_dim(mesh, "cp")) {
+    p.cp = (*mesh)["cp"];
+    if (has_dim(mesh, "tp")) gpt::parallelize(model, (*mesh)["tp"]);
+    gpt::context_parallelize(model, p.cp);
+    gpt::fully_shard(model, mesh, {.dp_dim = "cp"});
+    p.data = p.cp;
+  } else if (mesh && has_dim(mesh, "ep") && parallelism.long_context) {
+    // Context parallel over the ep ranks: each rank its positions of the same rows, routed to the experts.
+    p.cp = (*mesh)["ep"];
+    gpt::context_parallelize(model, p.cp);
+    p.data = gpt::expert_parallelize(model, mesh);
+  } else if (mesh && has_dim(mesh, "ep")) {
+    p.data = gpt::expert_parallelize(model, mesh);
+    p.dp_size = p.data->size();
+    p.dp_rank = p.data->local_rank(0);
+  } else if (mesh && parallelism.fully_sharded) {
+    // On a ("dp", "tp") mesh: Megatron-style TP over tp first, then FSDP over dp. On ("replicate", "dp")
+    // every rank is a data-parallel rank of its own.
+    if (has_dim(mesh, "tp")) {
+      gpt::parallelize(model, (*mesh)["tp"]);
+      p.data = (*mesh)["dp"];
+    }
+    gpt::fully_shard(model, mesh);
+    p.dp_size = p.data->size();
+    for (int64_t d = 0; d < p.data->ndim(); ++d) p.dp_rank = p.dp_rank * p.data->size(d) + (*p.data->coordinate())[d];
+  } else if (mesh) {
+    gpt::parallelize(model, mesh);
+    if (mesh->ndim() == 2) {
+      p.dp_rank = (*mesh->coordinate())[0];
+      p.dp_size = mesh->size(0);
+    }
+  }
+  return p;
+}
+
 // Trains `steps` steps (after the resumed ones). Data-parallel ranks train on their own rows of each
 // batch.
 Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, const std::string& label, bool print,
@@ -203,41 +249,9 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
   const gpt::Config config = parallelism.long_context ? gpt::long_context_config(corpus) : gpt::demo_config(corpus);
   gpt::Gpt model(parallelism.mixture_of_experts ? gpt::with_experts(config) : config);
   const dtensor::MeshPtr& mesh = parallelism.mesh;
-  int64_t dp_rank = 0, dp_size = 1;
-  dtensor::MeshPtr data = mesh;  // the data-parallel ranks (of a fully-sharded mode)
-  dtensor::MeshPtr cp;           // the context-parallel ranks
-  if (mesh && has_dim(mesh, "cp")) {
-    cp = (*mesh)["cp"];
-    if (has_dim(mesh, "tp")) gpt::parallelize(model, (*mesh)["tp"]);
-    gpt::context_parallelize(model, cp);
-    gpt::fully_shard(model, mesh, {.dp_dim = "cp"});
-    data = cp;
-  } else if (mesh && has_dim(mesh, "ep") && parallelism.long_context) {
-    // Context parallel over the ep ranks: each rank its positions of the same rows, routed to the experts.
-    cp = (*mesh)["ep"];
-    gpt::context_parallelize(model, cp);
-    data = gpt::expert_parallelize(model, mesh);
-  } else if (mesh && has_dim(mesh, "ep")) {
-    data = gpt::expert_parallelize(model, mesh);
-    dp_size = data->size();
-    dp_rank = data->local_rank(0);
-  } else if (mesh && parallelism.fully_sharded) {
-    // On a ("dp", "tp") mesh: Megatron-style TP over tp first, then FSDP over dp. On ("replicate", "dp")
-    // every rank is a data-parallel rank of its own.
-    if (has_dim(mesh, "tp")) {
-      gpt::parallelize(model, (*mesh)["tp"]);
-      data = (*mesh)["dp"];
-    }
-    gpt::fully_shard(model, mesh);
-    dp_size = data->size();
-    for (int64_t d = 0; d < data->ndim(); ++d) dp_rank = dp_rank * data->size(d) + (*data->coordinate())[d];
-  } else if (mesh) {
-    gpt::parallelize(model, mesh);
-    if (mesh->ndim() == 2) {
-      dp_rank = (*mesh->coordinate())[0];
-      dp_size = mesh->size(0);
-    }
-  }
+  const ModeLayout placed = place(model, parallelism);
+  const dtensor::MeshPtr &data = placed.data, &cp = placed.cp;
+  const int64_t dp_rank = placed.dp_rank, dp_size = placed.dp_size;
   const gpt::TrainOptions options;
   auto optimizer = gpt::make_optimizer(model, options);
   dtensor::checkpoint::TrainingState state(*model, &optimizer);
@@ -457,6 +471,81 @@ bool is_pipeline_mode(const std::string& mode) {
          mode == "pp-ep";
 }
 
+// The mesh and layout of a mode that trains the whole model on every rank (not a pipeline mode), and
+// its label.
+Parallelism parallelism_for(const std::string& mode, const std::shared_ptr<dtensor::World>& world, std::string& label) {
+  Parallelism parallelism;
+  dtensor::MeshPtr& mesh = parallelism.mesh;
+  if (mode == "tp") {
+    mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"tp"}});
+    label = "tensor parallel, TP=" + std::to_string(world->size());
+  } else if (mode == "dp-tp") {
+    if (world->size() % 2 != 0) throw std::invalid_argument("dp-tp needs an even number of ranks");
+    mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"dp", "tp"}});
+    label = "data parallel x tensor parallel, DP=2 x TP=" + std::to_string(world->size() / 2);
+  } else if (mode == "fsdp") {
+    mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"dp"}});
+    parallelism.fully_sharded = true;
+    label = "fully sharded data parallel, FSDP=" + std::to_string(world->size());
+  } else if (mode == "fsdp-tp") {
+    if (world->size() % 2 != 0) throw std::invalid_argument("fsdp-tp needs an even number of ranks");
+    mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"dp", "tp"}});
+    parallelism.fully_sharded = true;
+    label = "fully sharded x tensor parallel, FSDP=2 x TP=" + std::to_string(world->size() / 2);
+  } else if (mode == "hsdp") {
+    if (world->size() % 2 != 0) throw std::invalid_argument("hsdp needs an even number of ranks");
+    mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"replicate", "dp"}});
+    parallelism.fully_sharded = true;
+    label = "hybrid sharded data parallel, 2 replicas x FSDP=" + std::to_string(world->size() / 2);
+  } else if (mode == "cp") {
+    mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"cp"}});
+    parallelism.fully_sharded = parallelism.long_context = true;
+    label = "context parallel, CP=" + std::to_string(world->size()) + " on 64 positions (load balanced; FSDP over cp)";
+  } else if (mode == "cp-tp") {
+    if (world->size() % 2 != 0) throw std::invalid_argument("cp-tp needs an even number of ranks");
+    mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"cp", "tp"}});
+    parallelism.fully_sharded = parallelism.long_context = true;
+    label = "context parallel x tensor parallel, CP=2 x TP=" + std::to_string(world->size() / 2) + " on 64 positions (FSDP over cp)";
+  } else if (mode == "ep" || mode == "ep-fsdp") {
+    // Every rank a data-parallel rank; the experts over ep (all ranks, or 2 x FSDP=2 over dp).
+    const int64_t ep = mode == "ep" ? world->size() : 2;
+    if (world->size() % ep != 0) throw std::invalid_argument(mode + " needs an even number of ranks");
+    mesh = dtensor::DeviceMesh::create(world, {world->size() / ep, ep}, {.dim_names = {"dp", "ep"}});
+    parallelism.fully_sharded = parallelism.mixture_of_experts = true;
+    label = mode == "ep" ? "expert parallel, EP=" + std::to_string(ep) + " (4 experts, top 2; dense parameters FSDP over all ranks)"
+                         : "expert parallel x fully sharded, EP=2 x FSDP=" + std::to_string(world->size() / ep) +
+                               " (the experts sharded over dp too; dense parameters FSDP over all ranks)";
+  } else if (mode == "cp-ep") {
+    mesh = dtensor::DeviceMesh::create(world, {1, world->size()}, {.dim_names = {"dp", "ep"}});
+    parallelism.fully_sharded = parallelism.long_context = parallelism.mixture_of_experts = true;
+    label = "context parallel x expert parallel, CP=" + std::to_string(world->size()) + " on 64 positions with EP=" +
+            std::to_string(world->size()) + " over the same ranks (4 experts, top 2; FSDP over them)";
+  } else {
+    throw std::invalid_argument("unknown mode '" + mode +
+                                "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, cp, cp-tp, pp, pp-interleaved, pp-dp, pp-tp, pp-fsdp, pp-fsdp-tp, pp-hsdp, ep, ep-fsdp, pp-ep, cp-ep)");
+  }
+  return parallelism;
+}
+
+using ModelKind = std::pair<bool, bool>;  // (long_context, mixture_of_experts)
+
+// The oracles: each model the runs trained, in one process from step 1 to the runs' last step,
+// compared on the runs' steps (from `first`).
+std::map<ModelKind, std::vector<double>> train_oracles(const gpt::Corpus& corpus, const std::vector<std::pair<std::string, Run>>& runs,
+                                                       int first, int steps) {
+  std::map<ModelKind, std::vector<double>> oracle;
+  for (const auto& [label, run] : runs) {
+    const ModelKind kind{run.long_context, run.mixture_of_experts};
+    if (oracle.count(kind)) continue;
+    const std::string kind_name = std::string(run.long_context ? "long-context " : "") + (run.mixture_of_experts ? "mixture-of-experts " : "");
+    const std::string model = kind_name.empty() ? "single process (the oracle)" : "single process, the " + kind_name + "model (the oracle)";
+    const Parallelism one{.long_context = run.long_context, .mixture_of_experts = run.mixture_of_experts};
+    const std::vector<double> all = train(corpus, one, first - 1 + steps, model, true).losses;
+    oracle[kind] = std::vector<double>(all.begin() + (first - 1), all.end());
+  }
+  return oracle;
+}
+
 double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(b[i]));
@@ -485,63 +574,16 @@ int main(int argc, char** argv) {
         checkpointing.periodic_dir = args.checkpoint_dir;
         checkpointing.blocking = args.blocking_checkpoints;
       }
-      Parallelism parallelism;
-      dtensor::MeshPtr& mesh = parallelism.mesh;
       std::string label;
-      if (mode == "tp") {
-        mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"tp"}});
-        label = "tensor parallel, TP=" + std::to_string(world->size());
-      } else if (mode == "dp-tp") {
-        if (world->size() % 2 != 0) throw std::invalid_argument("dp-tp needs an even number of ranks");
-        mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"dp", "tp"}});
-        label = "data parallel x tensor parallel, DP=2 x TP=" + std::to_string(world->size() / 2);
-      } else if (mode == "fsdp") {
-        mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"dp"}});
-        parallelism.fully_sharded = true;
-        label = "fully sharded data parallel, FSDP=" + std::to_string(world->size());
-      } else if (mode == "fsdp-tp") {
-        if (world->size() % 2 != 0) throw std::invalid_argument("fsdp-tp needs an even number of ranks");
-        mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"dp", "tp"}});
-        parallelism.fully_sharded = true;
-        label = "fully sharded x tensor parallel, FSDP=2 x TP=" + std::to_string(world->size() / 2);
-      } else if (mode == "hsdp") {
-        if (world->size() % 2 != 0) throw std::invalid_argument("hsdp needs an even number of ranks");
-        mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"replicate", "dp"}});
-        parallelism.fully_sharded = true;
-        label = "hybrid sharded data parallel, 2 replicas x FSDP=" + std::to_string(world->size() / 2);
-      } else if (mode == "cp") {
-        mesh = dtensor::DeviceMesh::create(world, {world->size()}, {.dim_names = {"cp"}});
-        parallelism.fully_sharded = parallelism.long_context = true;
-        label = "context parallel, CP=" + std::to_string(world->size()) + " on 64 positions (load balanced; FSDP over cp)";
-      } else if (mode == "cp-tp") {
-        if (world->size() % 2 != 0) throw std::invalid_argument("cp-tp needs an even number of ranks");
-        mesh = dtensor::DeviceMesh::create(world, {2, world->size() / 2}, {.dim_names = {"cp", "tp"}});
-        parallelism.fully_sharded = parallelism.long_context = true;
-        label = "context parallel x tensor parallel, CP=2 x TP=" + std::to_string(world->size() / 2) + " on 64 positions (FSDP over cp)";
-      } else if (mode == "ep" || mode == "ep-fsdp") {
-        // Every rank a data-parallel rank; the experts over ep (all ranks, or 2 x FSDP=2 over dp).
-        const int64_t ep = mode == "ep" ? world->size() : 2;
-        if (world->size() % ep != 0) throw std::invalid_argument(mode + " needs an even number of ranks");
-        mesh = dtensor::DeviceMesh::create(world, {world->size() / ep, ep}, {.dim_names = {"dp", "ep"}});
-        parallelism.fully_sharded = parallelism.mixture_of_experts = true;
-        label = mode == "ep" ? "expert parallel, EP=" + std::to_string(ep) + " (4 experts, top 2; dense parameters FSDP over all ranks)"
-                             : "expert parallel x fully sharded, EP=2 x FSDP=" + std::to_string(world->size() / ep) +
-                                   " (the experts sharded over dp too; dense parameters FSDP over all ranks)";
-      } else if (mode == "cp-ep") {
-        mesh = dtensor::DeviceMesh::create(world, {1, world->size()}, {.dim_names = {"dp", "ep"}});
-        parallelism.fully_sharded = parallelism.long_context = parallelism.mixture_of_experts = true;
-        label = "context parallel x expert parallel, CP=" + std::to_string(world->size()) + " on 64 positions with EP=" +
-                std::to_string(world->size()) + " over the same ranks (4 experts, top 2; FSDP over them)";
-      } else if (is_pipeline_mode(mode)) {
+      if (is_pipeline_mode(mode)) {
         if (world->size() != 4) throw std::invalid_argument(mode + " runs on 4 ranks");
         const PipelineLayout layout = pipeline_layout(mode, world, label);
         label += " (" + dtensor::to_string(layout.mesh->backend()) + ")";
         runs.emplace_back(label, train_pipeline(corpus, layout, args.steps, label, print, checkpointing));
         continue;
-      } else {
-        throw std::invalid_argument("unknown mode '" + mode +
-                                    "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, cp, cp-tp, pp, pp-interleaved, pp-dp, pp-tp, pp-fsdp, pp-fsdp-tp, pp-hsdp, ep, ep-fsdp, pp-ep, cp-ep)");
       }
+      const Parallelism parallelism = parallelism_for(mode, world, label);
+      const dtensor::MeshPtr& mesh = parallelism.mesh;
       label += " (" + dtensor::to_string(mesh->backend()) + ")";
       runs.emplace_back(label, train(corpus, parallelism, args.steps, label, print, checkpointing));
     }
@@ -550,21 +592,12 @@ int main(int argc, char** argv) {
     // The oracle trains uninterrupted from step 1 to the runs' last step (once per model the runs
     // trained); they are compared on their steps.
     const int first = runs.empty() ? 1 : runs.front().second.first_step;
-    std::map<std::pair<bool, bool>, std::vector<double>> oracle;  // by (long_context, mixture_of_experts)
-    for (const auto& [label, run] : runs) {
-      const std::pair<bool, bool> kind{run.long_context, run.mixture_of_experts};
-      if (oracle.count(kind)) continue;
-      const std::string kind_name = std::string(run.long_context ? "long-context " : "") + (run.mixture_of_experts ? "mixture-of-experts " : "");
-      const std::string model = kind_name.empty() ? "single process (the oracle)" : "single process, the " + kind_name + "model (the oracle)";
-      const Parallelism one{.long_context = run.long_context, .mixture_of_experts = run.mixture_of_experts};
-      const std::vector<double> all = train(corpus, one, first - 1 + args.steps, model, true).losses;
-      oracle[kind] = std::vector<double>(all.begin() + (first - 1), all.end());
-    }
+    const auto oracle = train_oracles(corpus, runs, first, args.steps);
     bool pass = true;
     std::cout << "\n";
     for (const auto& [label, run] : runs) {
       const std::vector<double>& losses = run.losses;
-      const std::vector<double>& reference = oracle[{run.long_context, run.mixture_of_experts}];
+      const std::vector<double>& reference = oracle.at({run.long_context, run.mixture_of_experts});
       const double diff = max_relative_difference(losses, reference);
       const bool ok = diff <= 1e-4;
       pass = pass && ok;
