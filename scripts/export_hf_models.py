@@ -22,6 +22,8 @@ Per family NAME, in OUT_DIR:
                       fits its Conv1D layers).
   NAME_pp_plan.json   its pipeline plan as transformers writes it (model.pp_plan: the config's
                       base_model_pp_plan under the base model's prefix, plus lm_head), where it has one
+  NAME_ep_plan.json   its expert-parallel plan as transformers writes it (model.ep_plan: the config's
+                      base_model_ep_plan under the base model's prefix), for the mixtures of experts
   NAME_config.json    the config, as save_pretrained writes it
   NAME_joint.pt2      the joint forward+backward graph of forward(input_ids, labels) -> Hugging Face's
                       own causal-LM loss (ForCausalLMLoss: labels shifted with constant_pad_nd, mean
@@ -168,7 +170,7 @@ def main():
                 err = (got - want).abs().max().item()
                 assert err <= 1e-5, f"{archive}: loaded archive differs from eager by {err}"
         write_set(out_dir, f"{name}_io", io_tensors((ids,), (want,)))
-        for kind, plan in (("tp", model.tp_plan), ("pp", model.pp_plan)):
+        for kind, plan in (("tp", model.tp_plan), ("pp", model.pp_plan), ("ep", model.ep_plan)):
             if plan:
                 with open(os.path.join(out_dir, f"{name}_{kind}_plan.json"), "w") as f:
                     json.dump(plan, f, indent=1)

@@ -132,5 +132,7 @@ at::Tensor load_balancing_loss(const at::Tensor& router_logits, int64_t top_k);
 // like the model's other dense parameters (data parallelism, fully_shard or distribute_module, keeps
 // it in sync). Throws naming the layer and the dim when the experts do not divide by the dim's size.
 void expert_parallel(MoEImpl& moe, const MeshPtr& mesh, int64_t ep_dim, const std::string& path = "moe");
+// The same for the experts alone (the module transformers' ep_dispatch_experts names).
+void expert_parallel(MoEExpertsImpl& experts, const MeshPtr& mesh, int64_t ep_dim, const std::string& path = "experts");
 
 }  // namespace dtensor

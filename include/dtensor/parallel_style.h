@@ -76,8 +76,13 @@ struct PrepareModuleInputOutput {
   PrepareModuleOutput output;
 };
 
+// Expert parallelism (transformers' ep_dispatch_experts): a mixture-of-experts layer's experts spread
+// over the plan's mesh dim, whole experts per rank (Shard(0) of its 3-d weights), each rank's tokens
+// sent to them by all-to-all. Module level, on a dtensor::MoE block or its MoEExperts (moe.h); graph
+// programs have no expert-parallel form yet.
+struct ExpertParallel {};
 using ParallelStyle = std::variant<ColwiseParallel, RowwiseParallel, SequenceParallel, PrepareModuleInput, PrepareModuleOutput,
-                                   PrepareModuleInputOutput>;
+                                   PrepareModuleInputOutput, ExpertParallel>;
 
 // A submodule path ("" is the module itself); an atom between dots may use * and ? wildcards
 // ("blocks.*.attn.wq"). Entries apply in order; each must match at least one submodule.

@@ -33,6 +33,10 @@ const std::map<std::string, std::optional<ParallelStyle>>& mapped_styles() {
       // row-parallel down projection leaves them Partial, and sharding propagation reduces them where
       // they are read, so the module itself needs no entry.
       {"moe_tp_experts", std::nullopt},
+      {"ep_dispatch_experts", ExpertParallel{}},
+      // The experts' 3-d weights, Shard(0) over the ep dim: what the experts module's
+      // ep_dispatch_experts entry does to them, so they need no entry of their own.
+      {"grouped_gemm", std::nullopt},
   };
   return styles;
 }
@@ -44,8 +48,6 @@ const std::map<std::string, std::string>& refused_styles() {
       {"local_params", "parameters kept as local tensors"},
       {"mla_kv_a_proj", "multi-head latent attention's KV down-projection"},
       {"moe_identity_expert", "an identity expert of a mixture of experts"},
-      {"grouped_gemm", "expert-parallel grouped GEMM weights"},
-      {"ep_dispatch_experts", "expert-parallel token dispatch"},
   };
   return styles;
 }
@@ -56,10 +58,9 @@ std::string known_styles() {
   return out;
 }
 
-}  // namespace
-
-ParallelizePlan hugging_face_plan(const std::string& json_text, const std::string& base_model_prefix, const std::string& source,
-                                  bool strict) {
+// `plan_key`: where a config holds the plan ("base_model_tp_plan", "base_model_ep_plan").
+ParallelizePlan plan_from(const std::string& json_text, const std::string& plan_key, const std::string& base_model_prefix,
+                          const std::string& source, bool strict) {
   json doc;
   try {
     doc = json::parse(json_text);
@@ -68,8 +69,8 @@ ParallelizePlan hugging_face_plan(const std::string& json_text, const std::strin
   }
   std::string prefix;
   // A config (config.json names its model_type) holds the plan in base_model_tp_plan, if it has one.
-  if (doc.is_object() && (doc.contains("base_model_tp_plan") || doc.contains("model_type"))) {
-    const json plan = doc.contains("base_model_tp_plan") ? doc["base_model_tp_plan"] : json(nullptr);
+  if (doc.is_object() && (doc.contains(plan_key) || doc.contains("model_type"))) {
+    const json plan = doc.contains(plan_key) ? doc[plan_key] : json(nullptr);
     doc = plan.is_null() ? json::object() : plan;
     if (!base_model_prefix.empty()) prefix = base_model_prefix + ".";
   }
@@ -92,6 +93,18 @@ ParallelizePlan hugging_face_plan(const std::string& json_text, const std::strin
     }
   }
   return plan;
+}
+
+}  // namespace
+
+ParallelizePlan hugging_face_plan(const std::string& json_text, const std::string& base_model_prefix, const std::string& source,
+                                  bool strict) {
+  return plan_from(json_text, "base_model_tp_plan", base_model_prefix, source, strict);
+}
+
+ParallelizePlan hugging_face_ep_plan(const std::string& json_text, const std::string& base_model_prefix, const std::string& source,
+                                     bool strict) {
+  return plan_from(json_text, "base_model_ep_plan", base_model_prefix, source, strict);
 }
 
 }  // namespace dtensor::graph

@@ -58,7 +58,9 @@ std::map<std::string, Placement> parameter_placements(const Program& program, co
     const auto* colwise = std::get_if<ColwiseParallel>(&entry.style);
     if (!colwise && !std::holds_alternative<RowwiseParallel>(entry.style))
       throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path +
-                         "': only ColwiseParallel, RowwiseParallel and SequenceParallel apply to graphs");
+                         "': only ColwiseParallel, RowwiseParallel and SequenceParallel apply to graphs (ExpertParallel, "
+                         "transformers' ep_dispatch_experts, runs at module level on dtensor::MoE: graph programs have no "
+                         "expert-parallel form yet)");
     const int64_t packed = colwise ? colwise->packed : 1;
     for (const std::string& path : matched_modules(modules, entry)) {
       const ModuleInfo& info = modules.at(path);

@@ -214,20 +214,24 @@ at::Tensor load_balancing_loss(const at::Tensor& router_logits, int64_t top_k) {
   return (share * probabilities.sum(0) / tokens).sum() * experts;
 }
 
-void expert_parallel(MoEImpl& moe, const MeshPtr& mesh, int64_t ep_dim, const std::string& path) {
+void expert_parallel(MoEExpertsImpl& experts, const MeshPtr& mesh, int64_t ep_dim, const std::string& path) {
   if (!mesh || ep_dim < 0 || ep_dim >= mesh->ndim())
     throw DTensorError("expert_parallel('" + path + "'): mesh dim " + std::to_string(ep_dim) + " does not exist on this mesh");
-  const int64_t experts = moe.experts->options.experts, ranks = mesh->size(ep_dim);
-  if (experts % ranks != 0)
-    throw DTensorError("expert_parallel('" + path + "'): its " + std::to_string(experts) + " experts do not divide over the " +
+  const int64_t count = experts.options.experts, ranks = mesh->size(ep_dim);
+  if (count % ranks != 0)
+    throw DTensorError("expert_parallel('" + path + "'): its " + std::to_string(count) + " experts do not divide over the " +
                        std::to_string(ranks) + " ranks of mesh dim " + std::to_string(ep_dim) +
                        "; expert parallelism gives every rank whole experts, as many on each");
   Placements by_expert = all(*mesh, Replicate());
   by_expert[static_cast<size_t>(ep_dim)] = Shard(0);
-  distribute_parameter(*moe.experts, "gate_up_proj", mesh, by_expert, path + ".experts.gate_up_proj");
-  distribute_parameter(*moe.experts, "down_proj", mesh, by_expert, path + ".experts.down_proj");
-  moe.experts->placement = {mesh, ep_dim};
-  moe.experts->path = path + ".experts";
+  distribute_parameter(experts, "gate_up_proj", mesh, by_expert, path + ".gate_up_proj");
+  distribute_parameter(experts, "down_proj", mesh, by_expert, path + ".down_proj");
+  experts.placement = {mesh, ep_dim};
+  experts.path = path;
+}
+
+void expert_parallel(MoEImpl& moe, const MeshPtr& mesh, int64_t ep_dim, const std::string& path) {
+  expert_parallel(*moe.experts, mesh, ep_dim, path + ".experts");
 }
 
 }  // namespace dtensor

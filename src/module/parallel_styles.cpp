@@ -9,6 +9,7 @@
 #include "dtensor/api.h"
 #include "dtensor/errors.h"
 #include "dtensor/layout.h"
+#include "dtensor/moe.h"
 #include "dtensor/parallel.h"
 #include "parallel_styles.h"
 
@@ -242,9 +243,21 @@ void apply(const StyleTarget& target, const PrepareModuleInputOutput& style) {
   apply(target, style.output);
 }
 
+void apply(const StyleTarget& target, const ExpertParallel&) {
+  if (auto* experts = target.module.as<MoEExpertsImpl>()) {
+    expert_parallel(*experts, target.context.mesh, target.context.tp_dim, target.path);
+  } else if (auto* block = target.module.as<MoEImpl>()) {
+    expert_parallel(*block, target.context.mesh, target.context.tp_dim, target.path);
+  } else {
+    throw DTensorError("ExpertParallel for '" + target.path + "': it applies to a dtensor::MoE block or its MoEExperts, not to a " +
+                       target.module.name());
+  }
+}
+
 const char* style_name(const ParallelStyle& style) {
   static constexpr const char* names[] = {"ColwiseParallel",    "RowwiseParallel",     "SequenceParallel",
-                                          "PrepareModuleInput", "PrepareModuleOutput", "PrepareModuleInputOutput"};
+                                          "PrepareModuleInput", "PrepareModuleOutput", "PrepareModuleInputOutput",
+                                          "ExpertParallel"};
   static_assert(std::size(names) == std::variant_size_v<ParallelStyle>);
   return names[style.index()];
 }

@@ -12,7 +12,9 @@
 #include <torch/nn/functional.h>
 #include <torch/optim/adamw.h>
 
+#include "../support/test_models.h"
 #include "dtensor/checkpoint.h"
+#include "dtensor/graph/hugging_face.h"
 #include "dtensor/moe.h"
 #include "dtensor/parallel.h"
 #include "harness.h"
@@ -353,6 +355,63 @@ TEST_F(ExpertParallelTest, ExpertsOnTheTensorParallelRanksTrainLikeOneProcess) {
     EXPECT_TRUE(tensors_close(full_tensor(trained[p.key()]), p.value(), 1e-7, 1e-8)) << p.key();
 }
 
+// transformers' Mixtral module paths (model.layers.N.mlp, the MoE block), without attention: what its
+// expert-parallel plan names.
+class MoELayerImpl : public torch::nn::Module {
+ public:
+  explicit MoELayerImpl(const MoEOptions& o) : mlp(register_module("mlp", MoE(o))) {}
+  MoE mlp;
+};
+TORCH_MODULE(MoELayer);
+
+class MixtralShapedImpl : public torch::nn::Module {
+ public:
+  explicit MixtralShapedImpl(const MoEOptions& o) : model(register_module("model", std::make_shared<torch::nn::Module>())) {
+    layers = model->register_module("layers", torch::nn::ModuleList());
+    for (int i = 0; i < 2; ++i) layers->push_back(MoELayer(o));
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (const auto& layer : *layers) x = x + layer->as<MoELayerImpl>()->mlp->forward(x);
+    return x;
+  }
+  std::shared_ptr<torch::nn::Module> model;
+  torch::nn::ModuleList layers;
+};
+TORCH_MODULE(MixtralShaped);
+
+// Mixtral's own expert-parallel plan, as transformers writes it (model.ep_plan, exported with the
+// test models), applied by parallelize_module over EP=4: every layer's experts are spread, and each
+// rank's tokens give what one process gives them, with the gradients it gives.
+TEST_F(ExpertParallelTest, MixtralsOwnPlanSpreadsEveryLayersExperts) {
+  const MoEOptions o = moe_options(4, 2);
+  torch::manual_seed(3);
+  MixtralShaped single(o), parallel(o);
+  single->to(at::kDouble);
+  parallel->to(at::kDouble);
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < single->parameters().size(); ++i) parallel->parameters()[i].copy_(single->parameters()[i]);
+  }
+  const MeshPtr m = mesh({4});
+  parallelize_module(*parallel, m, graph::hugging_face_ep_plan(graph_model_text("hf/mixtral_ep_plan.json"), "", "mixtral_ep_plan.json"));
+  for (const auto& p : parallel->named_parameters())
+    EXPECT_EQ(is_dtensor(p.value()), p.key().find(".experts.") != std::string::npos) << p.key();
+  const at::Tensor x = tokens_for(8, 3);
+  const int64_t me = world()->rank();
+  const at::Tensor expected = single->forward(x);
+  (expected * output_weights(expected)).sum().backward();
+  const at::Tensor mine = x.chunk(4, 0)[static_cast<size_t>(me)];
+  const at::Tensor out = parallel->forward(mine);
+  EXPECT_TRUE(tensors_close(out, expected.chunk(4, 0)[static_cast<size_t>(me)], 1e-10, 1e-12));
+  (out * output_weights(expected).chunk(4, 0)[static_cast<size_t>(me)]).sum().backward();
+  const auto trained = parallel->named_parameters();
+  for (const auto& p : single->named_parameters()) {
+    const at::Tensor grad = trained[p.key()].grad();
+    const at::Tensor whole = is_dtensor(grad) ? full_tensor(grad) : full_tensor(from_local(grad, m, {Partial()}));
+    EXPECT_TRUE(tensors_close(whole, p.value().grad(), 1e-10, 1e-12)) << p.key();
+  }
+}
+
 checkpoint::State state_of(torch::nn::Module& module) {
   checkpoint::State state;
   for (const auto& p : module.named_parameters()) state[p.key()] = p.value();
@@ -410,7 +469,7 @@ TEST_F(ExpertParallelTest, AnOutOfRangeExpertOnOneRankStopsEveryRankNamingIt) {
 TEST_F(ExpertParallelTest, ExpertsThatDoNotDivideOverTheDimAreRefused) {
   MoE moe(moe_options(6, 2));
   EXPECT_THAT(error_of([&] { expert_parallel(*moe, mesh({4}), 0, "layers.3.mlp"); }),
-              HasSubstr("expert_parallel('layers.3.mlp'): its 6 experts do not divide over the 4 ranks of mesh dim 0"));
+              HasSubstr("expert_parallel('layers.3.mlp.experts'): its 6 experts do not divide over the 4 ranks of mesh dim 0"));
   MoE fine(moe_options(4, 2));
   expert_parallel(*fine, mesh({4}), 0, "layers.0.mlp");
   EXPECT_THAT(error_of([&] { fine->forward(at::ones({4, 5})); }),

@@ -62,10 +62,26 @@ TEST(HuggingFacePlanTest, AConfigsBasePlanTakesThePrefix) {
   EXPECT_TRUE(g::hugging_face_plan(config, "model").empty());
 }
 
+// Mixtral's `model.ep_plan` as transformers 5.24 writes it: the experts module spread over the ep dim,
+// its weights' grouped_gemm entries covered by that entry.
+TEST(HuggingFacePlanTest, MixtralsExpertParallelPlan) {
+  const std::string written = R"({"model.layers.*.mlp.experts.gate_up_proj": "grouped_gemm",
+      "model.layers.*.mlp.experts.down_proj": "grouped_gemm", "model.layers.*.mlp.experts": "ep_dispatch_experts"})";
+  const ParallelizePlan plan = g::hugging_face_ep_plan(written, "", "mixtral_ep_plan.json");
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_EQ(plan[0].path, "model.layers.*.mlp.experts");
+  EXPECT_TRUE(std::holds_alternative<ExpertParallel>(plan[0].style));
+  EXPECT_TRUE(plan[0].optional);
+  // A config's base_model_ep_plan takes the prefix; its tensor-parallel plan is another key.
+  const std::string config = R"({"model_type": "mixtral", "base_model_ep_plan": {"layers.*.mlp.experts": "ep_dispatch_experts"}})";
+  EXPECT_EQ(g::hugging_face_ep_plan(config, "model").at(0).path, "model.layers.*.mlp.experts");
+  EXPECT_TRUE(g::hugging_face_plan(config, "model").empty());
+}
+
 TEST(HuggingFacePlanTest, StylesWithoutMappingAreRefusedByName) {
-  EXPECT_THAT(error_of([] { g::hugging_face_plan(R"({"model.layers.*.mlp.experts": "ep_dispatch_experts"})", "", "plan.json"); }),
-              HasSubstr("plan.json: entry 'model.layers.*.mlp.experts': the Hugging Face style 'ep_dispatch_experts' "
-                        "(expert-parallel token dispatch) has no graph-level mapping"));
+  EXPECT_THAT(error_of([] { g::hugging_face_plan(R"({"model.layers.*.mlp.experts": "moe_identity_expert"})", "", "plan.json"); }),
+              HasSubstr("plan.json: entry 'model.layers.*.mlp.experts': the Hugging Face style 'moe_identity_expert' "
+                        "(an identity expert of a mixture of experts) has no graph-level mapping"));
   EXPECT_THAT(error_of([] { g::hugging_face_plan(R"({"model.layers.*.self_attn.q_a_proj": "mla_kv_a_proj"})"); }),
               HasSubstr("'mla_kv_a_proj'"));
   EXPECT_THAT(error_of([] { g::hugging_face_plan(R"({"lm_head": "colwize"})"); }),

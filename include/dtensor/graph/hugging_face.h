@@ -18,8 +18,11 @@
 //                                                 partial module output reduced where propagation needs
 //   moe_tp_experts                                no entry: the experts' own entries shard their weights
 //   sequence_parallel                             SequenceParallel: the module's values Shard(1)
-//   packed_rowwise, local_params, mla_kv_a_proj and the expert-parallel styles (moe_identity_expert,
-//   grouped_gemm, ep_dispatch_experts): refused, no graph mapping yet.
+//   ep_dispatch_experts                           ExpertParallel: the experts module spread over the
+//                                                 mesh dim (module level; graph transforms refuse it yet)
+//   grouped_gemm                                  no entry: the experts' weights, which the experts
+//                                                 module's ep_dispatch_experts entry spreads
+//   packed_rowwise, local_params, mla_kv_a_proj, moe_identity_expert: refused, no mapping yet.
 // Wildcards are transformers' ("layers.*.mlp"), which are dtensor's. An unknown style is an error
 // naming it and the entry. Entries are PlanEntry::optional: one that matches no module of the program
 // is skipped, as transformers skips it (the transform notes it on the program), unless `strict`.
@@ -31,10 +34,15 @@
 namespace dtensor::graph {
 
 // `json_text`: a JSON object of module path -> style name, or a config (an object holding
-// "base_model_tp_plan" or "model_type"; no plan there is an empty plan), whose paths are relative to
+// "base_model_tp_plan" (hugging_face_ep_plan: "base_model_ep_plan") or "model_type"; no plan there is
+// an empty plan), whose paths are relative to
 // the base model and get `base_model_prefix` + "." in front ("model" for Llama-like models,
 // "transformer" for GPT-2). `source` names the text in errors (a file name).
 ParallelizePlan hugging_face_plan(const std::string& json_text, const std::string& base_model_prefix = "",
                                   const std::string& source = "the Hugging Face plan", bool strict = false);
+// The expert-parallel plan (`model.ep_plan`, a config's `base_model_ep_plan`), read as above; apply it
+// with parallelize_module on the ep mesh (dim: ParallelizeOptions::tp_dim).
+ParallelizePlan hugging_face_ep_plan(const std::string& json_text, const std::string& base_model_prefix = "",
+                                     const std::string& source = "the Hugging Face expert-parallel plan", bool strict = false);
 
 }  // namespace dtensor::graph
