@@ -48,7 +48,7 @@ struct Routing {
   at::Tensor logits;   // [..., experts], the gate's output (for the load-balancing loss)
   at::Tensor experts;  // [..., k] int64: chosen experts, best first; `dropped_expert` where dropped
   at::Tensor weights;  // [..., k]: their weights (0 where dropped), in the input's dtype
-  int64_t dropped = 0;  // assignments dropped by the capacity (0 when dropless)
+  int64_t dropped = 0;  // this rank's assignments dropped by the capacity (0 when dropless)
 };
 
 // Marks a dropped assignment in Routing::experts (transformers' experts skip this index as well).

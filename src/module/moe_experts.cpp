@@ -17,7 +17,7 @@ namespace dtensor::detail {
 namespace {
 
 std::vector<int64_t> as_vector(const at::Tensor& t) {
-  const at::Tensor c = t.to(at::kLong).contiguous();
+  const at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
   return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
 }
 
@@ -77,7 +77,7 @@ at::Tensor expert_major_order(const at::Tensor& received) {
       const auto i = static_cast<size_t>(m * local + e);
       pieces.push_back(at::arange(start[i], start[i] + count[i], at::kLong));
     }
-  return pieces.empty() ? at::empty({0}, at::kLong) : at::cat(pieces);
+  return (pieces.empty() ? at::empty({0}, at::kLong) : at::cat(pieces)).to(received.device());
 }
 
 // What each member of the ep dim sends this one, per local expert: one small all-to-all of the counts
@@ -88,7 +88,7 @@ at::Tensor exchanged_counts(const at::Tensor& counts, std::optional<int64_t> bad
                             const ExpertPlacement& placement, const std::string& path) {
   const MeshPtr& mesh = placement.mesh;
   const int64_t members = mesh->size(placement.dim);
-  const at::Tensor verdict = at::tensor({bad ? int64_t{1} : 0, bad.value_or(0)}, at::kLong).expand({members, 2});
+  const at::Tensor verdict = at::tensor({bad ? int64_t{1} : 0, bad.value_or(0)}, at::kLong).to(counts.device()).expand({members, 2});
   const at::Tensor sent = at::cat({counts.reshape({members, local}), verdict}, 1).contiguous();
   const at::Tensor received = detail::all_to_all(*mesh, placement.dim, sent.reshape(-1), std::vector<int64_t>(members, local + 2),
                                                  std::vector<int64_t>(members, local + 2))
@@ -127,11 +127,15 @@ at::Tensor dispatched_mlps(const at::Tensor& rows, const at::Tensor& counts, std
 at::Tensor run_experts(const at::Tensor& hidden, const at::Tensor& experts, const at::Tensor& weights,
                        const at::Tensor& gate_up, const at::Tensor& down, const MoEOptions& options,
                        const ExpertPlacement& placement, const std::string& path) {
+  if (experts.dim() != 2 || experts.size(0) != hidden.size(0) || !weights.sizes().equals(experts.sizes()) || hidden.dim() != 2)
+    throw DTensorError("MoE layer '" + path + "': the experts take hidden states [tokens, hidden] with their routing [tokens, k] "
+                       "(chosen experts and their weights); got hidden " + c10::str(hidden.sizes()) + ", experts " +
+                       c10::str(experts.sizes()) + ", weights " + c10::str(weights.sizes()));
   const std::optional<int64_t> bad = out_of_range(experts, options);
   if (bad && !placement.mesh) refuse_routing(*bad, options, path, "");
   const int64_t k = experts.size(1);
   // A bad routing under expert parallelism still takes part in the counts' exchange, sending nothing.
-  const at::Tensor flat_experts = bad ? at::full({experts.numel()}, dropped_expert(options), at::kLong) : experts.reshape(-1);
+  const at::Tensor flat_experts = bad ? at::full({experts.numel()}, dropped_expert(options), experts.options()) : experts.reshape(-1);
   const at::Tensor kept = flat_experts.lt(options.experts).nonzero().squeeze(1);  // dropped ones go nowhere
   const at::Tensor kept_experts = flat_experts.index_select(0, kept);
   const at::Tensor order = kept.index_select(0, at::argsort(kept_experts, /*stable=*/true));  // by expert

@@ -106,10 +106,10 @@ at::Tensor all_to_all_single(const at::Tensor& input, std::optional<std::vector<
   if (is_dtensor(input))
     throw DTensorError("all_to_all_single: the input is a DTensor; pass its local tensor (to_local), whose rows travel");
   const auto send = checked_splits(std::move(input_split_sizes), members, input.size(0), "input_split_sizes", dim);
-  const auto receive = output_split_sizes
-                           ? checked_splits(std::move(*output_split_sizes), members, output_split_sizes->empty() ? input.size(0) : -1,
-                                            "output_split_sizes", dim)
-                           : exchange_split_sizes(send, mesh, dim);
+  // Decided before the sizes are moved into the check (argument order is unspecified).
+  const int64_t output_rows = output_split_sizes && output_split_sizes->empty() ? input.size(0) : -1;
+  const auto receive = output_split_sizes ? checked_splits(std::move(*output_split_sizes), members, output_rows, "output_split_sizes", dim)
+                                          : exchange_split_sizes(send, mesh, dim);
   at::Tensor output = exchange_rows(input, send, receive, *mesh, dim);
   detail::record(detail::make_node<AllToAllSingleBackward>(mesh, dim, send, receive), input, output);
   return output;

@@ -28,8 +28,10 @@ constexpr int64_t kHidden = 8, kIntermediate = 4;
 
 enum class Skew { None, AllToExpertZero };
 
-MoEOptions moe_options(int64_t experts, int64_t top_k, std::optional<double> capacity = std::nullopt) {
+MoEOptions moe_options(int64_t experts, int64_t top_k, std::optional<double> capacity = std::nullopt,
+                       RouterScores scores = RouterScores::SoftmaxThenTopK) {
   MoEOptions o;
+  o.scores = scores;
   o.hidden = kHidden;
   o.intermediate = kIntermediate;
   o.experts = experts;
@@ -66,8 +68,14 @@ at::Tensor tokens_for(int64_t batch, int64_t sequence) {
 std::pair<at::Tensor, int64_t> oracle_group(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& gate_up,
                                             const at::Tensor& down, const MoEOptions& o) {
   const int64_t tokens = x.size(0), experts = gate.size(0);
-  const at::Tensor probabilities = at::softmax(at::matmul(x, gate.t()), -1);
-  const auto [top_values, top_index] = at::topk(probabilities, o.top_k, -1);
+  const at::Tensor logits = at::matmul(x, gate.t());
+  at::Tensor top_values, top_index;
+  if (o.scores == RouterScores::SoftmaxThenTopK) {
+    std::tie(top_values, top_index) = at::topk(at::softmax(logits, -1), o.top_k, -1);
+  } else {
+    std::tie(top_values, top_index) = at::topk(logits, o.top_k, -1);
+    top_values = at::softmax(top_values, -1);
+  }
   const int64_t capacity = o.capacity_factor ? int64_t(std::ceil(*o.capacity_factor * tokens * o.top_k / double(experts))) : tokens * o.top_k;
   std::vector<int64_t> taken(static_cast<size_t>(experts), 0);
   std::vector<std::vector<bool>> kept(static_cast<size_t>(tokens), std::vector<bool>(static_cast<size_t>(o.top_k)));
@@ -145,6 +153,7 @@ struct Case {
   int64_t experts, top_k;
   Skew skew;
   std::optional<double> capacity;
+  RouterScores scores = RouterScores::SoftmaxThenTopK;
 };
 
 const Case kCases[] = {
@@ -155,6 +164,7 @@ const Case kCases[] = {
     {"top2 capacity 1.0 drops", 8, 2, Skew::AllToExpertZero, 1.0},
     {"top1 capacity 1.5 drops", 4, 1, Skew::None, 1.5},
     {"top2 capacity 4.0 (room for every token)", 8, 2, Skew::None, 4.0},
+    {"top2 softmax after top-k", 8, 2, Skew::None, std::nullopt, RouterScores::TopKThenSoftmax},
 };
 
 class MoELayerTest : public DistTest {};  // one process's layer, run on every rank alike
@@ -163,7 +173,7 @@ TEST_F(MoELayerTest, OneProcessMatchesTheOracle) {
   const at::Tensor x = tokens_for(3, 5);
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.name);
-    const MoEOptions o = moe_options(c.experts, c.top_k, c.capacity);
+    const MoEOptions o = moe_options(c.experts, c.top_k, c.capacity, c.scores);
     const Weights w = weights_for(c.experts, c.skew);
     const OracleResult expected = oracle(x, w, o, 1);
     MoE moe = module_with(w, o);
@@ -199,6 +209,8 @@ TEST_F(MoELayerTest, BadInputIsRefusedNamingTheLayer) {
   const at::Tensor chosen = at::tensor({0, 1, 2, 9, 1, 1}, at::kLong).reshape({3, 2});
   EXPECT_THAT(error_of([&] { experts->forward(hidden, chosen, at::ones({3, 2})); }),
               HasSubstr("MoE layer 'experts': the router chose expert 9, outside [0, 4)"));
+  EXPECT_THAT(error_of([&] { experts->forward(hidden, chosen.narrow(0, 0, 2), at::ones({2, 2})); }),
+              HasSubstr("MoE layer 'experts': the experts take hidden states [tokens, hidden] with their routing [tokens, k]"));
 }
 
 class ExpertParallelTest : public DistTest {};
@@ -213,7 +225,7 @@ TEST_F(ExpertParallelTest, TokensReachTheirExpertsAndGradientsMatchTheOracle) {
   for (const auto& [m, ep] : expert_meshes()) {
     for (const Case& c : kCases) {
       SCOPED_TRACE(m->str() + " ep dim " + std::to_string(ep) + ": " + c.name);
-      const MoEOptions o = moe_options(c.experts, c.top_k, c.capacity);
+      const MoEOptions o = moe_options(c.experts, c.top_k, c.capacity, c.scores);
       const Weights w = weights_for(c.experts, c.skew);
       const OracleResult expected = oracle(x, w, o, m->size(ep));
       MoE moe = module_with(w, o);
@@ -244,7 +256,7 @@ TEST_F(ExpertParallelTest, PlainTokensOfEveryRankReachTheirExperts) {
   for (const auto& [m, ep] : expert_meshes()) {
     for (const Case& c : kCases) {
       SCOPED_TRACE(m->str() + " ep dim " + std::to_string(ep) + ": " + c.name);
-      const MoEOptions o = moe_options(c.experts, c.top_k, c.capacity);
+      const MoEOptions o = moe_options(c.experts, c.top_k, c.capacity, c.scores);
       const Weights w = weights_for(c.experts, c.skew);
       const OracleResult expected = oracle(x, w, o, 4);
       MoE moe = module_with(w, o);
@@ -263,6 +275,27 @@ TEST_F(ExpertParallelTest, PlainTokensOfEveryRankReachTheirExperts) {
       EXPECT_TRUE(tensors_close(full_tensor(moe->experts->down_proj.grad()), without_aux.grads[3], 1e-10, 1e-12));
     }
   }
+}
+
+// In float the experts run as LibTorch's grouped matrix multiply (at::_grouped_mm): under EP=4, with a
+// rank holding no tokens (3 sequences over 4 ranks), its outputs and gradients against the oracle.
+TEST_F(ExpertParallelTest, FloatRunsTheGroupedKernelWithARankWithoutTokens) {
+  const MoEOptions o = moe_options(8, 2);
+  const Weights w = weights_for(8, Skew::None);
+  const at::Tensor x = tokens_for(3, 5);
+  const OracleResult expected = oracle(x, w, o, 1, /*aux_weight=*/0.0);
+  MoE moe = module_with(w, o);
+  moe->to(at::kFloat);
+  expert_parallel(*moe, mesh({4}), 0);
+  const int64_t me = world()->rank(), rows = me < 3 ? 1 : 0, from = std::min<int64_t>(me, 3);
+  const at::Tensor mine = x.narrow(0, from, rows).to(at::kFloat).requires_grad_();
+  const at::Tensor out = moe->forward(mine);
+  ASSERT_EQ(out.size(0), rows);
+  EXPECT_TRUE(tensors_close(out.to(at::kDouble), expected.output.narrow(0, from, rows), 1e-4, 1e-5));
+  (out * output_weights(expected.output).narrow(0, from, rows).to(at::kFloat)).sum().backward();
+  EXPECT_TRUE(tensors_close(mine.grad().to(at::kDouble), expected.grads[0].narrow(0, from, rows), 1e-4, 1e-5));
+  EXPECT_TRUE(tensors_close(full_tensor(moe->experts->gate_up_proj.grad()).to(at::kDouble), expected.grads[2], 1e-4, 1e-5));
+  EXPECT_TRUE(tensors_close(full_tensor(moe->experts->down_proj.grad()).to(at::kDouble), expected.grads[3], 1e-4, 1e-5));
 }
 
 // Five AdamW steps under EP=4 follow the same layer trained in one process (checked above against the
