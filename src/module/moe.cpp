@@ -190,8 +190,7 @@ MoEOutput MoEImpl::forward_on_dtensor(const at::Tensor& hidden) {
     return {out.view(in[0].sizes()), routing.logits, routing.experts, routing.weights};
   };
   const DeviceMesh& mesh = *placement.mesh;
-  Placements by_expert = all(mesh, Replicate());
-  by_expert[static_cast<size_t>(placement.dim)] = Shard(0);
+  const Placements& by_expert = placements_of(experts->gate_up_proj);  // as expert_parallel laid them out
   // A plain gate weight (kept in sync by the caller's data parallelism) passes as it is.
   const at::Tensor& gate_weight = gate->weight;
   const std::optional<Placements> gate_in = is_dtensor(gate_weight) ? std::optional(all(mesh, Replicate())) : std::nullopt;

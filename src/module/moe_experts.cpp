@@ -24,7 +24,8 @@ std::vector<int64_t> as_vector(const at::Tensor& t) {
 // An expert index the router must not give (outside [0, experts], `experts` marking a drop), if any.
 std::optional<int64_t> out_of_range(const at::Tensor& experts, const MoEOptions& options) {
   if (experts.numel() == 0) return std::nullopt;
-  const int64_t low = experts.min().item<int64_t>(), high = experts.max().item<int64_t>();
+  const at::Tensor bounds = at::stack({experts.min(), experts.max()}).to(at::kCPU);  // one host read
+  const int64_t low = bounds[0].item<int64_t>(), high = bounds[1].item<int64_t>();
   if (low < 0) return low;
   if (high > dropped_expert(options)) return high;
   return std::nullopt;

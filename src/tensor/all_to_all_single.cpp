@@ -16,12 +16,6 @@
 namespace dtensor {
 namespace {
 
-std::string listed(const std::vector<int64_t>& values) {
-  std::string text = "[";
-  for (size_t i = 0; i < values.size(); ++i) text += (i ? ", " : "") + std::to_string(values[i]);
-  return text + "]";
-}
-
 // The group along `dim` through this rank; throws naming what is wrong with the mesh or the dim.
 int64_t group_size(const MeshPtr& mesh, int64_t dim, const char* what) {
   if (!mesh) throw DTensorError(std::string(what) + ": the mesh is null; build one with DeviceMesh::create");
@@ -46,13 +40,13 @@ std::vector<int64_t> checked_splits(std::vector<int64_t> sizes, int64_t members,
     sizes.assign(static_cast<size_t>(members), rows / members);
   }
   if (static_cast<int64_t>(sizes.size()) != members)
-    throw DTensorError(where + which + " " + listed(sizes) + " has " + std::to_string(sizes.size()) +
+    throw DTensorError(where + which + " " + c10::str(at::IntArrayRef(sizes)) + " has " + std::to_string(sizes.size()) +
                        " entries; give one per member of the dim");
   for (const int64_t s : sizes)
-    if (s < 0) throw DTensorError(where + which + " " + listed(sizes) + " holds a negative size");
+    if (s < 0) throw DTensorError(where + which + " " + c10::str(at::IntArrayRef(sizes)) + " holds a negative size");
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
   if (rows >= 0 && total != rows)
-    throw DTensorError(where + which + " " + listed(sizes) + " sums to " + std::to_string(total) +
+    throw DTensorError(where + which + " " + c10::str(at::IntArrayRef(sizes)) + " sums to " + std::to_string(total) +
                        " but the input has " + std::to_string(rows) + " rows (dim 0)");
   return sizes;
 }
