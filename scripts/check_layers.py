@@ -65,6 +65,7 @@ INTERNAL_DOORS = {
     "tensor/autograd_nodes.h": "DTensor's autograd functions",
     "tensor/pending_local.h": "local tensors whose collectives are in flight",
     "sharding/for_graph.h": "what graph passes ask of the rules and the cost model",
+    "sharding/kernels/grouped_experts.h": "the experts of a mixture of experts with their dispatch (the MoE layer, graph programs)",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

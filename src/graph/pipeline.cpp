@@ -2,6 +2,7 @@
 
 #include "batched_matmul.h"
 #include "bucketing.h"
+#include "experts_fusion.h"
 #include "fused_backward.h"
 #include "dtensor/errors.h"
 
@@ -29,6 +30,7 @@ void Pipeline::run(Program& program, const std::function<void(const std::string&
 
 Pipeline spmd_pipeline(SpmdExpansion& e) {
   return Pipeline({
+      {"fuse_spread_experts", [](Program& p) { fuse_spread_experts(p); }},
       {"fold_backward", [](Program& p) { fold_decomposed_backward(p.graph); }},
       {"lift_batch_matmuls", [](Program& p) { lift_merged_batch_matmuls(p.graph); }},
       {"enumerate_strategies", [&e](Program& p) { e.problem.emplace(enumerate_strategies(p, e.mesh, e.options)); }},

@@ -42,6 +42,8 @@ struct SpmdExpansion {
 };
 
 // The expansion of a program whose inputs are marked, into this rank's program, as `expansion` asks:
+//  - fuse_spread_experts: experts whose weights are placed Shard(0) become dtensor's experts ops, so
+//    that expert parallelism is among the strategies (experts_fusion.h);
 //  - fold_backward: decomposed layer norm, softmax and GELU backward folded into ATen's fused
 //    kernels (fused_backward.h);
 //  - lift_batch_matmuls: bmm over merged dims lifted to 4-d matmuls (batched_matmul.h);

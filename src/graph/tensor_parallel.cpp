@@ -47,6 +47,27 @@ std::vector<std::string> matched_modules(const std::map<std::string, ModuleInfo>
   return matched;
 }
 
+// ExpertParallel: the experts' 3-d weights ([experts, ...]) of the modules `entry` names, Shard(0),
+// whole experts per rank (they then run as dtensor's experts ops: src/graph/experts_fusion.h). Modules
+// are read from the weights' names, which joint programs keep where they lose module paths.
+void spread_experts(const Program& program, const PlanEntry& entry, int64_t ranks, std::map<std::string, Placement>& out) {
+  int found = 0;
+  for (const auto& [name, state] : program.state) {
+    const std::string module = name.substr(0, name.rfind('.'));
+    const Shape& shape = state.meta().shape;
+    if (shape.size() != 3 || module.size() == name.size() || !path_matches(entry.path, module)) continue;
+    if (shape[0] % ranks != 0)
+      throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path + "' (ExpertParallel) spreads the " +
+                         std::to_string(shape[0]) + " experts of " + module + " over " + std::to_string(ranks) +
+                         " ranks: they do not divide; use an expert-parallel size that divides " + std::to_string(shape[0]));
+    out.insert_or_assign(name, Shard(0));
+    ++found;
+  }
+  if (found == 0 && !entry.optional)
+    throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path +
+                       "' (ExpertParallel) matches no module holding experts' 3-d weights [experts, out, in]");
+}
+
 // Seed 000's parameter placements, with each module sharded as what it is (module_kinds.h): a Linear's
 // weight is [out, in], a Conv1D's [in, out], an Embedding's [vocabulary, dim] (row-parallel shards the
 // vocabulary, column-parallel the embedding dim, as module-level styles do).
@@ -55,12 +76,14 @@ std::map<std::string, Placement> parameter_placements(const Program& program, co
   std::map<std::string, Placement> out;
   for (const PlanEntry& entry : plan) {
     if (std::holds_alternative<SequenceParallel>(entry.style)) continue;  // its parameters stay Replicate
+    if (std::holds_alternative<ExpertParallel>(entry.style)) {
+      spread_experts(program, entry, ranks, out);
+      continue;
+    }
     const auto* colwise = std::get_if<ColwiseParallel>(&entry.style);
     if (!colwise && !std::holds_alternative<RowwiseParallel>(entry.style))
       throw DTensorError("tensor_parallel_transform: plan entry '" + entry.path +
-                         "': only ColwiseParallel, RowwiseParallel and SequenceParallel apply to graphs (ExpertParallel, "
-                         "transformers' ep_dispatch_experts, runs at module level on dtensor::MoE: graph programs have no "
-                         "expert-parallel form yet)");
+                         "': only ColwiseParallel, RowwiseParallel, SequenceParallel and ExpertParallel apply to graphs");
     const int64_t packed = colwise ? colwise->packed : 1;
     for (const std::string& path : matched_modules(modules, entry)) {
       const ModuleInfo& info = modules.at(path);

@@ -12,6 +12,7 @@
 #include "dtensor/errors.h"
 #include "dtensor/local_map.h"
 #include "dtensor/module.h"
+#include "../sharding/kernels/grouped_experts.h"
 #include "moe_kernels.h"
 
 namespace dtensor {
@@ -122,7 +123,8 @@ at::Tensor MoEExpertsImpl::forward(const at::Tensor& hidden, const at::Tensor& e
   if (is_dtensor(hidden))
     throw DTensorError("MoE layer '" + path + "': hidden states are a DTensor; give the experts this rank's tokens, or call the "
                        "MoE block, which takes DTensors");
-  return detail::run_experts(hidden, experts, weights, local_experts(gate_up_proj), local_experts(down_proj), options, placement, path);
+  return detail::run_experts(hidden, experts, weights, local_experts(gate_up_proj), local_experts(down_proj), options.experts,
+                             {placement.mesh, placement.dim}, path);
 }
 
 MoEImpl::MoEImpl(MoEOptions options) {
@@ -185,8 +187,8 @@ MoEOutput MoEImpl::forward_on_dtensor(const at::Tensor& hidden) {
     const Routing routing = with_leading_dims(detail::route_from_logits(at::linear(flat, in[1]), options), in[0]);
     dropped = routing.dropped;
     const at::Tensor out = detail::run_experts(flat, routing.experts.reshape({flat.size(0), options.top_k}),
-                                               routing.weights.reshape({flat.size(0), options.top_k}), in[2], in[3], options,
-                                               placement, experts->path);
+                                               routing.weights.reshape({flat.size(0), options.top_k}), in[2], in[3], options.experts,
+                                               {placement.mesh, placement.dim}, experts->path);
     return {out.view(in[0].sizes()), routing.logits, routing.experts, routing.weights};
   };
   const DeviceMesh& mesh = *placement.mesh;
