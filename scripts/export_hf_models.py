@@ -8,7 +8,8 @@ Pinned to torch 2.15.0 and transformers 5.24.0 (scripts/python-requirements.txt)
 seeds, one thread. Families (FAMILIES below): Llama with grouped-query attention (2 KV heads, fewer
 than the tests' 4 tensor-parallel ranks), Mistral (8 heads over 4 KV heads), Qwen2 (biases on q, k,
 v), Mixtral (a mixture of 4 experts, top 2, its experts' weights 3-d [expert, out, in] and gate/up
-packed) and GPT-2 (Conv1D layers, a packed q/k/v projection, tied embeddings). Vocabulary 62: uneven
+packed), Qwen3-MoE (4 experts, top 2 without renormalising the two weights, its second layer a dense MLP
+through mlp_only_layers, q/k norms) and GPT-2 (Conv1D layers, a packed q/k/v projection, tied embeddings). Vocabulary 62: uneven
 over 4 ranks on purpose.
 
 Per family NAME, in OUT_DIR:
@@ -36,7 +37,7 @@ Per family NAME, in OUT_DIR:
 Attention is exported under sdpa_kernel(MATH): torch 2.15's CPU flash-attention decomposition puts
 the attention probabilities where logsumexp belongs, so core ATen and joint graphs of the default
 backend are wrong (GPT-2's core ATen export fails on it outright).
-Mixtral's experts run as transformers' "batched_mm" implementation (each token-expert pair selects its
+The mixtures' experts run as transformers' "batched_mm" implementation (each token-expert pair selects its
 expert's weights by index, then one bmm): the default loops over the experts hit (data-dependent
 shapes), and "grouped_mm" is a Python custom op that no C++ program can run.
 """
@@ -67,6 +68,9 @@ FAMILIES = {
     "mixtral": transformers.MixtralConfig(hidden_size=32, intermediate_size=40, num_hidden_layers=2,
                                           num_attention_heads=4, num_key_value_heads=4, num_local_experts=4,
                                           num_experts_per_tok=2, **SMALL),
+    "qwen3_moe": transformers.Qwen3MoeConfig(hidden_size=32, intermediate_size=64, moe_intermediate_size=40, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4,
+                                             num_experts_per_tok=2, mlp_only_layers=[1], **SMALL),
     "gpt2": transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
                                     use_cache=False, bos_token_id=0, eos_token_id=0),
 }
@@ -75,7 +79,7 @@ FAMILIES = {
 def configure(config):
     """The attention and experts implementations every export uses (see the module docstring)."""
     config._attn_implementation = "sdpa"
-    if hasattr(config, "num_local_experts"):
+    if hasattr(config, "num_local_experts") or hasattr(config, "num_experts"):
         config._experts_implementation = "batched_mm"
     return config
 

@@ -125,6 +125,13 @@ TORCH_MODULE(MoE);
 // [..., experts] (a DTensor's whole tokens: the loss of one process on the whole batch). Only the
 // probabilities carry gradient.
 at::Tensor load_balancing_loss(const at::Tensor& router_logits, int64_t top_k);
+// The same loss over the tokens of every rank of `mesh`, from each rank's own plain `router_logits`
+// (any number of tokens, zero included): the assignments, probabilities and token counts are summed
+// over the mesh before their product, as Megatron's global auxiliary loss does, so every rank gets the
+// loss of one process on the whole batch, and its logits their share of its gradient. Every rank of
+// the mesh calls it. Under data parallelism that averages gradients over n ranks, each rank's backward
+// of this one loss gives 1/n of its gradient: scale it by n.
+at::Tensor load_balancing_loss(const at::Tensor& router_logits, int64_t top_k, const MeshPtr& mesh);
 
 // Expert parallelism for `moe` over `mesh`'s dim `ep_dim`: the expert weights become DTensors
 // Shard(0) over it (experts [r x E/n, (r+1) x E/n) on coordinate r; Replicate over the mesh's other

@@ -204,15 +204,43 @@ MoEOutput MoEImpl::forward_on_dtensor(const at::Tensor& hidden) {
   return {out[0], Routing{out[1], out[2], out[3], dropped}};
 }
 
-at::Tensor load_balancing_loss(const at::Tensor& router_logits, int64_t top_k) {
-  const at::Tensor all_logits = is_dtensor(router_logits) ? full_tensor(router_logits) : router_logits;
-  const int64_t experts = all_logits.size(-1);
-  const at::Tensor logits = all_logits.reshape({-1, experts});
+namespace {
+
+// What transformers' loss multiplies, summed over `logits` [tokens, experts]' tokens: each expert's
+// top-k assignments (no gradient) and router probability.
+struct BalanceSums {
+  at::Tensor assignments, probabilities;
+};
+BalanceSums balance_sums(const at::Tensor& logits, int64_t top_k) {
+  const int64_t experts = logits.size(-1);
   const at::Tensor probabilities = at::softmax(logits, -1, detail::router_precision(logits));
   const at::Tensor chosen = std::get<1>(at::topk(probabilities, top_k, -1));
-  const double tokens = static_cast<double>(logits.size(0));
-  const at::Tensor share = at::one_hot(chosen.reshape(-1), experts).sum(0).to(probabilities.scalar_type()) / tokens;
-  return (share * probabilities.sum(0) / tokens).sum() * experts;
+  return {at::one_hot(chosen.reshape(-1), experts).sum(0).to(probabilities.scalar_type()), probabilities.sum(0)};
+}
+
+at::Tensor balance_loss(const BalanceSums& sums, const at::Tensor& tokens) {
+  return (sums.assignments / tokens * sums.probabilities / tokens).sum() * sums.probabilities.size(0);
+}
+
+}  // namespace
+
+at::Tensor load_balancing_loss(const at::Tensor& router_logits, int64_t top_k) {
+  const at::Tensor all_logits = is_dtensor(router_logits) ? full_tensor(router_logits) : router_logits;
+  const at::Tensor logits = all_logits.reshape({-1, all_logits.size(-1)});
+  const BalanceSums sums = balance_sums(logits, top_k);
+  return balance_loss(sums, at::scalar_tensor(static_cast<double>(logits.size(0)), sums.probabilities.options()));
+}
+
+at::Tensor load_balancing_loss(const at::Tensor& router_logits, int64_t top_k, const MeshPtr& mesh) {
+  if (is_dtensor(router_logits) || !mesh)
+    throw DTensorError("load_balancing_loss over a mesh takes each rank's own router logits as a plain tensor, and a mesh; a "
+                       "DTensor's logits already hold the whole batch: call load_balancing_loss(logits, top_k)");
+  const at::Tensor logits = router_logits.reshape({-1, router_logits.size(-1)});
+  BalanceSums sums = balance_sums(logits, top_k);
+  const Placements partial(static_cast<size_t>(mesh->ndim()), Partial()), whole(static_cast<size_t>(mesh->ndim()), Replicate());
+  const auto summed = [&](const at::Tensor& t) { return to_local(redistribute(from_local(t, mesh, partial), mesh, whole)); };
+  const at::Tensor tokens = summed(at::scalar_tensor(static_cast<double>(logits.size(0)), sums.probabilities.options()));
+  return balance_loss({summed(sums.assignments), summed(sums.probabilities)}, tokens);
 }
 
 void expert_parallel(MoEExpertsImpl& experts, const MeshPtr& mesh, int64_t ep_dim, const std::string& path) {

@@ -483,6 +483,32 @@ TEST_F(ExpertParallelTest, CheckpointsMoveAcrossExpertParallelDegrees) {
 
 // A router gone wrong on one rank (a hand-made routing into the experts' module) stops every rank of the
 // ep dim with the same error naming that rank, at once: no rank is left waiting in the exchange.
+// Megatron's global auxiliary loss: each rank's own tokens (one rank none), the loss and its gradient
+// those of one process on all of them (transformers' formula written out), on a 1-d and a 2-d mesh.
+TEST_F(ExpertParallelTest, GlobalLoadBalancingLossIsOneProcesssOnEveryRanksTokens) {
+  constexpr int64_t kExperts = 4, kTopK = 2;
+  const std::vector<int64_t> tokens_of = {3, 0, 5, 2};
+  const at::Tensor all = test_tensor({10, kExperts}, at::kDouble, 31) / 7;
+  const at::Tensor whole = all.clone().requires_grad_();
+  const at::Tensor probabilities = at::softmax(whole, -1);
+  const at::Tensor chosen = std::get<1>(at::topk(probabilities, kTopK, -1));
+  const at::Tensor share = at::zeros({kExperts}, all.options()).index_add(0, chosen.reshape(-1), at::ones({chosen.numel()}, all.options()));
+  const at::Tensor expected = (share / 10 * probabilities.sum(0) / 10).sum() * kExperts;
+  expected.backward();
+  const int64_t rank = world()->rank();
+  int64_t offset = 0;
+  for (int64_t r = 0; r < rank; ++r) offset += tokens_of[static_cast<size_t>(r)];
+  const int64_t count = tokens_of[static_cast<size_t>(rank)];
+  for (const MeshPtr& m : {mesh({4}), mesh({2, 2})}) {
+    const at::Tensor mine = all.narrow(0, offset, count).clone().requires_grad_();
+    const at::Tensor got = load_balancing_loss(mine, kTopK, m);
+    EXPECT_TRUE(tensors_close(got, expected.detach(), 1e-12, 1e-14));
+    got.backward();
+    if (count > 0) EXPECT_TRUE(tensors_close(mine.grad(), whole.grad().narrow(0, offset, count), 1e-10, 1e-13));
+  }
+  EXPECT_THAT(error_of([&] { load_balancing_loss(all, kTopK, nullptr); }), HasSubstr("load_balancing_loss over a mesh takes"));
+}
+
 TEST_F(ExpertParallelTest, AnOutOfRangeExpertOnOneRankStopsEveryRankNamingIt) {
   MoE moe(moe_options(4, 2));
   expert_parallel(*moe, mesh({4}), 0, "layers.1.mlp");

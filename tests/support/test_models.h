@@ -27,7 +27,7 @@ std::map<std::string, int> gpt_module_level_collectives();
 
 // The Hugging Face families scripts/export_hf_models.py exports ("hf/NAME_train_ir.pt2", ...).
 inline const std::vector<std::string>& hugging_face_families() {
-  static const std::vector<std::string> families = {"llama", "mistral", "qwen2", "mixtral", "gpt2"};
+  static const std::vector<std::string> families = {"llama", "mistral", "qwen2", "mixtral", "qwen3_moe", "gpt2"};
   return families;
 }
 

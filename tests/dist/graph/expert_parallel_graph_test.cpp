@@ -1,6 +1,6 @@
-// Expert parallelism in graph programs: Hugging Face's Mixtral (scripts/export_hf_models.py, 4 experts,
-// top 2, transformers' "batched_mm" experts) with its own expert-parallel plan, as transformers writes
-// it. The experts' weights Shard(0) make the graph's experts dtensor's experts ops
+// Expert parallelism in graph programs: Hugging Face's Mixtral and Qwen3-MoE (scripts/export_hf_models.py:
+// 4 experts, top 2, transformers' "batched_mm" experts; Qwen3-MoE's second layer a dense MLP) with their
+// own expert-parallel plans, as transformers writes them. The experts' weights Shard(0) make the graph's experts dtensor's experts ops
 // (src/graph/experts_fusion.h): under the tensor-parallel transform the tokens stay whole and each rank
 // runs the assignments to its own experts (transformers' expert parallelism); under SPMD expansion with
 // the batch sharded over the same dim the tokens travel to their experts by all-to-all (torchtitan's).
@@ -25,11 +25,16 @@ namespace {
 using ::testing::HasSubstr;
 namespace g = dtensor::graph;
 
-constexpr int kMixtralLayers = 2;
+// The mixtures of experts exported, with their layers of experts.
+const std::map<std::string, int> kMixtures = {{"mixtral", 2}, {"qwen3_moe", 1}};
 
-ParallelizePlan mixtral_ep_plan() { return g::hugging_face_ep_plan(graph_model_text("hf/mixtral_ep_plan.json"), "", "mixtral_ep_plan.json"); }
+ParallelizePlan ep_plan_of(const std::string& family) {
+  return g::hugging_face_ep_plan(graph_model_text("hf/" + family + "_ep_plan.json"), "", family + "_ep_plan.json");
+}
 
-ParallelizePlan mixtral_tp_plan() { return g::hugging_face_plan(graph_model_text("hf/mixtral_tp_plan.json"), "", "mixtral_tp_plan.json"); }
+ParallelizePlan tp_plan_of(const std::string& family) {
+  return g::hugging_face_plan(graph_model_text("hf/" + family + "_tp_plan.json"), "", family + "_tp_plan.json");
+}
 
 int nodes_calling_op(const g::Program& program, const std::string& op) {
   int n = 0;
@@ -41,16 +46,17 @@ class GraphExpertParallelTest : public DistTest {};
 
 // transformers' way: every rank sees every token, runs the assignments to its experts, and the
 // experts' outputs add up: one all-reduce per layer, nothing else.
-TEST_F(GraphExpertParallelTest, MixtralsOwnPlanSpreadsItsExpertsInTheForwardProgram) {
-  for (const std::string ir : {"_train_ir", "_aten"}) {
-    SCOPED_TRACE(ir);
-    g::Program local = g::tensor_parallel_transform(g::load_program(graph_model("hf/mixtral" + ir + ".pt2")), mesh({4}), mixtral_ep_plan());
-    EXPECT_EQ(nodes_calling_op(local, "dtensor::moe_experts"), kMixtralLayers) << local.str();
-    EXPECT_EQ(local.state.at("model.layers.0.mlp.experts.gate_up_proj").tensor().size(0), 1);  // one expert per rank
-    const auto io = tensor_map("hf/mixtral_io");
-    EXPECT_TRUE(tensors_close(g::run(local, {io.at("input0")})[0].toTensor(), io.at("output0"), 1e-4, 1e-5));
-    EXPECT_EQ(collectives_in(local), (std::map<std::string, int>{{"_c10d_functional::all_reduce", kMixtralLayers}})) << g::collectives_report(local);
-  }
+TEST_F(GraphExpertParallelTest, TheirOwnPlansSpreadTheExpertsInTheForwardPrograms) {
+  for (const auto& [family, layers] : kMixtures)
+    for (const std::string ir : {"_train_ir", "_aten"}) {
+      SCOPED_TRACE(family + ir);
+      g::Program local = g::tensor_parallel_transform(g::load_program(graph_model("hf/" + family + ir + ".pt2")), mesh({4}), ep_plan_of(family));
+      EXPECT_EQ(nodes_calling_op(local, "dtensor::moe_experts"), layers) << local.str();
+      EXPECT_EQ(local.state.at("model.layers.0.mlp.experts.gate_up_proj").tensor().size(0), 1);  // one expert per rank
+      const auto io = tensor_map("hf/" + family + "_io");
+      EXPECT_TRUE(tensors_close(g::run(local, {io.at("input0")})[0].toTensor(), io.at("output0"), 1e-4, 1e-5));
+      EXPECT_EQ(collectives_in(local), (std::map<std::string, int>{{"_c10d_functional::all_reduce", layers}})) << g::collectives_report(local);
+    }
 }
 
 struct EpLayout {
@@ -60,13 +66,13 @@ struct EpLayout {
 };
 
 // The joint program with the batch Shard(0) over "ep" (and "dp"), the experts over "ep", attention by
-// Mixtral's tensor-parallel plan over "tp" where the mesh has it: one step equals PyTorch's, and 5
+// the family's tensor-parallel plan over "tp" where the mesh has it: one step equals PyTorch's, and 5
 // AdamW steps follow the whole program in one process. Which dispatch runs is the strategy choice's
 // (by bytes moved): the all-to-all on ep4; on the 2-d meshes, at this model's few tokens, gathering
 // the tokens over "ep" and adding up each rank's experts (Megatron's all-gather dispatcher).
-void expect_mixtral_trains_like_one_process(const MeshPtr& m) {
-  const std::string archive = graph_model("hf/mixtral_joint.pt2");
-  const auto io = tensor_map("hf/mixtral_joint_io");
+void expect_trains_like_one_process(const std::string& family, int layers, const MeshPtr& m) {
+  const std::string archive = graph_model("hf/" + family + "_joint.pt2");
+  const auto io = tensor_map("hf/" + family + "_joint_io");
   const std::vector<c10::IValue> inputs = {io.at("input0"), io.at("input1")};
   g::Program whole = g::load_program(archive);
   g::SpmdPlacements where;
@@ -79,16 +85,16 @@ void expect_mixtral_trains_like_one_process(const MeshPtr& m) {
   where.user_inputs.assign(2, batch);
   if (has("tp")) {
     ParallelizePlan attention;
-    for (const PlanEntry& e : mixtral_tp_plan())
+    for (const PlanEntry& e : tp_plan_of(family))
       if (e.path.find(".mlp.") == std::string::npos) attention.push_back(e);
     where.state = g::plan_placements(whole, *m, attention, {.tp_dim = "tp"});
   }
-  for (auto& [name, placements] : g::plan_placements(whole, *m, mixtral_ep_plan(), {.tp_dim = "ep"})) where.state[name] = placements;
+  for (auto& [name, placements] : g::plan_placements(whole, *m, ep_plan_of(family), {.tp_dim = "ep"})) where.state[name] = placements;
   g::Program step = g::spmd_expand(g::load_program(archive), m, where);
-  EXPECT_EQ(nodes_calling_op(step, "dtensor::moe_experts"), kMixtralLayers) << step.str();
-  EXPECT_EQ(nodes_calling_op(step, "dtensor::moe_experts_backward"), kMixtralLayers) << step.str();
+  EXPECT_EQ(nodes_calling_op(step, "dtensor::moe_experts"), layers) << step.str();
+  EXPECT_EQ(nodes_calling_op(step, "dtensor::moe_experts_backward"), layers) << step.str();
   const int64_t experts_here = 4 / m->size(m->dim_index("ep"));
-  for (int layer = 0; layer < kMixtralLayers; ++layer)
+  for (int layer = 0; layer < layers; ++layer)
     EXPECT_EQ(step.state.at("model.layers." + std::to_string(layer) + ".mlp.experts.down_proj").tensor().size(0), experts_here);
   const auto local_inputs = g::local_user_inputs(step, inputs);
   expect_joint_step_matches(step, local_inputs, io, m);
@@ -99,16 +105,17 @@ void expect_mixtral_trains_like_one_process(const MeshPtr& m) {
   EXPECT_LT(losses.back(), losses.front());
 }
 
-TEST_F(GraphExpertParallelTest, MixtralsJointProgramTrainsLikeOneProcess) {
-  for (const EpLayout& layout : {EpLayout{"ep4", {4}, {"ep"}}, EpLayout{"dp2ep2", {2, 2}, {"dp", "ep"}}, EpLayout{"ep2tp2", {2, 2}, {"ep", "tp"}}}) {
-    SCOPED_TRACE(layout.name);
-    expect_mixtral_trains_like_one_process(mesh(layout.mesh_shape, {}, layout.dims));
-  }
+TEST_F(GraphExpertParallelTest, TheirJointProgramsTrainLikeOneProcess) {
+  for (const auto& [family, layers] : kMixtures)
+    for (const EpLayout& layout : {EpLayout{"ep4", {4}, {"ep"}}, EpLayout{"dp2ep2", {2, 2}, {"dp", "ep"}}, EpLayout{"ep2tp2", {2, 2}, {"ep", "tp"}}}) {
+      SCOPED_TRACE(family + " " + layout.name);
+      expect_trains_like_one_process(family, layers, mesh(layout.mesh_shape, {}, layout.dims));
+    }
 }
 
 TEST_F(GraphExpertParallelTest, ExpertsThatDoNotDivideOverTheRanksAreRefused) {
   if (world()->rank() >= 3) return;
-  EXPECT_THAT(error_of([&] { g::tensor_parallel_transform(g::load_program(graph_model("hf/mixtral_train_ir.pt2")), mesh({3}, {0, 1, 2}), mixtral_ep_plan()); }),
+  EXPECT_THAT(error_of([&] { g::tensor_parallel_transform(g::load_program(graph_model("hf/mixtral_train_ir.pt2")), mesh({3}, {0, 1, 2}), ep_plan_of("mixtral")); }),
               HasSubstr("plan entry 'model.layers.*.mlp.experts' (ExpertParallel) spreads the 4 experts of model.layers.0.mlp.experts over 3 "
                         "ranks: they do not divide"));
 }
