@@ -48,7 +48,8 @@ RegisteredGroup::~RegisteredGroup() {
 }
 
 std::string group_name(const DeviceMesh& mesh, int64_t dim) {
-  // FNV-1a over the mesh's shape, ranks and backend: what the mesh is, the same in every process.
+  // FNV-1a over the mesh's shape, ranks, the dim and the backend: what the group is, the same in every
+  // process.
   uint64_t hash = 14695981039346656037ULL;
   auto mix = [&](uint64_t word) {
     for (int byte = 0; byte < 8; ++byte) {
@@ -62,6 +63,9 @@ std::string group_name(const DeviceMesh& mesh, int64_t dim) {
     shape += (shape.empty() ? "" : "x") + std::to_string(size);
   }
   for (int64_t rank : mesh.ranks()) mix(static_cast<uint64_t>(rank));
+  // The dim too: its groups' members follow from the shape, ranks and dim, while its name need not
+  // tell them apart ("ep" is dim 1 of a (dp, ep) mesh and dim 0 of an (ep, tp) mesh of the same ranks).
+  mix(static_cast<uint64_t>(dim));
   if (!mesh.planning_only())
     for (char c : mesh.backend_description().backend.name()) mix(static_cast<unsigned char>(c));
   char digest[9];

@@ -29,10 +29,11 @@ class RegisteredGroup {
 };
 
 // The name of `mesh`'s group along `dim`, "dtensor_mesh<shape>_<digest>_<dim name or dim<d>>" (as
-// "dtensor_mesh2x2_1f3a9c07_tp"), the digest taken over the mesh's shape, ranks and backend: derived
-// from what the mesh is, not from how many meshes a process made before, so that a compiled per-rank
-// program's collectives find their group in any process that builds the same mesh. Two meshes alike
-// in all three share the registration (their groups join the same ranks on the same backend).
+// "dtensor_mesh2x2_1f3a9c07_tp"), the digest taken over the mesh's shape, ranks, the dim and the
+// backend: derived from what the group is, not from how many meshes a process made before, so that a
+// compiled per-rank program's collectives find their group in any process that builds the same mesh.
+// Two meshes alike in all four share the registration (their groups join the same ranks on the same
+// backend); a dim name alone never does (an "ep" dim may be either dim of two meshes of one shape).
 std::string group_name(const DeviceMesh& mesh, int64_t dim);
 // The registration of that group under that name (shared while anyone holds it).
 std::shared_ptr<RegisteredGroup> group_for(const DeviceMesh& mesh, int64_t dim);

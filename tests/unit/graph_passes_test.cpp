@@ -214,6 +214,11 @@ TEST(GraphPassesTest, GroupNamesComeFromTheMeshNotFromTheOrderMeshesWereMade) {
   EXPECT_THAT(g::detail::group_name(*first, 1), ::testing::MatchesRegex("dtensor_mesh2x2_[0-9a-f]{8}_tp"));
   EXPECT_NE(g::detail::group_name(*first, 0), g::detail::group_name(*first, 1));
   EXPECT_NE(g::detail::group_name(*other, 0), g::detail::group_name(*first, 0));
+  // One dim name on different dims of meshes alike: other members, so another name (a process holding
+  // both programs, as PyTorch's runner of the saved ones does, would otherwise send one's collectives
+  // to the other's group).
+  const MeshPtr dp_ep = planning_mesh({2, 2}, 1, {"dp", "ep"}), ep_tp = planning_mesh({2, 2}, 1, {"ep", "tp"});
+  EXPECT_NE(g::detail::group_name(*dp_ep, 1), g::detail::group_name(*ep_tp, 0));
 }
 
 }  // namespace

@@ -149,14 +149,20 @@ OpStrategy experts_on_mesh(const OpSchema& s) {
   return all;
 }
 
-// Runs the op on this rank's part: every expert here (the op itself), the assignments to this rank's
-// experts only (the rest skipped as dropped), or the exchange over the experts' dim.
+// Whether `chosen` exchanges tokens over the experts' dim (both sharded there).
+bool runs_exchange(const PlacementStrategy& chosen, const Roles& r) {
+  const std::vector<int64_t> spread = mesh_dims_sharding(chosen.inputs[r.gate_up], 0);
+  return !spread.empty() && chosen.inputs[r.tokens_begin][static_cast<size_t>(spread[0])] == Placement(Shard(0));
+}
+
+// Runs the op on this rank's part: the assignments to the experts held here (every expert where the
+// weights are whole; the rest skipped as dropped), or the exchange over the experts' dim. Every
+// strategy has a kernel, so that graph programs hold the forms below and never dtensor's op.
 LocalKernel experts_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
   const Roles r = roles_of(s);
   const std::vector<int64_t> spread = mesh_dims_sharding(chosen.inputs[r.gate_up], 0);
-  if (spread.empty()) return {};
-  const int64_t dim = spread[0];
-  const bool exchange = chosen.inputs[r.tokens_begin][static_cast<size_t>(dim)] == Placement(Shard(0));
+  const int64_t dim = spread.empty() ? -1 : spread[0];
+  const bool exchange = runs_exchange(chosen, r);
   const ChunkExtent held = held_rows(s, s.input(r.gate_up).meta.shape, chosen.inputs[r.gate_up]);
   const int64_t num_experts = s.input(r.gate_up).meta.shape[0];
   return [mesh = s.mesh, r, dim, exchange, held, num_experts](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
@@ -167,7 +173,7 @@ LocalKernel experts_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
     at::Tensor experts = args[t + 1].toTensor();
     detail::ExpertsSpread where;
     int64_t count = num_experts;
-    if (exchange) {
+    if (exchange) {  // dim is the experts' dim
       where = {mesh->shared_from_this(), dim};
     } else {  // this rank's experts renumbered from 0, the others dropped
       const at::Tensor mine = experts.ge(held.offset).logical_and(experts.lt(held.offset + held.size));
@@ -182,8 +188,95 @@ LocalKernel experts_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
   };
 }
 
+// ---- graph forms: transformers' "batched_mm" experts on this rank's experts --------------------------
+// Each token-expert pair selects its expert's weights and multiplies in a batch; pairs whose expert is
+// not held here select expert 0 and are weighed 0. The exchange has no form: its split sizes are data.
+
+struct LocalSizes {
+  int64_t tokens, k, hidden, intermediate;
+  ChunkExtent held;  // this rank's experts
+};
+
+LocalSizes local_sizes(const OpSchema& s, const PlacementStrategy& chosen, const Roles& r) {
+  const size_t t = r.tokens_begin;
+  return {local_part(s, s.input(t).meta.shape, chosen.inputs[t]).shape[0], s.input(t + 1).meta.shape[1], s.input(t).meta.shape[1],
+          s.input(r.gate_up + 1).meta.shape[2], held_rows(s, s.input(r.gate_up).meta.shape, chosen.inputs[r.gate_up])};
+}
+
+// The pairs' values both forms read.
+struct Pairs {
+  FormValue held, index, weight, rows, gate_up, gate, up, activation, down, output;
+};
+
+Pairs pairs_form(GraphFormBuilder& b, const Roles& r, const LocalSizes& n) {
+  const size_t t = r.tokens_begin;
+  const FormValue experts = b.op("aten::reshape", {b.input(t + 1), std::vector<int64_t>{-1}}, "experts_flat");
+  Pairs p;
+  const FormValue held = p.held = b.op("aten::logical_and", {b.op("aten::ge.Scalar", {experts, n.held.offset}, "from_first"),
+                                                    b.op("aten::lt.Scalar", {experts, n.held.offset + n.held.size}, "before_last")},
+                              "held_here");
+  p.index = b.op("aten::where.ScalarOther", {held, b.op("aten::sub.Scalar", {experts, n.held.offset}, "local_expert"), 0}, "pair_expert");
+  p.weight = b.op("aten::mul.Tensor", {b.op("aten::reshape", {b.input(t + 2), std::vector<int64_t>{-1}}, "weights_flat"), held}, "pair_weight");
+  p.rows = b.op("aten::repeat_interleave.self_int", {b.input(t), n.k, 0}, "pair_rows");
+  p.gate_up = b.op("aten::index_select", {b.input(r.gate_up), 0, p.index}, "pair_gate_up");
+  const FormValue both = b.op("aten::squeeze.dim", {b.op("aten::bmm", {p.gate_up, b.op("aten::unsqueeze", {p.rows, -1}, "rows_column")}, "gate_up_bmm"), -1}, "gate_and_up");
+  p.gate = b.op("aten::slice.Tensor", {both, 1, 0, n.intermediate}, "gate");
+  p.up = b.op("aten::slice.Tensor", {both, 1, n.intermediate, 2 * n.intermediate}, "up");
+  p.activation = b.op("aten::mul.Tensor", {b.op("aten::silu", {p.gate}, "silu"), p.up}, "activation");
+  p.down = b.op("aten::index_select", {b.input(r.gate_up + 1), 0, p.index}, "pair_down");
+  const FormValue product = b.op("aten::bmm", {p.down, b.op("aten::unsqueeze", {p.activation, -1}, "activation_column")}, "down_bmm");
+  p.output = b.op("aten::squeeze.dim", {product, -1}, "pair_output");
+  return p;
+}
+
+// The sum of a pair tensor [tokens * k, hidden] over each token's k pairs.
+FormValue per_token(GraphFormBuilder& b, FormValue pairs, const LocalSizes& n, const std::string& name) {
+  return b.op("aten::sum.dim_IntList", {b.op("aten::view", {pairs, std::vector<int64_t>{n.tokens, n.k, n.hidden}}, name + "_pairs"), std::vector<int64_t>{1}}, name);
+}
+
+std::vector<FormValue> forward_form(GraphFormBuilder& b, const Roles& r, const LocalSizes& n) {
+  const Pairs p = pairs_form(b, r, n);
+  return {per_token(b, b.op("aten::mul.Tensor", {p.output, b.op("aten::unsqueeze", {p.weight, -1}, "weight_column")}, "weighted"), n, "experts_out")};
+}
+
+// The gradient of `pairs` [tokens * k, ...] per expert: each pair's added into its expert's row.
+FormValue per_expert(GraphFormBuilder& b, FormValue like, FormValue index, FormValue pairs, const std::string& name) {
+  const FormValue zeros = b.op("aten::zeros_like", {like}, name + "_zeros");
+  return b.op("aten::index_add", {zeros, 0, index, pairs}, name);
+}
+
+std::vector<FormValue> backward_form(GraphFormBuilder& b, const Roles& r, const LocalSizes& n) {
+  const Pairs p = pairs_form(b, r, n);
+  const FormValue grad = b.op("aten::repeat_interleave.self_int", {b.input(0), n.k, 0}, "pair_grad");
+  const FormValue weight_grad = b.op("aten::mul.Tensor", {b.op("aten::sum.dim_IntList", {b.op("aten::mul.Tensor", {grad, p.output}, "grad_output"), std::vector<int64_t>{-1}}, "pair_weight_grad_raw"),
+                                                          p.held}, "pair_weight_grad");
+  const FormValue output_grad = b.op("aten::mul.Tensor", {grad, b.op("aten::unsqueeze", {p.weight, -1}, "weight_column")}, "pair_output_grad");
+  const FormValue output_column = b.op("aten::unsqueeze", {output_grad, -1}, "output_grad_column");
+  const FormValue down_grad = b.op("aten::bmm", {output_column, b.op("aten::unsqueeze", {p.activation, 1}, "activation_row")}, "pair_down_grad");
+  const FormValue activation_grad = b.op("aten::squeeze.dim", {b.op("aten::bmm", {b.op("aten::transpose.int", {p.down, 1, 2}, "down_t"), output_column}, "activation_bmm"), -1}, "activation_grad");
+  const FormValue gate_grad = b.op("aten::silu_backward", {b.op("aten::mul.Tensor", {activation_grad, p.up}, "silu_grad"), p.gate}, "gate_grad");
+  const FormValue up_grad = b.op("aten::mul.Tensor", {activation_grad, b.op("aten::silu", {p.gate}, "silu_again")}, "up_grad");
+  const FormValue both_column = b.op("aten::unsqueeze", {b.op("aten::cat", {std::vector<FormValue>{gate_grad, up_grad}, 1}, "gate_up_grad"), -1}, "gate_up_grad_column");
+  const FormValue rows_grad = b.op("aten::squeeze.dim", {b.op("aten::bmm", {b.op("aten::transpose.int", {p.gate_up, 1, 2}, "gate_up_t"), both_column}, "rows_bmm"), -1}, "pair_rows_grad");
+  const FormValue gate_up_grad = b.op("aten::bmm", {both_column, b.op("aten::unsqueeze", {p.rows, 1}, "rows_row")}, "pair_gate_up_grad");
+  return {per_token(b, rows_grad, n, "hidden_grad"),
+          b.op("aten::view", {weight_grad, std::vector<int64_t>{n.tokens, n.k}}, "weights_grad"),
+          per_expert(b, b.input(r.gate_up), p.index, gate_up_grad, "gate_up_proj_grad"),
+          per_expert(b, b.input(r.gate_up + 1), p.index, down_grad, "down_proj_grad")};
+}
+
+GraphForm experts_form(const OpSchema& s, const PlacementStrategy& chosen) {
+  const Roles r = roles_of(s);
+  const size_t t = r.tokens_begin;
+  if (runs_exchange(chosen, r) || s.input(t).meta.dtype != s.input(t + 2).meta.dtype) return {};
+  const LocalSizes n = local_sizes(s, chosen, r);
+  if (n.held.size == 0 || n.tokens == 0) return {};  // nothing to select: the kernel's zeros
+  return [r, n](GraphFormBuilder& b) { return r.backward ? backward_form(b, r, n) : forward_form(b, r, n); };
+}
+
 const bool experts_rules_registered = [] {
-  detail::register_overloads({kForwardOp, kBackwardOp}, {.mesh = experts_on_mesh, .local_kernel = experts_kernel, .family = "experts"});
+  detail::register_overloads({kForwardOp, kBackwardOp},
+                             {.mesh = experts_on_mesh, .local_kernel = experts_kernel, .graph_form = experts_form, .family = "experts"});
   return true;
 }();
 

@@ -11,6 +11,7 @@
 
 #include "../harness.h"
 #include "adamw_losses.h"
+#include "expect_saves.h"
 #include "joint_step_matches.h"
 #include "../../support/test_models.h"
 #include "dtensor/graph/hugging_face.h"
@@ -51,11 +52,13 @@ TEST_F(GraphExpertParallelTest, TheirOwnPlansSpreadTheExpertsInTheForwardProgram
     for (const std::string ir : {"_train_ir", "_aten"}) {
       SCOPED_TRACE(family + ir);
       g::Program local = g::tensor_parallel_transform(g::load_program(graph_model("hf/" + family + ir + ".pt2")), mesh({4}), ep_plan_of(family));
-      EXPECT_EQ(nodes_calling_op(local, "dtensor::moe_experts"), layers) << local.str();
+      // Each rank's experts, written out as ATen ops (the graph form): PyTorch loads and runs the program.
+      EXPECT_EQ(nodes_calling_op(local, "dtensor::moe_experts"), 0) << local.str();
       EXPECT_EQ(local.state.at("model.layers.0.mlp.experts.gate_up_proj").tensor().size(0), 1);  // one expert per rank
       const auto io = tensor_map("hf/" + family + "_io");
       EXPECT_TRUE(tensors_close(g::run(local, {io.at("input0")})[0].toTensor(), io.at("output0"), 1e-4, 1e-5));
       EXPECT_EQ(collectives_in(local), (std::map<std::string, int>{{"_c10d_functional::all_reduce", layers}})) << g::collectives_report(local);
+      expect_saves(local, "hf_" + family + ir + "_ep4", {io.at("input0")});
     }
 }
 
@@ -63,14 +66,17 @@ struct EpLayout {
   std::string name;
   Shape mesh_shape;
   std::vector<std::string> dims;
+  bool exchange;  // whether the strategy choice takes the all-to-all exchange (else each rank's own experts)
 };
 
 // The joint program with the batch Shard(0) over "ep" (and "dp"), the experts over "ep", attention by
 // the family's tensor-parallel plan over "tp" where the mesh has it: one step equals PyTorch's, and 5
 // AdamW steps follow the whole program in one process. Which dispatch runs is the strategy choice's
 // (by bytes moved): the all-to-all on ep4; on the 2-d meshes, at this model's few tokens, gathering
-// the tokens over "ep" and adding up each rank's experts (Megatron's all-gather dispatcher).
-void expect_trains_like_one_process(const std::string& family, int layers, const MeshPtr& m) {
+// the tokens over "ep" and adding up each rank's experts (Megatron's all-gather dispatcher), whose
+// graph form saves the program for PyTorch.
+void expect_trains_like_one_process(const std::string& family, int layers, const EpLayout& layout) {
+  const MeshPtr m = mesh(layout.mesh_shape, {}, layout.dims);
   const std::string archive = graph_model("hf/" + family + "_joint.pt2");
   const auto io = tensor_map("hf/" + family + "_joint_io");
   const std::vector<c10::IValue> inputs = {io.at("input0"), io.at("input1")};
@@ -91,12 +97,14 @@ void expect_trains_like_one_process(const std::string& family, int layers, const
   }
   for (auto& [name, placements] : g::plan_placements(whole, *m, ep_plan_of(family), {.tp_dim = "ep"})) where.state[name] = placements;
   g::Program step = g::spmd_expand(g::load_program(archive), m, where);
-  EXPECT_EQ(nodes_calling_op(step, "dtensor::moe_experts"), layers) << step.str();
-  EXPECT_EQ(nodes_calling_op(step, "dtensor::moe_experts_backward"), layers) << step.str();
+  const int kernels = layout.exchange ? layers : 0;
+  EXPECT_EQ(nodes_calling_op(step, "dtensor::moe_experts"), kernels) << step.str();
+  EXPECT_EQ(nodes_calling_op(step, "dtensor::moe_experts_backward"), kernels) << step.str();
   const int64_t experts_here = 4 / m->size(m->dim_index("ep"));
   for (int layer = 0; layer < layers; ++layer)
     EXPECT_EQ(step.state.at("model.layers." + std::to_string(layer) + ".mlp.experts.down_proj").tensor().size(0), experts_here);
   const auto local_inputs = g::local_user_inputs(step, inputs);
+  if (!layout.exchange) expect_saves(step, "hf_" + family + "_joint_" + layout.name, local_inputs);
   expect_joint_step_matches(step, local_inputs, io, m);
 
   constexpr int kSteps = 5;
@@ -107,9 +115,10 @@ void expect_trains_like_one_process(const std::string& family, int layers, const
 
 TEST_F(GraphExpertParallelTest, TheirJointProgramsTrainLikeOneProcess) {
   for (const auto& [family, layers] : kMixtures)
-    for (const EpLayout& layout : {EpLayout{"ep4", {4}, {"ep"}}, EpLayout{"dp2ep2", {2, 2}, {"dp", "ep"}}, EpLayout{"ep2tp2", {2, 2}, {"ep", "tp"}}}) {
+    for (const EpLayout& layout : {EpLayout{"ep4", {4}, {"ep"}, true}, EpLayout{"dp2ep2", {2, 2}, {"dp", "ep"}, false},
+                                   EpLayout{"ep2tp2", {2, 2}, {"ep", "tp"}, false}}) {
       SCOPED_TRACE(family + " " + layout.name);
-      expect_trains_like_one_process(family, layers, mesh(layout.mesh_shape, {}, layout.dims));
+      expect_trains_like_one_process(family, layers, layout);
     }
 }
 
