@@ -481,11 +481,9 @@ TEST_F(ExpertParallelTest, CheckpointsMoveAcrossExpertParallelDegrees) {
   EXPECT_TRUE(tensors_close(full_tensor(ep2->forward(distribute_tensor(x, mesh({2, 2}), Placements{Replicate(), Shard(0)}))), whole->forward(x), 1e-12, 1e-12));
 }
 
-// A router gone wrong on one rank (a hand-made routing into the experts' module) stops every rank of the
-// ep dim with the same error naming that rank, at once: no rank is left waiting in the exchange.
 // Megatron's global auxiliary loss: each rank's own tokens (one rank none), the loss and its gradient
 // those of one process on all of them (transformers' formula written out), on a 1-d and a 2-d mesh.
-TEST_F(ExpertParallelTest, GlobalLoadBalancingLossIsOneProcesssOnEveryRanksTokens) {
+TEST_F(ExpertParallelTest, GlobalLoadBalancingLossIsOneProcessesOnEveryRanksTokens) {
   constexpr int64_t kExperts = 4, kTopK = 2;
   const std::vector<int64_t> tokens_of = {3, 0, 5, 2};
   const at::Tensor all = test_tensor({10, kExperts}, at::kDouble, 31) / 7;
@@ -509,6 +507,8 @@ TEST_F(ExpertParallelTest, GlobalLoadBalancingLossIsOneProcesssOnEveryRanksToken
   EXPECT_THAT(error_of([&] { load_balancing_loss(all, kTopK, nullptr); }), HasSubstr("load_balancing_loss over a mesh takes"));
 }
 
+// A router gone wrong on one rank (a hand-made routing into the experts' module) stops every rank of the
+// ep dim with the same error naming that rank, at once: no rank is left waiting in the exchange.
 TEST_F(ExpertParallelTest, AnOutOfRangeExpertOnOneRankStopsEveryRankNamingIt) {
   MoE moe(moe_options(4, 2));
   expert_parallel(*moe, mesh({4}), 0, "layers.1.mlp");

@@ -127,6 +127,10 @@ at::Tensor dispatched_mlps(const at::Tensor& rows, const at::Tensor& counts, std
 
 }  // namespace
 
+void check_routing(const at::Tensor& experts, int64_t num_experts, const std::string& path) {
+  if (const std::optional<int64_t> bad = out_of_range(experts, num_experts)) refuse_routing(*bad, num_experts, path, "");
+}
+
 at::Tensor run_experts(const at::Tensor& hidden, const at::Tensor& experts, const at::Tensor& weights,
                        const at::Tensor& gate_up, const at::Tensor& down, int64_t num_experts,
                        const ExpertsSpread& spread, const std::string& path) {
@@ -136,6 +140,7 @@ at::Tensor run_experts(const at::Tensor& hidden, const at::Tensor& experts, cons
                        c10::str(experts.sizes()) + ", weights " + c10::str(weights.sizes()));
   const std::optional<int64_t> bad = out_of_range(experts, num_experts);
   if (bad && !spread.mesh) refuse_routing(*bad, num_experts, path, "");
+  if (!spread.mesh && gate_up.size(0) == 0) return at::zeros_like(hidden);  // a rank holding none of unevenly spread experts
   const int64_t k = experts.size(1);
   // A bad routing under expert parallelism still takes part in the counts' exchange, sending nothing.
   const at::Tensor flat_experts = bad ? at::full({experts.numel()}, num_experts, experts.options()) : experts.reshape(-1);

@@ -27,4 +27,8 @@ struct ExpertsSpread {
 at::Tensor run_experts(const at::Tensor& hidden, const at::Tensor& experts, const at::Tensor& weights, const at::Tensor& gate_up,
                        const at::Tensor& down, int64_t num_experts, const ExpertsSpread& spread, const std::string& path);
 
+// Refuses expert indices outside [0, num_experts] (num_experts marking a dropped assignment), naming
+// the layer `path` and the index.
+void check_routing(const at::Tensor& experts, int64_t num_experts, const std::string& path);
+
 }  // namespace dtensor::detail

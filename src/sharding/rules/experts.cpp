@@ -48,8 +48,10 @@ Gradients experts_gradients(const at::Tensor& grad, const at::Tensor& hidden, co
   std::vector<at::Tensor> leaves;
   for (const at::Tensor& t : {hidden, weights, gate_up, down}) leaves.push_back(t.detach().requires_grad_(true));
   const at::Tensor out = detail::run_experts(leaves[0], experts, leaves[1], leaves[2], leaves[3], num_experts, spread, path);
-  std::vector<at::Tensor> g = torch::autograd::grad({out}, leaves, {grad}, /*retain_graph=*/false, /*create_graph=*/false,
-                                                    /*allow_unused=*/true);
+  // No expert here (an uneven spread) computes nothing from the inputs: every gradient is zero.
+  std::vector<at::Tensor> g(leaves.size());
+  if (out.requires_grad())
+    g = torch::autograd::grad({out}, leaves, {grad}, /*retain_graph=*/false, /*create_graph=*/false, /*allow_unused=*/true);
   for (size_t i = 0; i < g.size(); ++i)
     if (!g[i].defined()) g[i] = at::zeros_like(leaves[i]);
   return {g[0], g[1], g[2], g[3]};
@@ -157,7 +159,8 @@ bool runs_exchange(const PlacementStrategy& chosen, const Roles& r) {
 
 // Runs the op on this rank's part: the assignments to the experts held here (every expert where the
 // weights are whole; the rest skipped as dropped), or the exchange over the experts' dim. Every
-// strategy has a kernel, so that graph programs hold the forms below and never dtensor's op.
+// strategy has a kernel, so that graph programs hold the forms below instead of dtensor's op wherever
+// a form exists (all but the exchange).
 LocalKernel experts_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
   const Roles r = roles_of(s);
   const std::vector<int64_t> spread = mesh_dims_sharding(chosen.inputs[r.gate_up], 0);
@@ -176,6 +179,8 @@ LocalKernel experts_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
     if (exchange) {  // dim is the experts' dim
       where = {mesh->shared_from_this(), dim};
     } else {  // this rank's experts renumbered from 0, the others dropped
+      // Masking would drop an index out of range as if it were another rank's: refused first.
+      detail::check_routing(experts, num_experts, op.schema().name());
       const at::Tensor mine = experts.ge(held.offset).logical_and(experts.lt(held.offset + held.size));
       experts = at::where(mine, experts - held.offset, held.size);
       count = held.size;
@@ -231,7 +236,7 @@ Pairs pairs_form(GraphFormBuilder& b, const Roles& r, const LocalSizes& n) {
 
 // The sum of a pair tensor [tokens * k, hidden] over each token's k pairs.
 FormValue per_token(GraphFormBuilder& b, FormValue pairs, const LocalSizes& n, const std::string& name) {
-  return b.op("aten::sum.dim_IntList", {b.op("aten::view", {pairs, std::vector<int64_t>{n.tokens, n.k, n.hidden}}, name + "_pairs"), std::vector<int64_t>{1}}, name);
+  return b.op("aten::sum.dim_IntList", {b.op("aten::view", {pairs, std::vector<int64_t>{-1, n.k, n.hidden}}, name + "_pairs"), std::vector<int64_t>{1}}, name);
 }
 
 std::vector<FormValue> forward_form(GraphFormBuilder& b, const Roles& r, const LocalSizes& n) {
@@ -260,9 +265,19 @@ std::vector<FormValue> backward_form(GraphFormBuilder& b, const Roles& r, const 
   const FormValue rows_grad = b.op("aten::squeeze.dim", {b.op("aten::bmm", {b.op("aten::transpose.int", {p.gate_up, 1, 2}, "gate_up_t"), both_column}, "rows_bmm"), -1}, "pair_rows_grad");
   const FormValue gate_up_grad = b.op("aten::bmm", {both_column, b.op("aten::unsqueeze", {p.rows, 1}, "rows_row")}, "pair_gate_up_grad");
   return {per_token(b, rows_grad, n, "hidden_grad"),
-          b.op("aten::view", {weight_grad, std::vector<int64_t>{n.tokens, n.k}}, "weights_grad"),
+          b.op("aten::view", {weight_grad, std::vector<int64_t>{-1, n.k}}, "weights_grad"),
           per_expert(b, b.input(r.gate_up), p.index, gate_up_grad, "gate_up_proj_grad"),
           per_expert(b, b.input(r.gate_up + 1), p.index, down_grad, "down_proj_grad")};
+}
+
+// Where this rank holds no expert or no token there is nothing to select: zeros, as the kernel gives.
+std::vector<FormValue> zeros_form(GraphFormBuilder& b, const Roles& r) {
+  const size_t t = r.tokens_begin;
+  std::vector<size_t> shaped_like = {t};
+  if (r.backward) shaped_like = {t, t + 2, r.gate_up, r.gate_up + 1};
+  std::vector<FormValue> out;
+  for (size_t arg : shaped_like) out.push_back(b.op("aten::zeros_like", {b.input(arg)}, "experts_zeros"));
+  return out;
 }
 
 GraphForm experts_form(const OpSchema& s, const PlacementStrategy& chosen) {
@@ -270,7 +285,7 @@ GraphForm experts_form(const OpSchema& s, const PlacementStrategy& chosen) {
   const size_t t = r.tokens_begin;
   if (runs_exchange(chosen, r) || s.input(t).meta.dtype != s.input(t + 2).meta.dtype) return {};
   const LocalSizes n = local_sizes(s, chosen, r);
-  if (n.held.size == 0 || n.tokens == 0) return {};  // nothing to select: the kernel's zeros
+  if (n.held.size == 0 || n.tokens == 0) return [r](GraphFormBuilder& b) { return zeros_form(b, r); };
   return [r, n](GraphFormBuilder& b) { return r.backward ? backward_form(b, r, n) : forward_form(b, r, n); };
 }
 

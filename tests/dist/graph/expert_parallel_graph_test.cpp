@@ -8,6 +8,7 @@
 // program in one process.
 
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include "../harness.h"
 #include "adamw_losses.h"
@@ -127,6 +128,22 @@ TEST_F(GraphExpertParallelTest, ExpertsThatDoNotDivideOverTheRanksAreRefused) {
   EXPECT_THAT(error_of([&] { g::tensor_parallel_transform(g::load_program(graph_model("hf/mixtral_train_ir.pt2")), mesh({3}, {0, 1, 2}), ep_plan_of("mixtral")); }),
               HasSubstr("plan entry 'model.layers.*.mlp.experts' (ExpertParallel) spreads the 4 experts of model.layers.0.mlp.experts over 3 "
                         "ranks: they do not divide"));
+}
+
+// Each rank running its own experts masks the others' assignments away: an index out of range must not
+// pass as one of them.
+TEST_F(GraphExpertParallelTest, AnExpertOutOfRangeIsRefusedWhereEachRankRunsItsOwn) {
+  const MeshPtr m = mesh({4});
+  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("dtensor::moe_experts", "").typed<at::Tensor(
+      const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+  const Placements whole{Replicate()}, by_expert{Shard(0)};
+  const at::Tensor hidden = distribute_tensor(at::ones({3, 4}, at::kDouble), m, whole);
+  const at::Tensor experts = distribute_tensor(at::tensor({0, 1, 2, 7, 3, 1}, at::kLong).reshape({3, 2}), m, whole);
+  const at::Tensor weights = distribute_tensor(at::ones({3, 2}, at::kDouble), m, whole);
+  const at::Tensor gate_up = distribute_tensor(at::ones({4, 6, 4}, at::kDouble), m, by_expert);
+  const at::Tensor down = distribute_tensor(at::ones({4, 4, 3}, at::kDouble), m, by_expert);
+  EXPECT_THAT(error_of([&] { op.call(hidden, experts, weights, gate_up, down); }),
+              HasSubstr("dtensor::moe_experts': the router chose expert 7, outside [0, 4)"));
 }
 
 }  // namespace
