@@ -206,9 +206,9 @@ void collect_backward(ExpertsSite& site, Graph& graph, const Order& order) {
   std::sort(site.constants.begin(), site.constants.end(), by_order);
 }
 
-std::vector<ExpertsSite> find_sites(Program& program, const Order& order) {
+std::vector<ExpertsSite> find_sites(Program& program, std::map<Value*, std::vector<Node*>> selections, const Order& order) {
   std::vector<ExpertsSite> sites;
-  for (auto& [index, selected] : experts_selections(program)) {
+  for (auto& [index, selected] : selections) {
     if (selected.size() != 2) continue;
     Value* a = first_tensor_arg(*selected[0]);
     Value* b = first_tensor_arg(*selected[1]);
@@ -355,8 +355,10 @@ void fuse_spread_experts(Program& program) {
   // One site at a time, found again after each rewrite (a rewritten site selects no experts by index any
   // more): a site's inputs may be what an earlier one computed.
   for (;;) {
+    auto selections = experts_selections(program);
+    if (selections.empty()) return;  // most programs: no positions to number
     const Order order = positions(program.graph);
-    std::vector<ExpertsSite> sites = find_sites(program, order);
+    std::vector<ExpertsSite> sites = find_sites(program, std::move(selections), order);
     if (sites.empty()) return;
     ExpertsSite& site = *std::min_element(sites.begin(), sites.end(), [&](const ExpertsSite& a, const ExpertsSite& b) {
       return order.at(a.out->producer()) < order.at(b.out->producer());

@@ -11,7 +11,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include "../harness.h"
-#include "adamw_losses.h"
 #include "expect_saves.h"
 #include "joint_step_matches.h"
 #include "../../support/test_models.h"
@@ -78,9 +77,7 @@ struct EpLayout {
 // graph form saves the program for PyTorch.
 void expect_trains_like_one_process(const std::string& family, int layers, const EpLayout& layout) {
   const MeshPtr m = mesh(layout.mesh_shape, {}, layout.dims);
-  const std::string archive = graph_model("hf/" + family + "_joint.pt2");
-  const auto io = tensor_map("hf/" + family + "_joint_io");
-  const std::vector<c10::IValue> inputs = {io.at("input0"), io.at("input1")};
+  const auto [archive, io, inputs] = hugging_face_joint(family);
   g::Program whole = g::load_program(archive);
   g::SpmdPlacements where;
   Placements batch(m->ndim(), Replicate());
@@ -107,11 +104,7 @@ void expect_trains_like_one_process(const std::string& family, int layers, const
   const auto local_inputs = g::local_user_inputs(step, inputs);
   if (!layout.exchange) expect_saves(step, "hf_" + family + "_joint_" + layout.name, local_inputs);
   expect_joint_step_matches(step, local_inputs, io, m);
-
-  constexpr int kSteps = 5;
-  const std::vector<double> losses = adamw_losses(step, local_inputs, kSteps), expected = adamw_losses(whole, inputs, kSteps);
-  for (int s = 0; s < kSteps; ++s) EXPECT_NEAR(losses[s], expected[s], 1e-4 * std::abs(expected[s])) << "step " << s;
-  EXPECT_LT(losses.back(), losses.front());
+  expect_adamw_follows_whole(step, local_inputs, whole, inputs);
 }
 
 TEST_F(GraphExpertParallelTest, TheirJointProgramsTrainLikeOneProcess) {
