@@ -42,7 +42,7 @@ PUBLIC_HEADERS = {
     "checkpoint.h": "checkpoint", "training_state.h": "checkpoint", "state_dict.h": "checkpoint", "dcp.h": "checkpoint",
     "graph/ir.h": "graph", "graph/annotations.h": "graph", "graph/program.h": "graph", "graph/spmd.h": "graph",
     "graph/tensor_parallel.h": "graph", "graph/hugging_face.h": "graph", "graph/training.h": "graph",
-    "graph/compiled_program.h": "graph", "graph/program_stages.h": "graph",
+    "graph/compiled_program.h": "graph", "graph/program_stages.h": "graph", "graph/eager.h": "graph",
     "dtensor.h": None,  # the umbrella header, for users only
 }
 

@@ -34,6 +34,9 @@ Per family NAME, in OUT_DIR:
                       parameter that did not receive a gradient", the second name's placeholder).
   NAME_joint_io       input0 input_ids, input1 labels, loss and grad.PARAM for every parameter, from
                       the joint graph loaded back, checked against eager autograd
+  NAME_loss_train_ir.pt2  forward(input_ids, labels) -> that loss in the training IR, for the
+                      mixtures of experts (those with an expert-parallel plan): the model run eagerly
+                      on DTensors, with autograd for its backward (NAME_joint_io is its reference)
 Attention is exported under sdpa_kernel(MATH): torch 2.15's CPU flash-attention decomposition puts
 the attention probabilities where logsumexp belongs, so core ATen and joint graphs of the default
 backend are wrong (GPT-2's core ATen export fails on it outright).
@@ -182,7 +185,7 @@ def main():
         joint_config = config
         if name == "gpt2":  # untied for the joint export (see the module docstring)
             joint_config = configure(transformers.GPT2Config(**{**config.to_dict(), "tie_word_embeddings": False}))
-        export_joint(out_dir, name, joint_config)
+        export_joint(out_dir, name, joint_config, loss_program=bool(model.ep_plan))
         index["families"][name] = dict(archives=list(archives) + [f"{name}_joint"], params=params, io=f"{name}_io",
                                        joint_io=f"{name}_joint_io")
         print(f"[{time.time() - t0:6.1f}s] exported {name}", flush=True)

@@ -3,7 +3,7 @@
 // expert chosen by no token), hidden 4, intermediate 3; and of 3 experts, which Shard(0) spreads
 // unevenly (one rank holds none). Each placement of the tokens and of the
 // experts' weights runs as one of the rule's strategies (or is moved to one), against the op on one
-// device.
+// device, forward and (for the forward op, by autograd) backward.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -50,10 +50,9 @@ OpSample forward_sample(const std::string& name, int64_t experts) {
           .run = [](In x) { return outputs(moe_experts(x)); },
           .make_input = [experts](size_t i, const Shape& s) { return experts_input(i, 1, experts, s); },
           .placements = {kPlacements, kPlacements, kPlacements, kPlacements, kPlacements},
-          .backward = false,
+          .backward = true,  // through its autograd kernel (src/sharding/rules/experts_autograd.cpp): moe_experts_backward
           .rtol = 1e-6,
           .atol = 1e-9,
-          .no_backward_reason = "graph programs call its gradient as dtensor::moe_experts_backward, sampled on its own",
           .partial_inputs = false};
 }
 
