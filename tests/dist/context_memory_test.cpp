@@ -1,10 +1,16 @@
 // The memory context parallelism saves: the peak live bytes of causal attention forward and backward on
 // a sequence of 8192 positions (8 query heads, 4 key/value heads, head dim 32, float), inputs and
 // gradients included, per rank of a CP=4 mesh by ring and by all-to-all, against one process holding
-// the whole sequence (run on rank 0). Measured (deterministic allocation counts): ring 0.349x,
-// all-to-all 0.404x on MPI and up to 0.421x on Gloo (whose all-to-all stages more); the bound,
-// 0.35x, holds for the ring, the all-to-all is held to 0.43x so that a regression fails. (On MPI with
-// 2 kv heads the ring measured 0.365x; with 8, 0.383-0.424x by rank and the all-to-all 0.398x.)
+// the whole sequence (run on rank 0). Measured on MPI (deterministic allocation counts): ring 0.349x,
+// all-to-all 0.369x. The bound, 0.35x, holds for the ring. The all-to-all's floor is above it:
+// during its backward kernel a rank holds its blocks (queries, keys, values, output and the output's
+// gradient, which autograd and the caller keep), the same again as head groups over the whole sequence
+// for the kernel, the kernel's gradients and its own buffers, 10.56 blocks of queries where the bound
+// allows 10.0; splitting the kernel by heads does not help with one key/value head per rank (the key
+// and value gradients then need accumulators). It is held to 0.375x so that a regression fails.
+// On Gloo the counter reads more, by a different amount on every run: Gloo's worker thread may drop the
+// last reference to a sent buffer, and this thread's counter never sees that free.
+// (On MPI with 2 kv heads the ring measured 0.365x; with 8, 0.383-0.424x by rank.)
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -48,7 +54,7 @@ TEST_F(ContextMemoryTest, FourRanksHoldAtMostAThirdOfOneProcess) {
     const char* name = method == ContextParallelAttention::Ring ? "ring" : "all-to-all";
     std::printf("rank %lld, %s: peak %lld bytes against one process's %lld: %.3fx\n", static_cast<long long>(cp->local_rank(0)), name,
                 static_cast<long long>(mine), static_cast<long long>(whole), ratio);
-    EXPECT_LE(ratio, method == ContextParallelAttention::Ring ? 0.35 : 0.43) << name;
+    EXPECT_LE(ratio, method == ContextParallelAttention::Ring ? 0.35 : 0.375) << name;
   }
   set_context_parallel_attention(ContextParallelAttention::Auto);
 }

@@ -1,6 +1,8 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "../../mesh/collectives.h"
@@ -13,26 +15,33 @@ namespace {
 
 constexpr int64_t kHeadsAxis = 1, kSequenceAxis = 2;
 
-// The exchanges along the call's mesh dim between sequence blocks and head groups.
+// The exchanges along the call's mesh dim between sequence blocks and head groups. Pieces travel with
+// their sequence axis first ([positions, batch, heads, ...]), so that what arrives is laid out to be
+// used in place: the members' blocks back to back make the whole sequence of a head group without a
+// copy, and the head groups go straight into the result's layout with one. Memory is what this method
+// spends (each rank holds its blocks and their head groups at once), so no exchange holds a third copy.
 struct Exchange {
   const ContextAttention& call;
   int64_t ranks, rank;
 
   explicit Exchange(const ContextAttention& c) : call(c), ranks(c.mesh->size(c.dim)), rank(c.mesh->local_rank(c.dim)) {}
 
-  // [batch, heads, this rank's positions, ...] -> [batch, its group of heads, every position, ...].
+  // [batch, heads, this rank's positions, ...] -> [batch, its group of heads, every position, ...] (a view
+  // of what arrived, sequence axis outermost in memory; the CPU kernels read strides).
   at::Tensor to_heads(const at::Tensor& x) const {
     const int64_t group = x.size(kHeadsAxis) / ranks;
     std::vector<at::Tensor> pieces;
     std::vector<Shape> arriving;
     for (int64_t member = 0; member < ranks; ++member) {
-      pieces.push_back(x.narrow(kHeadsAxis, member * group, group));
-      Shape shape = x.sizes().vec();
-      shape[kHeadsAxis] = group;
-      shape[kSequenceAxis] = chunk_extent(call.length, ranks, member).size;
+      pieces.push_back(x.narrow(kHeadsAxis, member * group, group).movedim(kSequenceAxis, 0));
+      Shape shape = pieces.back().sizes().vec();
+      shape[0] = chunk_extent(call.length, ranks, member).size;
       arriving.push_back(shape);
     }
-    return in_sequence_order(joined(all_to_all_pieces(*call.mesh, call.dim, pieces, arriving), arriving, kSequenceAxis));
+    Shape whole = arriving.front();
+    whole[0] = call.length;
+    const at::Tensor heads = all_to_all_pieces(*call.mesh, call.dim, pieces, arriving).view(whole).movedim(0, kSequenceAxis);
+    return in_sequence_order(heads);
   }
 
   // The members' blocks back to back ([batch, heads, every position, ...]) in the sequence's order: the
@@ -49,31 +58,26 @@ struct Exchange {
     return runs.size() == 1 ? runs.front() : at::cat(runs, kSequenceAxis);
   }
 
-  // The way back: [batch, a group of heads, every position, ...] -> [batch, heads, this rank's positions, ...].
-  at::Tensor to_sequence(const at::Tensor& x) const {
+  // The way back: [batch, a group of heads, every position, ...] -> `into` [batch, heads, this rank's
+  // positions, ...], in whatever layout `into` has.
+  at::Tensor to_sequence(const at::Tensor& x, at::Tensor into) const {
     const int64_t positions = chunk_extent(call.length, ranks, rank).size;
     std::vector<at::Tensor> pieces;
     std::vector<Shape> arriving;
     for (int64_t member = 0; member < ranks; ++member) {
-      pieces.push_back(block_of(x, member));
-      Shape shape = x.sizes().vec();
-      shape[kSequenceAxis] = positions;
+      pieces.push_back(block_of(x, member).movedim(kSequenceAxis, 0));
+      Shape shape = pieces.back().sizes().vec();
+      shape[0] = positions;
       arriving.push_back(shape);
     }
-    return joined(all_to_all_pieces(*call.mesh, call.dim, pieces, arriving), arriving, kHeadsAxis);
-  }
-
-  // What an all-to-all delivered (flat, member after member) as one tensor: the members' pieces joined
-  // along `dim`.
-  static at::Tensor joined(const at::Tensor& flat, const std::vector<Shape>& shapes, int64_t dim) {
-    std::vector<at::Tensor> pieces;
-    int64_t offset = 0;
-    for (const Shape& shape : shapes) {
-      const int64_t n = numel(shape);
-      pieces.push_back(flat.narrow(0, offset, n).view(shape));
-      offset += n;
-    }
-    return at::cat(pieces, dim);
+    // Arrived: [members, positions, batch, group, ...]; wanted: [batch, members x group, positions, ...].
+    Shape members_first = arriving.front();
+    members_first.insert(members_first.begin(), ranks);
+    std::vector<int64_t> order = {2, 0, 3, 1};
+    for (int64_t d = 4; d < static_cast<int64_t>(members_first.size()); ++d) order.push_back(d);
+    const at::Tensor arrived = all_to_all_pieces(*call.mesh, call.dim, pieces, arriving).view(members_first);
+    into.unflatten(kHeadsAxis, {ranks, x.size(kHeadsAxis)}).copy_(arrived.permute(order));
+    return into;
   }
 };
 
@@ -94,7 +98,11 @@ std::tuple<at::Tensor, at::Tensor> all_to_all_attention_forward(const at::Tensor
   const Exchange exchange(call);
   auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(exchange.to_heads(q), exchange.to_heads(k), exchange.to_heads(v), 0.0,
                                                                     call.is_causal, {}, call.scale);
-  return {laid_out_like_queries(exchange.to_sequence(out), q), laid_out_heads_last(exchange.to_sequence(lse))};
+  at::Tensor local_out = exchange.to_sequence(out, at::empty_like(q, out.options()));
+  out.reset();  // before the logsumexp's exchange
+  Shape lse_sizes = q.sizes().vec();
+  lse_sizes.pop_back();
+  return {std::move(local_out), exchange.to_sequence(lse, empty_heads_last(lse_sizes, lse.options()))};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> all_to_all_attention_backward(const at::Tensor& grad_out, const at::Tensor& q,
@@ -103,10 +111,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> all_to_all_attention_backward(con
   check_context_attention(q, k, v, call, "all-to-all attention");
   check_all_to_all_heads(q.size(kHeadsAxis), k.size(kHeadsAxis), *call.mesh, call.dim, "all-to-all attention");
   const Exchange exchange(call);
-  auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-      exchange.to_heads(grad_out), exchange.to_heads(q), exchange.to_heads(k), exchange.to_heads(v), exchange.to_heads(out), exchange.to_heads(lse),
-      0.0, call.is_causal, {}, call.scale);
-  return {laid_out_heads_last(exchange.to_sequence(dq)), laid_out_heads_last(exchange.to_sequence(dk)), laid_out_heads_last(exchange.to_sequence(dv))};
+  at::Tensor dq, dk, dv;
+  {
+    // The largest first: each exchange briefly holds its piece twice, and the last one's peak is the
+    // method's. The head groups are dropped as soon as the kernel is done with them.
+    const at::Tensor grad_heads = exchange.to_heads(grad_out), q_heads = exchange.to_heads(q), out_heads = exchange.to_heads(out);
+    const at::Tensor k_heads = exchange.to_heads(k), v_heads = exchange.to_heads(v), lse_heads = exchange.to_heads(lse);
+    std::tie(dq, dk, dv) = at::_scaled_dot_product_flash_attention_for_cpu_backward(grad_heads, q_heads, k_heads, v_heads, out_heads,
+                                                                                    lse_heads, 0.0, call.is_causal, {}, call.scale);
+  }
+  // Each gradient's head group is dropped once it has gone back.
+  const auto back = [&](at::Tensor& heads, const at::Tensor& like) {
+    at::Tensor local = exchange.to_sequence(heads, empty_heads_last(like.sizes(), heads.options()));
+    heads.reset();
+    return local;
+  };
+  at::Tensor local_dq = back(dq, q), local_dk = back(dk, k);
+  return {std::move(local_dq), std::move(local_dk), back(dv, v)};
 }
 
 }  // namespace dtensor::detail

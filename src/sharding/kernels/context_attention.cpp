@@ -37,12 +37,14 @@ at::Tensor laid_out_as(const at::Tensor& t, at::Tensor target) {
 
 at::Tensor laid_out_like_queries(const at::Tensor& t, const at::Tensor& q) { return laid_out_as(t, at::empty_like(q, t.options())); }
 
-at::Tensor laid_out_heads_last(const at::Tensor& t) {
-  std::vector<int64_t> order(static_cast<size_t>(t.dim()));
-  for (int64_t d = 0; d < t.dim(); ++d) order[static_cast<size_t>(d)] = d;
+at::Tensor empty_heads_last(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  std::vector<int64_t> order(sizes.size());
+  for (size_t d = 0; d < order.size(); ++d) order[d] = static_cast<int64_t>(d);
   std::swap(order[1], order[2]);
-  return laid_out_as(t, at::empty_permuted(t.sizes(), order, t.options()));
+  return at::empty_permuted(sizes, order, options);
 }
+
+at::Tensor laid_out_heads_last(const at::Tensor& t) { return laid_out_as(t, empty_heads_last(t.sizes(), t.options())); }
 
 namespace {
 

@@ -80,6 +80,8 @@ void check_all_to_all_heads(int64_t query_heads, int64_t kv_heads, const DeviceM
 // heads(, head dim)] in memory. Each returns `t` where it is laid out so already, else a copy that is.
 at::Tensor laid_out_like_queries(const at::Tensor& t, const at::Tensor& q);
 at::Tensor laid_out_heads_last(const at::Tensor& t);
+// An empty tensor of `sizes` laid out heads-last, as above.
+at::Tensor empty_heads_last(at::IntArrayRef sizes, const at::TensorOptions& options);
 
 // Checks the blocks a rank holds (shapes, positions, heads), naming the method, mesh dim and rank.
 void check_context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ContextAttention& call, const char* method);
