@@ -25,7 +25,7 @@ ChunkExtent chunk_extent(int64_t length, int64_t num_chunks, int64_t index);
 int64_t padded_chunk_size(int64_t length, int64_t num_chunks);
 
 // A sequence sharded over `ranks` for context parallelism: rank r holds its torch.chunk piece, or, load
-// balanced (head_tail), chunks r and 2 ranks - 1 - r of 2 ranks equal ones back to back, so that under
+// balanced (head_tail, HeadTailShard), chunks r and 2 ranks - 1 - r of 2 ranks equal ones back to back, so that under
 // causal attention every rank's queries see as many earlier keys. A rank's block is its torch.chunk
 // share in size either way.
 struct SequenceRun {
@@ -47,7 +47,7 @@ struct LocalLayout {
 };
 
 // Shape and global offset of the shard held by the rank at `coordinate` of a mesh of `mesh_shape`.
-// Placements must already be validated (see validate_placements). Throws for a StridedShard, whose
+// Placements must already be validated (see validate_placements). Throws for a StridedShard or HeadTailShard, whose
 // shard is several runs of the global tensor rather than one box: callers that need the box
 // (checkpoints, cross-mesh moves, offsets into a sharded dim) refuse it through this.
 LocalLayout local_layout(const Shape& global_shape, const Shape& mesh_shape, const Shape& coordinate,
@@ -63,11 +63,11 @@ Shape local_shape(const Shape& global_shape, const Shape& mesh_shape, const Shap
 ChunkExtent strided_block_chunk(int64_t length, int64_t split_factor, int64_t num_chunks, int64_t index);
 
 // Elements of a dim of `length` that the rank at `index` of `num_chunks` holds under `sharding` (a
-// Shard or a StridedShard).
+// Shard, StridedShard or HeadTailShard).
 int64_t sharded_size(const Placement& sharding, int64_t length, int64_t num_chunks, int64_t index);
 
 // Throws DTensorError when placements do not fit: count differs from mesh ndim, Shard dim out of
-// range for the tensor, a StridedShard dim sharded by another mesh dim too, or Partial reduce ops
+// range for the tensor, a StridedShard or HeadTailShard dim sharded by another mesh dim too, or Partial reduce ops
 // mixed in a way whose result depends on reduction order.
 // Returns the placements with negative Shard dims normalised.
 Placements validate_placements(const Placements& placements, int64_t mesh_ndim, int64_t tensor_ndim,

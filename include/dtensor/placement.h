@@ -8,6 +8,11 @@
 // dim into the dims before it ([8,12] S(1) viewed as [96] is StridedShard(0, 8)), so that the merge and
 // the split back need no communication (PyTorch's _StridedShard). The dim it shards is sharded by no
 // other mesh dim.
+// HeadTailShard(dim): the dim is 2n equal chunks over the n ranks of the mesh dim and rank r holds
+// chunks r and 2n-1-r, back to back: context parallelism's load-balanced sequence, where causal
+// attention costs every rank alike. A placement rather than an order of the data (PyTorch reorders the
+// buffers), so that full_tensor and redistribution put the sequence back in order. The dim's length
+// must be a multiple of 2n, and it is sharded by no other mesh dim.
 // Pure value type: no torch headers, so layout and planning code stay cheap to compile.
 
 #include <cstdint>
@@ -23,13 +28,14 @@ std::string to_string(ReduceOp op);
 
 class Placement {
  public:
-  enum class Kind : std::uint8_t { Shard, Replicate, Partial, StridedShard };
+  enum class Kind : std::uint8_t { Shard, Replicate, Partial, StridedShard, HeadTailShard };
 
   static Placement shard(int64_t dim) { return Placement(Kind::Shard, dim, ReduceOp::Sum); }
   static Placement replicate() { return Placement(Kind::Replicate, 0, ReduceOp::Sum); }
   static Placement partial(ReduceOp op = ReduceOp::Sum) { return Placement(Kind::Partial, 0, op); }
   // Throws unless split_factor >= 1 (1 is plain Shard(dim), and is returned as that).
   static Placement strided_shard(int64_t dim, int64_t split_factor);
+  static Placement head_tail_shard(int64_t dim) { return Placement(Kind::HeadTailShard, dim, ReduceOp::Sum, 2); }
 
   Kind kind() const { return kind_; }
   // Plain Shard only: a StridedShard is not one torch.chunk piece, so code written for Shard must not
@@ -37,12 +43,17 @@ class Placement {
   bool is_shard() const { return kind_ == Kind::Shard; }
   bool is_shard(int64_t dim) const { return kind_ == Kind::Shard && dim_ == dim; }
   bool is_strided_shard() const { return kind_ == Kind::StridedShard; }
-  bool is_sharding() const { return kind_ == Kind::Shard || kind_ == Kind::StridedShard; }
+  bool is_head_tail_shard() const { return kind_ == Kind::HeadTailShard; }
+  // Whether the rank's shard is several runs of the dim (StridedShard, HeadTailShard) rather than one.
+  bool is_multi_run_shard() const { return kind_ == Kind::StridedShard || kind_ == Kind::HeadTailShard; }
+  bool is_sharding() const { return kind_ == Kind::Shard || is_multi_run_shard(); }
   bool is_replicate() const { return kind_ == Kind::Replicate; }
   bool is_partial() const { return kind_ == Kind::Partial; }
-  // Shard dimension; only meaningful for Shard and StridedShard.
+  // Shard dimension; only meaningful for the shardings (is_sharding).
   int64_t dim() const { return dim_; }
-  // Blocks of a StridedShard's dim; 1 for every other placement.
+  // The same sharding of another dim.
+  Placement with_dim(int64_t dim) const { return Placement(kind_, dim, op_, split_factor_); }
+  // Blocks of a StridedShard's dim, and a HeadTailShard's 2 halves; 1 for every other placement.
   int64_t split_factor() const { return split_factor_; }
   // Reduce op; only meaningful for Partial.
   ReduceOp reduce_op() const { return op_; }
@@ -56,7 +67,7 @@ class Placement {
   }
   bool operator!=(const Placement& o) const { return !(*this == o); }
   size_t hash() const;
-  // Short form: S(0), R, P(sum), SS(0,8) (StridedShard(0, 8)).
+  // Short form: S(0), R, P(sum), SS(0,8) (StridedShard(0, 8)), HT(1) (HeadTailShard(1)).
   std::string str() const;
 
  private:
@@ -74,6 +85,7 @@ inline Placement Shard(int64_t dim) { return Placement::shard(dim); }
 inline Placement Replicate() { return Placement::replicate(); }
 inline Placement Partial(ReduceOp op = ReduceOp::Sum) { return Placement::partial(op); }
 inline Placement StridedShard(int64_t dim, int64_t split_factor) { return Placement::strided_shard(dim, split_factor); }
+inline Placement HeadTailShard(int64_t dim) { return Placement::head_tail_shard(dim); }
 
 // "S(0),R" — the form plans and errors print.
 std::string to_string(const Placements& placements);

@@ -27,8 +27,9 @@ LocalLayout local_layout(const Shape& global_shape, const Shape& mesh_shape, con
                          const Placements& placements) {
   LocalLayout out{global_shape, Shape(global_shape.size(), 0)};
   for (size_t m = 0; m < placements.size(); ++m) {
-    if (placements[m].is_strided_shard())
-      throw DTensorError("placements (" + to_string(placements) + ") hold a strided shard, which is several runs of " +
+    if (placements[m].is_multi_run_shard())
+      throw DTensorError("placements (" + to_string(placements) + ") hold a " +
+                         (placements[m].is_head_tail_shard() ? "head-tail" : "strided") + " shard, which is several runs of " +
                          "the global tensor rather than one block; redistribute it to Shard or Replicate first");
     if (!placements[m].is_shard()) continue;
     const auto d = static_cast<size_t>(placements[m].dim());
@@ -41,6 +42,12 @@ LocalLayout local_layout(const Shape& global_shape, const Shape& mesh_shape, con
 
 int64_t sharded_size(const Placement& sharding, int64_t length, int64_t num_chunks, int64_t index) {
   if (sharding.is_shard()) return chunk_extent(length, num_chunks, index).size;
+  if (sharding.is_head_tail_shard()) {
+    int64_t size = 0;
+    for (const SequenceRun& run : sequence_runs(length, num_chunks, index, true, sharding.str() + " over " + std::to_string(num_chunks) + " ranks"))
+      size += run.size;
+    return size;
+  }
   const int64_t blocks = sharding.split_factor();
   return blocks * strided_block_chunk(length, blocks, num_chunks, index).size;
 }
@@ -80,7 +87,7 @@ enum class Conflict { None, StridedDimSharedWith, PartialsMixed };
 
 Conflict conflict_of(const Placements& placements, int64_t* dim) {
   for (size_t m = 0; m < placements.size(); ++m) {
-    if (!placements[m].is_strided_shard()) continue;
+    if (!placements[m].is_multi_run_shard()) continue;
     for (size_t k = 0; k < placements.size(); ++k)
       if (k != m && placements[k].is_sharding() && placements[k].dim() == placements[m].dim()) {
         *dim = placements[m].dim();
@@ -114,7 +121,7 @@ Placements validate_placements(const Placements& placements, int64_t mesh_ndim, 
     case Conflict::None: break;
     case Conflict::StridedDimSharedWith:
       throw DTensorError(std::string(what) + ": placements (" + to_string(placements) + ") shard dim " + std::to_string(dim) +
-                         " by a strided shard and by another mesh dim; a strided " +
+                         " by a strided or head-tail shard and by another mesh dim; such a " +
                          "shard must be the only sharding of its dim (redistribute one of them to Replicate)");
     case Conflict::PartialsMixed:
       throw DTensorError(std::string(what) + ": placements (" + to_string(placements) +

@@ -28,8 +28,9 @@ Placement Placement::normalized(int64_t ndim) const {
   if (!is_sharding()) return *this;
   const int64_t d = dim_ < 0 ? dim_ + ndim : dim_;
   if (d < 0 || d >= ndim) {
-    const std::string name = is_shard() ? "Shard(" + std::to_string(dim_) + ")"
-                                        : "StridedShard(" + std::to_string(dim_) + ", " + std::to_string(split_factor_) + ")";
+    const std::string name = is_shard()          ? "Shard(" + std::to_string(dim_) + ")"
+                             : is_head_tail_shard() ? "HeadTailShard(" + std::to_string(dim_) + ")"
+                                                    : "StridedShard(" + std::to_string(dim_) + ", " + std::to_string(split_factor_) + ")";
     throw DTensorError(name + " is out of range for a tensor with " + std::to_string(ndim) +
                        " dimension(s); pick a dim in [" + std::to_string(-ndim) + ", " + std::to_string(ndim) + ")");
   }
@@ -49,6 +50,7 @@ std::string Placement::str() const {
     case Kind::Replicate: return "R";
     case Kind::Partial: return "P(" + to_string(op_) + ")";
     case Kind::StridedShard: return "SS(" + std::to_string(dim_) + "," + std::to_string(split_factor_) + ")";
+    case Kind::HeadTailShard: return "HT(" + std::to_string(dim_) + ")";
   }
   return "?";
 }

@@ -48,10 +48,21 @@ at::Tensor in_blocks(const at::Tensor& t, int64_t d, int64_t blocks) {
   return t.reshape(split);
 }
 
+// The runs of a HeadTailShard along `mesh_dim` that the rank at `rank` holds of a dim of `length`.
+std::vector<SequenceRun> head_tail_runs(int64_t length, const DeviceMesh& mesh, int64_t mesh_dim, int64_t rank) {
+  return sequence_runs(length, mesh.size(mesh_dim), rank, true, "HeadTailShard over " + mesh.dim_label(mesh_dim));
+}
+
 }  // namespace
 
 at::Tensor strided_chunk(const at::Tensor& whole, const Placement& strided, const DeviceMesh& mesh, int64_t mesh_dim) {
   const int64_t d = strided.dim(), blocks = strided.split_factor();
+  if (strided.is_head_tail_shard()) {
+    std::vector<at::Tensor> runs;
+    for (const SequenceRun& run : head_tail_runs(whole.size(d), mesh, mesh_dim, (*mesh.coordinate())[mesh_dim]))
+      runs.push_back(whole.narrow(d, run.global_offset, run.size));
+    return at::cat(runs, d);
+  }
   const ChunkExtent c = strided_block_chunk(whole.size(d), blocks, mesh.size(mesh_dim), (*mesh.coordinate())[mesh_dim]);
   return in_blocks(whole, d, blocks).narrow(d + 1, c.offset, c.size).flatten(d, d + 1).contiguous();
 }
@@ -89,8 +100,18 @@ at::Tensor all_gather_output(const at::Tensor& gathered, const RedistributeStep&
   return d == 0 ? rows : rows.movedim(0, d).contiguous();
 }
 
+// HT(d) -> R: the ranks' blocks (equal: whole chunks) gathered back to back, then put in the sequence's order.
+at::Tensor head_tail_all_gather_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
+  const int64_t d = step.from.dim(), length = step.logical_shape[d];
+  const std::vector<int64_t> order =
+      sequence_order_of_blocks(length, mesh.size(step.mesh_dim), true, "HeadTailShard over " + mesh.dim_label(step.mesh_dim));
+  const at::Tensor blocks = all_gather(mesh, step.mesh_dim, local.movedim(d, 0).contiguous());
+  return blocks.index_select(0, at::tensor(order, at::kLong)).movedim(0, d).contiguous();
+}
+
 at::Tensor all_gather_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
   if (step.from.is_strided_shard()) return strided_all_gather_step(local, step, mesh);
+  if (step.from.is_head_tail_shard()) return head_tail_all_gather_step(local, step, mesh);
   return all_gather_output(all_gather(mesh, step.mesh_dim, all_gather_input(local, step, mesh)), step);
 }
 
@@ -164,7 +185,7 @@ at::Tensor all_to_all_step(const at::Tensor& local, const RedistributeStep& step
 }
 
 at::Tensor local_chunk_step(const at::Tensor& local, const RedistributeStep& step, const DeviceMesh& mesh) {
-  if (step.to.is_strided_shard()) return strided_chunk(local, step.to, mesh, step.mesh_dim);
+  if (step.to.is_multi_run_shard()) return strided_chunk(local, step.to, mesh, step.mesh_dim);
   const int64_t d = step.to.dim();
   const ChunkExtent c = chunk_extent(local.size(d), mesh.size(step.mesh_dim), (*mesh.coordinate())[step.mesh_dim]);
   return local.narrow(d, c.offset, c.size).contiguous();
@@ -287,7 +308,7 @@ StartedRedistribution start_redistribute_local(const at::Tensor& local, const DT
       ++collectives;
     }
   const auto startable = [&](const RedistributeStep& s) {
-    return (s.kind == StepKind::AllGather && !s.from.is_strided_shard()) || s.kind == StepKind::ReduceScatter ||
+    return (s.kind == StepKind::AllGather && !s.from.is_multi_run_shard()) || s.kind == StepKind::ReduceScatter ||
            s.kind == StepKind::AllReduce;
   };
   if (collectives != 1 || !startable(plan->steps[collective])) return {redistribute_local(local, from, to), {}};

@@ -42,8 +42,8 @@ struct StartedRedistribution {
 };
 StartedRedistribution start_redistribute_local(const at::Tensor& local, const DTensorSpec& from, const Placements& to);
 
-// This rank's chunk of each block of `whole` (the tensor as a group along `mesh_dim` holds it) under
-// `strided`, a StridedShard along that mesh dim.
+// This rank's runs of `whole` (the tensor as a group along `mesh_dim` holds it) under `strided`, a
+// StridedShard (its chunk of each block) or a HeadTailShard (its head and tail chunks) along that mesh dim.
 at::Tensor strided_chunk(const at::Tensor& whole, const Placement& strided, const DeviceMesh& mesh, int64_t mesh_dim);
 
 // A replicated value split into contributions whose `op` reduction over `mesh_dim` gives it back

@@ -80,13 +80,14 @@ class Planner {
   void transition(int64_t m, const Placement& to) {
     const Placement from = state_[m];
     if (from == to) return;
-    // A strided shard is gathered to Replicate and cut from it: every other move goes through Replicate.
-    if (from.is_strided_shard() || (to.is_strided_shard() && !from.is_replicate())) {
+    // A strided or head-tail shard is gathered to Replicate and cut from it: every other move goes
+    // through Replicate.
+    if (from.is_multi_run_shard() || (to.is_multi_run_shard() && !from.is_replicate())) {
       if (to.is_replicate()) return add(m, to, StepKind::AllGather);
       transition(m, Placement::replicate());
       return transition(m, to);
     }
-    if (to.is_strided_shard()) return add(m, to, StepKind::LocalChunk);
+    if (to.is_multi_run_shard()) return add(m, to, StepKind::LocalChunk);
     if (from.is_shard() && to.is_shard()) return add(m, to, StepKind::AllToAll);
     if (from.is_shard() && to.is_replicate()) return add(m, to, StepKind::AllGather);
     if (from.is_replicate() && to.is_shard()) return add(m, to, StepKind::LocalChunk);

@@ -24,7 +24,7 @@ bool has_sharding_rule(const c10::OperatorHandle& op);
 std::vector<OutputSharding> every_decision(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                                            const std::vector<TensorInput>& inputs, const MeshPtr& mesh);
 
-// Whether any mesh dim of `placements` is a StridedShard (rules say what they make of one: StridedShards
+// Whether any mesh dim of `placements` is a StridedShard or HeadTailShard (rules say what they make of one: StridedShards
 // in registry.h; graph programs keep to strategies without them).
 bool holds_strided(const Placements& placements);
 

@@ -75,7 +75,7 @@ void append_spec(const DTensorSpec& s, std::vector<int64_t>& out) {
   for (const Placement& p : s.placements) {
     out.push_back(static_cast<int64_t>(p.kind()));
     if (p.is_sharding()) out.push_back(p.dim());
-    if (p.is_strided_shard()) out.push_back(p.split_factor());
+    if (p.is_multi_run_shard()) out.push_back(p.split_factor());
     if (p.is_partial()) out.push_back(static_cast<int64_t>(p.reduce_op()));
   }
   out.push_back(static_cast<int64_t>(s.meta.dtype));
@@ -280,22 +280,22 @@ std::vector<TensorInput> strided_as_replicate(const std::vector<TensorInput>& in
     if (!holds_strided(in.spec->placements)) continue;
     Placements p = in.spec->placements;
     for (Placement& x : p)
-      if (x.is_strided_shard()) x = Replicate();
+      if (x.is_multi_run_shard()) x = Replicate();
     in.spec = std::make_shared<const DTensorSpec>(in.spec->with_placements(std::move(p)));
   }
   return out;
 }
 
-// `st` with every Shard along mesh dim m made StridedShard(dim, split), for an IndexWise rule: only
-// when every tensor sharded there has `length` elements along its sharded dim, so that the one
-// partition of one index runs through the whole op.
+// `st` with every Shard along mesh dim m made the strided `like` (of that Shard's dim), for an
+// IndexWise rule: only when every tensor sharded there has `length` elements along its sharded dim, so
+// that the one partition of one index runs through the whole op.
 std::optional<PlacementStrategy> as_strided(PlacementStrategy st, const OpSchema& s, size_t m, int64_t length,
-                                            int64_t split) {
+                                            const Placement& like) {
   auto convert = [&](Placements& placements, const Shape& shape) {
     Placement& p = placements[m];
     if (!p.is_shard()) return true;
     if (shape[p.dim()] != length) return false;
-    p = Placement::strided_shard(p.dim(), split);
+    p = like.with_dim(p.dim());
     return true;
   };
   for (size_t k = 0; k < st.inputs.size(); ++k)
@@ -305,9 +305,10 @@ std::optional<PlacementStrategy> as_strided(PlacementStrategy st, const OpSchema
   return st;
 }
 
-// For each strided input, the strategies that shard its dim plainly along its mesh dim, offered with
-// that dim strided (and again for further strided inputs, so that several can stay as they are).
-void add_strided_variants(OpStrategy& all, const OpSchema& s) {
+// For each strided input (head-tail ones only where `head_tail_only`), the strategies that shard its
+// dim plainly along its mesh dim, offered with that dim strided (and again for further strided inputs,
+// so that several can stay as they are).
+void add_strided_variants(OpStrategy& all, const OpSchema& s, bool head_tail_only) {
   auto known = [&](const PlacementStrategy& v) {
     return std::any_of(all.begin(), all.end(),
                        [&](const PlacementStrategy& o) { return o.inputs == v.inputs && o.outputs == v.outputs; });
@@ -315,11 +316,11 @@ void add_strided_variants(OpStrategy& all, const OpSchema& s) {
   for (size_t k = 0; k < s.inputs.size(); ++k)
     for (size_t m = 0; m < s.input(k).placements.size(); ++m) {
       const Placement& p = s.input(k).placements[m];
-      if (!p.is_strided_shard()) continue;
+      if (head_tail_only ? !p.is_head_tail_shard() : !p.is_multi_run_shard()) continue;
       const int64_t length = s.input(k).meta.shape[p.dim()];
       for (size_t i = 0, n = all.size(); i < n; ++i) {
         if (all[i].inputs[k][m] != Shard(p.dim())) continue;
-        if (auto v = as_strided(all[i], s, m, length, p.split_factor()); v && !known(*v)) all.push_back(std::move(*v));
+        if (auto v = as_strided(all[i], s, m, length, p); v && !known(*v)) all.push_back(std::move(*v));
       }
     }
 }
@@ -339,7 +340,8 @@ OpStrategy strategies_for(const OpRule& rule, const OpSchema& schema, int64_t me
   OpSchema asked = schema;
   asked.inputs = strided_as_replicate(schema.inputs);
   OpStrategy all = rule_strategies(rule, asked, mesh_ndim);
-  if (rule.strided_shards == StridedShards::IndexWise) add_strided_variants(all, schema);
+  if (rule.strided_shards == StridedShards::IndexWise || rule.strided_shards == StridedShards::HeadTailIndexWise)
+    add_strided_variants(all, schema, rule.strided_shards == StridedShards::HeadTailIndexWise);
   return all;
 }
 
@@ -458,7 +460,7 @@ double redistribute_cost(const DTensorSpec& spec, const Placements& placements) 
 }
 
 bool holds_strided(const Placements& placements) {
-  return std::any_of(placements.begin(), placements.end(), [](const Placement& p) { return p.is_strided_shard(); });
+  return std::any_of(placements.begin(), placements.end(), [](const Placement& p) { return p.is_multi_run_shard(); });
 }
 
 const CachedDecision& propagate(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,

@@ -11,7 +11,8 @@
 
 namespace dtensor::detail {
 
-// What a rule makes of inputs that are StridedShard somewhere (see Placement).
+// What a rule makes of inputs that are StridedShard or HeadTailShard somewhere (see Placement): both
+// are several runs of their dim, together "strided" below.
 enum class StridedShards : std::uint8_t {
   // The rule never sees them: it is asked as if they were Replicate, and they are gathered first.
   // Always correct, so the default (a rule may read a shard's offsets, which a strided one has not).
@@ -27,6 +28,10 @@ enum class StridedShards : std::uint8_t {
   // what it can offer (batch norm keeps the running statistics it updates in place where they are),
   // any strided input it does not keep being moved to what its strategy asks.
   Own,
+  // Strided shards as Gathered, head-tail ones as IndexWise: the rule's kernels read from the chosen
+  // strategy which partition of the sequence they get (context-parallel attention, whose causal mask
+  // needs to know where each position is).
+  HeadTailIndexWise,
 };
 
 struct OpRule {

@@ -86,13 +86,14 @@ Shape checked_global_shape(const at::Tensor& local, const DeviceMesh& mesh, cons
       int64_t total = 0;
       for (auto& s : shapes) total += s[d];
       merged[d] = total;
-      const bool whole_blocks = total % p.split_factor() == 0;
+      const bool whole_blocks = total % (p.is_head_tail_shard() ? 2 * static_cast<int64_t>(n) : p.split_factor()) == 0;
       for (size_t q = 0; q < n && error.empty(); ++q) {
         Shape expected = merged;
         if (whole_blocks) expected[d] = sharded_size(p, total, static_cast<int64_t>(n), static_cast<int64_t>(q));
         if (shapes[q] != expected || !whole_blocks)
           error = "local shapes along " + mesh.dim_label(m) + " (" + p.str() + ") are not torch.chunk pieces of one " +
-                  "tensor of " + shape_str(merged) + (p.is_strided_shard() ? " (of each of its blocks)" : "") + ": " +
+                  "tensor of " + shape_str(merged) + (p.is_strided_shard() ? " (of each of its blocks)" : "") +
+                  (p.is_head_tail_shard() ? " (two equal chunks each, 2 x ranks in all)" : "") + ": " +
                   rank_list(mesh, m, shapes);
       }
     } else {
@@ -145,8 +146,8 @@ at::Tensor distribute_tensor(const at::Tensor& tensor, const MeshPtr& mesh, std:
       const Placement& p = wanted[m];
       if (p.is_shard()) {
         local = scatter_chunk(local, *mesh, m, p.dim());
-      } else if (p.is_strided_shard()) {
-        // The source's copy on every rank, and this rank's chunk of each block of it.
+      } else if (p.is_multi_run_shard()) {
+        // The source's copy on every rank, and this rank's runs of it.
         local = detail::strided_chunk(broadcast_copy(local, *mesh, m), p, *mesh, m);
       } else {
         local = broadcast_copy(local, *mesh, m);

@@ -10,6 +10,8 @@
 
 #include <chrono>
 #include <torch/nn/functional.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
 
 #include "../support/test_models.h"

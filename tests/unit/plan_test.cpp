@@ -419,6 +419,17 @@ TEST(PlanRedistribute, StridedShardPlansGoThroughReplicate) {
             18 * 4 / 2);
 }
 
+// A HeadTailShard moves as a strided shard does: gathered to Replicate, cut from it.
+TEST(PlanRedistribute, HeadTailShardPlansGoThroughReplicate) {
+  auto plan = [](Placements from, Placements to) { return plan_redistribute({16, 4}, 4, {4}, {1}, from, to); };
+  EXPECT_EQ(step_lines(plan({HeadTailShard(0)}, {Replicate()})), (Lines{"0: HT(0)->R all-gather"}));
+  EXPECT_EQ(step_lines(plan({Replicate()}, {HeadTailShard(0)})), (Lines{"0: R->HT(0) local chunk"}));
+  EXPECT_EQ(step_lines(plan({Shard(0)}, {HeadTailShard(0)})), (Lines{"0: S(0)->R all-gather", "0: R->HT(0) local chunk"}));
+  EXPECT_EQ(step_lines(plan({HeadTailShard(0)}, {Shard(1)})), (Lines{"0: HT(0)->R all-gather", "0: R->S(1) local chunk"}));
+  // The all-gather receives the other ranks' three quarters: 16 * 4 floats * 3 / 4.
+  EXPECT_EQ(plan({HeadTailShard(0)}, {Replicate()}).total_bytes_per_rank(), 16 * 4 * 4 * 3 / 4);
+}
+
 TEST(PlanRedistribute, StridedShardPlansOnTwoDimMeshReplicateTheInnerShardOfTheSameDimFirst) {
   // SS(0,2) on the outer mesh dim and a target S(0) on the inner one: the inner shard may only be cut
   // once the outer one is gone.

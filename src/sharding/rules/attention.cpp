@@ -128,12 +128,12 @@ std::optional<int64_t> context_parallel_dim(const OpSchema& s, const SequenceRol
 
 LocalKernel flash_forward_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
   const auto dim = context_parallel_dim(s, kSequenceForward, chosen);
-  return dim ? sequence_forward_kernel(s, kSequenceForward, *dim) : empty_queries.kernel(s, chosen);
+  return dim ? sequence_forward_kernel(s, kSequenceForward, chosen, *dim) : empty_queries.kernel(s, chosen);
 }
 
 LocalKernel flash_backward_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
   const auto dim = context_parallel_dim(s, kSequenceBackward, chosen);
-  return dim ? sequence_backward_kernel(s, kSequenceBackward, *dim) : empty_queries.kernel(s, chosen);
+  return dim ? sequence_backward_kernel(s, kSequenceBackward, chosen, *dim) : empty_queries.kernel(s, chosen);
 }
 
 // The CPU flash kernels have no Meta kernel, and running them on stand-ins of the global shapes would
@@ -202,13 +202,15 @@ const bool attention_rules_registered = [] {
                       .local_kernel = flash_forward_kernel,
                       .graph_form = flash_forward_form,
                       .output_metas = flash_forward_metas,
-                      .family = "attention"});
+                      .family = "attention",
+                      .strided_shards = detail::StridedShards::HeadTailIndexWise});
   register_overloads({"aten::_scaled_dot_product_flash_attention_for_cpu_backward"},
                      {.mesh = [](const OpSchema& s) { return keep_heads_paired(s, kBackward, sequence_over_the_mesh(s, kSequenceBackward, flash_backward(s))); },
                       .local_kernel = flash_backward_kernel,
                       .graph_form = flash_backward_form,
                       .output_metas = flash_backward_metas,
-                      .family = "attention"});
+                      .family = "attention",
+                      .strided_shards = detail::StridedShards::HeadTailIndexWise});
   detail::register_composite({"aten::scaled_dot_product_attention"},
                              {.dim = [](const OpSchema& s) { return forward(s, kComposite); }, .family = "composite"});
   return true;

@@ -49,7 +49,8 @@ inline void push_asked(torch::jit::Stack& stack, const std::vector<bool>& mask, 
 // Whether this rank's part of input `i` holds no elements under `chosen` (uneven shards: 5 channels
 // over 4 ranks leave one rank none).
 inline bool empty_here(const OpSchema& s, const PlacementStrategy& chosen, size_t i) {
-  return numel(local_part(s, s.input(i).meta.shape, chosen.inputs[i]).shape) == 0;
+  const Shape coordinate = s.mesh->coordinate().value_or(Shape(s.mesh->ndim(), 0));
+  return numel(local_shape(s.input(i).meta.shape, s.mesh->shape(), coordinate, chosen.inputs[i])) == 0;  // any sharding, multi-run too
 }
 
 }  // namespace dtensor::rules

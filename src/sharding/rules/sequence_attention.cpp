@@ -71,10 +71,10 @@ double sequence_cost(const OpSchema& s, const SequenceRoles& roles, int64_t rank
   return method_on(s, roles, ranks) == ContextParallelAttention::Ring ? ring_cost(s, roles, ranks) : all_to_all_cost(s, ranks);
 }
 
-detail::ContextAttention call_of(const OpSchema& s, int64_t mesh_dim) {
+detail::ContextAttention call_of(const OpSchema& s, const PlacementStrategy& chosen, int64_t mesh_dim) {
   const auto scale = argument(s, "scale");
   return {nullptr, mesh_dim, s.input(*s.input_at_arg(0)).meta.shape[kSequenceAxis], argument(s, "is_causal").toBool(),
-          scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()), context_parallel_load_balance()};
+          scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()), load_balanced_sequence(chosen, mesh_dim)};
 }
 
 }  // namespace
@@ -95,7 +95,9 @@ namespace {
 
 // The mesh dim that `keys` (placements) shard the sequence over, if any.
 std::optional<int64_t> sequence_mesh_dim(const Placements& keys) {
-  const auto at = std::find(keys.begin(), keys.end(), Placement(Shard(kSequenceAxis)));
+  const auto at = std::find_if(keys.begin(), keys.end(), [](const Placement& p) {
+    return p == Placement(Shard(kSequenceAxis)) || p == Placement(HeadTailShard(kSequenceAxis));
+  });
   return at == keys.end() ? std::nullopt : std::optional<int64_t>(at - keys.begin());
 }
 
@@ -103,6 +105,10 @@ std::optional<int64_t> sequence_mesh_dim(const Placements& keys) {
 
 std::optional<int64_t> sequence_dim(const OpSchema& s, const SequenceRoles& roles, const PlacementStrategy& chosen) {
   return sequence_mesh_dim(chosen.inputs[*s.input_at_arg(roles.key)]);
+}
+
+bool load_balanced_sequence(const PlacementStrategy& chosen, int64_t mesh_dim) {
+  return chosen.inputs.front()[static_cast<size_t>(mesh_dim)].is_head_tail_shard() || context_parallel_load_balance();
 }
 
 namespace {
@@ -151,9 +157,9 @@ bool runs_ring(const OpSchema& s, const SequenceRoles& roles, int64_t mesh_dim) 
   return false;
 }
 
-LocalKernel sequence_forward_kernel(const OpSchema& s, const SequenceRoles& roles, int64_t mesh_dim) {
+LocalKernel sequence_forward_kernel(const OpSchema& s, const SequenceRoles& roles, const PlacementStrategy& chosen, int64_t mesh_dim) {
   const bool ring = runs_ring(s, roles, mesh_dim);
-  return [mesh = s.mesh, call = call_of(s, mesh_dim), ring, lse_dtype = s.outputs[1].dtype](const c10::OperatorHandle& op,
+  return [mesh = s.mesh, call = call_of(s, chosen, mesh_dim), ring, lse_dtype = s.outputs[1].dtype](const c10::OperatorHandle& op,
                                                                                           torch::jit::Stack& stack) mutable {
     const auto args = torch::jit::pop(stack, op.schema().arguments().size());
     call.mesh = mesh->shared_from_this();
@@ -164,9 +170,9 @@ LocalKernel sequence_forward_kernel(const OpSchema& s, const SequenceRoles& role
   };
 }
 
-LocalKernel sequence_backward_kernel(const OpSchema& s, const SequenceRoles& roles, int64_t mesh_dim) {
+LocalKernel sequence_backward_kernel(const OpSchema& s, const SequenceRoles& roles, const PlacementStrategy& chosen, int64_t mesh_dim) {
   const bool ring = runs_ring(s, roles, mesh_dim);
-  return [mesh = s.mesh, call = call_of(s, mesh_dim), ring](const c10::OperatorHandle& op, torch::jit::Stack& stack) mutable {
+  return [mesh = s.mesh, call = call_of(s, chosen, mesh_dim), ring](const c10::OperatorHandle& op, torch::jit::Stack& stack) mutable {
     const auto args = torch::jit::pop(stack, op.schema().arguments().size());
     call.mesh = mesh->shared_from_this();
     const auto run = ring ? detail::ring_attention_backward : detail::all_to_all_attention_backward;

@@ -37,8 +37,9 @@ struct SequenceBlocks {
   }
 };
 
-std::optional<SequenceBlocks> blocks_of(const OpSchema& s, int64_t mesh_dim, size_t causal_arg, size_t scale_arg) {
-  if (context_parallel_load_balance()) return std::nullopt;
+std::optional<SequenceBlocks> blocks_of(const OpSchema& s, const PlacementStrategy& chosen, int64_t mesh_dim, size_t causal_arg,
+                                        size_t scale_arg) {
+  if (load_balanced_sequence(chosen, mesh_dim)) return std::nullopt;
   const int64_t ranks = s.mesh->size(mesh_dim), length = s.input(0).meta.shape[kFormSequenceAxis];
   for (int64_t r = 0; r < ranks; ++r)
     if (chunk_extent(length, ranks, r).size == 0) return std::nullopt;
@@ -73,7 +74,7 @@ std::vector<FormValue> attend(GraphFormBuilder& b, FormValue q, FormValue k, For
 }  // namespace
 
 GraphForm sequence_forward_form(const OpSchema& s, const PlacementStrategy& chosen, int64_t mesh_dim) {
-  const auto found = blocks_of(s, mesh_dim, /*causal_arg=*/4, /*scale_arg=*/6);
+  const auto found = blocks_of(s, chosen, mesh_dim, /*causal_arg=*/4, /*scale_arg=*/6);
   if (!found) return {};
   const TensorMeta query_meta = s.input(0).meta, key_meta = s.input(1).meta, value_meta = s.input(2).meta;
   const Placements key_placements = chosen.inputs[1], value_placements = chosen.inputs[2];
@@ -100,7 +101,7 @@ GraphForm sequence_forward_form(const OpSchema& s, const PlacementStrategy& chos
 }
 
 GraphForm sequence_backward_form(const OpSchema& s, const PlacementStrategy& chosen, int64_t mesh_dim) {
-  const auto found = blocks_of(s, mesh_dim, /*causal_arg=*/7, /*scale_arg=*/9);
+  const auto found = blocks_of(s, chosen, mesh_dim, /*causal_arg=*/7, /*scale_arg=*/9);
   if (!found) return {};
   const TensorMeta key_meta = s.input(2).meta, value_meta = s.input(3).meta;
   const Placements key_placements = chosen.inputs[2], value_placements = chosen.inputs[3];

@@ -200,9 +200,19 @@ std::optional<Placement> strided_view_target(const Shape& in, const Shape& out, 
   return std::nullopt;
 }
 
+// A HeadTailShard through a view: its runs stay runs only where an output dim is its dim whole, the
+// same elements before it (a [B, S, H*D] -> [B, S, H, D] view keeps a sequence's head-tail shard).
+std::optional<Placement> kept_whole(const Shape& in, const Shape& out, const Placement& p) {
+  const Shape in_before = elements_before(in), out_before = elements_before(out);
+  for (size_t o = 0; o < out.size(); ++o)
+    if (out[o] == in[p.dim()] && out_before[o] == in_before[p.dim()]) return p.with_dim(static_cast<int64_t>(o));
+  return std::nullopt;
+}
+
 // A view computes on global shapes only when the shards align with it: a Shard stays one (see
 // view_target), or becomes a StridedShard where the view merges its dim into dims before it; a
-// StridedShard follows its blocks (strided_view_target). Any other sharded dim is replicated first,
+// StridedShard follows its blocks (strided_view_target), a HeadTailShard its dim kept whole (kept_whole).
+// Any other sharded dim is replicated first,
 // and the view then runs on the replicated data. A strategy with strided shards comes with one
 // without them (which replicates instead), for callers that cannot take them (graph programs).
 OpStrategy view(const OpSchema& s) {
@@ -219,6 +229,7 @@ OpStrategy view(const OpSchema& s) {
       if (std::count(on_dim.begin(), on_dim.end(), Shard(0)) != 1) return std::nullopt;  // see StridedShard
     }
     if (!strided) return std::nullopt;
+    if (p.is_head_tail_shard()) return kept_whole(in, out, p);
     return strided_view_target(in, out, p, {s.mesh->size(m)}, {Shard(0)});
   };
   OpStrategy with = keep_where_possible(s, [&](const Placement& p, int64_t m) { return target(p, m, true); }, true);
@@ -278,13 +289,13 @@ GraphForm reshape_alias_form(const OpSchema&, const PlacementStrategy&) {
 
 // new_empty_strided: AccumulateGrad copies a gradient into grad.new_empty_strided(param sizes,
 // param strides). With the input's global shape the new tensor takes the input's layout, as *_like
-// ops do (Partial would make it n times empty: Replicate); any other shape makes a Replicate tensor.
-// The input's values are not read, so it never moves.
+// ops do, strided and head-tail shards included (Partial would make it n times empty: Replicate); any
+// other shape makes a Replicate tensor. The input's values are not read, so it never moves.
 OpStrategy new_empty_strided(const OpSchema& s) {
   const Placements& in = s.input(0).placements;
   Placements out(in.size(), Replicate());
   if (s.outputs[0].shape == s.input(0).meta.shape)
-    for (size_t m = 0; m < in.size(); ++m) out[m] = in[m].is_shard() ? in[m] : Replicate();
+    for (size_t m = 0; m < in.size(); ++m) out[m] = in[m].is_sharding() ? in[m] : Replicate();
   return {PlacementStrategy{{out}, {in}, {}}};
 }
 
@@ -579,7 +590,7 @@ const bool view_rules_registered = [] {
                   {.mesh = view, .local_args = local_size_arg, .local_kernel = reshape_alias_kernel, .graph_form = reshape_alias_form,
                    .family = "view", .strided_shards = Own});
   register_family({"aten::new_empty_strided"},
-                  {.mesh = new_empty_strided, .local_args = new_empty_strided_args, .family = "view"});
+                  {.mesh = new_empty_strided, .local_args = new_empty_strided_args, .family = "view", .strided_shards = Own});
   register_family({"aten::squeeze"}, {.dim = squeeze, .local_kernel = squeeze_kernel, .graph_form = squeeze_form, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::unsqueeze", "aten::stack"}, {.dim = unsqueeze, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::slice"}, {.dim = slice, .family = "view", .strided_shards = IndexWise});
