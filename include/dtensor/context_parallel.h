@@ -10,8 +10,10 @@
 //
 // With load balancing (the default), the sequence is cut into 2n equal chunks and rank r holds chunks
 // r and 2n-1-r (head-tail), so that causal attention costs every rank alike. That order is the data's,
-// as in PyTorch: a DTensor made of such shards gathers (full_tensor) to the reordered sequence, and
-// context_parallel_unshard gathers it back into order.
+// as in PyTorch: a DTensor made of such shards as Shard gathers (full_tensor) to the reordered sequence,
+// and context_parallel_unshard gathers it back into order. Placed HeadTailShard(seq_dim) instead
+// (dtensor/placement.h), the same shards gather in order, redistribute, and run attention load
+// balanced without this scope.
 
 #include <ATen/core/Tensor.h>
 

@@ -70,11 +70,10 @@ at::Tensor context_parallel_shard(const at::Tensor& whole, const DeviceMesh& mes
 at::Tensor context_parallel_unshard(const at::Tensor& local, const MeshPtr& mesh, int64_t seq_dim, const ContextParallelOptions& options) {
   check_one_dim(*mesh, "context_parallel_unshard");
   const int64_t dim = normalized_dim(local, seq_dim, "context_parallel_unshard");
-  // Uneven torch.chunk pieces need their global length: from_local's check gathers it.
-  const at::Tensor blocks = full_tensor(from_local(local, mesh, {Shard(dim)}, {.run_check = !options.load_balance}));
-  if (!options.load_balance) return blocks;
-  const std::vector<int64_t> order = sequence_order_of_blocks(blocks.size(dim), mesh->size(0), true, label(*mesh));
-  return blocks.index_select(dim, at::tensor(order, at::kLong));
+  // Uneven torch.chunk pieces need their global length: from_local's check gathers it (head-tail ones
+  // are even). The head-tail placement gathers the chunks into the sequence's order.
+  const Placement sharded = options.load_balance ? HeadTailShard(dim) : Shard(dim);
+  return full_tensor(from_local(local, mesh, {sharded}, {.run_check = !options.load_balance}));
 }
 
 ContextParallel::ContextParallel(MeshPtr mesh, std::vector<at::Tensor> buffers, std::vector<int64_t> seq_dims, ContextParallelOptions options)
