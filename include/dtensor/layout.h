@@ -53,8 +53,8 @@ struct LocalLayout {
 LocalLayout local_layout(const Shape& global_shape, const Shape& mesh_shape, const Shape& coordinate,
                          const Placements& placements);
 
-// The local shard's shape alone, for every placement StridedShard included. Throws when a
-// StridedShard's dim is not a whole number of its blocks.
+// The local shard's shape alone, for every placement, StridedShard and HeadTailShard included. Throws
+// when a StridedShard's dim is not a whole number of its blocks, or a HeadTailShard's of 2n chunks.
 Shape local_shape(const Shape& global_shape, const Shape& mesh_shape, const Shape& coordinate,
                   const Placements& placements);
 

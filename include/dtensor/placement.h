@@ -38,8 +38,8 @@ class Placement {
   static Placement head_tail_shard(int64_t dim) { return Placement(Kind::HeadTailShard, dim, ReduceOp::Sum, 2); }
 
   Kind kind() const { return kind_; }
-  // Plain Shard only: a StridedShard is not one torch.chunk piece, so code written for Shard must not
-  // take it for one. is_sharding() covers both.
+  // Plain Shard only: a StridedShard or HeadTailShard is not one torch.chunk piece, so code written for
+  // Shard must not take it for one. is_sharding() covers all three.
   bool is_shard() const { return kind_ == Kind::Shard; }
   bool is_shard(int64_t dim) const { return kind_ == Kind::Shard && dim_ == dim; }
   bool is_strided_shard() const { return kind_ == Kind::StridedShard; }

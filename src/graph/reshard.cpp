@@ -269,6 +269,7 @@ struct Emitter {
     if (mesh->size(step.mesh_dim) == 1) return;
     const bool gather_strided = step.kind == StepKind::AllGather && step.to.is_replicate();
     const bool chunk_strided = step.kind == StepKind::LocalChunk && step.from.is_replicate();
+    if (step.from.is_head_tail_shard() || step.to.is_head_tail_shard()) refuse_strided(step, "head-tail shards have no graph form yet");
     if ((step.from.is_strided_shard() && !gather_strided) || (step.to.is_strided_shard() && !chunk_strided))
       refuse_strided(step, "this step is neither a gather to Replicate nor a chunk of a Replicate value");
     if (step.kind == StepKind::LocalChunk && step.to.is_strided_shard()) return local_chunk_strided(step);

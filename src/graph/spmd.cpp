@@ -24,6 +24,9 @@ std::string names_of(const Program& program) {
 // Placements checked against the mesh and the tensor, the error naming the input.
 Placements checked(const Placements& p, const DeviceMesh& mesh, const Value& v, const std::string& what) {
   try {
+    for (const Placement& x : p)
+      if (x.is_head_tail_shard())
+        throw DTensorError(x.str() + ": graph programs have no form of head-tail shards yet; place the sequence Shard (plain blocks)");
     return validate_placements(p, mesh.ndim(), static_cast<int64_t>(v.meta.shape.size()), what.c_str());
   } catch (const DTensorError& e) {
     throw DTensorError("spmd_expand: " + what + " (%" + v.name + ", shape " + shape_str(v.meta.shape) + ") on " + mesh.str() + ": " +

@@ -16,15 +16,15 @@ namespace {
 
 auto fields(const Placement& p) { return std::make_tuple(p.kind(), p.reduce_op(), p.dim(), p.split_factor()); }
 
-// A placement list as one integer, 16 bits a mesh dim (kind, reduction, tensor dim < 64, split factor
-// < 64); nullopt for lists beyond that (4 mesh dims and more, or larger dims), which go uncached.
+// A placement list as one integer, 16 bits a mesh dim (kind 3 bits, reduction 2, tensor dim < 32, split
+// factor < 64); nullopt for lists beyond that (more than 4 mesh dims, or larger dims), which go uncached.
 std::optional<uint64_t> pack_placements(const Placements& placements) {
   if (placements.size() > 4) return std::nullopt;
   uint64_t out = 0;
   for (const Placement& p : placements) {
-    if (p.dim() < 0 || p.dim() >= 64 || p.split_factor() < 0 || p.split_factor() >= 64) return std::nullopt;
-    const auto bits = static_cast<uint64_t>(p.kind()) | static_cast<uint64_t>(p.reduce_op()) << 2 |
-                      static_cast<uint64_t>(p.dim()) << 4 | static_cast<uint64_t>(p.split_factor()) << 10;
+    if (p.dim() < 0 || p.dim() >= 32 || p.split_factor() < 0 || p.split_factor() >= 64) return std::nullopt;
+    const auto bits = static_cast<uint64_t>(p.kind()) | static_cast<uint64_t>(p.reduce_op()) << 3 |
+                      static_cast<uint64_t>(p.dim()) << 5 | static_cast<uint64_t>(p.split_factor()) << 10;
     out = out << 16 | bits;
   }
   return out << 2 | placements.size();  // the count tells lists of Replicate apart

@@ -151,7 +151,7 @@ bool keeps_strided_shards_reshardable(const c10::OperatorHandle& op, const Outpu
     if (!dtensor::detail::holds_strided(want)) continue;
     const Placements& have = inputs[k].spec->placements;
     for (size_t m = 0; m < want.size(); ++m)
-      if (want[m].is_strided_shard() && want[m] != have[m] && !have[m].is_replicate()) return false;
+      if (want[m].is_multi_run_shard() && want[m] != have[m] && !have[m].is_replicate()) return false;
     strided_input = true;
   }
   bool strided_output = false;

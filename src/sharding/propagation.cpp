@@ -288,11 +288,13 @@ std::vector<TensorInput> strided_as_replicate(const std::vector<TensorInput>& in
 
 // `st` with every Shard along mesh dim m made the strided `like` (of that Shard's dim), for an
 // IndexWise rule: only when every tensor sharded there has `length` elements along its sharded dim, so
-// that the one partition of one index runs through the whole op.
+// that the one partition of one index runs through the whole op, and none is multi-run there already
+// (cat's packed blocks: Shard pieces joined into a StridedShard, whose blocks would be runs of runs).
 std::optional<PlacementStrategy> as_strided(PlacementStrategy st, const OpSchema& s, size_t m, int64_t length,
                                             const Placement& like) {
   auto convert = [&](Placements& placements, const Shape& shape) {
     Placement& p = placements[m];
+    if (p.is_multi_run_shard()) return false;
     if (!p.is_shard()) return true;
     if (shape[p.dim()] != length) return false;
     p = like.with_dim(p.dim());

@@ -58,7 +58,8 @@ at::Tensor spaced(const char* what, int64_t steps, const MeshPtr& mesh, const st
   if (!mesh) throw DTensorError(std::string(what) + ": the mesh is null; build one with DeviceMesh::create");
   const Placements p = validate_placements(placements.value_or(Placements(mesh->ndim(), Replicate())), mesh->ndim(), 1, what);
   for (const Placement& placement : p)
-    if (placement.is_strided_shard()) throw DTensorError(std::string(what) + ": StridedShard placements are not supported");
+    if (placement.is_multi_run_shard())
+      throw DTensorError(std::string(what) + ": " + placement.str() + ": strided and head-tail placements are not supported");
   return make(what, {steps}, mesh, p, options, [&](const Shape&, const at::TensorOptions& o) {
     const LocalLayout part = local_layout({steps}, mesh->shape(), *mesh->coordinate(), p);
     return line(o).narrow(0, part.offset[0], part.shape[0]).clone();

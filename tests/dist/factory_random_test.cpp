@@ -52,8 +52,9 @@ TEST_F(FactoryRandomTest, LinspaceAndLogspaceAreOneDevicesLines) {
   }
   EXPECT_EQ(linspace(0, 1, 0, mesh({4}), Placements{Shard(0)}).numel(), 0);
   EXPECT_THAT(error_of([&] { linspace(0, 1, -2, mesh({4})); }), ::testing::HasSubstr("steps must be >= 0"));
-  EXPECT_THAT(error_of([&] { linspace(0, 1, 8, mesh({4}), Placements{StridedShard(0, 2)}); }),
-              ::testing::HasSubstr("StridedShard placements are not supported"));
+  for (const Placement& runs : {StridedShard(0, 2), HeadTailShard(0)})
+    EXPECT_THAT(error_of([&] { linspace(0, 1, 8, mesh({4}), Placements{runs}); }),
+                ::testing::HasSubstr(runs.str() + ": strided and head-tail placements are not supported"));
 }
 
 TEST_F(FactoryRandomTest, FactoriesDefaultToReplicateAndMakeLeaves) {

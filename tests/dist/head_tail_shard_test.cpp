@@ -53,20 +53,24 @@ TEST_F(HeadTailShardTest, HoldsHeadAndTailChunksAndComesBackInOrder) {
               HasSubstr("a load-balanced sequence of 12 positions does not split into 2 x 4 equal chunks"));
 }
 
-// [batch, sequence, heads x head dim] HT(1) -> tanh, mul, add -> view [batch, sequence, heads, head dim]
-// -> transpose to [batch, heads, sequence, head dim]: HT(2), nothing sent.
+// [batch, sequence, hidden] HT(1) -> a linear layer with replicated weights, tanh, mul, add -> view
+// [batch, sequence, heads, head dim] -> transpose to [batch, heads, sequence, head dim]: HT(2), nothing
+// sent. A cat of two such tensors along the sequence is right too (its pieces are not one partition).
 TEST_F(HeadTailShardTest, PositionWiseOpsAndViewsKeepItWithoutCommunication) {
   const MeshPtr m = mesh({4});
-  const at::Tensor x = test_tensor({2, 16, 12}, at::kDouble, 33);
-  const at::Tensor dx = distribute_tensor(x, m, Placements{HeadTailShard(1)});
+  const at::Tensor x = test_tensor({2, 16, 12}, at::kDouble, 33), w = test_tensor({12, 12}, at::kDouble, 34) / 8;
+  const at::Tensor dx = distribute_tensor(x, m, Placements{HeadTailShard(1)}), dw = distribute_tensor(w, m, Placements{Replicate()});
   at::Tensor y;
   {
     CommDebugMode comm;
-    y = (at::tanh(dx) * 2 + dx).view({2, 16, 3, 4}).transpose(1, 2);
+    const at::Tensor h = at::linear(dx, dw);
+    y = (at::tanh(h) * 2 + h).view({2, 16, 3, 4}).transpose(1, 2);
     EXPECT_EQ(comm.total_count(), 0) << comm.summary();
   }
   EXPECT_EQ(placements_of(y), (Placements{HeadTailShard(2)}));
-  EXPECT_TRUE(tensors_close(full_tensor(y), (at::tanh(x) * 2 + x).view({2, 16, 3, 4}).transpose(1, 2)));
+  const at::Tensor h = at::linear(x, w);
+  EXPECT_TRUE(tensors_close(full_tensor(y), (at::tanh(h) * 2 + h).view({2, 16, 3, 4}).transpose(1, 2)));
+  EXPECT_TRUE(tensors_equal(full_tensor(at::cat({dx, dx * 2}, 1)), at::cat({x, x * 2}, 1)));
 }
 
 struct Attention {
@@ -94,7 +98,10 @@ void expect_causal_attention_matches(const MeshPtr& m, ContextParallelAttention 
   Placements placed(m->ndim(), Replicate());
   placed[m->dim_index("cp")] = HeadTailShard(2);
   if (m->ndim() == 2) placed[m->dim_index("dp")] = Shard(0);
-  const at::Tensor q = sequence_values(4, 0.31), k = sequence_values(4, 0.17), v = sequence_values(4, 0.53), grad = sequence_values(4, 0.71);
+  // Grouped-query heads (2 over 4) where the method takes them: all-to-all needs heads that divide by the ranks.
+  const int64_t kv_heads = method == ContextParallelAttention::AllToAll && m->size(m->dim_index("cp")) == 4 ? 4 : 2;
+  const at::Tensor q = sequence_values(4, 0.31), k = sequence_values(kv_heads, 0.17), v = sequence_values(kv_heads, 0.53),
+                   grad = sequence_values(4, 0.71);
   const Attention expected = attention(q, k, v, grad);
   set_context_parallel_attention(method);
   CommDebugMode comm;
@@ -110,12 +117,18 @@ void expect_causal_attention_matches(const MeshPtr& m, ContextParallelAttention 
   EXPECT_TRUE(tensors_close(full_tensor(got.grad_v), expected.grad_v, 1e-4, 1e-5));
 }
 
+// Also under set_context_parallel_load_balance (a ContextParallel scope's order of plain shards), which
+// the placement composes with: a head-tail sequence is in order.
 TEST_F(HeadTailShardTest, CausalAttentionOnItRunsContextParallelAndMatchesOneProcess) {
-  for (const MeshPtr& m : {mesh({4}, {}, {"cp"}), mesh({2, 2}, {}, {"dp", "cp"})})
-    for (const auto method : {ContextParallelAttention::Ring, ContextParallelAttention::AllToAll}) {
-      SCOPED_TRACE(m->str() + (method == ContextParallelAttention::Ring ? " ring" : " all-to-all"));
-      expect_causal_attention_matches(m, method);
-    }
+  for (const bool scope_order : {false, true}) {
+    set_context_parallel_load_balance(scope_order);
+    for (const MeshPtr& m : {mesh({4}, {}, {"cp"}), mesh({2, 2}, {}, {"dp", "cp"})})
+      for (const auto method : {ContextParallelAttention::Ring, ContextParallelAttention::AllToAll}) {
+        SCOPED_TRACE(m->str() + (method == ContextParallelAttention::Ring ? " ring" : " all-to-all") + (scope_order ? ", scope order on" : ""));
+        expect_causal_attention_matches(m, method);
+      }
+  }
+  set_context_parallel_load_balance(false);
 }
 
 // A mask, in the sequence's order: the sequence is gathered in that order, and the values are right.

@@ -55,7 +55,7 @@ std::optional<LinearLayout> shard_local_layout(const DTensorSpec& x, const DTens
     };
     if (px.is_replicate() && pw.is_replicate() && pb.is_replicate()) {
       add(Replicate(), Replicate(), Replicate(), Replicate());
-    } else if (px.is_shard() && px.dim() < last && pw.is_replicate() && pb.is_replicate()) {
+    } else if (px.is_sharding() && px.dim() < last && pw.is_replicate() && pb.is_replicate()) {  // rows: any partition of them
       add(px, px, Partial(), Partial());
     } else if (px.is_replicate() && pw.is_shard(0) && (bias == nullptr || pb.is_shard(0))) {
       add(Shard(last), Partial(), Shard(0), Shard(0));

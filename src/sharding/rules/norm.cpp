@@ -93,7 +93,7 @@ bool statistics_sliced(const OpSchema& s, const PlacementStrategy& chosen) {
   const std::optional<size_t> mean = s.input_at_arg(kLayerNormMean);
   if (!mean) return false;
   const Placements& p = chosen.inputs[*mean];
-  return std::any_of(p.begin(), p.end(), [](const Placement& q) { return (q.is_shard() || q.is_strided_shard()) && q.dim() > 0; });
+  return std::any_of(p.begin(), p.end(), [](const Placement& q) { return q.is_sharding() && q.dim() > 0; });
 }
 
 LocalKernel contiguous_statistics(const OpSchema& s, const PlacementStrategy& chosen) {

@@ -118,11 +118,23 @@ std::optional<int64_t> arriving_sequence_dim(const OpSchema& s, const SequenceRo
   return sequence_mesh_dim(s.input(*s.input_at_arg(roles.key)).placements);
 }
 
-// Under load balancing a sequence that arrives sharded is in head-tail order. Causal attention reads
-// that order right only as the sequence kernels (they are the only strategies left), and a mask or
-// dropout, laid out in the sequence's own order, is refused. A sequence arriving whole is in order,
-// and the sequence kernels (which would read its plain shards as head-tail) are left out of causal
-// attention. Full attention without a mask does not depend on the order.
+// `st` with its plain sequence shards over `mesh_dim` made head-tail, where the sequence splits into
+// 2 chunks a rank; nullopt where it does not.
+std::optional<PlacementStrategy> as_head_tail(PlacementStrategy st, const OpSchema& s, int64_t mesh_dim) {
+  if (s.input(*s.input_at_arg(0)).meta.shape[kSequenceAxis] % (2 * s.mesh->size(mesh_dim)) != 0) return std::nullopt;
+  const auto m = static_cast<size_t>(mesh_dim);
+  for (std::vector<Placements>* tensors : {&st.inputs, &st.outputs})
+    for (Placements& placements : *tensors)
+      if (placements[m] == Placement(Shard(kSequenceAxis))) placements[m] = HeadTailShard(kSequenceAxis);
+  return st;
+}
+
+// Under load balancing a sequence that arrives sharded (plainly) is in head-tail order. Causal attention
+// reads that order right only as the sequence kernels (they are the only strategies left), and a mask
+// or dropout, laid out in the sequence's own order, is refused. A sequence arriving otherwise is in
+// order (whole, or a HeadTailShard, which its rules see as whole: gathered or kept as it is), so the
+// sequence kernels run on its head-tail shards rather than on plain ones they would misread. Full
+// attention without a mask does not depend on the order.
 void keep_load_balanced_order(const OpSchema& s, const SequenceRoles& roles, OpStrategy& all) {
   if (!context_parallel_load_balance()) return;
   const auto arriving = arriving_sequence_dim(s, roles);
@@ -130,7 +142,17 @@ void keep_load_balanced_order(const OpSchema& s, const SequenceRoles& roles, OpS
     throw DTensorError(s.op_name() + ": attention on a load-balanced sequence sharded over " + s.mesh->dim_label(*arriving) +
                        " runs only as context-parallel attention, which takes no attention mask (its order is not the sequence's) and no "
                        "dropout; pass is_causal alone, or shard the sequence without load balancing");
-  if (argument(s, "is_causal").toBool()) std::erase_if(all, [&](const PlacementStrategy& st) { return sequence_dim(s, roles, st) != arriving; });
+  if (!argument(s, "is_causal").toBool()) return;
+  OpStrategy kept;
+  for (PlacementStrategy& st : all) {
+    const auto dim = sequence_dim(s, roles, st);
+    if (dim == arriving) {
+      kept.push_back(std::move(st));
+    } else if (!arriving) {
+      if (auto head_tail = as_head_tail(std::move(st), s, *dim)) kept.push_back(std::move(*head_tail));
+    }
+  }
+  all = std::move(kept);
 }
 
 }  // namespace
@@ -140,7 +162,9 @@ OpStrategy sequence_over_the_mesh(const OpSchema& s, const SequenceRoles& roles,
   keep_load_balanced_order(s, roles, all);
   if (!sequence_applies(s, roles)) return all;
   const size_t q = *s.input_at_arg(0), k = *s.input_at_arg(roles.key);
-  const auto along_sequence = [](const Placements& p) { return std::count(p.begin(), p.end(), Placement(Shard(kSequenceAxis))); };
+  const auto along_sequence = [](const Placements& p) {
+    return std::count_if(p.begin(), p.end(), [](const Placement& x) { return x.is_sharding() && x.dim() == kSequenceAxis; });
+  };
   std::erase_if(all, [&](const PlacementStrategy& st) { return along_sequence(st.inputs[k]) > 0 && along_sequence(st.inputs[q]) > 1; });
   for (PlacementStrategy& st : all)
     if (const auto dim = sequence_dim(s, roles, st)) st.kernel_cost += sequence_cost(s, roles, s.mesh->size(*dim));
