@@ -318,6 +318,9 @@ TEST_F(GraphSpmdTest, SpmdRefusesPlacementsThatDoNotFit) {
   g::SpmdPlacements partial_input;
   partial_input.user_inputs = {{Partial(ReduceOp::Sum), Replicate()}, {Replicate(), Replicate()}};
   EXPECT_THAT(expand(partial_input), HasSubstr("user inputs are Shard or Replicate"));
+  g::SpmdPlacements head_tail;  // no graph form yet: refused rather than taken for plain blocks
+  head_tail.user_inputs = {{Replicate(), HeadTailShard(1)}, {Replicate(), HeadTailShard(1)}};
+  EXPECT_THAT(expand(head_tail), HasSubstr("HT(1): graph programs have no form of head-tail shards yet"));
 }
 
 TEST_F(GraphSpmdTest, SpmdRefusesAJointGraphWithoutLoss) {
