@@ -43,10 +43,10 @@ LocalLayout local_layout(const Shape& global_shape, const Shape& mesh_shape, con
 int64_t sharded_size(const Placement& sharding, int64_t length, int64_t num_chunks, int64_t index) {
   if (sharding.is_shard()) return chunk_extent(length, num_chunks, index).size;
   if (sharding.is_head_tail_shard()) {
-    int64_t size = 0;
-    for (const SequenceRun& run : sequence_runs(length, num_chunks, index, true, sharding.str() + " over " + std::to_string(num_chunks) + " ranks"))
-      size += run.size;
-    return size;
+    // Two of 2n equal chunks. Dispatch asks this for every output: the error's text is made only when
+    // the chunks are not whole (sequence_runs refuses them, naming the placement).
+    if (length % (2 * num_chunks) != 0) sequence_runs(length, num_chunks, index, true, sharding.str() + " over " + std::to_string(num_chunks) + " ranks");
+    return length / num_chunks;
   }
   const int64_t blocks = sharding.split_factor();
   return blocks * strided_block_chunk(length, blocks, num_chunks, index).size;

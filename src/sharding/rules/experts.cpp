@@ -21,6 +21,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <optional>
 #include <tuple>
 
 #include "../kernels/grouped_experts.h"
@@ -151,10 +152,11 @@ OpStrategy experts_on_mesh(const OpSchema& s) {
   return all;
 }
 
-// Whether `chosen` exchanges tokens over the experts' dim (both sharded there).
-bool runs_exchange(const PlacementStrategy& chosen, const Roles& r) {
+// The mesh dim over which `chosen` exchanges tokens (tokens and experts both sharded there), if any.
+std::optional<int64_t> exchange_dim(const PlacementStrategy& chosen, const Roles& r) {
   const std::vector<int64_t> spread = mesh_dims_sharding(chosen.inputs[r.gate_up], 0);
-  return !spread.empty() && chosen.inputs[r.tokens_begin][static_cast<size_t>(spread[0])] == Placement(Shard(0));
+  if (spread.empty() || chosen.inputs[r.tokens_begin][static_cast<size_t>(spread[0])] != Placement(Shard(0))) return std::nullopt;
+  return spread[0];
 }
 
 // Runs the op on this rank's part: the assignments to the experts held here (every expert where the
@@ -163,12 +165,10 @@ bool runs_exchange(const PlacementStrategy& chosen, const Roles& r) {
 // a form exists (all but the exchange).
 LocalKernel experts_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
   const Roles r = roles_of(s);
-  const std::vector<int64_t> spread = mesh_dims_sharding(chosen.inputs[r.gate_up], 0);
-  const int64_t dim = spread.empty() ? -1 : spread[0];
-  const bool exchange = runs_exchange(chosen, r);
+  const std::optional<int64_t> exchange = exchange_dim(chosen, r);
   const ChunkExtent held = held_rows(s, s.input(r.gate_up).meta.shape, chosen.inputs[r.gate_up]);
   const int64_t num_experts = s.input(r.gate_up).meta.shape[0];
-  return [mesh = s.mesh, r, dim, exchange, held, num_experts](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+  return [mesh = s.mesh, r, exchange, held, num_experts](const c10::OperatorHandle& op, torch::jit::Stack& stack) {
     const auto args = torch::jit::pop(stack, op.schema().arguments().size());
     const size_t t = r.tokens_begin;
     const at::Tensor& hidden = args[t].toTensor();
@@ -176,8 +176,8 @@ LocalKernel experts_kernel(const OpSchema& s, const PlacementStrategy& chosen) {
     at::Tensor experts = args[t + 1].toTensor();
     detail::ExpertsSpread where;
     int64_t count = num_experts;
-    if (exchange) {  // dim is the experts' dim
-      where = {mesh->shared_from_this(), dim};
+    if (exchange) {
+      where = {mesh->shared_from_this(), *exchange};
     } else {  // this rank's experts renumbered from 0, the others dropped
       // Masking would drop an index out of range as if it were another rank's: refused first.
       detail::check_routing(experts, num_experts, op.schema().name());
@@ -283,7 +283,7 @@ std::vector<FormValue> zeros_form(GraphFormBuilder& b, const Roles& r) {
 GraphForm experts_form(const OpSchema& s, const PlacementStrategy& chosen) {
   const Roles r = roles_of(s);
   const size_t t = r.tokens_begin;
-  if (runs_exchange(chosen, r) || s.input(t).meta.dtype != s.input(t + 2).meta.dtype) return {};
+  if (exchange_dim(chosen, r) || s.input(t).meta.dtype != s.input(t + 2).meta.dtype) return {};
   const LocalSizes n = local_sizes(s, chosen, r);
   if (n.held.size == 0 || n.tokens == 0) return [r](GraphFormBuilder& b) { return zeros_form(b, r); };
   return [r, n](GraphFormBuilder& b) { return r.backward ? backward_form(b, r, n) : forward_form(b, r, n); };
