@@ -152,13 +152,23 @@ std::vector<TensorMeta> metas_of(const torch::jit::Stack& stack) {
   return out;
 }
 
+// A device argument of the op (a factory's, as new_empty_strided's from AccumulateGrad), which would
+// make its Meta run allocate the global result on that device.
+bool is_device_argument(const c10::Argument& argument, const c10::IValue& value) {
+  const c10::TypePtr& type = argument.type();
+  const bool device = type->kind() == c10::TypeKind::DeviceObjType ||
+                      (type->kind() == c10::TypeKind::OptionalType && type->containedType(0)->kind() == c10::TypeKind::DeviceObjType);
+  return device && value.isDevice();
+}
+
 std::vector<TensorMeta> run_on_proxies(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, Proxy kind) {
   torch::jit::Stack stack;
   const auto& schema = op.schema().arguments();
   for (size_t i = 0; i < args.size(); ++i) {
     const auto* alias = i < schema.size() ? schema[i].alias_info() : nullptr;
     const bool written = alias != nullptr && alias->isWrite();
-    stack.push_back(proxy_of(args[i], kind == Proxy::ExpandedZero && written ? Proxy::DenseZero : kind));
+    if (kind == Proxy::Meta && i < schema.size() && is_device_argument(schema[i], args[i])) stack.emplace_back(c10::Device(at::kMeta));
+    else stack.push_back(proxy_of(args[i], kind == Proxy::ExpandedZero && written ? Proxy::DenseZero : kind));
   }
   op.callBoxed(stack);
   return metas_of(stack);

@@ -16,7 +16,8 @@
 // All-to-all (DeepSpeed-Ulysses; all_to_all_attention.cpp): one all-to-all per tensor trades the
 // sequence shard for a head shard (each rank all positions of its heads), attention runs locally, and
 // another trades the output (and logsumexp; in backward the gradients) back. Heads of queries and of
-// keys must divide by the ranks.
+// keys must divide by the ranks. Its backward runs in two halves of the heads where they split, so that
+// a rank holds half the head groups at a time.
 //
 // Both: keys may have fewer heads than queries (grouped-query attention, which the CPU kernels take
 // as it is; fewer heads travel); no
@@ -82,6 +83,16 @@ at::Tensor laid_out_like_queries(const at::Tensor& t, const at::Tensor& q);
 at::Tensor laid_out_heads_last(const at::Tensor& t);
 // An empty tensor of `sizes` laid out heads-last, as above.
 at::Tensor empty_heads_last(at::IntArrayRef sizes, const at::TensorOptions& options);
+
+// Gradient buffers of queries, keys and values ([batch, heads, positions, head dim], last dim dense).
+struct FlashGradients {
+  at::Tensor q, k, v;
+};
+// The CPU flash kernel's backward (_scaled_dot_product_flash_attention_for_cpu_backward's, no dropout or
+// mask) adding the gradients into `grads` instead of returning new ones (flash_attention_backward.cpp).
+void add_flash_attention_backward(const FlashGradients& grads, const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                  const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, bool is_causal,
+                                  std::optional<double> scale);
 
 // Checks the blocks a rank holds (shapes, positions, heads), naming the method, mesh dim and rank.
 void check_context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ContextAttention& call, const char* method);
