@@ -107,7 +107,8 @@ Cache& cache() {
 
 // ---- output metas: the op's own shape logic on the global shapes ------------------------------
 
-// Stand-ins for the global tensors: Meta tensors (no data) where the op has a Meta kernel, else CPU
+// Stand-ins for the global tensors: Meta tensors (no data), with the op's device arguments the Meta
+// device too (is_device_argument), where the op has a Meta kernel, else CPU
 // tensors whose storage is one zero element expanded to the global shape (the op computes on them,
 // which costs time and an output's memory, but only on a propagation-cache miss). An argument the op
 // writes gets zeros of its own (DenseZero): a kernel without LibTorch's overlap check (rrelu_with_noise's)

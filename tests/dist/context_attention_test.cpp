@@ -64,10 +64,13 @@ class ContextAttentionTest : public DistTest {
     const auto block = [&](const at::Tensor& t) { return block_of(t, m->size(dim), m->local_rank(dim), load_balanced); };
     const double scale = 0.37;
     for (const bool causal : {true, false}) {
-      for (const int64_t kv_heads : {kHeads, int64_t{2}}) {
-        SCOPED_TRACE(std::string(causal ? "causal" : "full") + ", " + std::to_string(kv_heads) + " kv heads over mesh dim " + std::to_string(dim));
-        const at::Tensor q = values(kHeads, 0.31, length), k = values(kv_heads, 0.17, length), v = values(kv_heads, 0.53, length),
-                         grad_out = values(kHeads, 0.71, length);
+      // Query and kv heads: with 8 and 4, each rank of 2 holds 4 and 2, whose all-to-all backward runs in
+      // halves of grouped-query heads; with 4 and 2 on 2 ranks (8 and 4 on 4), the halves share a kv head.
+      for (const auto& [query_heads, kv_heads] : {std::pair<int64_t, int64_t>{kHeads, kHeads}, {kHeads, 2}, {8, 4}}) {
+        SCOPED_TRACE(std::string(causal ? "causal" : "full") + ", " + std::to_string(query_heads) + " query and " + std::to_string(kv_heads) +
+                     " kv heads over mesh dim " + std::to_string(dim));
+        const at::Tensor q = values(query_heads, 0.31, length), k = values(kv_heads, 0.17, length), v = values(kv_heads, 0.53, length),
+                         grad_out = values(query_heads, 0.71, length);
         const Whole expected = one_process(q, k, v, grad_out, causal, scale);
         const detail::ContextAttention call{m, dim, length, causal, scale, load_balanced};
         using Forward = std::tuple<at::Tensor, at::Tensor> (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, const detail::ContextAttention&);

@@ -5,6 +5,9 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
+#include <vector>
+
 #include "dtensor/api.h"
 #include "dtensor/sharding.h"
 #include "harness.h"
