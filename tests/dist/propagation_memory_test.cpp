@@ -1,7 +1,8 @@
 // Propagation works out an op's global output shape on Meta tensors, which hold no memory. A factory
 // op's own device argument must not undo that: AccumulateGrad's new_empty_strided(sizes, strides,
 // options) on a DTensor parameter names the CPU, and propagating it once allocated the whole global
-// tensor on every rank (a cache miss, so at the first backward, when memory is tightest).
+// tensor on every rank (a cache miss, so at the first backward, when memory is tightest). new_* ops of
+// the input's own shape keep its sharding (as PyTorch's do) rather than make it whole on every rank.
 
 #include <ATen/ATen.h>
 
@@ -24,10 +25,12 @@ TEST_F(PropagationMemoryTest, FactoryOpsWithADeviceAllocateOnlyTheLocalShard) {
   const int64_t local_bytes = local_tensor_of(x).numel() * static_cast<int64_t>(sizeof(float));
   for (const auto& make : std::vector<std::function<at::Tensor()>>{
            [&] { return x.new_empty_strided(x.sizes(), x.strides(), x.options()); },
-           [&] { return at::empty_like(x, x.options()); }}) {
+           [&] { return at::empty_like(x, x.options()); }, [&] { return x.new_zeros(x.sizes(), x.options()); },
+           [&] { return x.new_full(x.sizes(), 2.0, x.options()); }}) {
     clear_propagation_cache();  // a miss, as the first call of a run is
     PeakLiveBytes bytes;
     const at::Tensor made = make();
+    EXPECT_EQ(placements_of(made), placements_of(x));
     EXPECT_EQ(local_tensor_of(made).sizes(), local_tensor_of(x).sizes());
     EXPECT_LE(bytes.peak(), local_bytes + 4096) << "a global " << x.sizes() << " tensor is " << x.numel() * sizeof(float) << " bytes";
   }

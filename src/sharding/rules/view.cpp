@@ -287,26 +287,6 @@ GraphForm reshape_alias_form(const OpSchema&, const PlacementStrategy&) {
   return [](GraphFormBuilder& b) { return std::vector<FormValue>{b.op("aten::view", {b.input(0), FormArg::as_called(1)}, "local")}; };
 }
 
-// new_empty_strided: AccumulateGrad copies a gradient into grad.new_empty_strided(param sizes,
-// param strides). With the input's global shape the new tensor takes the input's layout, as *_like
-// ops do, strided and head-tail shards included (Partial would make it n times empty: Replicate); any
-// other shape makes a Replicate tensor. The input's values are not read, so it never moves.
-OpStrategy new_empty_strided(const OpSchema& s) {
-  const Placements& in = s.input(0).placements;
-  Placements out(in.size(), Replicate());
-  if (s.outputs[0].shape == s.input(0).meta.shape)
-    for (size_t m = 0; m < in.size(); ++m) out[m] = in[m].is_sharding() ? in[m] : Replicate();
-  return {PlacementStrategy{{out}, {in}, {}}};
-}
-
-// This rank's size, and dense strides for it in the dim order of the requested global strides
-// (global_stride_like, used the other way round: it lays out its first shape in the second's order).
-LocalArgs new_empty_strided_args(const OpSchema& s, const PlacementStrategy& chosen) {
-  const Shape local = local_output_shape(s, chosen);
-  const Shape stride = global_stride_like(local, s.outputs[0].shape, s.outputs[0].stride);
-  return {{1, c10::IValue(local)}, {2, c10::IValue(stride)}};
-}
-
 // ---- squeeze, unsqueeze ----------------------------------------------------------------------------
 
 // The dims a squeeze removes: those asked for (all when none are) that are 1 in the global shape. A
@@ -589,8 +569,6 @@ const bool view_rules_registered = [] {
   register_family({"aten::_reshape_alias"},
                   {.mesh = view, .local_args = local_size_arg, .local_kernel = reshape_alias_kernel, .graph_form = reshape_alias_form,
                    .family = "view", .strided_shards = Own});
-  register_family({"aten::new_empty_strided"},
-                  {.mesh = new_empty_strided, .local_args = new_empty_strided_args, .family = "view", .strided_shards = Own});
   register_family({"aten::squeeze"}, {.dim = squeeze, .local_kernel = squeeze_kernel, .graph_form = squeeze_form, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::unsqueeze", "aten::stack"}, {.dim = unsqueeze, .family = "view", .strided_shards = IndexWise});
   register_family({"aten::slice"}, {.dim = slice, .family = "view", .strided_shards = IndexWise});

@@ -16,6 +16,11 @@ const bool factory_samples_registered = add_op_samples({
     {"new_ones", {{5, 3}}, [](In x) { return outputs(x[0].new_ones({4, 2})); }, nullptr, {}, false},
     {"new_full", {{5, 3}}, [](In x) { return outputs(x[0].new_full({4, 2}, 1.5)); }, nullptr, {}, false},
     {"new_empty", {{5, 3}}, [](In x) { return outputs(x[0].new_empty({4, 2}).fill_(1)); }, nullptr, {}, false},
+    // Of the input's own shape: sharded like it, which the products with it show.
+    {"new_zeros_same_shape", {{5, 3}}, [](In x) { return outputs(x[0].new_zeros({5, 3}) + x[0]); }},
+    {"new_ones_same_shape", {{5, 3}}, [](In x) { return outputs(x[0].new_ones({5, 3}) * x[0]); }},
+    {"new_full_same_shape", {{5, 3}}, [](In x) { return outputs(x[0].new_full({5, 3}, 1.5) * x[0]); }},
+    {"new_empty_same_shape", {{5, 3}}, [](In x) { return outputs(x[0].new_empty({5, 3}).fill_(2) * x[0]); }},
 });
 
 }  // namespace

@@ -260,9 +260,8 @@ OpSample unscale_sample() {
             List grads = {x[0].clone(), x[1].clone()};
             at::Tensor finite = x[2].clone(), overflowed = x[2].clone();
             at::_amp_foreach_non_finite_check_and_unscale_(grads, finite, x[3]);
-            // (Written into a new Replicate tensor: a slice of a sharded dim is a copy, not a view to write through.)
-            at::Tensor last_row = x[0].new_zeros({5, 3});
-            last_row.index_put_({at::indexing::Slice(4, 5)}, std::numeric_limits<float>::infinity());
+            // A row of infinities under four of zeros (new tensors of shapes other than x[0]'s are Replicate).
+            const at::Tensor last_row = at::cat({x[0].new_zeros({4, 3}), x[0].new_full({1, 3}, std::numeric_limits<float>::infinity())});
             List with_inf = {x[0] + last_row, x[1].clone()};
             at::_amp_foreach_non_finite_check_and_unscale_(with_inf, overflowed, x[3]);
             return List{grads[0], grads[1], finite, overflowed, with_inf[1]};
