@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the pipeline-parallel training-step benchmark (bench/pp_step_bench.cpp: dtensor's PipelineRunner
-# with GPipe, 1F1B, Interleaved 1F1B and ZBV, and a hand-written 1F1B over raw c10d) on the MPI backend
+# with GPipe, 1F1B, Interleaved 1F1B, ZBV and DualPipeV, and a hand-written 1F1B over raw c10d) on the MPI backend
 # and on Gloo, and PyTorch's own pipelining (bench/pp_pytorch.py) on Gloo, for the deep and the small
 # GPT, and writes bench/results/pp_step.md.
 #   bench/pp_step.sh <build-dir> [--rounds R]      (what `./dev bench pp` calls)

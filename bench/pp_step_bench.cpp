@@ -1,5 +1,5 @@
 // Pipeline-parallel training step of the GPT (examples/gpt, deeper): dtensor's PipelineRunner with
-// GPipe, 1F1B, Interleaved 1F1B and ZBV next to a hand-written 1F1B over raw c10d send/recv, in the
+// GPipe, 1F1B, Interleaved 1F1B, ZBV and DualPipeV next to a hand-written 1F1B over raw c10d send/recv, in the
 // same processes, taking turns round by round. Rank 0 prints Markdown table rows; bench/pp_step.sh
 // (./dev bench pp) runs it on MPI and Gloo, and PyTorch's own pipelining (bench/pp_pytorch.py) beside it.
 //
@@ -362,6 +362,7 @@ int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
       dtensor_contender("Interleaved 1F1B", pp::interleaved_1f1b(p, 2, m), config, mesh, two_per_rank),
       dtensor_contender("ZBV zero bubble", pp::zbv_zero_bubble(p, m), config, mesh, -1),
   };
+  if (m >= 2 * p) contenders.push_back(dtensor_contender("DualPipeV", pp::dual_pipe_v(p, m), config, mesh, -1));  // its least microbatches
   auto hand = std::make_shared<HandWritten1F1B>(config, mesh, m);
   contenders.push_back({"hand-written over c10d", "1F1B", p, one_per_rank, [hand](const gpt::Batch& b) { return hand->step(b); }});
 

@@ -5,15 +5,15 @@
 // parallel (HSDP: 2 replicas x FSDP=2, each rank on a quarter of each batch), then context parallel on
 // a model with twice the positions (CP=4, each rank a quarter of every sequence, load balanced, ring or
 // all-to-all attention; and CP=2 x TP=2), fully sharded over cp, then pipeline parallel
-// (PP=4 with 1F1B, PP=4 with Interleaved 1F1B, PP=2 x DP=2 with the ZBV zero-bubble schedule, PP=2 x
-// TP=2 with Interleaved 1F1B, PP=2 x FSDP=2 with 1F1B; --modes pp-fsdp-tp and pp-hsdp add PP=2 x
+// (PP=4 with 1F1B, PP=4 with Interleaved 1F1B, PP=2 x DP=2 with the ZBV zero-bubble schedule and with
+// DualPipeV, PP=2 x TP=2 with Interleaved 1F1B, PP=2 x FSDP=2 with 1F1B; --modes pp-fsdp-tp and pp-hsdp add PP=2 x
 // FSDP=2 x TP=1 and PP=2 x HSDP), then expert parallel on a model whose MLPs are mixtures of 4 experts
 // (top 2): EP=4, EP=2 x FSDP=2, PP=2 x EP=2 and CP=4 with EP=4 over the same ranks, the dense parameters
 // fully sharded over the data ranks. Rank 0
 // then trains the same model (each of the four) on the same batches from the same seed in one process and compares the
 // loss trajectories: PASS when every step's loss is within a relative 1e-4.
 //
-//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp,cp,cp-tp,pp,pp-interleaved,pp-dp,pp-tp,pp-fsdp,ep,ep-fsdp,pp-ep,cp-ep] [--corpus PATH] [--save DIR] [--resume DIR]
+//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp,cp,cp-tp,pp,pp-interleaved,pp-dp,pp-dualpipev,pp-tp,pp-fsdp,ep,ep-fsdp,pp-ep,cp-ep] [--corpus PATH] [--save DIR] [--resume DIR]
 //             [--checkpoint-every N DIR] [--blocking-checkpoints 1]
 //
 // --save DIR writes the first mode's model and optimizer state after its last step (a dtensor
@@ -50,7 +50,7 @@ namespace {
 
 struct Args {
   int steps = 50;
-  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp", "cp", "cp-tp", "pp", "pp-interleaved", "pp-dp", "pp-tp", "pp-fsdp", "ep", "ep-fsdp", "pp-ep", "cp-ep"};
+  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp", "cp", "cp-tp", "pp", "pp-interleaved", "pp-dp", "pp-dualpipev", "pp-tp", "pp-fsdp", "ep", "ep-fsdp", "pp-ep", "cp-ep"};
   std::string corpus = dtensor::build_paths::gpt_corpus;
   std::string save, resume;
   int checkpoint_every = 0;
@@ -423,7 +423,8 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
 
 // The pipeline modes, on 4 ranks, 4 microbatches each: PP=4 with 1F1B, a stage per rank; PP=4 with
 // Interleaved 1F1B, two stages per rank, each a piece of gpt::finest_pipeline_pieces; PP=2 x DP=2
-// zero bubble (ZBV: two stages per rank in V, backward split into input and weight gradients); PP=2 x
+// zero bubble (ZBV: two stages per rank in V, backward split into input and weight gradients), and
+// with DualPipeV (the same stages, forwards paired with backwards of the other stage); PP=2 x
 // TP=2 with Interleaved 1F1B (two stages per rank); PP=2 x FSDP=2 with 1F1B, a block per stage; and,
 // not among the defaults (on 4 ranks one of their dims is of one rank), PP=2 x FSDP=2 x TP=1 and
 // PP=2 x HSDP (2 replicas x FSDP=1) with 1F1B.
@@ -446,6 +447,10 @@ PipelineLayout pipeline_layout(const std::string& mode, const std::shared_ptr<dt
     label = "pipeline parallel x data parallel, PP=2 (ZBV zero bubble) x DP=2";
     return {mesh({2, 2}, {"pp", "dp"}), pp::zbv_zero_bubble(2, 4), four_stages};
   }
+  if (mode == "pp-dualpipev") {
+    label = "pipeline parallel x data parallel, PP=2 (DualPipeV) x DP=2";
+    return {mesh({2, 2}, {"pp", "dp"}), pp::dual_pipe_v(2, 4), four_stages};
+  }
   if (mode == "pp-tp") {
     label = "pipeline parallel x tensor parallel, PP=2 (Interleaved 1F1B, 2 stages per rank) x TP=2";
     return {mesh({2, 2}, {"pp", "tp"}), pp::interleaved_1f1b(2, 2, 4), four_stages};
@@ -467,7 +472,7 @@ PipelineLayout pipeline_layout(const std::string& mode, const std::shared_ptr<dt
 }
 
 bool is_pipeline_mode(const std::string& mode) {
-  return mode == "pp" || mode == "pp-interleaved" || mode == "pp-dp" || mode == "pp-tp" || mode == "pp-fsdp" || mode == "pp-fsdp-tp" || mode == "pp-hsdp" ||
+  return mode == "pp" || mode == "pp-interleaved" || mode == "pp-dp" || mode == "pp-dualpipev" || mode == "pp-tp" || mode == "pp-fsdp" || mode == "pp-fsdp-tp" || mode == "pp-hsdp" ||
          mode == "pp-ep";
 }
 
@@ -522,7 +527,7 @@ Parallelism parallelism_for(const std::string& mode, const std::shared_ptr<dtens
             std::to_string(world->size()) + " over the same ranks (4 experts, top 2; FSDP over them)";
   } else {
     throw std::invalid_argument("unknown mode '" + mode +
-                                "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, cp, cp-tp, pp, pp-interleaved, pp-dp, pp-tp, pp-fsdp, pp-fsdp-tp, pp-hsdp, ep, ep-fsdp, pp-ep, cp-ep)");
+                                "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, cp, cp-tp, pp, pp-interleaved, pp-dp, pp-dualpipev, pp-tp, pp-fsdp, pp-fsdp-tp, pp-hsdp, ep, ep-fsdp, pp-ep, cp-ep)");
   }
   return parallelism;
 }

@@ -7,7 +7,7 @@ _format_pipeline_order for the schedule's compute-only pipeline_order, and besid
 same order with its SENDs and RECVs as PyTorch's _add_send_recv adds them, for
   gpipe, 1f1b                                              at (4, 4, 8)
   interleaved_1f1b, looped_bfs, interleaved_zero_bubble    at (4, 4, 8) and (8, 4, 8)
-  zbv_zero_bubble                                          at (8, 4, 8) (it needs two stages per rank)
+  zbv_zero_bubble, dual_pipe_v                             at (8, 4, 8) (they need two stages per rank)
   interleaved_zero_bubble                                  at (4, 4, 2) too (see below)
 
 The schedules are built without a process group: their constructors read only a stage's index, the
@@ -102,6 +102,7 @@ def all_orders():
     yield ("interleaved_zero_bubble_4_4_2",
            without_bubbles(multi_stage_order(s.ScheduleInterleavedZeroBubble, 4, 4, 2)))
     yield "zbv_zero_bubble_8_4_8", multi_stage_order(s.ScheduleZBVZeroBubble, 8, 4, 8, style="v")
+    yield "dual_pipe_v_8_4_8", multi_stage_order(s.ScheduleDualPipeV, 8, 4, 8, style="v")
 
 
 def main():
@@ -111,7 +112,7 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
     for name, order in all_orders():
         num_stages = int(name.split("_")[-3])
-        style = "v" if name.startswith("zbv") else "loop"
+        style = "v" if name.startswith(("zbv", "dual_pipe_v")) else "loop"
         for suffix, text_of in ((".txt", order), (".lowered.txt", with_send_recv(order, num_stages, style))):
             with open(os.path.join(out_dir, name + suffix), "w") as f:
                 f.write(pytorch_schedules._format_pipeline_order(text_of))

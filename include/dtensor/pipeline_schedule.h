@@ -12,6 +12,7 @@
 //   needs, and the matching RECV on that rank (PyTorch's _add_send_recv). What the runtime executes.
 
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,9 +58,14 @@ struct Schedule {
   int num_microbatches = 0;
   std::vector<int> stage_to_rank;         // [stage] -> the rank that holds it
   std::vector<std::vector<Slot>> ranks;   // [rank] -> its actions, in the order it runs them
+  // [rank] -> the slots whose action runs overlapped with the next slot's: PyTorch's OVERLAP_F_B, a
+  // forward and a backward of two stages of the rank as one action ("(0F1;3B0)OVERLAP_F_B"), which its
+  // runtime (and dtensor's) runs one after the other. Empty but for DualPipeV and tables that say so.
+  std::vector<std::set<size_t>> overlapped;
 
   int rank_of(int stage) const { return stage_to_rank.at(static_cast<size_t>(stage)); }
   bool has_communication() const;
+  bool overlaps_next(size_t rank, size_t slot) const { return rank < overlapped.size() && overlapped[rank].count(slot) > 0; }
 };
 
 // Where stages live. Loop: stage s on rank s % ranks (rank r holds r, r + ranks, ...). V: the stages
@@ -86,18 +92,24 @@ Schedule looped_bfs(int num_ranks, int stages_per_rank, int num_microbatches);
 Schedule interleaved_zero_bubble(int num_ranks, int stages_per_rank, int num_microbatches);
 // Zero bubble on two stages per rank in V placement (PyTorch's ScheduleZBVZeroBubble).
 Schedule zbv_zero_bubble(int num_ranks, int num_microbatches);
+// DeepSeek's DualPipeV (PyTorch's ScheduleDualPipeV): two stages per rank in V placement, the steady
+// phase pairing a forward of one stage with a full backward of the other as one overlapped action,
+// the last backwards split into I and W. Needs at least as many microbatches as stages (2 x ranks).
+Schedule dual_pipe_v(int num_ranks, int num_microbatches);
 
 // ---- Forms ---------------------------------------------------------------------------------------
 
-// The same actions with the bubbles taken out.
+// The same actions with the bubbles taken out (overlapped pairs stay paired).
 Schedule without_bubbles(const Schedule& schedule);
 // A compute-only schedule lowered for execution: after each compute whose result lives on another
 // rank, its SEND, and on that rank the RECV, placed before the compute that needs it (PyTorch's
-// _add_send_recv). Bubbles are dropped. Refuses (DTensorError) an order whose ranks wait on each
-// other forever, naming the stuck ranks and their next actions.
+// _add_send_recv). Bubbles are dropped. An overlapped pair runs once both its inputs are there, its
+// SENDs after both. Refuses (DTensorError) an order whose ranks wait on each other forever, naming the
+// stuck ranks and their next actions.
 Schedule with_communication(const Schedule& compute_only);
 
-// PyTorch's _format_pipeline_order: a table of steps (rows) by ranks (columns).
+// PyTorch's _format_pipeline_order: a table of steps (rows) by ranks (columns); an overlapped pair is
+// one cell.
 std::string format_pipeline_order(const Schedule& schedule);
 
 // ---- Checks --------------------------------------------------------------------------------------
@@ -122,7 +134,8 @@ void validate(const Schedule& schedule, SendCompletion sends = SendCompletion::B
 // ---- A user's schedule as a table ----------------------------------------------------------------
 
 // A schedule written as PyTorch's _PipelineScheduleRuntime._load_csv reads it: one row per rank, one
-// action per cell, an empty cell a bubble. Compute-only or with communication. The stages' placement
+// action per cell ("(0F1;3B0)OVERLAP_F_B" an overlapped pair), an empty cell a bubble. Compute-only or
+// with communication. The stages' placement
 // is read from which row runs them; the number of stages from the highest stage named. Validated
 // before it is returned; a bad cell is refused naming its row and column.
 Schedule read_schedule_csv(std::string_view text, int num_microbatches);

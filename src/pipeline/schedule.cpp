@@ -42,7 +42,17 @@ std::vector<int> v_placement(int num_ranks, int num_stages) {
 
 Schedule without_bubbles(const Schedule& schedule) {
   Schedule dense = schedule;
-  for (std::vector<Slot>& slots : dense.ranks) std::erase(slots, std::nullopt);
+  for (size_t rank = 0; rank < dense.ranks.size(); ++rank) {
+    std::vector<Slot> kept;
+    std::set<size_t> overlapped;
+    for (size_t i = 0; i < schedule.ranks[rank].size(); ++i) {
+      if (!schedule.ranks[rank][i]) continue;
+      if (schedule.overlaps_next(rank, i)) overlapped.insert(kept.size());
+      kept.push_back(schedule.ranks[rank][i]);
+    }
+    dense.ranks[rank] = std::move(kept);
+    if (rank < dense.overlapped.size()) dense.overlapped[rank] = std::move(overlapped);
+  }
   return dense;
 }
 

@@ -29,11 +29,22 @@ std::string_view unquoted(std::string_view cell) {
   return cell;
 }
 
-Slot read_cell(std::string_view cell, size_t row, size_t column) {
+constexpr std::string_view kOverlapped = ")OVERLAP_F_B";
+
+// A cell's slots: none for an empty cell (a bubble: one empty slot), one action, or the two of an
+// overlapped pair "(0F1;3B0)OVERLAP_F_B".
+std::vector<Slot> read_cell(std::string_view cell, size_t row, size_t column) {
   const std::string_view text = unquoted(cell);
-  if (text.empty()) return std::nullopt;
+  if (text.empty()) return {std::nullopt};
   try {
-    return parse_action(text);
+    if (text.front() != '(' || !text.ends_with(kOverlapped)) return {parse_action(text)};
+    const std::vector<std::string_view> parts = split(text.substr(1, text.size() - 1 - kOverlapped.size()), ';');
+    if (parts.size() != 2)
+      throw DTensorError("bad overlapped action '" + std::string(text) + "': expected (<forward>;<backward>)OVERLAP_F_B");
+    const Action forward = parse_action(parts[0]), backward = parse_action(parts[1]);
+    if (forward.kind != ActionKind::Forward || backward.kind != ActionKind::FullBackward)
+      throw DTensorError("overlapped action '" + std::string(text) + "' must pair a forward (F) with a full backward (B)");
+    return {forward, backward};
   } catch (const DTensorError& e) {
     throw DTensorError("pipeline schedule CSV: row " + std::to_string(row) + " (rank " + std::to_string(row) +
                        "), column " + std::to_string(column) + ": " + e.what());
@@ -68,8 +79,13 @@ Schedule read_schedule_csv(std::string_view text, int num_microbatches) {
   Schedule schedule;
   for (std::string_view line : split(text, '\n')) {
     std::vector<Slot>& slots = schedule.ranks.emplace_back();
-    for (std::string_view cell : split(line, ','))
-      slots.push_back(read_cell(cell, schedule.ranks.size() - 1, slots.size()));
+    std::set<size_t>& overlapped = schedule.overlapped.emplace_back();
+    const std::vector<std::string_view> cells = split(line, ',');
+    for (size_t column = 0; column < cells.size(); ++column) {
+      const std::vector<Slot> read = read_cell(cells[column], schedule.ranks.size() - 1, column);
+      if (read.size() == 2) overlapped.insert(slots.size());
+      slots.insert(slots.end(), read.begin(), read.end());
+    }
   }
   schedule.num_ranks = static_cast<int>(schedule.ranks.size());
   schedule.stage_to_rank = placement_of(schedule.ranks);

@@ -21,22 +21,36 @@ std::string step_label(size_t step, size_t num_steps) {
   return "Step " + std::string(digits - std::min(digits, number.size()), '0') + number;
 }
 
-std::string cell_text(const Schedule& schedule, size_t rank, size_t step) {
+// A rank's cells, one per step: an action, "" for a bubble, an overlapped pair in one.
+std::vector<std::string> cells_of(const Schedule& schedule, size_t rank) {
   const std::vector<Slot>& slots = schedule.ranks[rank];
-  return step < slots.size() && slots[step] ? to_string(*slots[step]) : "";
+  std::vector<std::string> cells;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const std::string text = slots[i] ? to_string(*slots[i]) : "";
+    if (schedule.overlaps_next(rank, i) && i + 1 < slots.size() && slots[i + 1]) {
+      cells.push_back("(" + text + ";" + to_string(*slots[++i]) + ")OVERLAP_F_B");
+    } else {
+      cells.push_back(text);
+    }
+  }
+  return cells;
 }
 
 }  // namespace
 
 std::string format_pipeline_order(const Schedule& schedule) {
+  std::vector<std::vector<std::string>> cells;
   size_t num_steps = 0;
-  for (const std::vector<Slot>& slots : schedule.ranks) num_steps = std::max(num_steps, slots.size());
+  for (size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
+    cells.push_back(cells_of(schedule, rank));
+    num_steps = std::max(num_steps, cells.back().size());
+  }
   const size_t label_width = step_label(0, num_steps).size();
+  const auto cell_text = [&](size_t rank, size_t step) { return step < cells[rank].size() ? cells[rank][step] : std::string(); };
 
   std::vector<size_t> widths(schedule.ranks.size(), label_width);
   for (size_t rank = 0; rank < schedule.ranks.size(); ++rank)
-    for (size_t step = 0; step < num_steps; ++step)
-      widths[rank] = std::max(widths[rank], cell_text(schedule, rank, step).size());
+    for (size_t step = 0; step < num_steps; ++step) widths[rank] = std::max(widths[rank], cell_text(rank, step).size());
 
   auto row = [&](std::string line, auto cell) {
     for (size_t rank = 0; rank < widths.size(); ++rank)
@@ -47,7 +61,7 @@ std::string format_pipeline_order(const Schedule& schedule) {
                           [](size_t rank) { return "Rank " + std::to_string(rank); });
   for (size_t step = 0; step < num_steps; ++step)
     table += row(step_label(step, num_steps) + ": ",
-                 [&](size_t rank) { return cell_text(schedule, rank, step); });
+                 [&](size_t rank) { return cell_text(rank, step); });
   return table;
 }
 

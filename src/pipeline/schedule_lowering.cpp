@@ -5,6 +5,8 @@
 // after its SEND: with buffered sends the lowered lists always finish (running the actions in the
 // order they were placed is one way). A compute-only order that stops the walk cannot finish at all.
 
+#include <algorithm>
+
 #include "dtensor/errors.h"
 #include "dtensor/pipeline_schedule.h"
 #include "schedule_checks.h"
@@ -26,13 +28,16 @@ std::optional<Action> send_after(const Schedule& schedule, const Action& action)
   return Action{action.stage, kind, action.microbatch};
 }
 
-[[noreturn]] void refuse_stuck(const Schedule& schedule, const std::vector<size_t>& next) {
+// Each stuck rank's next action that waits (of an overlapped pair, the one whose input is missing).
+[[noreturn]] void refuse_stuck(const Schedule& schedule, const std::vector<size_t>& next, const std::vector<ActionSet>& done) {
   std::string stuck;
   for (size_t rank = 0; rank < next.size(); ++rank) {
     if (next[rank] >= schedule.ranks[rank].size()) continue;
-    const Action& action = *schedule.ranks[rank][next[rank]];
+    size_t step = next[rank];
+    if (detail::input_arrived(schedule, *schedule.ranks[rank][step], done[rank])) ++step;
+    const Action& action = *schedule.ranks[rank][step];
     const int producer = *detail::producer_stage(action, schedule.num_stages);
-    stuck += "\n  " + detail::where(static_cast<int>(rank), next[rank], action) + " waits for stage " +
+    stuck += "\n  " + detail::where(static_cast<int>(rank), step, action) + " waits for stage " +
              std::to_string(producer) + " on rank " + std::to_string(schedule.rank_of(producer)) +
              " to run microbatch " + std::to_string(action.microbatch) + " first";
   }
@@ -49,6 +54,7 @@ Schedule with_communication(const Schedule& compute_only) {
   detail::check_structure(compute_only);
   Schedule lowered = compute_only;
   for (std::vector<Slot>& slots : lowered.ranks) slots.clear();
+  lowered.overlapped.assign(compute_only.ranks.size(), {});
   std::vector<ActionSet> done(compute_only.ranks.size());
   std::vector<size_t> next(compute_only.ranks.size(), 0);
   auto run = [&](size_t rank, const Action& action) {
@@ -62,19 +68,25 @@ Schedule with_communication(const Schedule& compute_only) {
       const std::vector<Slot>& slots = compute_only.ranks[rank];
       if (next[rank] >= slots.size()) continue;
       remaining = true;
-      const Slot& slot = slots[next[rank]];
-      if (slot && !detail::input_arrived(compute_only, *slot, done[rank])) continue;
-      ++next[rank];
+      // The next action, or an overlapped pair, which runs once both its inputs are there.
+      const size_t count = compute_only.overlaps_next(rank, next[rank]) ? 2 : 1;
+      const auto first = slots.begin() + static_cast<std::ptrdiff_t>(next[rank]), last = first + static_cast<std::ptrdiff_t>(count);
+      if (!std::all_of(first, last, [&](const Slot& slot) { return !slot || detail::input_arrived(compute_only, *slot, done[rank]); })) continue;
+      next[rank] += count;
       progress = true;
-      if (!slot) continue;
-      run(rank, *slot);
-      if (const std::optional<Action> send = send_after(compute_only, *slot)) {
-        run(rank, *send);
-        const Action recv = detail::matching_recv(*send);
-        run(static_cast<size_t>(compute_only.rank_of(recv.stage)), recv);
+      if (count == 2) lowered.overlapped[rank].insert(lowered.ranks[rank].size());
+      for (auto it = first; it != last; ++it)
+        if (*it) run(rank, **it);
+      for (auto it = first; it != last; ++it) {
+        if (!*it) continue;
+        if (const std::optional<Action> send = send_after(compute_only, **it)) {
+          run(rank, *send);
+          const Action recv = detail::matching_recv(*send);
+          run(static_cast<size_t>(compute_only.rank_of(recv.stage)), recv);
+        }
       }
     }
-    if (remaining && !progress) refuse_stuck(compute_only, next);
+    if (remaining && !progress) refuse_stuck(compute_only, next, done);
   }
   return lowered;
 }

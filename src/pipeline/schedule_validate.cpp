@@ -39,6 +39,17 @@ void check_structure(const Schedule& schedule) {
     if (schedule.rank_of(stage) < 0 || schedule.rank_of(stage) >= schedule.num_ranks)
       refuse("stage " + std::to_string(stage) + " is placed on rank " + std::to_string(schedule.rank_of(stage)) +
              ", not one of the " + std::to_string(schedule.num_ranks) + " ranks");
+  if (schedule.overlapped.size() > schedule.ranks.size())
+    refuse("marks overlapped actions on " + std::to_string(schedule.overlapped.size()) + " ranks of " + std::to_string(schedule.ranks.size()));
+  for (size_t rank = 0; rank < schedule.overlapped.size(); ++rank)
+    for (const size_t step : schedule.overlapped[rank]) {
+      const std::vector<Slot>& slots = schedule.ranks[rank];
+      const bool pair = step + 1 < slots.size() && slots[step] && slots[step + 1] && slots[step]->kind == ActionKind::Forward &&
+                        slots[step + 1]->kind == ActionKind::FullBackward;
+      if (!pair)
+        refuse("rank " + std::to_string(rank) + ", step " + std::to_string(step) +
+               ": an overlapped action (OVERLAP_F_B) must be a forward (F) and then a full backward (B)");
+    }
   for_each_action(schedule, [&](int rank, size_t step, const Action& action) {
     if (action.stage < 0 || action.stage >= schedule.num_stages)
       refuse(where(rank, step, action) + ": there are " + std::to_string(schedule.num_stages) + " stages");

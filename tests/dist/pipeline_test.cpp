@@ -137,6 +137,7 @@ TEST_F(PipelineTest, EveryScheduleTrainsAsOneProcess) {
       {"looped_bfs", pp::looped_bfs(4, 2, 8)},
       {"interleaved_zero_bubble", pp::interleaved_zero_bubble(4, 2, 8)},
       {"zbv_zero_bubble", pp::zbv_zero_bubble(4, 8)},
+      {"dual_pipe_v", pp::dual_pipe_v(4, 8)},
   };
   for (const auto& [name, schedule] : schedules) {
     SCOPED_TRACE(name);

@@ -48,10 +48,16 @@ Schedule pipeline_schedule_of(const std::vector<std::vector<std::string>>& rows,
   return schedule;
 }
 
+// The table PyTorch's _dump_csv writes: an overlapped pair in one cell.
 std::string pipeline_csv_of(const Schedule& schedule) {
   std::string csv;
-  for (const std::vector<Slot>& slots : schedule.ranks) {
-    for (size_t i = 0; i < slots.size(); ++i) csv += (i == 0 ? "" : ",") + (slots[i] ? to_string(*slots[i]) : "");
+  for (size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
+    const std::vector<Slot>& slots = schedule.ranks[rank];
+    for (size_t i = 0; i < slots.size(); ++i) {
+      csv += (i == 0 ? "" : ",");
+      if (schedule.overlaps_next(rank, i)) csv += "(" + to_string(*slots[i]) + ";" + to_string(*slots[i + 1]) + ")OVERLAP_F_B", ++i;
+      else csv += slots[i] ? to_string(*slots[i]) : "";
+    }
     csv += "\n";
   }
   return csv;
@@ -105,6 +111,7 @@ std::vector<PipelineOrderGolden> pipeline_order_goldens() {
       {"gpipe_4_4_8", [] { return gpipe(4, 8); }, true},
       {"1f1b_4_4_8", [] { return one_f_one_b(4, 8); }, true},
       {"zbv_zero_bubble_8_4_8", [] { return zbv_zero_bubble(4, 8); }, false},
+      {"dual_pipe_v_8_4_8", [] { return dual_pipe_v(4, 8); }, false},
       {"interleaved_zero_bubble_4_4_2", [] { return interleaved_zero_bubble(4, 1, 2); }, true},
   };
   for (int per_rank : {1, 2}) {
@@ -145,6 +152,7 @@ TEST(PipelineScheduleBuilders, EveryBuilderValidatesAtManySizes) {
       validate(gpipe(ranks, microbatches));
       validate(one_f_one_b(ranks, microbatches));
       validate(zbv_zero_bubble(ranks, microbatches));
+      if (microbatches >= 2 * ranks) validate(dual_pipe_v(ranks, microbatches));
       for (int per_rank : {1, 2, 3}) {
         validate(looped_bfs(ranks, per_rank, microbatches));
         if (microbatches % std::max(1, microbatches / ranks) != 0) continue;
@@ -173,6 +181,23 @@ TEST(PipelineScheduleBuilders, ZbvPlacesStagesInAV) {
   EXPECT_EQ(loop_placement(4, 8), (std::vector<int>{0, 1, 2, 3, 0, 1, 2, 3}));
   EXPECT_EQ(zbv_zero_bubble(4, 8).stage_to_rank, v_placement(4, 8));
   EXPECT_NE(error_of([] { loop_placement(4, 6); }).find("6 stages cannot be placed evenly on 4 ranks"),
+            std::string::npos);
+}
+
+TEST(PipelineScheduleBuilders, DualPipeVPairsForwardsWithBackwardsOfTheOtherStage) {
+  const Schedule schedule = dual_pipe_v(4, 8);
+  EXPECT_EQ(schedule.stage_to_rank, v_placement(4, 8));
+  for (size_t rank = 0; rank < 4; ++rank) {
+    EXPECT_FALSE(schedule.overlapped[rank].empty()) << "rank " << rank;
+    for (const size_t step : schedule.overlapped[rank]) {
+      const Action& forward = *schedule.ranks[rank][step];
+      const Action& backward = *schedule.ranks[rank][step + 1];
+      EXPECT_EQ(forward.kind, ActionKind::Forward);
+      EXPECT_EQ(backward.kind, ActionKind::FullBackward);
+      EXPECT_NE(forward.stage, backward.stage);
+    }
+  }
+  EXPECT_NE(error_of([] { dual_pipe_v(4, 7); }).find("needs at least as many microbatches as stages (8 on 4 ranks), got 7"),
             std::string::npos);
 }
 
@@ -230,6 +255,16 @@ TEST(PipelineScheduleValidation, RefusesAMissingForward) {
   std::erase(schedule.ranks[1], Slot{act("1F3")});
   EXPECT_NE(error_of([&] { validate(schedule); }).find("stage 1, microbatch 3 (rank 1) runs its forward 0 times"),
             std::string::npos);
+}
+
+TEST(PipelineScheduleValidation, RefusesAnOverlappedPairThatIsNotAForwardAndABackward) {
+  Schedule schedule = pipeline_schedule_of({{"0F0", "0F1", "0B0", "0B1"}}, 2);
+  schedule.overlapped = {{0}};
+  EXPECT_NE(error_of([&] { validate(schedule); }).find("rank 0, step 0: an overlapped action (OVERLAP_F_B) must be a forward (F) and then a full backward (B)"),
+            std::string::npos);
+  schedule.overlapped = {{1}};
+  validate(schedule);
+  EXPECT_EQ(format_pipeline_order(schedule).find("(0F1;0B0)OVERLAP_F_B") != std::string::npos, true);
 }
 
 TEST(PipelineScheduleValidation, RefusesAMissingOrHalfBackward) {
@@ -327,9 +362,10 @@ TEST(PipelineScheduleValidation, RefusesAComputeOnlyOrderThatWaitsInACycle) {
 // ---- CSV -----------------------------------------------------------------------------------------
 
 TEST(PipelineScheduleCsv, ReadsWhatPyTorchWritesAndBack) {
-  for (const Schedule& built : {one_f_one_b(4, 8), interleaved_zero_bubble(4, 2, 8), zbv_zero_bubble(4, 8)}) {
+  for (const Schedule& built : {one_f_one_b(4, 8), interleaved_zero_bubble(4, 2, 8), zbv_zero_bubble(4, 8), dual_pipe_v(4, 8)}) {
     const Schedule read = read_schedule_csv(pipeline_csv_of(built), 8);
     EXPECT_EQ(read.ranks, built.ranks);
+    EXPECT_EQ(format_pipeline_order(read), format_pipeline_order(built));  // overlapped pairs too
     EXPECT_EQ(read.stage_to_rank, built.stage_to_rank);
     EXPECT_EQ(read.num_stages, built.num_stages);
     const Schedule lowered = with_communication(built);
@@ -353,6 +389,9 @@ TEST(PipelineScheduleCsv, RefusesBadCellsNamingRowAndColumn) {
   EXPECT_NE(error_of([] { read_schedule_csv("0F0,0B0\n1B0,1F0\n", 1); }).find("runs its backward before its forward"),
             std::string::npos);
   EXPECT_NE(error_of([] { read_schedule_csv("", 1); }).find("no rows"), std::string::npos);
+  EXPECT_NE(error_of([] { read_schedule_csv("0F0,(0B0;0F1)OVERLAP_F_B,0B1\n", 2); }).find("column 1: dtensor: overlapped action '(0B0;0F1)OVERLAP_F_B' must pair a forward (F) with a full backward (B)"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { read_schedule_csv("0F0,(0F1)OVERLAP_F_B,0B0,0B1\n", 2); }).find("bad overlapped action"), std::string::npos);
 }
 
 }  // namespace
