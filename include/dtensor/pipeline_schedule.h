@@ -61,6 +61,7 @@ struct Schedule {
   // [rank] -> the slots whose action runs overlapped with the next slot's: PyTorch's OVERLAP_F_B, a
   // forward and a backward of two stages of the rank as one action ("(0F1;3B0)OVERLAP_F_B"), which its
   // runtime (and dtensor's) runs one after the other. Empty but for DualPipeV and tables that say so.
+  // Code that inserts or removes slots of `ranks` must move these marks with them.
   std::vector<std::set<size_t>> overlapped;
 
   int rank_of(int stage) const { return stage_to_rank.at(static_cast<size_t>(stage)); }

@@ -34,7 +34,7 @@ std::optional<Action> send_after(const Schedule& schedule, const Action& action)
   for (size_t rank = 0; rank < next.size(); ++rank) {
     if (next[rank] >= schedule.ranks[rank].size()) continue;
     size_t step = next[rank];
-    if (detail::input_arrived(schedule, *schedule.ranks[rank][step], done[rank])) ++step;
+    if (schedule.overlaps_next(rank, step) && detail::input_arrived(schedule, *schedule.ranks[rank][step], done[rank])) ++step;
     const Action& action = *schedule.ranks[rank][step];
     const int producer = *detail::producer_stage(action, schedule.num_stages);
     stuck += "\n  " + detail::where(static_cast<int>(rank), step, action) + " waits for stage " +

@@ -114,6 +114,9 @@ const bool view_samples_registered = add_op_samples({
     // indexing
     {.name = "index_select", .shapes = {{5, 4}, {6}}, .run = [](In x) { return outputs(x[0].index_select(0, x[1])); },
      .make_input = index_input(1, 5), .two_d = true},
+    // As many indices as rows: the backward adds into grad.new_zeros(input's shape).
+    {.name = "index_select_same_shape", .shapes = {{5, 4}, {5}}, .run = [](In x) { return outputs(x[0].index_select(0, x[1])); },
+     .make_input = index_input(1, 5), .two_d = true},
     {.name = "index_add", .shapes = {{5, 4}, {3}, {5, 3}},
      .run = [](In x) { return outputs(x[0].index_add(1, x[1], x[2], 2)); }, .make_input = index_input(1, 4)},
     {.name = "index_fill", .shapes = {{5, 4}, {3}},
@@ -139,6 +142,9 @@ const bool view_samples_registered = add_op_samples({
      .make_input = index_input(1, 4), .two_d = true},
     {.name = "gather_fewer_rows", .shapes = {{5, 4}, {3, 4}}, .run = [](In x) { return outputs(x[0].gather(0, x[1])); },
      .make_input = index_input(1, 5)},
+    // The index of the input's own shape: gather's backward scatters into grad.new_zeros(input's shape).
+    {.name = "gather_same_shape", .shapes = {{5, 4}, {5, 4}}, .run = [](In x) { return outputs(x[0].gather(1, x[1])); },
+     .make_input = index_input(1, 4), .two_d = true},
     {.name = "index_rows", .shapes = {{5, 4}, {6}},
      .run = [](In x) { return outputs(x[0].index({x[1]})); }, .make_input = index_input(1, 5), .two_d = true},
     {.name = "index_two_indices", .shapes = {{5, 3, 2}, {2, 3}, {2, 3}},
