@@ -1,5 +1,5 @@
 // add_flash_attention_backward calls ATen's CPU flash-attention backward kernel directly and relies on it
-// adding into the gradient buffers it is given (flash_attention_backward.cpp). Against the ATen op,
+// adding into the gradient buffers it is given (src/sharding/kernels/context_attention.cpp). Against the ATen op,
 // which hands the kernel zeros: the buffers end as what they held plus the op's gradients, with
 // grouped-query heads, causal or not, at lengths under and over the kernel's block sizes, in double and
 // bfloat16, into buffers that are heads-last views of larger ones (as all-to-all attention's halves).

@@ -89,7 +89,7 @@ struct FlashGradients {
   at::Tensor q, k, v;
 };
 // The CPU flash kernel's backward (_scaled_dot_product_flash_attention_for_cpu_backward's, no dropout or
-// mask) adding the gradients into `grads` instead of returning new ones (flash_attention_backward.cpp).
+// mask) adding the gradients into `grads` instead of returning new ones (context_attention.cpp).
 void add_flash_attention_backward(const FlashGradients& grads, const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, bool is_causal,
                                   std::optional<double> scale);
