@@ -140,5 +140,7 @@ void validate(const Schedule& schedule, SendCompletion sends = SendCompletion::B
 // is read from which row runs them; the number of stages from the highest stage named. Validated
 // before it is returned; a bad cell is refused naming its row and column.
 Schedule read_schedule_csv(std::string_view text, int num_microbatches);
+// The table read_schedule_csv reads, as PyTorch's _PipelineScheduleRuntime._dump_csv writes one.
+std::string schedule_csv(const Schedule& schedule);
 
 }  // namespace dtensor::pipeline

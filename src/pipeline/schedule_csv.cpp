@@ -5,6 +5,7 @@
 
 #include "dtensor/errors.h"
 #include "dtensor/pipeline_schedule.h"
+#include "schedule_rules.h"
 
 namespace dtensor::pipeline {
 namespace {
@@ -29,16 +30,14 @@ std::string_view unquoted(std::string_view cell) {
   return cell;
 }
 
-constexpr std::string_view kOverlapped = ")OVERLAP_F_B";
-
 // A cell's slots: none for an empty cell (a bubble: one empty slot), one action, or the two of an
 // overlapped pair "(0F1;3B0)OVERLAP_F_B".
 std::vector<Slot> read_cell(std::string_view cell, size_t row, size_t column) {
   const std::string_view text = unquoted(cell);
   if (text.empty()) return {std::nullopt};
   try {
-    if (text.front() != '(' || !text.ends_with(kOverlapped)) return {parse_action(text)};
-    const std::vector<std::string_view> parts = split(text.substr(1, text.size() - 1 - kOverlapped.size()), ';');
+    if (text.front() != '(' || !text.ends_with(detail::kOverlappedSuffix)) return {parse_action(text)};
+    const std::vector<std::string_view> parts = split(text.substr(1, text.size() - 1 - detail::kOverlappedSuffix.size()), ';');
     if (parts.size() != 2)
       throw DTensorError("bad overlapped action '" + std::string(text) + "': expected (<forward>;<backward>)OVERLAP_F_B");
     const Action forward = parse_action(parts[0]), backward = parse_action(parts[1]);
@@ -93,6 +92,16 @@ Schedule read_schedule_csv(std::string_view text, int num_microbatches) {
   schedule.num_microbatches = num_microbatches;
   validate(schedule);
   return schedule;
+}
+
+std::string schedule_csv(const Schedule& schedule) {
+  std::string csv;
+  for (size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
+    const std::vector<std::string> cells = detail::cells_of(schedule, rank);
+    for (size_t i = 0; i < cells.size(); ++i) csv += (i == 0 ? "" : ",") + cells[i];
+    csv += "\n";
+  }
+  return csv;
 }
 
 }  // namespace dtensor::pipeline

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "dtensor/pipeline_schedule.h"
+#include "schedule_rules.h"
 
 namespace dtensor::pipeline {
 namespace {
@@ -21,14 +22,15 @@ std::string step_label(size_t step, size_t num_steps) {
   return "Step " + std::string(digits - std::min(digits, number.size()), '0') + number;
 }
 
-// A rank's cells, one per step: an action, "" for a bubble, an overlapped pair in one.
-std::vector<std::string> cells_of(const Schedule& schedule, size_t rank) {
+}  // namespace
+
+std::vector<std::string> detail::cells_of(const Schedule& schedule, size_t rank) {
   const std::vector<Slot>& slots = schedule.ranks[rank];
   std::vector<std::string> cells;
   for (size_t i = 0; i < slots.size(); ++i) {
     const std::string text = slots[i] ? to_string(*slots[i]) : "";
     if (schedule.overlaps_next(rank, i) && i + 1 < slots.size() && slots[i + 1]) {
-      cells.push_back("(" + text + ";" + to_string(*slots[++i]) + ")OVERLAP_F_B");
+      cells.push_back("(" + text + ";" + to_string(*slots[++i]) + std::string(detail::kOverlappedSuffix));
     } else {
       cells.push_back(text);
     }
@@ -36,13 +38,11 @@ std::vector<std::string> cells_of(const Schedule& schedule, size_t rank) {
   return cells;
 }
 
-}  // namespace
-
 std::string format_pipeline_order(const Schedule& schedule) {
   std::vector<std::vector<std::string>> cells;
   size_t num_steps = 0;
   for (size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
-    cells.push_back(cells_of(schedule, rank));
+    cells.push_back(detail::cells_of(schedule, rank));
     num_steps = std::max(num_steps, cells.back().size());
   }
   const size_t label_width = step_label(0, num_steps).size();

@@ -4,7 +4,9 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <tuple>
+#include <vector>
 
 #include "dtensor/pipeline_schedule.h"
 
@@ -37,6 +39,11 @@ bool input_arrived(const Schedule& schedule, const Action& action, const ActionS
 // The RECV a SEND pairs with, and the SEND a RECV pairs with.
 Action matching_recv(const Action& send);
 Action matching_send(const Action& recv);
+
+// A rank's list as the cells of PyTorch's tables (_format_pipeline_order, _dump_csv): one per slot, ""
+// for a bubble, an overlapped pair in one cell "(0F1;3B0)OVERLAP_F_B" (kOverlappedSuffix closes it).
+constexpr std::string_view kOverlappedSuffix = ")OVERLAP_F_B";
+std::vector<std::string> cells_of(const Schedule& schedule, size_t rank);
 
 // "rank 1, step 4 (1F2)", for errors.
 std::string where(int rank, size_t step, const Action& action);

@@ -48,21 +48,6 @@ Schedule pipeline_schedule_of(const std::vector<std::vector<std::string>>& rows,
   return schedule;
 }
 
-// The table PyTorch's _dump_csv writes: an overlapped pair in one cell.
-std::string pipeline_csv_of(const Schedule& schedule) {
-  std::string csv;
-  for (size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
-    const std::vector<Slot>& slots = schedule.ranks[rank];
-    for (size_t i = 0; i < slots.size(); ++i) {
-      csv += (i == 0 ? "" : ",");
-      if (schedule.overlaps_next(rank, i)) csv += "(" + to_string(*slots[i]) + ";" + to_string(*slots[i + 1]) + ")OVERLAP_F_B", ++i;
-      else csv += slots[i] ? to_string(*slots[i]) : "";
-    }
-    csv += "\n";
-  }
-  return csv;
-}
-
 // ---- Action text ---------------------------------------------------------------------------------
 
 TEST(PipelineScheduleAction, PrintsPyTorchsFormat) {
@@ -230,7 +215,7 @@ TEST(PipelineScheduleBuilders, OneFOneBBubbleFractionIsTheTheorys) {
 
 TEST(PipelineScheduleLowering, AddsEachSendAndItsRecvOnThePeer) {
   const Schedule lowered = with_communication(gpipe(2, 1));
-  EXPECT_EQ(pipeline_csv_of(lowered),
+  EXPECT_EQ(schedule_csv(lowered),
             "0F0,0SEND_F0,0RECV_B0,0B0\n"
             "1RECV_F0,1F0,1B0,1SEND_B0\n");
   validate(lowered);
@@ -363,13 +348,13 @@ TEST(PipelineScheduleValidation, RefusesAComputeOnlyOrderThatWaitsInACycle) {
 
 TEST(PipelineScheduleCsv, ReadsWhatPyTorchWritesAndBack) {
   for (const Schedule& built : {one_f_one_b(4, 8), interleaved_zero_bubble(4, 2, 8), zbv_zero_bubble(4, 8), dual_pipe_v(4, 8)}) {
-    const Schedule read = read_schedule_csv(pipeline_csv_of(built), 8);
+    const Schedule read = read_schedule_csv(schedule_csv(built), 8);
     EXPECT_EQ(read.ranks, built.ranks);
     EXPECT_EQ(format_pipeline_order(read), format_pipeline_order(built));  // overlapped pairs too
     EXPECT_EQ(read.stage_to_rank, built.stage_to_rank);
     EXPECT_EQ(read.num_stages, built.num_stages);
     const Schedule lowered = with_communication(built);
-    EXPECT_EQ(read_schedule_csv(pipeline_csv_of(lowered), 8).ranks, lowered.ranks);
+    EXPECT_EQ(read_schedule_csv(schedule_csv(lowered), 8).ranks, lowered.ranks);
   }
   // Quoted cells and Windows line ends, as a spreadsheet may write them.
   const Schedule quoted = read_schedule_csv("\"0F0\",,\"0B0\"\r\n,1F0,1B0\r\n", 1);

@@ -19,11 +19,8 @@ OpStrategy like(const OpSchema& s) {
 }
 
 OpStrategy fresh(const OpSchema& s) {
-  const Placements& in = s.input(0).placements;
-  Placements out(in.size(), Replicate());
-  if (s.outputs[0].shape == s.input(0).meta.shape)
-    for (size_t m = 0; m < in.size(); ++m) out[m] = in[m].is_sharding() ? in[m] : Replicate();
-  return {PlacementStrategy{{out}, {in}, {}}};
+  if (s.outputs[0].shape == s.input(0).meta.shape) return like(s);
+  return {PlacementStrategy{{Placements(s.mesh->ndim(), Replicate())}, {s.input(0).placements}, {}}};
 }
 
 // The local call's size (index 1): this rank's.
