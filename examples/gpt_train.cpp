@@ -592,8 +592,10 @@ int main(int argc, char** argv) {
       label += " (" + dtensor::to_string(mesh->backend()) + ")";
       runs.emplace_back(label, train(corpus, parallelism, args.steps, label, print, checkpointing));
     }
-    // Rank 0 runs the oracle; every rank then exits with its verdict.
-    if (!print) return world->sum_across_ranks(0) == 0 ? 0 : 1;
+    // Rank 0 runs the oracle; every rank then exits with its verdict, waiting for it as long as rank 0
+    // lives (the oracle can outlast the world's timeout on a loaded machine).
+    const std::chrono::milliseconds verdict_patience = std::chrono::hours(1);
+    if (!print) return world->sum_across_ranks(0, "", verdict_patience) == 0 ? 0 : 1;
     // The oracle trains uninterrupted from step 1 to the runs' last step (once per model the runs
     // trained); they are compared on their steps.
     const int first = runs.empty() ? 1 : runs.front().second.first_step;
@@ -612,7 +614,7 @@ int main(int argc, char** argv) {
     }
     std::cout << (pass ? "\nPASS: every loss trajectory matches the single-process run\n"
                        : "\nFAIL: a loss trajectory differs from the single-process run\n");
-    world->sum_across_ranks(pass ? 0 : 1);
+    world->sum_across_ranks(pass ? 0 : 1, "", verdict_patience);
     return pass ? 0 : 1;
   });
 }

@@ -73,11 +73,16 @@ class World {
   // Calls on different `channel`s are independent (each counts its own calls and has its own store
   // connection), so a thread of its own (an asynchronous checkpoint save) can agree on one while the
   // job's thread uses another.
-  int64_t sum_across_ranks(int64_t value, const std::string& channel = "");
+  // `patience`: how long a rank waits for a peer that is still alive (beating in the store's
+  // heartbeats), for agreements some ranks reach long after others: a job's verdict, which waits while
+  // rank 0 alone runs its oracle. A peer that exits or falls silent still fails the wait within the
+  // world's timeout. Zero, or less than the world's timeout: the world's timeout.
+  int64_t sum_across_ranks(int64_t value, const std::string& channel = "", std::chrono::milliseconds patience = {});
   // Every rank's `value`, by rank, on every rank (through the store, as sum_across_ranks, whose calls
   // it shares the count of on each channel). Rank 0, which may host the store, returns only once
   // every rank has read every value, so that a job may exit right after its last agreement.
-  std::vector<std::string> gather_across_ranks(const std::string& value, const std::string& channel = "");
+  std::vector<std::string> gather_across_ranks(const std::string& value, const std::string& channel = "",
+                                               std::chrono::milliseconds patience = {});
 
   // Which of `ranks` are not answering and why, each named with its host, for an error message: exited
   // or stopped (on this host), left the job, silent in the store's heartbeats for a few beats (hung,
@@ -107,6 +112,9 @@ class World {
   c10::intrusive_ptr<c10d::Store> store_;
   int rank_;
   int size_;
+  // Waits for `key`, rank `peer`'s value in an agreement, as gather_across_ranks's `patience` says.
+  void wait_for_agreement(c10d::Store& store, const std::string& key, int peer, std::chrono::milliseconds patience) const;
+
   std::chrono::milliseconds timeout_;
   std::string launcher_ = "manual";
   bool started_by_mpirun_ = false;

@@ -191,13 +191,33 @@ std::shared_ptr<World> World::from_environment(WorldOptions options) {
   return world;
 }
 
-int64_t World::sum_across_ranks(int64_t value, const std::string& channel) {
+int64_t World::sum_across_ranks(int64_t value, const std::string& channel, std::chrono::milliseconds patience) {
   int64_t total = 0;
-  for (const std::string& each : gather_across_ranks(std::to_string(value), channel)) total += std::stoll(each);
+  for (const std::string& each : gather_across_ranks(std::to_string(value), channel, patience)) total += std::stoll(each);
   return total;
 }
 
-std::vector<std::string> World::gather_across_ranks(const std::string& value, const std::string& channel) {
+void World::wait_for_agreement(c10d::Store& store, const std::string& key, int peer, std::chrono::milliseconds patience) const {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point deadline = Clock::now() + std::max(patience, timeout_);
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    try {
+      store.wait({key}, std::clamp(left, std::chrono::milliseconds(1), timeout_));
+      return;
+    } catch (const std::exception& e) {
+      // Waited a world's timeout: a peer that still beats is working (its verdict's oracle, say) and
+      // is given the rest of the patience; one that exited or fell silent is named now.
+      const std::string peers = describe_peers({peer}, /*settle=*/false);
+      if (peers.empty() && Clock::now() < deadline) continue;
+      throw DTensorError("rank " + std::to_string(rank_) + ": agreeing through the store: rank " + std::to_string(peer) + " did not report" +
+                         (peers.empty() ? " within " + std::string(patience > timeout_ ? "the patience given" : "the world's timeout") : ": " + peers) +
+                         " (" + detail::without_source_locations(e) + ")");
+    }
+  }
+}
+
+std::vector<std::string> World::gather_across_ranks(const std::string& value, const std::string& channel, std::chrono::milliseconds patience) {
   const auto store = this->store(channel);
   int64_t serial = 0;
   {
@@ -209,14 +229,7 @@ std::vector<std::string> World::gather_across_ranks(const std::string& value, co
   std::vector<std::string> out;
   for (int r = 0; r < size_; ++r) {
     const std::string key = prefix + std::to_string(r);
-    try {
-      store->wait({key}, timeout_);
-    } catch (const std::exception& e) {
-      const std::string peers = describe_peers({r}, /*settle=*/false);
-      throw DTensorError("rank " + std::to_string(rank_) + ": agreeing through the store: rank " + std::to_string(r) +
-                         " did not report" + (peers.empty() ? " within the world's timeout" : ": " + peers) + " (" +
-                         detail::without_source_locations(e) + ")");
-    }
+    wait_for_agreement(*store, key, r, patience);
     const auto bytes = store->get(key);
     out.emplace_back(bytes.begin(), bytes.end());
   }
