@@ -17,6 +17,9 @@
 // recv (one c10d tag, FIFO per direction), and runs warm-up forwards, one-forward-one-backward, then
 // the remaining backwards: the schedule of Narayanan et al. that PyTorch's Schedule1F1B and dtensor's
 // one_f_one_b build.
+//
+// The compute floor runs each rank's 1F1B stage on every microbatch with nothing else (ComputeFloor):
+// what no pipeline-parallel step with these kernels can undercut.
 
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
@@ -164,6 +167,7 @@ struct Contender {
   int stages = 0;
   double theory_bubble = -1;  // < 0: no closed form printed
   std::function<StepSample(const gpt::Batch&)> step;
+  bool trains = true;  // false: the compute floor, which has no bubble, memory or loss to print
 };
 
 gpt::Gpt seeded_model(const gpt::Config& config) {
@@ -311,6 +315,50 @@ class HandWritten1F1B {
   double compute_ = 0, loss_ = 0;
 };
 
+// The compute floor: each rank's 1F1B stage runs the forward and backward of every microbatch alone,
+// on stand-in activations and gradients of the transfers' shapes: no transfer, no wait, no optimizer
+// step, the ranks computing at once as in the runs. No pipeline-parallel step on these ranks and kernels
+// takes less; it is the floor that a goal against another implementation's step is measured with.
+class ComputeFloor {
+ public:
+  ComputeFloor(const gpt::Config& config, const dtensor::MeshPtr& mesh, int microbatches)
+      : model_(seeded_model(config)), rank_(static_cast<int>(mesh->local_rank(0))), ranks_(static_cast<int>(mesh->size(0))),
+        microbatches_(microbatches) {
+    stage_ = std::move(stages_of(model_, ranks_, [&](int s) { return s == rank_; }).at(0));
+    for (int k = 0; k < microbatches_; ++k) {
+      activations_.push_back(at::randn({kMicrobatchSize, config.seq_len, config.dim}));
+      gradients_.push_back(at::randn({kMicrobatchSize, config.seq_len, config.dim}) * 1e-3);
+    }
+  }
+
+  StepSample step(const gpt::Batch& batch) {
+    const std::vector<at::Tensor> tokens = at::tensor_split(batch.tokens, microbatches_), targets = at::tensor_split(batch.targets, microbatches_);
+    const auto start = Clock::now();
+    for (int k = 0; k < microbatches_; ++k) {
+      const at::Tensor input = rank_ == 0 ? tokens[k] : activations_[k].detach().requires_grad_(true);
+      const at::Tensor output = stage_.forward(input);
+      if (rank_ == ranks_ - 1) (gpt::pipeline_loss(output, targets[k]) / microbatches_).backward();
+      else output.backward(gradients_[k]);
+    }
+    StepSample sample;
+    sample.seconds = sample.pipeline_seconds = sample.compute_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    zero_grads(stage_.parameters);
+    return sample;
+  }
+
+ private:
+  gpt::Gpt model_;
+  pp::PipelineStage stage_;
+  int rank_, ranks_, microbatches_;
+  std::vector<at::Tensor> activations_, gradients_;
+};
+
+std::string fixed(double value, int decimals) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.*f", decimals, value);
+  return text;
+}
+
 // A double reduced over the ranks (sum or max), on every rank.
 double all_reduce(const dtensor::MeshPtr& mesh, double value, c10d::ReduceOp op) {
   std::vector<at::Tensor> t = {at::full({1}, value, at::kDouble)};
@@ -365,6 +413,9 @@ int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
   if (m >= 2 * p) contenders.push_back(dtensor_contender("DualPipeV", pp::dual_pipe_v(p, m), config, mesh, -1));  // its least microbatches
   auto hand = std::make_shared<HandWritten1F1B>(config, mesh, m);
   contenders.push_back({"hand-written over c10d", "1F1B", p, one_per_rank, [hand](const gpt::Batch& b) { return hand->step(b); }});
+  const size_t hand_index = contenders.size() - 1;
+  auto floor = std::make_shared<ComputeFloor>(config, mesh, m);
+  contenders.push_back({"compute floor", "forwards and backwards alone", p, -1, [floor](const gpt::Batch& b) { return floor->step(b); }, false});
 
   gpt::Batches stream(corpus, m * kMicrobatchSize, config.seq_len, kSeed);
   std::vector<gpt::Batch> batches;
@@ -374,7 +425,7 @@ int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
   for (int s = 0; s < kWarmupSteps; ++s)
     for (Contender& c : contenders) {
       const Measured w = measure(mesh, c, batches[s % batches.size()]);
-      if (s == 0) first_losses.push_back(w.losses[0]);
+      if (s == 0 && c.trains) first_losses.push_back(w.losses[0]);
     }
   for (double loss : first_losses)
     if (std::abs(loss - first_losses[0]) > kLossTolerance * std::abs(first_losses[0]))
@@ -389,7 +440,7 @@ int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
         const Measured one = measure(mesh, contenders[c], batches[s % batches.size()]);
         append(results[c], one);
         if (c == 1) round_1f1b.push_back(one.step_ms[0]);
-        if (c == contenders.size() - 1) round_hand.push_back(one.step_ms[0]);
+        if (c == hand_index) round_hand.push_back(one.step_ms[0]);
       }
     }
     ratios.push_back(bench::quantile(round_1f1b, 0.5) / bench::quantile(round_hand, 0.5));
@@ -402,9 +453,10 @@ int run(const std::shared_ptr<dtensor::World>& world, const Args& args) {
   for (size_t c = 0; c < contenders.size(); ++c) {
     const Measured& r = results[c];
     const std::string theory = contenders[c].theory_bubble < 0 ? "-" : std::to_string(contenders[c].theory_bubble).substr(0, 5);
-    std::printf("| %s | %s | %s | %s | %d | %.2f | %.2f-%.2f | %.3f | %s | %.2f |\n", args.config.c_str(), dtensor::to_string(mesh->backend()).c_str(), contenders[c].name.c_str(), contenders[c].schedule.c_str(), contenders[c].stages,
-                bench::quantile(r.step_ms, 0.5), bench::quantile(r.step_ms, 0.25), bench::quantile(r.step_ms, 0.75), bench::quantile(r.bubble, 0.5),
-                theory.c_str(), bench::quantile(r.activation_mib, 0.5));
+    const bool trains = contenders[c].trains;
+    std::printf("| %s | %s | %s | %s | %d | %.2f | %.2f-%.2f | %s | %s | %s |\n", args.config.c_str(), dtensor::to_string(mesh->backend()).c_str(), contenders[c].name.c_str(), contenders[c].schedule.c_str(), contenders[c].stages,
+                bench::quantile(r.step_ms, 0.5), bench::quantile(r.step_ms, 0.25), bench::quantile(r.step_ms, 0.75),
+                trains ? fixed(bench::quantile(r.bubble, 0.5), 3).c_str() : "-", theory.c_str(), trains ? fixed(bench::quantile(r.activation_mib, 0.5), 2).c_str() : "-");
   }
   std::printf("Ratio (%s) dtensor 1F1B / hand-written 1F1B within each round (paired): %s\n", run.c_str(), bench::ratio_summary(ratios).c_str());
   std::printf("Peak activations (%s), 1F1B over GPipe: %.3f (p/m = %.3f)\n", run.c_str(),
