@@ -6,14 +6,14 @@
 // a model with twice the positions (CP=4, each rank a quarter of every sequence, load balanced, ring or
 // all-to-all attention; and CP=2 x TP=2), fully sharded over cp, then pipeline parallel
 // (PP=4 with 1F1B, PP=4 with Interleaved 1F1B, PP=2 x DP=2 with the ZBV zero-bubble schedule and with
-// DualPipeV, PP=2 x TP=2 with Interleaved 1F1B, PP=2 x FSDP=2 with 1F1B; --modes pp-fsdp-tp and pp-hsdp add PP=2 x
-// FSDP=2 x TP=1 and PP=2 x HSDP), then expert parallel on a model whose MLPs are mixtures of 4 experts
+// DualPipeV, PP=2 x TP=2 with Interleaved 1F1B, PP=2 x FSDP=2 with 1F1B, PP=2 x CP=2 with ZBV on the
+// long-context model; --modes pp-fsdp-tp and pp-hsdp add PP=2 x FSDP=2 x TP=1 and PP=2 x HSDP), then expert parallel on a model whose MLPs are mixtures of 4 experts
 // (top 2): EP=4, EP=2 x FSDP=2, PP=2 x EP=2 and CP=4 with EP=4 over the same ranks, the dense parameters
 // fully sharded over the data ranks. Rank 0
 // then trains the same model (each of the four) on the same batches from the same seed in one process and compares the
 // loss trajectories: PASS when every step's loss is within a relative 1e-4.
 //
-//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp,cp,cp-tp,pp,pp-interleaved,pp-dp,pp-dualpipev,pp-tp,pp-fsdp,ep,ep-fsdp,pp-ep,cp-ep] [--corpus PATH] [--save DIR] [--resume DIR]
+//   gpt_train [--steps K] [--modes tp,dp-tp,fsdp,fsdp-tp,hsdp,cp,cp-tp,pp,pp-interleaved,pp-dp,pp-dualpipev,pp-tp,pp-fsdp,pp-cp,ep,ep-fsdp,pp-ep,cp-ep] [--corpus PATH] [--save DIR] [--resume DIR]
 //             [--checkpoint-every N DIR] [--blocking-checkpoints 1]
 //
 // --save DIR writes the first mode's model and optimizer state after its last step (a dtensor
@@ -50,7 +50,7 @@ namespace {
 
 struct Args {
   int steps = 50;
-  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp", "cp", "cp-tp", "pp", "pp-interleaved", "pp-dp", "pp-dualpipev", "pp-tp", "pp-fsdp", "ep", "ep-fsdp", "pp-ep", "cp-ep"};
+  std::vector<std::string> modes = {"tp", "dp-tp", "fsdp", "fsdp-tp", "hsdp", "cp", "cp-tp", "pp", "pp-interleaved", "pp-dp", "pp-dualpipev", "pp-tp", "pp-fsdp", "pp-cp", "ep", "ep-fsdp", "pp-ep", "cp-ep"};
   std::string corpus = dtensor::build_paths::gpt_corpus;
   std::string save, resume;
   int checkpoint_every = 0;
@@ -317,7 +317,10 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
 // parallel over it, with the TP plan of the tp mode); the schedule; where the model is cut (between
 // blocks, or, with finest_pieces, also inside them: gpt::finest_pipeline_pieces). Over the
 // data dims the gradients are averaged after the step's backwards, or, fully sharded, reduced by FSDP
-// inside each stage (over ("dp", "tp") with a tp dim, as the fsdp-tp mode does).
+// inside each stage (over ("dp", "tp") with a tp dim, as the fsdp-tp mode does). A "cp" dim makes it
+// context parallel: the long-context model, each rank of a pipeline's cp ranks training on its
+// positions of the same rows (the ContextParallel scope over cp around each step, the stages' attention
+// over it), their gradients averaged as data-parallel ranks' are.
 struct PipelineLayout {
   dtensor::MeshPtr mesh;
   dtensor::pipeline::Schedule schedule;
@@ -346,22 +349,26 @@ void keep_only_own_stages(dtensor::checkpoint::TrainingState& state, gpt::Gpt& m
 Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int steps, const std::string& label, bool print,
                    const Checkpointing& checkpointing) {
   torch::manual_seed(kSeed);
-  gpt::Gpt model(layout.mixture_of_experts ? gpt::with_experts(gpt::demo_config(corpus)) : gpt::demo_config(corpus));
   const dtensor::MeshPtr& mesh = layout.mesh;
   const int64_t pp = mesh->dim_index("pp");
   const auto& names = mesh->dim_names();
   auto has = [&](const std::string& name) { return std::count(names.begin(), names.end(), name) > 0; };
+  const gpt::Config config = has("cp") ? gpt::long_context_config(corpus) : gpt::demo_config(corpus);
+  gpt::Gpt model(layout.mixture_of_experts ? gpt::with_experts(config) : config);
   // The data-parallel dims: "dp", and "replicate" before it for HSDP, "ep" after it (every expert-parallel
-  // rank trains on its own rows).
+  // rank trains on its own rows), "cp" (its ranks train on the same rows, each on its positions).
   std::vector<std::string> data_dims;
-  for (const char* name : {"replicate", "dp", "ep"})
+  for (const char* name : {"replicate", "dp", "ep", "cp"})
     if (has(name)) data_dims.push_back(name);
   dtensor::MeshPtr dp = data_dims.empty() ? nullptr : mesh->slice(data_dims);
+  const dtensor::MeshPtr cp = has("cp") ? (*mesh)["cp"] : nullptr;
   if (has("tp")) gpt::parallelize(model, (*mesh)["tp"]);
+  if (cp) gpt::context_parallelize(model, cp);
   if (has("ep")) dp = gpt::expert_parallelize(model, dp);
   else if (layout.fully_sharded) gpt::fully_shard(model, has("tp") ? mesh->slice({"dp", "tp"}) : dp);
-  int64_t dp_rank = 0, dp_size = 1;  // this pipeline's rank among the data-parallel ones
-  for (int64_t d = 0; dp && d < dp->ndim(); ++d) dp_rank = dp_rank * dp->size(d) + dp->local_rank(d), dp_size *= dp->size(d);
+  int64_t dp_rank = 0, dp_size = 1;  // this pipeline's rank among those training on their own rows
+  for (int64_t d = 0; dp && d < dp->ndim(); ++d)
+    if (dp->dim_names()[static_cast<size_t>(d)] != "cp") dp_rank = dp_rank * dp->size(d) + dp->local_rank(d), dp_size *= dp->size(d);
   std::vector<dtensor::pipeline::PipelineStage> mine;
   std::vector<at::Tensor> parameters;
   const auto pieces = layout.finest_pieces ? gpt::finest_pipeline_pieces(model) : gpt::pipeline_pieces(model);
@@ -379,6 +386,7 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
   gpt::Batches batches(corpus, kBatch, model->pos_emb.size(0), kSeed);
   Run run;
   run.mixture_of_experts = layout.mixture_of_experts;
+  run.long_context = cp != nullptr;
   if (!checkpointing.resume.empty()) {
     state.load(checkpointing.resume, {.world = mesh->world(), .partitioned = true});
     run.first_step = static_cast<int>(state.tensors()["train.step"].item<int64_t>()) + 1;
@@ -394,9 +402,12 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
   for (int step = run.first_step; step <= last_step; ++step) {
     gpt::Batch batch = batches.next();
     const int64_t rows = kBatch / dp_size;
+    batch = {batch.tokens.slice(0, dp_rank * rows, (dp_rank + 1) * rows).clone(), batch.targets.slice(0, dp_rank * rows, (dp_rank + 1) * rows).clone()};
     optimizer.zero_grad();
-    const at::Tensor loss = runner.step(batch.tokens.slice(0, dp_rank * rows, (dp_rank + 1) * rows),
-                                        batch.targets.slice(0, dp_rank * rows, (dp_rank + 1) * rows));
+    std::optional<dtensor::ContextParallel> sequence;  // this rank's positions of the rows, while the step runs
+    if (cp) sequence.emplace(cp, std::vector<at::Tensor>{batch.tokens, batch.targets, model->position_ids}, std::vector<int64_t>{1, 1, 0});
+    const at::Tensor loss = runner.step(batch.tokens, batch.targets);
+    sequence.reset();
     for (const at::Tensor& p : parameters)
       if (dp && !layout.fully_sharded && p.grad().defined()) p.grad().copy_(dtensor::full_tensor(dtensor::from_local(p.grad(), dp, averaged)));
     dtensor::clip_grad_norm_(parameters, options.max_grad_norm, 2.0, mesh, pp);
@@ -425,7 +436,8 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
 // Interleaved 1F1B, two stages per rank, each a piece of gpt::finest_pipeline_pieces; PP=2 x DP=2
 // zero bubble (ZBV: two stages per rank in V, backward split into input and weight gradients), and
 // with DualPipeV (the same stages, forwards paired with backwards of the other stage); PP=2 x
-// TP=2 with Interleaved 1F1B (two stages per rank); PP=2 x FSDP=2 with 1F1B, a block per stage; and,
+// TP=2 with Interleaved 1F1B (two stages per rank); PP=2 x FSDP=2 with 1F1B, a block per stage; PP=2 x
+// CP=2 with ZBV on the long-context model; and,
 // not among the defaults (on 4 ranks one of their dims is of one rank), PP=2 x FSDP=2 x TP=1 and
 // PP=2 x HSDP (2 replicas x FSDP=1) with 1F1B.
 PipelineLayout pipeline_layout(const std::string& mode, const std::shared_ptr<dtensor::World>& world, std::string& label) {
@@ -459,6 +471,10 @@ PipelineLayout pipeline_layout(const std::string& mode, const std::shared_ptr<dt
     label = "pipeline parallel x fully sharded, PP=2 (1F1B) x FSDP=2";
     return {mesh({2, 2}, {"pp", "dp"}), pp::one_f_one_b(2, 4), two_stages, true};
   }
+  if (mode == "pp-cp") {
+    label = "pipeline parallel x context parallel, PP=2 (ZBV zero bubble) x CP=2 on 64 positions (load balanced)";
+    return {mesh({2, 2}, {"pp", "cp"}), pp::zbv_zero_bubble(2, 4), four_stages};
+  }
   if (mode == "pp-ep") {
     label = "pipeline parallel x expert parallel, PP=2 (1F1B) x EP=2 (4 experts, top 2; dense parameters FSDP over ep)";
     return {mesh({2, 1, 2}, {"pp", "dp", "ep"}), pp::one_f_one_b(2, 4), two_stages, true, false, true};
@@ -473,7 +489,7 @@ PipelineLayout pipeline_layout(const std::string& mode, const std::shared_ptr<dt
 
 bool is_pipeline_mode(const std::string& mode) {
   return mode == "pp" || mode == "pp-interleaved" || mode == "pp-dp" || mode == "pp-dualpipev" || mode == "pp-tp" || mode == "pp-fsdp" || mode == "pp-fsdp-tp" || mode == "pp-hsdp" ||
-         mode == "pp-ep";
+         mode == "pp-ep" || mode == "pp-cp";
 }
 
 // The mesh and layout of a mode that trains the whole model on every rank (not a pipeline mode), and
@@ -527,7 +543,7 @@ Parallelism parallelism_for(const std::string& mode, const std::shared_ptr<dtens
             std::to_string(world->size()) + " over the same ranks (4 experts, top 2; FSDP over them)";
   } else {
     throw std::invalid_argument("unknown mode '" + mode +
-                                "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, cp, cp-tp, pp, pp-interleaved, pp-dp, pp-dualpipev, pp-tp, pp-fsdp, pp-fsdp-tp, pp-hsdp, ep, ep-fsdp, pp-ep, cp-ep)");
+                                "' (tp, dp-tp, fsdp, fsdp-tp, hsdp, cp, cp-tp, pp, pp-interleaved, pp-dp, pp-dualpipev, pp-tp, pp-fsdp, pp-fsdp-tp, pp-hsdp, pp-cp, ep, ep-fsdp, pp-ep, cp-ep)");
   }
   return parallelism;
 }

@@ -148,11 +148,16 @@ class GptImpl : public torch::nn::Module {
     return torch::nn::functional::cross_entropy(logits(tokens).flatten(0, 1), targets.flatten(0, 1));
   }
 
+  // The position embeddings of `t` tokens: the first t positions', or, with position ids, theirs (a
+  // context-parallel rank's positions, while the ContextParallel scope shards the buffer).
+  at::Tensor positions(int64_t t) {
+    return position_ids.defined() ? pos_emb.index_select(0, position_ids.slice(0, 0, t)) : pos_emb.slice(0, 0, t);
+  }
+
   // tokens: [batch, seq] token ids; the logits [batch, seq, vocab].
   at::Tensor logits(const at::Tensor& tokens) {
     const int64_t t = tokens.size(1);
-    const at::Tensor positions = position_ids.defined() ? pos_emb.index_select(0, position_ids.slice(0, 0, t)) : pos_emb.slice(0, 0, t);
-    at::Tensor x = dtensor::call(tok_emb, tokens) + positions;
+    at::Tensor x = dtensor::call(tok_emb, tokens) + positions(t);
     const at::Tensor mask = causal_mask.slice(0, 0, t).slice(1, 0, t);
     for (const auto& block : *blocks) x = dtensor::call(*block->as<BlockImpl>(), x, mask);
     return dtensor::call(lm_head, dtensor::call(ln_f, x));

@@ -20,7 +20,7 @@ namespace pieces_detail {
 
 // The steps of GptImpl::logits the pieces run.
 inline at::Tensor embed_tokens(GptImpl* m, const at::Tensor& tokens) { return dtensor::call(m->tok_emb, tokens); }
-inline at::Tensor add_positions(GptImpl* m, const at::Tensor& x) { return x + m->pos_emb.slice(0, 0, x.size(1)); }
+inline at::Tensor add_positions(GptImpl* m, const at::Tensor& x) { return x + m->positions(x.size(1)); }
 inline at::Tensor causal_mask_for(GptImpl* m, const at::Tensor& x) {
   const int64_t t = x.size(1);
   return m->causal_mask.slice(0, 0, t).slice(1, 0, t);
