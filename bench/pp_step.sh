@@ -69,8 +69,9 @@ the mesh's c10d process group (isend, blocking recv, shapes known in advance; be
 The dtensor runs and the hand-written one run in the same processes, taking turns round by round; every
 one starts from the same seed and must give the same first loss. *Compute floor*: each rank's 1F1B stage
 runs every microbatch's forward and backward with nothing else (stand-in activations and gradients of the
-transfers' shapes; no transfer, no optimizer step; both ranks at once): no pipeline-parallel step with
-these kernels takes less. *PyTorch*: \`torch.distributed.pipelining\`
+transfers' shapes; no transfer, no optimizer step; both ranks at once, a core each, as in the runs): the
+compute a step of this split holds, which a pipeline step on these kernels adds transfers, bubbles and
+the optimizer to (the interleaved split gives each rank the same blocks). *PyTorch*: \`torch.distributed.pipelining\`
 (\`PipelineStage\`, \`Schedule1F1B\`, \`ScheduleInterleaved1F1B\`) on the same model and split
 (\`scripts/export_test_models.py\` mirrors the C++ GPT), its own processes. *Bubble*: per rank, the time of the
 schedule's part of the step (forwards, backwards and transfers, without the optimizer; the slowest
@@ -91,7 +92,7 @@ HEADER
   echo
   sed 's/^/- /' "$NOTES"
   echo
-  echo "Against PyTorch's pipelining (step time over its step; PyTorch on Gloo, PP=2; the compute floor is no step, but what none can undercut):"
+  echo "Against PyTorch's pipelining (step time over its step; PyTorch on Gloo, PP=2; the compute floor is no step, but the compute one holds):"
   echo
   against_pytorch "$RESULTS.tmp"
 } > "$RESULTS.tmp"

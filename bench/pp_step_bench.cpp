@@ -19,7 +19,7 @@
 // one_f_one_b build.
 //
 // The compute floor runs each rank's 1F1B stage on every microbatch with nothing else (ComputeFloor):
-// what no pipeline-parallel step with these kernels can undercut.
+// the compute a step of that split holds.
 
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
@@ -317,8 +317,9 @@ class HandWritten1F1B {
 
 // The compute floor: each rank's 1F1B stage runs the forward and backward of every microbatch alone,
 // on stand-in activations and gradients of the transfers' shapes: no transfer, no wait, no optimizer
-// step, the ranks computing at once as in the runs. No pipeline-parallel step on these ranks and kernels
-// takes less; it is the floor that a goal against another implementation's step is measured with.
+// step, the ranks computing at once, a core each, as in the runs. A pipeline step of this split on
+// these kernels adds transfers, bubbles and the optimizer to it: a goal against another
+// implementation's step is measured against this floor.
 class ComputeFloor {
  public:
   ComputeFloor(const gpt::Config& config, const dtensor::MeshPtr& mesh, int microbatches)

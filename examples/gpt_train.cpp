@@ -241,6 +241,20 @@ ModeLayout place(gpt::Gpt& model, const Parallelism& parallelism) {
   return p;
 }
 
+// This rank's share of `batch`: its rows (the dp_rank-th of dp_size equal parts) and, with a cp mesh, its
+// positions of them, load balanced: the scope returned holds the rows' tokens and targets and the
+// model's position ids sharded over cp until it goes.
+std::optional<dtensor::ContextParallel> take_share(gpt::Batch& batch, int64_t dp_rank, int64_t dp_size, const dtensor::MeshPtr& cp, gpt::Gpt& model) {
+  const int64_t rows = kBatch / dp_size;
+  batch.tokens = batch.tokens.slice(0, dp_rank * rows, (dp_rank + 1) * rows);
+  batch.targets = batch.targets.slice(0, dp_rank * rows, (dp_rank + 1) * rows);
+  if (!cp) return std::nullopt;
+  // The rows are views of the batch: the scope shards tensors of their own.
+  batch = {batch.tokens.clone(), batch.targets.clone()};
+  return std::make_optional<dtensor::ContextParallel>(cp, std::vector<at::Tensor>{batch.tokens, batch.targets, model->position_ids},
+                                                      std::vector<int64_t>{1, 1, 0});
+}
+
 // Trains `steps` steps (after the resumed ones). Data-parallel ranks train on their own rows of each
 // batch.
 Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, const std::string& label, bool print,
@@ -275,16 +289,7 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
   PeriodicCheckpoints periodic(checkpointing, world, /*partitioned=*/false, print);
   for (int step = run.first_step; step <= last_step; ++step) {
     gpt::Batch batch = batches.next();
-    const int64_t rows = kBatch / dp_size;
-    batch.tokens = batch.tokens.slice(0, dp_rank * rows, (dp_rank + 1) * rows);
-    batch.targets = batch.targets.slice(0, dp_rank * rows, (dp_rank + 1) * rows);
-    std::optional<dtensor::ContextParallel> sequence;
-    if (cp) {
-      // Each rank trains on its positions of the tokens, targets and position ids (load balanced). The
-      // rows above are views of the batch: the scope shards tensors of their own.
-      batch = {batch.tokens.clone(), batch.targets.clone()};
-      sequence.emplace(cp, std::vector<at::Tensor>{batch.tokens, batch.targets, model->position_ids}, std::vector<int64_t>{1, 1, 0});
-    }
+    std::optional<dtensor::ContextParallel> sequence = take_share(batch, dp_rank, dp_size, cp, model);
     const double loss = gpt::train_step(model, optimizer, batch, options);
     sequence.reset();  // the whole sequences back
     // A fully-sharded rank's loss is its own rows' (a tensor-parallel loss is the whole batch's already).
@@ -366,7 +371,9 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
   if (cp) gpt::context_parallelize(model, cp);
   if (has("ep")) dp = gpt::expert_parallelize(model, dp);
   else if (layout.fully_sharded) gpt::fully_shard(model, has("tp") ? mesh->slice({"dp", "tp"}) : dp);
-  int64_t dp_rank = 0, dp_size = 1;  // this pipeline's rank among those training on their own rows
+  // This pipeline's rank among those training on their own rows (not cp's ranks, which share them;
+  // pipeline modes put no ep dim beside cp, which expert_parallelize would merge into one dim).
+  int64_t dp_rank = 0, dp_size = 1;
   for (int64_t d = 0; dp && d < dp->ndim(); ++d)
     if (dp->dim_names()[static_cast<size_t>(d)] != "cp") dp_rank = dp_rank * dp->size(d) + dp->local_rank(d), dp_size *= dp->size(d);
   std::vector<dtensor::pipeline::PipelineStage> mine;
@@ -401,11 +408,8 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
   PeriodicCheckpoints periodic(checkpointing, mesh->world(), /*partitioned=*/true, print);
   for (int step = run.first_step; step <= last_step; ++step) {
     gpt::Batch batch = batches.next();
-    const int64_t rows = kBatch / dp_size;
-    batch = {batch.tokens.slice(0, dp_rank * rows, (dp_rank + 1) * rows).clone(), batch.targets.slice(0, dp_rank * rows, (dp_rank + 1) * rows).clone()};
     optimizer.zero_grad();
-    std::optional<dtensor::ContextParallel> sequence;  // this rank's positions of the rows, while the step runs
-    if (cp) sequence.emplace(cp, std::vector<at::Tensor>{batch.tokens, batch.targets, model->position_ids}, std::vector<int64_t>{1, 1, 0});
+    std::optional<dtensor::ContextParallel> sequence = take_share(batch, dp_rank, dp_size, cp, model);
     const at::Tensor loss = runner.step(batch.tokens, batch.targets);
     sequence.reset();
     for (const at::Tensor& p : parameters)

@@ -73,10 +73,11 @@ class World {
   // Calls on different `channel`s are independent (each counts its own calls and has its own store
   // connection), so a thread of its own (an asynchronous checkpoint save) can agree on one while the
   // job's thread uses another.
-  // `patience`: how long a rank waits for a peer that is still alive (beating in the store's
-  // heartbeats), for agreements some ranks reach long after others: a job's verdict, which waits while
-  // rank 0 alone runs its oracle. A peer that exits or falls silent still fails the wait within the
-  // world's timeout. Zero, or less than the world's timeout: the world's timeout.
+  // `patience`: how long the agreement may take while the awaited peers are alive (beating in the
+  // store's heartbeats), for agreements some ranks reach long after others: a job's verdict, which waits
+  // while rank 0 alone runs its oracle. The peers are checked after each wait of the world's timeout,
+  // so one that exits or falls silent is named within about two of them. Zero, or less than the
+  // world's timeout: the world's timeout.
   int64_t sum_across_ranks(int64_t value, const std::string& channel = "", std::chrono::milliseconds patience = {});
   // Every rank's `value`, by rank, on every rank (through the store, as sum_across_ranks, whose calls
   // it shares the count of on each channel). Rank 0, which may host the store, returns only once
@@ -109,12 +110,14 @@ class World {
   void shutdown();
 
  private:
+  // Waits for `key`, rank `peer`'s value in an agreement, until `deadline` (the agreement's) as
+  // gather_across_ranks's `patience` says.
+  void wait_for_agreement(c10d::Store& store, const std::string& key, int peer, std::chrono::steady_clock::time_point deadline,
+                          std::chrono::milliseconds patience) const;
+
   c10::intrusive_ptr<c10d::Store> store_;
   int rank_;
   int size_;
-  // Waits for `key`, rank `peer`'s value in an agreement, as gather_across_ranks's `patience` says.
-  void wait_for_agreement(c10d::Store& store, const std::string& key, int peer, std::chrono::milliseconds patience) const;
-
   std::chrono::milliseconds timeout_;
   std::string launcher_ = "manual";
   bool started_by_mpirun_ = false;

@@ -197,22 +197,26 @@ int64_t World::sum_across_ranks(int64_t value, const std::string& channel, std::
   return total;
 }
 
-void World::wait_for_agreement(c10d::Store& store, const std::string& key, int peer, std::chrono::milliseconds patience) const {
+void World::wait_for_agreement(c10d::Store& store, const std::string& key, int peer, std::chrono::steady_clock::time_point deadline,
+                               std::chrono::milliseconds patience) const {
   using Clock = std::chrono::steady_clock;
-  const Clock::time_point deadline = Clock::now() + std::max(patience, timeout_);
   while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto slice = std::max(std::min(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()), timeout_),
+                                std::chrono::milliseconds(1));
+    const Clock::time_point start = Clock::now();
     try {
-      store.wait({key}, std::clamp(left, std::chrono::milliseconds(1), timeout_));
+      store.wait({key}, slice);
       return;
     } catch (const std::exception& e) {
-      // Waited a world's timeout: a peer that still beats is working (its verdict's oracle, say) and
-      // is given the rest of the patience; one that exited or fell silent is named now.
+      // A wait that ran its whole slice: a peer that still beats is working (on a verdict's oracle, say)
+      // and is given the rest of the patience. One that exited or fell silent is named now, and so is a
+      // wait that failed early (the store's connection lost), as without patience.
+      const bool ran_out = Clock::now() - start >= slice;
       const std::string peers = describe_peers({peer}, /*settle=*/false);
-      if (peers.empty() && Clock::now() < deadline) continue;
+      if (ran_out && peers.empty() && Clock::now() < deadline) continue;
+      const std::string waited = patience > timeout_ ? "the patience given (" + std::to_string(std::chrono::duration_cast<std::chrono::seconds>(patience).count()) + " s)" : "the world's timeout";
       throw DTensorError("rank " + std::to_string(rank_) + ": agreeing through the store: rank " + std::to_string(peer) + " did not report" +
-                         (peers.empty() ? " within " + std::string(patience > timeout_ ? "the patience given" : "the world's timeout") : ": " + peers) +
-                         " (" + detail::without_source_locations(e) + ")");
+                         (peers.empty() ? " within " + waited : ": " + peers) + " (" + detail::without_source_locations(e) + ")");
     }
   }
 }
@@ -227,9 +231,10 @@ std::vector<std::string> World::gather_across_ranks(const std::string& value, co
   const std::string prefix = "dtensor/gather/" + (channel.empty() ? "" : channel + "/") + std::to_string(serial) + "/";
   store->set(prefix + std::to_string(rank_), std::vector<uint8_t>(value.begin(), value.end()));
   std::vector<std::string> out;
+  const auto deadline = std::chrono::steady_clock::now() + std::max(patience, timeout_);  // for the whole agreement
   for (int r = 0; r < size_; ++r) {
     const std::string key = prefix + std::to_string(r);
-    wait_for_agreement(*store, key, r, patience);
+    wait_for_agreement(*store, key, r, deadline, patience);
     const auto bytes = store->get(key);
     out.emplace_back(bytes.begin(), bytes.end());
   }
