@@ -71,7 +71,7 @@ one starts from the same seed and must give the same first loss. *Compute floor*
 runs every microbatch's forward and backward with nothing else (stand-in activations and gradients of the
 transfers' shapes; no transfer, no optimizer step; both ranks at once, a core each, as in the runs): the
 compute a step of this split holds, which a pipeline step on these kernels adds transfers, bubbles and
-the optimizer to (the interleaved split gives each rank the same blocks). *PyTorch*: \`torch.distributed.pipelining\`
+the optimizer to (the interleaved split gives each rank as many blocks, and the same ends). *PyTorch*: \`torch.distributed.pipelining\`
 (\`PipelineStage\`, \`Schedule1F1B\`, \`ScheduleInterleaved1F1B\`) on the same model and split
 (\`scripts/export_test_models.py\` mirrors the C++ GPT), its own processes. *Bubble*: per rank, the time of the
 schedule's part of the step (forwards, backwards and transfers, without the optimizer; the slowest
