@@ -135,7 +135,7 @@ class World {
 // the nodes (and so their directories) apart.
 std::string host_name();
 
-// The timeout DTENSOR_TIMEOUT_S asks for, else `fallback`.
+// The timeout DTENSOR_TIMEOUT_S asks for (seconds, 0.001 to 1e9; anything else is refused), else `fallback`.
 std::chrono::milliseconds timeout_from_environment(std::chrono::milliseconds fallback);
 
 }  // namespace dtensor

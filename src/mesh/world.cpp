@@ -58,11 +58,15 @@ c10::intrusive_ptr<c10d::Store> tcp_store(int rank, int size, bool server_runs_e
 
 std::chrono::milliseconds timeout_from_environment(std::chrono::milliseconds fallback) {
   if (const auto v = env("DTENSOR_TIMEOUT_S")) {
+    double seconds = 0;
     try {
-      return std::chrono::milliseconds(static_cast<int64_t>(std::stod(*v) * 1000));
+      seconds = std::stod(*v);
     } catch (const std::exception&) {
       throw DTensorError("DTENSOR_TIMEOUT_S='" + *v + "' is not a number of seconds");
     }
+    // Below a millisecond every wait would time out at once (and zero means no limit to some of c10d).
+    if (!(seconds >= 0.001) || seconds > 1e9) throw DTensorError("DTENSOR_TIMEOUT_S='" + *v + "': give a time limit from 0.001 to 1e9 seconds");
+    return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   }
   return fallback;
 }
