@@ -7,7 +7,7 @@
 // all-to-all attention; and CP=2 x TP=2), fully sharded over cp, then pipeline parallel
 // (PP=4 with 1F1B, PP=4 with Interleaved 1F1B, PP=2 x DP=2 with the ZBV zero-bubble schedule and with
 // DualPipeV, PP=2 x TP=2 with Interleaved 1F1B, PP=2 x FSDP=2 with 1F1B, PP=2 x CP=2 with ZBV on the
-// long-context model; --modes pp-fsdp-tp and pp-hsdp add PP=2 x FSDP=2 x TP=1 and PP=2 x HSDP), then expert parallel on a model whose MLPs are mixtures of 4 experts
+// long-context model, fully sharded over cp; --modes pp-fsdp-tp and pp-hsdp add PP=2 x FSDP=2 x TP=1 and PP=2 x HSDP), then expert parallel on a model whose MLPs are mixtures of 4 experts
 // (top 2): EP=4, EP=2 x FSDP=2, PP=2 x EP=2 and CP=4 with EP=4 over the same ranks, the dense parameters
 // fully sharded over the data ranks. Rank 0
 // then trains the same model (each of the four) on the same batches from the same seed in one process and compares the
@@ -325,7 +325,7 @@ Run train(const gpt::Corpus& corpus, const Parallelism& parallelism, int steps, 
 // inside each stage (over ("dp", "tp") with a tp dim, as the fsdp-tp mode does). A "cp" dim makes it
 // context parallel: the long-context model, each rank of a pipeline's cp ranks training on its
 // positions of the same rows (the ContextParallel scope over cp around each step, the stages' attention
-// over it), their gradients averaged as data-parallel ranks' are.
+// over it), their gradients averaged as data-parallel ranks' are (by FSDP over cp, fully sharded).
 struct PipelineLayout {
   dtensor::MeshPtr mesh;
   dtensor::pipeline::Schedule schedule;
@@ -441,7 +441,7 @@ Run train_pipeline(const gpt::Corpus& corpus, const PipelineLayout& layout, int 
 // zero bubble (ZBV: two stages per rank in V, backward split into input and weight gradients), and
 // with DualPipeV (the same stages, forwards paired with backwards of the other stage); PP=2 x
 // TP=2 with Interleaved 1F1B (two stages per rank); PP=2 x FSDP=2 with 1F1B, a block per stage; PP=2 x
-// CP=2 with ZBV on the long-context model; and,
+// CP=2 with ZBV on the long-context model, FSDP over cp; and,
 // not among the defaults (on 4 ranks one of their dims is of one rank), PP=2 x FSDP=2 x TP=1 and
 // PP=2 x HSDP (2 replicas x FSDP=1) with 1F1B.
 PipelineLayout pipeline_layout(const std::string& mode, const std::shared_ptr<dtensor::World>& world, std::string& label) {
@@ -476,8 +476,8 @@ PipelineLayout pipeline_layout(const std::string& mode, const std::shared_ptr<dt
     return {mesh({2, 2}, {"pp", "dp"}), pp::one_f_one_b(2, 4), two_stages, true};
   }
   if (mode == "pp-cp") {
-    label = "pipeline parallel x context parallel, PP=2 (ZBV zero bubble) x CP=2 on 64 positions (load balanced)";
-    return {mesh({2, 2}, {"pp", "cp"}), pp::zbv_zero_bubble(2, 4), four_stages};
+    label = "pipeline parallel x context parallel, PP=2 (ZBV zero bubble) x CP=2 on 64 positions (load balanced; FSDP over cp)";
+    return {mesh({2, 2}, {"pp", "cp"}), pp::zbv_zero_bubble(2, 4), four_stages, true};
   }
   if (mode == "pp-ep") {
     label = "pipeline parallel x expert parallel, PP=2 (1F1B) x EP=2 (4 experts, top 2; dense parameters FSDP over ep)";
